@@ -1,0 +1,644 @@
+//! [`ReplayBuffer`] and its builder: a storage, a sampler and a write policy wired
+//! together, shared by every handle.
+
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use smallvec::SmallVec;
+
+use crate::batch::{Batch, Column, Scratch};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
+use crate::learner::Learner;
+use crate::rng::{self, Rng};
+use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
+use crate::spec::Spec;
+use crate::storage::geometry::Geometry;
+use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
+use crate::storage::{Draw, Storage, Want};
+use crate::sync::{AtomicU64, Ordering};
+use crate::writer::{WritePolicy, Writer, Written};
+
+/// The most shards a storage may have.
+pub const MAX_SHARDS: usize = 1024;
+
+/// What every handle of one buffer shares.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) storage: Storage,
+    pub(crate) sampler: Engine,
+    seed: u64,
+    /// Samples drawn through `ReplayBuffer::sample*`: each gets its own stream.
+    pub(crate) calls: CachePadded<AtomicU64>,
+    /// Round-robin shard choice for `ReplayBuffer::extend` with several shards.
+    next_shard: CachePadded<AtomicU64>,
+    /// Writer handles handed out (handle `k` writes shard `k % shards`).
+    writers: AtomicU64,
+    /// Learner handles handed out (each gets its own stream).
+    learners: AtomicU64,
+    pub(crate) batch_size: Option<usize>,
+    dim_extend: usize,
+}
+
+/// A replay buffer: many collectors extend it while many learners sample it, with no
+/// lock between them.
+///
+/// Cloning a `ReplayBuffer` is cheap and gives another handle to the same buffer. For
+/// heavy use, give each collector thread a [`Writer`] ([`ReplayBuffer::writer`]) and
+/// each learner thread a [`Learner`] ([`ReplayBuffer::learner`]).
+///
+/// ```
+/// use replaybuf::{DType, ReplayBuffer, Spec};
+///
+/// let spec = Spec::builder()
+///     .field("obs", DType::F32, [4])
+///     .field("reward", DType::F32, [])
+///     .build()?;
+/// let rb = ReplayBuffer::builder(spec).capacity(1000).seed(7).build()?;
+///
+/// let mut chunk = rb.batch([10]);
+/// chunk.column_mut::<f32>("reward")?.fill(1.0);
+/// let written = rb.extend(&chunk)?;
+/// assert_eq!(written.to_vec(), (0..10).collect::<Vec<u64>>());
+///
+/// let batch = rb.sample(4)?;
+/// assert_eq!(batch.column::<f32>("reward")?, &[1.0; 4]);
+/// assert!(batch.index().iter().all(|&i| i < 10));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ReplayBuffer {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Builds a [`ReplayBuffer`]; [`ReplayBufferBuilder::build`] validates every choice.
+#[derive(Clone, Debug)]
+pub struct ReplayBufferBuilder {
+    spec: Arc<Spec>,
+    capacity: usize,
+    shards: usize,
+    ndim: usize,
+    envs: Option<usize>,
+    dim_extend: Option<usize>,
+    batch_size: Option<usize>,
+    seed: Option<u64>,
+    sampler: Sampler,
+    writer: WritePolicy,
+}
+
+impl ReplayBufferBuilder {
+    /// Rows the storage holds (for ndim 2: `steps * envs`). Required.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Shards (a power of two; default 1). One shard evicts in exact FIFO order; with
+    /// several, each shard is its own FIFO and collectors on different shards share no
+    /// cache line. For ndim 2, shards split the environments.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Storage dimensions: 1 (default) or 2 (shape `[capacity / envs, envs]`).
+    pub fn ndim(mut self, ndim: usize) -> Self {
+        self.ndim = ndim;
+        self
+    }
+
+    /// Parallel environments of an ndim-2 storage.
+    pub fn envs(mut self, envs: usize) -> Self {
+        self.envs = Some(envs);
+        self
+    }
+
+    /// Which dimension of an extended batch is time (TorchRL's `dim_extend`; default
+    /// `ndim - 1`). For ndim 2: 0 takes `[t, envs]` batches, 1 takes `[envs, t]`.
+    pub fn dim_extend(mut self, dim: usize) -> Self {
+        self.dim_extend = Some(dim);
+        self
+    }
+
+    /// The default batch size of `sample_into` and `sample_default`.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = Some(batch_size);
+        self
+    }
+
+    /// The seed of every draw. Without one the buffer seeds itself from entropy.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The sampler (default [`Uniform`](crate::Uniform)).
+    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
+        self.sampler = sampler.into();
+        self
+    }
+
+    /// The write policy (default round robin).
+    pub fn writer(mut self, writer: WritePolicy) -> Self {
+        self.writer = writer;
+        self
+    }
+
+    /// Checks every choice and reserves the storage (lazily: no page is touched until
+    /// written).
+    pub fn build(self) -> Result<ReplayBuffer, BuildError> {
+        let err = |k| Err(BuildError::new(k));
+        if self.capacity == 0 {
+            return err(BuildErrorKind::ZeroCapacity);
+        }
+        if !self.shards.is_power_of_two() {
+            return err(BuildErrorKind::ShardsNotPowerOfTwo {
+                shards: self.shards,
+            });
+        }
+        let geometry = match (self.ndim, self.envs) {
+            (1, None) => {
+                let limit = self.capacity.min(MAX_SHARDS);
+                if self.shards > limit {
+                    return err(BuildErrorKind::TooManyShards {
+                        shards: self.shards,
+                        limit,
+                    });
+                }
+                Geometry::flat(self.capacity as u64, self.shards as u64)
+            }
+            (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
+            (2, None) => return err(BuildErrorKind::EnvsRequired),
+            (2, Some(envs)) => {
+                if envs == 0 || self.capacity % envs != 0 {
+                    return err(BuildErrorKind::EnvsDoNotDivide {
+                        capacity: self.capacity,
+                        envs,
+                    });
+                }
+                let limit = envs.min(MAX_SHARDS);
+                if self.shards > limit {
+                    return err(BuildErrorKind::TooManyShards {
+                        shards: self.shards,
+                        limit,
+                    });
+                }
+                Geometry::grid(
+                    (self.capacity / envs) as u64,
+                    envs as u64,
+                    self.shards as u64,
+                )
+            }
+            (ndim, _) => return err(BuildErrorKind::Ndim { ndim }),
+        };
+        let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
+        if dim_extend >= self.ndim {
+            return err(BuildErrorKind::DimExtend {
+                dim_extend,
+                ndim: self.ndim,
+            });
+        }
+        if self.batch_size == Some(0) {
+            return err(BuildErrorKind::ZeroBatchSize);
+        }
+        let WritePolicy::RoundRobin = self.writer;
+        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let storage = Storage::new(self.spec, geometry)
+            .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        Ok(ReplayBuffer {
+            inner: Arc::new(Inner {
+                storage,
+                sampler: Engine::new(self.sampler, seed),
+                seed,
+                calls: CachePadded::new(AtomicU64::new(0)),
+                next_shard: CachePadded::new(AtomicU64::new(0)),
+                writers: AtomicU64::new(0),
+                learners: AtomicU64::new(0),
+                batch_size: self.batch_size,
+                dim_extend,
+            }),
+        })
+    }
+}
+
+impl ReplayBuffer {
+    /// Starts a buffer of rows of `spec`.
+    pub fn builder(spec: impl Into<Arc<Spec>>) -> ReplayBufferBuilder {
+        ReplayBufferBuilder {
+            spec: spec.into(),
+            capacity: 0,
+            shards: 1,
+            ndim: 1,
+            envs: None,
+            dim_extend: None,
+            batch_size: None,
+            seed: None,
+            sampler: Sampler::default(),
+            writer: WritePolicy::RoundRobin,
+        }
+    }
+
+    /// The spec of every row.
+    pub fn spec(&self) -> &Arc<Spec> {
+        self.inner.storage.spec()
+    }
+
+    /// Rows the storage holds when full.
+    pub fn capacity(&self) -> usize {
+        self.inner.storage.geometry().capacity() as usize
+    }
+
+    /// Rows stored now.
+    pub fn len(&self) -> usize {
+        self.inner.storage.len() as usize
+    }
+
+    /// Whether no row is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows written since the buffer was built or last emptied, evicted ones included.
+    pub fn write_count(&self) -> u64 {
+        self.inner.storage.write_count()
+    }
+
+    /// Shards of the storage.
+    pub fn shards(&self) -> usize {
+        self.inner.storage.shards().len()
+    }
+
+    /// Storage dimensions (1 or 2).
+    pub fn ndim(&self) -> usize {
+        self.inner.storage.geometry().ndim()
+    }
+
+    /// Environments of an ndim-2 storage (1 for ndim 1).
+    pub fn envs(&self) -> usize {
+        match *self.inner.storage.geometry() {
+            Geometry::Flat { .. } => 1,
+            Geometry::Grid { envs, .. } => envs as usize,
+        }
+    }
+
+    /// The seed of every draw.
+    pub fn seed(&self) -> u64 {
+        self.inner.seed
+    }
+
+    /// Bytes of address space the storage reserved (pages become resident as written).
+    pub fn reserved_bytes(&self) -> usize {
+        self.inner.storage.reserved_bytes()
+    }
+
+    /// A zeroed batch of this buffer's spec with batch shape `shape`.
+    pub fn batch(&self, shape: impl AsRef<[usize]>) -> Batch {
+        Batch::zeros(self.spec().clone(), shape)
+    }
+
+    /// A collector's handle. Handle `k` writes shard `k % shards`, so with as many
+    /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
+    /// its shard's environments and extends them with `[t, group]` batches.
+    pub fn writer(&self) -> Writer {
+        let k = self.inner.writers.fetch_add(1, Ordering::Relaxed);
+        Writer::new(self.clone(), (k % self.shards() as u64) as usize)
+    }
+
+    /// A learner's handle, with its own random stream.
+    pub fn learner(&self) -> Learner {
+        let k = self.inner.learners.fetch_add(1, Ordering::Relaxed);
+        Learner::new(self.clone(), rng::stream(self.inner.seed, rng::Stream::Learner(k)))
+    }
+
+    /// Adds one transition (a batch of shape `[1]`) and returns its index.
+    /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
+    pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
+        self.inner.add(self.pick_shard(), row)
+    }
+
+    /// Appends a batch and returns where its rows went.
+    ///
+    /// ndim 1: a batch of shape `[n]` goes to one shard (round robin across calls).
+    /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
+    /// with `dim_extend = 1`) appends `t` steps to every environment's column.
+    pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
+        let shards = match self.inner.storage.geometry() {
+            Geometry::Flat { .. } => Some(self.pick_shard()),
+            Geometry::Grid { .. } => None,
+        };
+        self.inner.extend(shards, batch)
+    }
+
+    /// The shard of the next buffer-level extend: round robin across calls.
+    pub(crate) fn pick_shard(&self) -> usize {
+        let s = self.shards() as u64;
+        if s == 1 {
+            0
+        } else {
+            (self.inner.next_shard.fetch_add(1, Ordering::Relaxed) % s) as usize
+        }
+    }
+
+    /// The row order of a `t`-step extend of `envs` environments, by `dim_extend`.
+    pub(crate) fn order_for(&self, t: u64, envs: u64) -> RowOrder {
+        self.inner.order_for(t, envs)
+    }
+
+    fn call_rng(&self) -> Rng {
+        let call = self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        rng::stream(self.inner.seed, rng::Stream::Call(call))
+    }
+
+    /// Samples `n` rows into a new batch, with their `index` and `generations`.
+    pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
+        let mut batch = self.batch([0]);
+        self.inner.sample_into(&mut self.call_rng(), n, &mut batch)?;
+        Ok(batch)
+    }
+
+    /// Samples the builder's `batch_size` rows into a new batch.
+    pub fn sample_default(&self) -> Result<Batch, SampleError> {
+        self.sample(self.inner.batch_size.ok_or(SampleError::NoBatchSize)?)
+    }
+
+    /// Samples into `batch`, reusing its buffers: once `batch` has held a batch of this
+    /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
+    /// as `batch` holds when none was set.
+    pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
+        let n = self.inner.batch_size_for(batch)?;
+        self.inner.sample_into(&mut self.call_rng(), n, batch)
+    }
+
+    /// The row at storage `index`, as a batch of one.
+    pub fn get(&self, index: u64) -> Result<Batch, AccessError> {
+        self.get_many(&[index])
+    }
+
+    /// The rows at `indices`, in that order.
+    pub fn get_many(&self, indices: &[u64]) -> Result<Batch, AccessError> {
+        let storage = &self.inner.storage;
+        let mut draws = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let capacity = storage.geometry().capacity();
+            if index >= capacity {
+                return Err(AccessError::OutOfRange { index, capacity });
+            }
+            draws.push(storage.draw_at(index).ok_or(AccessError::NotWritten { index })?);
+        }
+        Ok(self.inner.read_positions(&draws))
+    }
+
+    /// Every stored row among the first `end` storage positions (all of them when
+    /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
+    pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {
+        let storage = &self.inner.storage;
+        let end = end.map_or(storage.geometry().capacity(), |e| {
+            (e as u64).min(storage.geometry().capacity())
+        });
+        let draws: Vec<Draw> = (0..end).filter_map(|i| storage.draw_at(i)).collect();
+        self.inner.read_positions(&draws)
+    }
+
+    /// Overwrites storage positions `0..end` in place with the first `end` rows of
+    /// `data` (all of them when `None`), in storage order (TorchRL's `rb[:end] = data`).
+    /// Every position must hold a row; on any error nothing is written.
+    pub fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+        self.inner.write_all(data, end)
+    }
+
+    /// Drops every stored row. Rows being written meanwhile are dropped too.
+    pub fn empty(&self) {
+        self.inner.storage.empty();
+    }
+}
+
+impl Inner {
+    pub(crate) fn batch_size_for(&self, batch: &Batch) -> Result<usize, SampleError> {
+        match (self.batch_size, batch.len()) {
+            (Some(n), _) => Ok(n),
+            (None, 0) => Err(SampleError::NoBatchSize),
+            (None, n) => Ok(n),
+        }
+    }
+
+    /// The copy plan of `batch`'s columns for this storage's rows, or `None` if the
+    /// batch has another spec.
+    fn source<'a>(&self, batch: &'a Batch, order: RowOrder) -> Result<Source<'a>, DataError> {
+        let spec = self.storage.spec();
+        let map = batch.columns_for(spec)?;
+        let cols = spec
+            .fields()
+            .iter()
+            .zip(&map)
+            .map(|(f, &i)| SrcCol {
+                data: batch.columns()[i].as_bytes(),
+                bytes: f.bytes(),
+                offset: f.offset(),
+            })
+            .collect();
+        Ok(Source { cols, order })
+    }
+
+    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, DataError> {
+        if self.storage.geometry().ndim() != 1 || row.len() != 1 {
+            return Err(DataError::BatchShape {
+                expected: "one row ([1]) on an ndim-1 storage",
+                found: row.shape().to_vec(),
+            });
+        }
+        let written = self.extend(Some(shard), row)?;
+        Ok(written.index(0))
+    }
+
+    pub(crate) fn order_for(&self, t: u64, envs: u64) -> RowOrder {
+        if self.dim_extend == 0 {
+            RowOrder::TimeMajor { envs, env0: 0 }
+        } else {
+            RowOrder::EnvMajor { steps: t, env0: 0 }
+        }
+    }
+
+    /// Checks the batch shape against the storage and returns (steps, envs on the
+    /// batch's env axis, row order).
+    fn extent(&self, shard: Option<usize>, batch: &Batch) -> Result<(u64, RowOrder), DataError> {
+        let shape = batch.shape();
+        match (*self.storage.geometry(), shard) {
+            (Geometry::Flat { .. }, _) => match shape {
+                [n] => Ok((*n as u64, RowOrder::Flat)),
+                _ => Err(DataError::BatchShape {
+                    expected: "[n] for an ndim-1 storage",
+                    found: shape.to_vec(),
+                }),
+            },
+            (Geometry::Grid { envs, .. }, group) => {
+                let want = match group {
+                    Some(k) => self.storage.shards()[k].ring().width,
+                    None => envs,
+                };
+                let (expected, dims) = match self.dim_extend {
+                    0 => ("[t, envs] (dim_extend 0), envs of the storage or the writer's group", [1, 0]),
+                    _ => ("[envs, t] (dim_extend 1), envs of the storage or the writer's group", [0, 1]),
+                };
+                match shape {
+                    [a, b] if [*a, *b][dims[0]] as u64 == want => {
+                        let t = [*a, *b][dims[1]] as u64;
+                        Ok((t, self.order_for(t, want)))
+                    }
+                    _ => Err(DataError::BatchShape {
+                        expected,
+                        found: shape.to_vec(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
+    /// every shard (`None`, ndim 2 only).
+    pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
+        let (steps, order) = self.extent(shard, batch)?;
+        let src = self.source(batch, order)?;
+        Ok(self.append(shard, steps, &src))
+    }
+
+    /// Appends validated rows. `shard: None` writes every env group of an ndim-2 storage.
+    pub(crate) fn append(&self, shard: Option<usize>, steps: u64, src: &Source<'_>) -> Written {
+        let storage = &self.storage;
+        let mut written = Written::new(steps, src.order);
+        match shard {
+            Some(k) => {
+                let first = storage.append(k, steps, src);
+                written.push(*storage.shards()[k].ring(), first, 0);
+            }
+            None => {
+                for (k, shard) in storage.shards().iter().enumerate() {
+                    let ring = *shard.ring();
+                    let group = src.for_group(ring.index_offset);
+                    let first = storage.append(k, steps, &group);
+                    written.push(ring, first, ring.index_offset);
+                }
+            }
+        }
+        written
+    }
+
+    pub(crate) fn sample_into(&self, rng: &mut Rng, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
+        if !Arc::ptr_eq(batch.spec(), self.storage.spec())
+            && !batch.spec().same_fields(self.storage.spec())
+        {
+            return Err(SampleError::SpecMismatch);
+        }
+        let mut scratch = std::mem::take(batch.scratch_mut());
+        let result = self.draw(rng, n, &mut scratch).and_then(|()| {
+            batch.reshape_for_sample(scratch.draws.len());
+            let on_miss = self.on_miss(rng, &mut scratch.windows);
+            let (columns, index, generation) = batch.parts_mut();
+            let mut dest = dest_for(self.storage.spec(), columns);
+            self.gather(&scratch.draws, self.sampler.want(), on_miss, &mut dest, generation, index)
+        });
+        *batch.scratch_mut() = scratch;
+        result
+    }
+
+    /// Draws up to `n` rows into `scratch.draws`.
+    pub(crate) fn draw(&self, rng: &mut Rng, n: usize, scratch: &mut Scratch) -> Result<(), SampleError> {
+        self.storage.windows(&mut scratch.windows);
+        self.sampler.draw(
+            self.storage.shards(),
+            &scratch.windows,
+            rng,
+            n,
+            &mut scratch.draws,
+        )
+    }
+
+    /// What a sampled read does when its row is gone or busy.
+    pub(crate) fn on_miss<'a>(&self, rng: &'a mut Rng, windows: &'a mut Vec<crate::storage::shard::Window>) -> OnMiss<'a> {
+        if self.sampler.redraws() {
+            OnMiss::Redraw(rng, windows)
+        } else {
+            OnMiss::Retry
+        }
+    }
+
+    /// Copies the drawn rows into rows `0..draws.len()` of `dest`.
+    pub(crate) fn gather(
+        &self,
+        draws: &[Draw],
+        want: Want,
+        on_miss: OnMiss<'_>,
+        dest: &mut Dest<'_>,
+        generation: &mut [u64],
+        index: &mut [u64],
+    ) -> Result<(), SampleError> {
+        let storage = &self.storage;
+        for &d in draws {
+            storage.prefetch(d);
+        }
+        read_draws(
+            storage.shards(),
+            draws,
+            on_miss,
+            |d, k| storage.read(d, want, dest, k).map(|(s, i)| (s.generation(), i)),
+            generation,
+            index,
+        )
+    }
+
+    /// The rows at the drawn positions, as they are now.
+    pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
+        let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
+        batch.reshape_for_sample(draws.len());
+        let (columns, index, generation) = batch.parts_mut();
+        let mut dest = dest_for(self.storage.spec(), columns);
+        // A read by position waits for the row's writer, which is inside one extend.
+        self.gather(draws, Want::AtLeast, OnMiss::Retry, &mut dest, generation, index)
+            .expect("replaybuf internal error: a writer never finished its row");
+        drop(dest);
+        batch
+    }
+
+    fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+        let storage = &self.storage;
+        let rows = data.len() as u64;
+        let end = end.map_or(rows, |e| e as u64);
+        let capacity = storage.geometry().capacity();
+        if end > rows {
+            return Err(DataError::BatchShape {
+                expected: "at least `end` rows",
+                found: data.shape().to_vec(),
+            }
+            .into());
+        }
+        if end > capacity {
+            return Err(AccessError::OutOfRange {
+                index: end - 1,
+                capacity,
+            });
+        }
+        let src = self.source(data, RowOrder::Flat)?;
+        let draws = (0..end)
+            .map(|i| storage.draw_at(i).ok_or(AccessError::NotWritten { index: i }))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _guards: Vec<_> = storage.shards().iter().map(|s| s.enter_edit()).collect();
+        for (i, d) in draws.into_iter().enumerate() {
+            // A row emptied after the check above has nothing to rewrite: skip it.
+            let _ = storage.edit(d, &src, i as u64);
+        }
+        Ok(())
+    }
+}
+
+/// The copy plan from rows of `spec` into the columns of a batch of `spec`.
+fn dest_for<'a>(spec: &Spec, columns: &'a mut [Column]) -> Dest<'a> {
+    Dest {
+        cols: columns
+            .iter_mut()
+            .zip(spec.fields())
+            .map(|(c, f)| DstCol {
+                data: c.as_bytes_mut(),
+                bytes: f.bytes(),
+                offset: f.offset(),
+            })
+            .collect::<SmallVec<_>>(),
+    }
+}

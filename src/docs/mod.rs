@@ -1,0 +1,3 @@
+//! Long-form documentation, as doc-only modules.
+
+pub mod orderings;

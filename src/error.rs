@@ -1,0 +1,251 @@
+//! Errors. Hot-path errors are small enums saying what happened; the setup error is an
+//! opaque struct over a private kind, with `source()` for the I/O error underneath.
+//!
+//! Every error is returned before anything changes: a rejected `extend` wrote no row,
+//! a rejected `sample` moved no epoch, a rejected `write_all` touched no slot.
+
+use std::fmt;
+use std::io;
+
+use crate::dtype::DType;
+use crate::spec::Key;
+
+/// A [`Spec`](crate::Spec) that cannot be laid out.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The spec has no fields.
+    #[error("a spec needs at least one field")]
+    NoFields,
+    /// A key, or one component of a nested key, is empty.
+    #[error("field {position} has an empty key or key component")]
+    EmptyKey {
+        /// Position of the field in declaration order.
+        position: usize,
+    },
+    /// Two fields share a key.
+    #[error("field `{key}` is declared twice")]
+    DuplicateKey {
+        /// The repeated key.
+        key: Key,
+    },
+    /// A key is both a field and the parent of another field.
+    #[error("field `{key}` and field `{other}`: one key is the parent of the other")]
+    KeyIsPrefix {
+        /// The key being added.
+        key: Key,
+        /// The key it collides with.
+        other: Key,
+    },
+    /// The row would exceed [`MAX_ROW_BYTES`](crate::spec::MAX_ROW_BYTES).
+    #[error("field `{key}` makes the row larger than 1 GiB")]
+    RowTooLarge {
+        /// The field that overflowed the row.
+        key: Key,
+    },
+}
+
+/// Why a buffer could not be built.
+#[derive(Debug)]
+pub struct BuildError {
+    kind: BuildErrorKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum BuildErrorKind {
+    ZeroCapacity,
+    ShardsNotPowerOfTwo { shards: usize },
+    TooManyShards { shards: usize, limit: usize },
+    Ndim { ndim: usize },
+    EnvsRequired,
+    EnvsWithoutNdim2,
+    EnvsDoNotDivide { capacity: usize, envs: usize },
+    DimExtend { dim_extend: usize, ndim: usize },
+    ZeroBatchSize,
+    ZeroSizedRow,
+    Spec(SpecError),
+    Region(io::Error),
+}
+
+impl BuildError {
+    pub(crate) fn new(kind: BuildErrorKind) -> Self {
+        Self { kind }
+    }
+
+    /// Whether the capacity was zero.
+    pub fn is_zero_capacity(&self) -> bool {
+        matches!(self.kind, BuildErrorKind::ZeroCapacity)
+    }
+
+    /// Whether the shard count was rejected (not a power of two, or too many).
+    pub fn is_bad_shards(&self) -> bool {
+        matches!(
+            self.kind,
+            BuildErrorKind::ShardsNotPowerOfTwo { .. } | BuildErrorKind::TooManyShards { .. }
+        )
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use BuildErrorKind::*;
+        match &self.kind {
+            ZeroCapacity => f.write_str("capacity must be at least 1"),
+            ShardsNotPowerOfTwo { shards } => {
+                write!(f, "shards must be a power of two, got {shards}")
+            }
+            TooManyShards { shards, limit } => write!(
+                f,
+                "{shards} shards is more than this buffer can use (at most {limit}: \
+                 every shard needs at least one slot, and an ndim-2 shard at least one env)"
+            ),
+            Ndim { ndim } => write!(f, "ndim must be 1 or 2, got {ndim}"),
+            EnvsRequired => f.write_str("an ndim-2 storage needs `envs(E)`: its shape is [capacity / E, E]"),
+            EnvsWithoutNdim2 => f.write_str("`envs` only applies to an ndim-2 storage; set `ndim(2)`"),
+            EnvsDoNotDivide { capacity, envs } => write!(
+                f,
+                "capacity {capacity} is not a multiple of envs {envs}: an ndim-2 storage has shape [capacity / envs, envs]"
+            ),
+            DimExtend { dim_extend, ndim } => write!(
+                f,
+                "dim_extend {dim_extend} must be below ndim {ndim}"
+            ),
+            ZeroBatchSize => f.write_str("batch_size must be at least 1"),
+            ZeroSizedRow => f.write_str("a typed buffer's row type must not be zero-sized"),
+            Spec(e) => write!(f, "spec: {e}"),
+            Region(e) => write!(f, "could not reserve the storage memory: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            BuildErrorKind::Region(e) => Some(e),
+            BuildErrorKind::Spec(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<SpecError> for BuildError {
+    fn from(e: SpecError) -> Self {
+        Self::new(BuildErrorKind::Spec(e))
+    }
+}
+
+/// Data that does not match the buffer's spec or storage shape. Nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DataError {
+    /// The spec has a field the data lacks.
+    #[error("field `{key}` is missing")]
+    MissingField {
+        /// The missing field.
+        key: Key,
+    },
+    /// The data has a field the spec lacks.
+    #[error("field `{key}` is not in the spec")]
+    UnknownField {
+        /// The extra field.
+        key: Key,
+    },
+    /// A field's dtype differs from the spec's.
+    #[error("field `{key}` is {found}, the spec says {expected}")]
+    DType {
+        /// The field.
+        key: Key,
+        /// The spec's dtype.
+        expected: DType,
+        /// The data's dtype.
+        found: DType,
+    },
+    /// A field's per-transition shape differs from the spec's.
+    #[error("field `{key}` has shape {found:?} per transition, the spec says {expected:?}")]
+    FieldShape {
+        /// The field.
+        key: Key,
+        /// The spec's shape.
+        expected: Vec<usize>,
+        /// The data's shape.
+        found: Vec<usize>,
+    },
+    /// A column holds the wrong number of elements for the batch shape.
+    #[error("field `{key}` holds {found} elements, the batch shape needs {expected}")]
+    Length {
+        /// The field.
+        key: Key,
+        /// Elements the batch shape needs.
+        expected: usize,
+        /// Elements given.
+        found: usize,
+    },
+    /// The batch shape does not fit the storage (`[n]` for ndim 1; `[t, E]` or `[E, t]`
+    /// for ndim 2 depending on `dim_extend`).
+    #[error("batch shape {found:?} does not fit: {expected}")]
+    BatchShape {
+        /// What the storage expects, in words.
+        expected: &'static str,
+        /// The batch's shape.
+        found: Vec<usize>,
+    },
+    /// A bool field holds a byte other than 0 or 1.
+    #[error("field `{key}` is bool but holds a byte other than 0 or 1")]
+    InvalidBool {
+        /// The field.
+        key: Key,
+    },
+}
+
+/// Why a sample was not drawn. The buffer and the sampler's state are unchanged, except
+/// for [`SampleError::EpochEnd`], which closes the epoch it reports.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SampleError {
+    /// The buffer holds no rows.
+    #[error("the buffer is empty")]
+    Empty,
+    /// Sampling without replacement asked for more rows than are stored.
+    #[error("asked for {requested} rows without replacement but only {available} are stored")]
+    NotEnough {
+        /// Rows asked for.
+        requested: usize,
+        /// Rows stored.
+        available: usize,
+    },
+    /// The without-replacement epoch ran out; the next call starts a new epoch.
+    #[error("the epoch ran out; the next sample starts a new one")]
+    EpochEnd,
+    /// No batch size was given, here or at build time.
+    #[error("no batch size: pass one to `sample` or set `batch_size` on the builder")]
+    NoBatchSize,
+    /// Every slot the sampler drew was being written, `attempts` times in a row: only
+    /// possible while writers hold nearly all stored slots.
+    #[error("{attempts} draws in a row landed on slots being written")]
+    Starved {
+        /// Draws tried for one row.
+        attempts: u32,
+    },
+    /// The batch passed to `sample_into` has another spec.
+    #[error("the batch has a different spec from the buffer")]
+    SpecMismatch,
+}
+
+/// Why a read or write at a storage position failed. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// The position is outside the storage.
+    #[error("index {index} is out of range for capacity {capacity}")]
+    OutOfRange {
+        /// The index given.
+        index: u64,
+        /// The storage capacity.
+        capacity: u64,
+    },
+    /// The position holds no row (never written, or emptied).
+    #[error("index {index} holds no row")]
+    NotWritten {
+        /// The index given.
+        index: u64,
+    },
+    /// The data does not fit the spec.
+    #[error(transparent)]
+    Data(#[from] DataError),
+}

@@ -1,0 +1,40 @@
+//! The learner's handle: sampling with a random stream of its own.
+
+use crate::batch::Batch;
+use crate::buffer::ReplayBuffer;
+use crate::error::SampleError;
+use crate::rng::Rng;
+
+/// A learner's handle (see [`ReplayBuffer::learner`]): samples with its own random
+/// stream, so learners never contend for a generator, and one learner's sequence of
+/// samples is reproducible under a seed whatever the others do.
+#[derive(Clone, Debug)]
+pub struct Learner {
+    buffer: ReplayBuffer,
+    rng: Rng,
+}
+
+impl Learner {
+    pub(crate) fn new(buffer: ReplayBuffer, rng: Rng) -> Learner {
+        Learner { buffer, rng }
+    }
+
+    /// The buffer this handle samples.
+    pub fn buffer(&self) -> &ReplayBuffer {
+        &self.buffer
+    }
+
+    /// Samples `n` rows into a new batch.
+    pub fn sample(&mut self, n: usize) -> Result<Batch, SampleError> {
+        let mut batch = self.buffer.batch([0]);
+        self.buffer.inner.sample_into(&mut self.rng, n, &mut batch)?;
+        Ok(batch)
+    }
+
+    /// Samples into `batch`, reusing its buffers (no allocation once warm). Draws the
+    /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
+    pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
+        let n = self.buffer.inner.batch_size_for(batch)?;
+        self.buffer.inner.sample_into(&mut self.rng, n, batch)
+    }
+}

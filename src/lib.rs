@@ -1,0 +1,74 @@
+//! # replaybuf
+//!
+//! A replay buffer for reinforcement learning: collector threads extend it while
+//! learner threads sample it, with no lock between them, and a sampled row is never
+//! torn.
+//!
+//! - Rows are stored row-major in sharded rings ([`ReplayBufferBuilder::shards`]); each
+//!   shard has its own atomic cursor, so collectors on different shards never share a
+//!   cache line.
+//! - Every slot carries a version stamp. Readers copy rows with race-free atomic loads
+//!   and re-check the stamp; a row overwritten mid-copy is redrawn, never returned.
+//!   The ordering argument is in [`docs::orderings`]; loom checks it.
+//! - Batches are columnar ([`Batch`]): one contiguous typed slice per field.
+//! - `#[repr(C)]` [`bytemuck::Pod`] transitions use [`TypedBuffer`], any
+//!   `T: Clone + Send + Sync` uses [`ListBuffer`]; one engine under all three.
+//!
+//! ```
+//! use replaybuf::{DType, ReplayBuffer, Spec};
+//!
+//! let spec = Spec::builder()
+//!     .field("obs", DType::F32, [3])
+//!     .field("action", DType::I64, [])
+//!     .field(("next", "obs"), DType::F32, [3])
+//!     .field("done", DType::Bool, [])
+//!     .build()?;
+//! let rb = ReplayBuffer::builder(spec).capacity(10_000).seed(0).build()?;
+//!
+//! // A collector thread:
+//! let writer = rb.writer();
+//! let mut chunk = rb.batch([100]);
+//! chunk.column_mut::<i64>("action")?.fill(2);
+//! writer.extend(&chunk)?;
+//!
+//! // A learner thread:
+//! let mut learner = rb.learner();
+//! let batch = learner.sample(32)?;
+//! assert_eq!(batch.column::<i64>("action")?, &[2; 32]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod docs;
+
+mod batch;
+mod buffer;
+mod dtype;
+mod error;
+mod learner;
+mod list;
+mod region;
+pub mod reference;
+mod rng;
+mod sampler;
+mod spec;
+mod storage;
+mod sync;
+mod typed;
+mod writer;
+
+pub use batch::{Batch, View};
+pub use buffer::{ReplayBuffer, ReplayBufferBuilder, MAX_SHARDS};
+pub use dtype::{DType, Element};
+pub use error::{AccessError, BuildError, DataError, SampleError, SpecError};
+pub use learner::Learner;
+pub use list::{ListBatch, ListBuffer, ListBuilder};
+pub use sampler::{Sampler, Uniform, WithoutReplacement};
+pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
+pub use writer::{WritePolicy, Writer, Written};
+
+/// Re-exported so that users derive [`bytemuck::Pod`] for [`TypedBuffer`] rows with
+/// the same version the crate uses.
+pub use bytemuck;
+/// Re-exported for [`DType::F16`] / [`DType::BF16`] views.
+pub use half;

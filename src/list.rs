@@ -1,0 +1,335 @@
+//! List storage: a replay buffer of any `T: Clone + Send + Sync` (TorchRL's
+//! `ListStorage`), for values that are not plain bytes: strings, vectors, trees.
+//!
+//! Each slot holds an atomically swappable `Arc` of the value and the sequence number
+//! it was written at. A writer publishes by swapping in a new `Arc`, a reader takes a
+//! reference to whichever `Arc` is there and clones the value out of it, so a value is
+//! never torn, whatever its type. The shards, cursors, windows, samplers and the
+//! appenders' predecessor order are the row storage's; only the slot differs. Slower
+//! than the row storage (an allocation per write, a clone per read), no shared mode.
+
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
+use crate::rng::{self, Rng};
+use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
+use crate::storage::geometry::Geometry;
+use crate::storage::shard::{self, Shard, Window};
+use crate::storage::stamp::Stamp;
+use crate::storage::{Draw, Miss, Want};
+use crate::sync::{ArcCell, AtomicU64, Backoff, Ordering};
+use crate::storage::plan::RowOrder;
+use crate::writer::Written;
+use crate::MAX_SHARDS;
+
+/// A stored value and the sequence number it was written at.
+#[derive(Debug)]
+struct Entry<T> {
+    seq: u64,
+    value: T,
+}
+
+#[derive(Debug)]
+struct ListInner<T> {
+    shards: Box<[Shard]>,
+    geometry: Geometry,
+    slots: Box<[ArcCell<Entry<T>>]>,
+    sampler: Engine,
+    seed: u64,
+    calls: CachePadded<AtomicU64>,
+    next_shard: CachePadded<AtomicU64>,
+}
+
+/// A replay buffer of arbitrary values.
+///
+/// ```
+/// use replaybuf::ListBuffer;
+///
+/// let rb = ListBuffer::<String>::builder().capacity(3).seed(0).build()?;
+/// for word in ["a", "b", "c", "d"] {
+///     rb.push(word.to_string());
+/// }
+/// assert_eq!(rb.len(), 3);
+/// assert_eq!(rb.get(0)?, "d"); // "a" was evicted, FIFO
+/// let batch = rb.sample(5)?;
+/// assert!(batch.items().iter().all(|w| ["b", "c", "d"].contains(&w.as_str())));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct ListBuffer<T> {
+    inner: Arc<ListInner<T>>,
+}
+
+impl<T> Clone for ListBuffer<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Builds a [`ListBuffer`].
+#[derive(Clone, Debug)]
+pub struct ListBuilder<T> {
+    capacity: usize,
+    shards: usize,
+    seed: Option<u64>,
+    sampler: Sampler,
+    _items: std::marker::PhantomData<fn(T) -> T>,
+}
+
+impl<T: Clone + Send + Sync> ListBuilder<T> {
+    /// Values the storage holds. Required.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Shards (a power of two; default 1).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The seed of every draw.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The sampler (default uniform).
+    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
+        self.sampler = sampler.into();
+        self
+    }
+
+    /// Validates the choices and allocates the slots.
+    pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
+        if self.capacity == 0 {
+            return Err(BuildError::new(BuildErrorKind::ZeroCapacity));
+        }
+        if !self.shards.is_power_of_two() {
+            return Err(BuildError::new(BuildErrorKind::ShardsNotPowerOfTwo {
+                shards: self.shards,
+            }));
+        }
+        let limit = self.capacity.min(MAX_SHARDS);
+        if self.shards > limit {
+            return Err(BuildError::new(BuildErrorKind::TooManyShards {
+                shards: self.shards,
+                limit,
+            }));
+        }
+        let geometry = Geometry::flat(self.capacity as u64, self.shards as u64);
+        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        Ok(ListBuffer {
+            inner: Arc::new(ListInner {
+                shards: (0..geometry.shards())
+                    .map(|k| Shard::new(geometry.ring(k)))
+                    .collect(),
+                geometry,
+                slots: (0..self.capacity).map(|_| ArcCell::empty()).collect(),
+                sampler: Engine::new(self.sampler, seed),
+                seed,
+                calls: CachePadded::new(AtomicU64::new(0)),
+                next_shard: CachePadded::new(AtomicU64::new(0)),
+            }),
+        })
+    }
+}
+
+/// Sampled values with their storage indices.
+#[derive(Clone, Debug)]
+pub struct ListBatch<T> {
+    items: Vec<T>,
+    index: Vec<u64>,
+    generation: Vec<u64>,
+}
+
+impl<T> ListBatch<T> {
+    /// The sampled values.
+    pub fn items(&self) -> &[T] {
+        &self.items
+    }
+
+    /// Their storage indices.
+    pub fn index(&self) -> &[u64] {
+        &self.index
+    }
+
+    /// Their write generations.
+    pub fn generations(&self) -> &[u64] {
+        &self.generation
+    }
+
+    /// Takes the values out.
+    pub fn into_items(self) -> Vec<T> {
+        self.items
+    }
+}
+
+impl<T: Clone + Send + Sync> ListBuffer<T> {
+    /// Starts a list buffer.
+    pub fn builder() -> ListBuilder<T> {
+        ListBuilder {
+            capacity: 0,
+            shards: 1,
+            seed: None,
+            sampler: Sampler::default(),
+            _items: std::marker::PhantomData,
+        }
+    }
+
+    /// Values the storage holds when full.
+    pub fn capacity(&self) -> usize {
+        self.inner.geometry.capacity() as usize
+    }
+
+    /// Values stored now.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.window().steps()).sum::<u64>() as usize
+    }
+
+    /// Whether no value is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Values written since the buffer was built or last emptied.
+    pub fn write_count(&self) -> u64 {
+        self.inner.shards.iter().map(Shard::written).sum()
+    }
+
+    /// Adds one value and returns its index.
+    pub fn push(&self, value: T) -> u64 {
+        self.extend(std::iter::once(value)).index(0)
+    }
+
+    /// Appends values to one shard (round robin across calls).
+    pub fn extend(&self, values: impl IntoIterator<Item = T>) -> Written {
+        let values: Vec<T> = values.into_iter().collect();
+        let inner = &self.inner;
+        let k = if inner.shards.len() == 1 {
+            0
+        } else {
+            (inner.next_shard.fetch_add(1, Ordering::Relaxed) % inner.shards.len() as u64) as usize
+        };
+        let shard = &inner.shards[k];
+        let ring = *shard.ring();
+        let steps = values.len() as u64;
+        let first = shard.claim(steps);
+        let skip = steps.saturating_sub(ring.steps) as usize;
+        for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip)) {
+            let slot = &inner.slots[ring.slot(step.pos, 0) as usize];
+            // Wait for the slot's previous value, as the row storage's appenders do, so
+            // that a writer that lapped a slower one never has its value replaced by
+            // the older one.
+            let mut backoff = Backoff::new();
+            while slot.load().map(|e| e.seq) != step.prev {
+                backoff.snooze();
+            }
+            slot.store(Some(Arc::new(Entry {
+                seq: step.seq,
+                value,
+            })));
+        }
+        let mut written = Written::new(steps, RowOrder::Flat);
+        written.push(ring, first, 0);
+        written
+    }
+
+    /// Samples `n` values (clones).
+    pub fn sample(&self, n: usize) -> Result<ListBatch<T>, SampleError> {
+        let inner = &self.inner;
+        let call = inner.calls.fetch_add(1, Ordering::Relaxed);
+        let mut rng: Rng = rng::stream(inner.seed, rng::Stream::Call(call));
+        let mut windows: Vec<Window> = inner.shards.iter().map(Shard::window).collect();
+        let mut draws = Vec::with_capacity(n);
+        inner
+            .sampler
+            .draw(&inner.shards, &windows, &mut rng, n, &mut draws)?;
+        let want = inner.sampler.want();
+        let on_miss = if inner.sampler.redraws() {
+            OnMiss::Redraw(&mut rng, &mut windows)
+        } else {
+            OnMiss::Retry
+        };
+        let mut items: Vec<Option<T>> = vec![None; draws.len()];
+        let mut index = vec![0; draws.len()];
+        let mut generation = vec![0; draws.len()];
+        read_draws(
+            &inner.shards,
+            &draws,
+            on_miss,
+            |d, k| {
+                let (value, g, i) = inner.read(d, want)?;
+                items[k] = Some(value);
+                Ok((g, i))
+            },
+            &mut generation,
+            &mut index,
+        )?;
+        Ok(ListBatch {
+            items: items.into_iter().map(|v| v.expect("every draw was read")).collect(),
+            index,
+            generation,
+        })
+    }
+
+    /// The value at storage `index`.
+    pub fn get(&self, index: u64) -> Result<T, AccessError> {
+        let inner = &self.inner;
+        let capacity = inner.geometry.capacity();
+        let (k, pos, _) = inner
+            .geometry
+            .locate(index)
+            .ok_or(AccessError::OutOfRange { index, capacity })?;
+        let seq = inner.shards[k as usize]
+            .seq_at(pos)
+            .ok_or(AccessError::NotWritten { index })?;
+        let draw = Draw {
+            shard: k as u32,
+            lane: 0,
+            seq,
+        };
+        let mut backoff = Backoff::new();
+        loop {
+            match inner.read(draw, Want::AtLeast) {
+                Ok((value, _, _)) => return Ok(value),
+                Err(_) => backoff.snooze(),
+            }
+        }
+    }
+
+    /// Drops every stored value from view (their memory is freed as slots are reused).
+    pub fn empty(&self) {
+        for s in self.inner.shards.iter() {
+            s.empty();
+        }
+    }
+}
+
+impl<T: Clone> ListInner<T> {
+    /// The value of a draw, its generation and its index.
+    fn read(&self, d: Draw, want: Want) -> Result<(T, u64, u64), Miss> {
+        let ring = self.shards[d.shard as usize].ring();
+        let pos = d.seq % ring.steps;
+        let entry = self.slots[ring.slot(pos, 0) as usize]
+            .load()
+            .ok_or(Miss::Busy)?;
+        match (entry.seq.cmp(&d.seq), want) {
+            (std::cmp::Ordering::Less, _) => Err(Miss::Busy),
+            (std::cmp::Ordering::Greater, Want::Exact) => Err(Miss::Gone),
+            _ => {
+                let lap = (entry.seq / ring.steps) as u32;
+                Ok((
+                    entry.value.clone(),
+                    Stamp::published(lap, 0).generation(),
+                    ring.index(pos, 0),
+                ))
+            }
+        }
+    }
+}

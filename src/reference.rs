@@ -1,0 +1,1 @@
+//! A sequential reference model.

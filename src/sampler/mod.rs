@@ -1,0 +1,163 @@
+//! Samplers: which stored rows a batch draws.
+//!
+//! A sampler sees the storage only through its shards' live windows (a read-only
+//! snapshot of `lo..hi` per ring) and a seeded generator; it returns [`Draw`]s, which
+//! the buffer then copies out. It never writes the storage, so any number of learners
+//! sample while collectors write.
+//!
+//! - [`Uniform`]: with replacement, every live row equally likely.
+//! - [`WithoutReplacement`]: epochs over the rows live when the epoch began.
+
+mod uniform;
+mod without_replacement;
+
+pub use without_replacement::WithoutReplacement;
+
+use crate::error::SampleError;
+use crate::rng::Rng;
+use crate::storage::shard::{Shard, Window};
+use crate::storage::{Draw, Miss, Want};
+use crate::sync::Backoff;
+
+/// Draws tried for one row before a sample gives up with [`SampleError::Starved`].
+const MAX_ATTEMPTS_PER_ROW: u32 = 1 << 20;
+/// Misses after which a redrawing read reloads the shard windows: the writers have
+/// moved on since the snapshot.
+const REFRESH_AFTER_MISSES: u32 = 8;
+
+/// Uniform sampling with replacement (TorchRL `RandomSampler`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uniform;
+
+/// Which sampler a buffer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sampler {
+    /// See [`Uniform`].
+    Uniform(Uniform),
+    /// See [`WithoutReplacement`].
+    WithoutReplacement(WithoutReplacement),
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler::Uniform(Uniform)
+    }
+}
+
+impl From<Uniform> for Sampler {
+    fn from(u: Uniform) -> Self {
+        Sampler::Uniform(u)
+    }
+}
+
+impl From<WithoutReplacement> for Sampler {
+    fn from(w: WithoutReplacement) -> Self {
+        Sampler::WithoutReplacement(w)
+    }
+}
+
+/// A sampler with its running state.
+#[derive(Debug)]
+pub(crate) enum Engine {
+    Uniform,
+    WithoutReplacement(without_replacement::Epochs),
+}
+
+impl Engine {
+    pub(crate) fn new(sampler: Sampler, seed: u64) -> Engine {
+        match sampler {
+            Sampler::Uniform(_) => Engine::Uniform,
+            Sampler::WithoutReplacement(w) => {
+                Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
+            }
+        }
+    }
+
+    /// What a read of this sampler's draws accepts at the slot.
+    pub(crate) fn want(&self) -> Want {
+        match self {
+            Engine::Uniform => Want::Exact,
+            Engine::WithoutReplacement(_) => Want::AtLeast,
+        }
+    }
+
+    /// Whether a draw that missed (its row was replaced or is being written) is
+    /// replaced by a fresh draw; otherwise the read waits for the row at the position.
+    pub(crate) fn redraws(&self) -> bool {
+        matches!(self, Engine::Uniform)
+    }
+
+    /// Draws up to `n` rows into `out` (exactly `n`, except for the last batch of a
+    /// without-replacement epoch without `drop_last`).
+    pub(crate) fn draw(
+        &self,
+        shards: &[Shard],
+        windows: &[Window],
+        rng: &mut Rng,
+        n: usize,
+        out: &mut Vec<Draw>,
+    ) -> Result<(), SampleError> {
+        out.clear();
+        match self {
+            Engine::Uniform => uniform::draw(shards, windows, rng, n, out),
+            Engine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
+        }
+    }
+
+}
+
+/// How [`read_draws`] handles a draw that misses.
+pub(crate) enum OnMiss<'a> {
+    /// Replace it by a fresh uniform draw (sampling with replacement).
+    Redraw(&'a mut Rng, &'a mut Vec<Window>),
+    /// Read the same position again until its row is whole (reads by position).
+    Retry,
+}
+
+/// Reads every draw with `read`, which copies the row of a draw into output row `k`
+/// and returns its (generation, index). A draw that misses is redrawn or retried as
+/// `on_miss` says; the generations and indices of the rows read land in the outputs.
+pub(crate) fn read_draws(
+    shards: &[Shard],
+    draws: &[Draw],
+    mut on_miss: OnMiss<'_>,
+    mut read: impl FnMut(Draw, usize) -> Result<(u64, u64), Miss>,
+    generation: &mut [u64],
+    index: &mut [u64],
+) -> Result<(), SampleError> {
+    for (k, &first) in draws.iter().enumerate() {
+        let mut draw = first;
+        let mut misses = 0u32;
+        let mut backoff = Backoff::new();
+        loop {
+            let miss = match read(draw, k) {
+                Ok((g, i)) => {
+                    generation[k] = g;
+                    index[k] = i;
+                    break;
+                }
+                Err(miss) => miss,
+            };
+            misses += 1;
+            if misses >= MAX_ATTEMPTS_PER_ROW {
+                return Err(SampleError::Starved { attempts: misses });
+            }
+            match (&mut on_miss, miss) {
+                (OnMiss::Redraw(rng, windows), _) => {
+                    if misses % REFRESH_AFTER_MISSES == 0 {
+                        windows.clear();
+                        windows.extend(shards.iter().map(Shard::window));
+                        backoff.snooze();
+                    }
+                    let total = uniform::live_rows(shards, windows);
+                    draw = uniform::pick(shards, windows, total, rng).ok_or(SampleError::Empty)?;
+                }
+                // A torn copy retries at once; a row being written is waited for: its
+                // writer is inside one extend.
+                (OnMiss::Retry, Miss::Torn) => {}
+                (OnMiss::Retry, _) => backoff.snooze(),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! Uniform sampling with replacement over every live row.
+//!
+//! A draw picks a live row uniformly across shards (weighting each shard by its live
+//! rows) and names it by its ring sequence number, so that a read can tell the drawn
+//! row from a later one written to the same slot: a row replaced between the draw and
+//! the copy is redrawn, never returned in its place.
+
+use rand::RngExt;
+
+use crate::error::SampleError;
+use crate::rng::Rng;
+use crate::storage::shard::{Shard, Window};
+use crate::storage::Draw;
+
+/// Live rows across all shards.
+pub(super) fn live_rows(shards: &[Shard], windows: &[Window]) -> u64 {
+    shards
+        .iter()
+        .zip(windows)
+        .map(|(s, w)| w.steps() * s.ring().width)
+        .sum()
+}
+
+/// One uniform draw among `total` live rows; `None` if there are none.
+#[inline]
+pub(super) fn pick(shards: &[Shard], windows: &[Window], total: u64, rng: &mut Rng) -> Option<Draw> {
+    if total == 0 {
+        return None;
+    }
+    let mut r = rng.random_range(0..total);
+    for (k, (shard, w)) in shards.iter().zip(windows).enumerate() {
+        let width = shard.ring().width;
+        let rows = w.steps() * width;
+        if r < rows {
+            return Some(Draw {
+                shard: k as u32,
+                lane: (r % width) as u32,
+                seq: w.lo + r / width,
+            });
+        }
+        r -= rows;
+    }
+    unreachable!("replaybuf internal error: a draw below the live total fell past the last shard")
+}
+
+pub(super) fn draw(
+    shards: &[Shard],
+    windows: &[Window],
+    rng: &mut Rng,
+    n: usize,
+    out: &mut Vec<Draw>,
+) -> Result<(), SampleError> {
+    let total = live_rows(shards, windows);
+    if total == 0 {
+        return Err(SampleError::Empty);
+    }
+    out.extend((0..n).filter_map(|_| pick(shards, windows, total, rng)));
+    Ok(())
+}

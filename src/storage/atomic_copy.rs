@@ -1,0 +1,272 @@
+//! Copying bytes between shared slot memory and private buffers without a data race.
+//!
+//! A reader may copy a row while a writer that lapped it overwrites the same bytes. The
+//! stamp protocol (`stamp.rs`) throws such a copy away, but the copy itself must still
+//! not be a data race in the Rust memory model: a plain `copy_from_slice` racing a
+//! store is undefined behaviour even if its result is discarded (crossbeam's
+//! `AtomicCell` admits its volatile read is exactly that). Both sides therefore access
+//! shared row memory only through operations the model treats as atomic:
+//!
+//! - On x86_64 the copy is one inline-assembly loop of unaligned 16-byte SSE loads and
+//!   stores, then 8/4/2/1-byte tails. An `asm!` block is opaque to the compiler: it
+//!   cannot be split, merged, elided or turned into a racy plain access, and every
+//!   access it makes is a single hardware load or store, atomic at least per byte. This
+//!   is the technique of taiki-e's `atomic-memcpy` / `atomic-maybe-uninit`, applied to a
+//!   runtime-sized range. It runs near `memcpy` speed (see `benches/row_copy.rs`).
+//! - Elsewhere, under loom, and with `--cfg replaybuf_atomic_copy` (used by the
+//!   sanitizer runs so ThreadSanitizer sees every access), the copy is one
+//!   `AtomicU64` load or store per word, `Relaxed`.
+//!
+//! Ordering is not this module's business: callers bracket copies with the fences and
+//! stamp operations described in `stamp.rs`.
+//!
+//! # Partial words in the fallback
+//!
+//! Rows start on a word boundary and are padded to whole words, but fields inside a
+//! row need not be. The fallback stores a partial word by reading the word, replacing
+//! the field's bytes and storing it back. That is only correct because one slot has one
+//! writer at a time (the stamp protocol's exclusion), and the word belongs to that slot.
+
+use crate::sync::AtomicU64;
+
+#[inline]
+fn check_range(words: &[AtomicU64], offset: usize, len: usize) {
+    let end = offset.checked_add(len);
+    assert!(
+        end.is_some_and(|end| end <= words.len() * 8),
+        "replaybuf internal error: copy of {len} bytes at {offset} overruns a region of {} bytes",
+        words.len() * 8
+    );
+}
+
+/// Copies `dst.len()` bytes of shared memory starting at byte `offset` of `words`.
+///
+/// The bytes may be concurrently written; the result is then some mix of old and new
+/// bytes, which the caller must detect (stamps) and discard.
+#[inline]
+pub(crate) fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
+    check_range(words, offset, dst.len());
+    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+    // SAFETY: (1) `check_range` put `offset..offset + dst.len()` inside `words`, and
+    // `dst` is a unique borrow of `dst.len()` bytes; (2) private `dst` cannot overlap
+    // the shared region; (3) the region is only ever accessed through atomics and this
+    // copy (`Region` invariant), so the concurrent accesses are all atomic.
+    unsafe {
+        x86::copy(
+            words.as_ptr().cast::<u8>().add(offset),
+            dst.as_mut_ptr(),
+            dst.len(),
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+    words::load(words, offset, dst);
+}
+
+/// Copies `src` into shared memory starting at byte `offset` of `words`.
+///
+/// The caller must hold the slot(s) the range covers for writing (stamp protocol).
+#[inline]
+pub(crate) fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    check_range(words, offset, src.len());
+    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+    // SAFETY: (1) `check_range` put the destination range inside `words`, and `src` is
+    // a borrow of `src.len()` readable bytes; (2) `src` is private memory, the
+    // destination shared, so they cannot overlap; (3) the region is only ever accessed
+    // through atomics and this copy (`Region` invariant). Writing through a pointer
+    // derived from `&[AtomicU64]` is allowed: the words are interior-mutable cells.
+    unsafe {
+        x86::copy(
+            src.as_ptr(),
+            words.as_ptr().cast::<u8>().cast_mut().add(offset),
+            src.len(),
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+    words::store(words, offset, src);
+}
+
+/// Hints the CPU to start loading the cache line holding byte `offset` of `words`.
+/// Never faults and never changes memory: a prefetch is not an access.
+#[inline]
+pub(crate) fn prefetch(words: &[AtomicU64], offset: usize) {
+    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
+    if offset < words.len() * 8 {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: the address is inside the region (checked above); a prefetch of a
+        // mapped address has no architectural effect besides the cache.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(words.as_ptr().cast::<i8>().add(offset)) };
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom))))]
+    let _ = (words, offset);
+}
+
+#[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+mod x86 {
+    /// Copies `len` bytes from `src` to `dst` with single-instruction loads and stores
+    /// (16-byte SSE, then 8/4/2/1-byte tails), none of which the compiler can see into.
+    ///
+    /// # Safety
+    ///
+    /// 1. `src` is valid for reads and `dst` for writes of `len` bytes.
+    /// 2. The two ranges do not overlap.
+    /// 3. Any byte of either range that another thread accesses at the same time is
+    ///    accessed by it only through atomic operations or this function.
+    #[inline]
+    pub(super) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+        // SAFETY: obligations 1-2 make every access in bounds and non-overlapping;
+        // obligation 3 makes concurrent accesses atomic. SSE2 is part of the x86_64
+        // baseline. The block touches no stack and restores nothing it did not declare.
+        unsafe {
+            std::arch::asm!(
+                "cmp {n}, 64",
+                "jb 3f",
+                "2:",
+                "movdqu {a}, xmmword ptr [{s}]",
+                "movdqu {b}, xmmword ptr [{s} + 16]",
+                "movdqu {c}, xmmword ptr [{s} + 32]",
+                "movdqu {d}, xmmword ptr [{s} + 48]",
+                "movdqu xmmword ptr [{t}], {a}",
+                "movdqu xmmword ptr [{t} + 16], {b}",
+                "movdqu xmmword ptr [{t} + 32], {c}",
+                "movdqu xmmword ptr [{t} + 48], {d}",
+                "add {s}, 64",
+                "add {t}, 64",
+                "sub {n}, 64",
+                "cmp {n}, 64",
+                "jae 2b",
+                "3:",
+                "cmp {n}, 16",
+                "jb 4f",
+                "movdqu {a}, xmmword ptr [{s}]",
+                "movdqu xmmword ptr [{t}], {a}",
+                "add {s}, 16",
+                "add {t}, 16",
+                "sub {n}, 16",
+                "jmp 3b",
+                "4:",
+                "test {n}, 8",
+                "jz 5f",
+                "mov {w}, qword ptr [{s}]",
+                "mov qword ptr [{t}], {w}",
+                "add {s}, 8",
+                "add {t}, 8",
+                "5:",
+                "test {n}, 4",
+                "jz 6f",
+                "mov {w:e}, dword ptr [{s}]",
+                "mov dword ptr [{t}], {w:e}",
+                "add {s}, 4",
+                "add {t}, 4",
+                "6:",
+                "test {n}, 2",
+                "jz 7f",
+                "mov {w:x}, word ptr [{s}]",
+                "mov word ptr [{t}], {w:x}",
+                "add {s}, 2",
+                "add {t}, 2",
+                "7:",
+                "test {n}, 1",
+                "jz 8f",
+                "mov {w:l}, byte ptr [{s}]",
+                "mov byte ptr [{t}], {w:l}",
+                "8:",
+                s = inout(reg) src => _,
+                t = inout(reg) dst => _,
+                n = inout(reg) len => _,
+                w = out(reg) _,
+                a = out(xmm_reg) _,
+                b = out(xmm_reg) _,
+                c = out(xmm_reg) _,
+                d = out(xmm_reg) _,
+                options(nostack),
+            );
+        }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+mod words {
+    use crate::sync::AtomicU64;
+    use crate::sync::Ordering::Relaxed;
+
+    /// Splits `offset..offset + len` into (word, first byte in word, bytes) pieces.
+    fn pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let mut pos = offset;
+        let end = offset + len;
+        std::iter::from_fn(move || {
+            (pos < end).then(|| {
+                let (word, byte) = (pos / 8, pos % 8);
+                let take = (8 - byte).min(end - pos);
+                pos += take;
+                (word, byte, take)
+            })
+        })
+    }
+
+    pub(super) fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
+        let mut out = 0;
+        for (word, byte, take) in pieces(offset, dst.len()) {
+            let bytes = words[word].load(Relaxed).to_ne_bytes();
+            dst[out..out + take].copy_from_slice(&bytes[byte..byte + take]);
+            out += take;
+        }
+    }
+
+    pub(super) fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
+        let mut at = 0;
+        for (word, byte, take) in pieces(offset, src.len()) {
+            let mut bytes = if take == 8 {
+                [0; 8]
+            } else {
+                // Partial word: keep the neighbouring bytes of this (exclusively held)
+                // slot. See "Partial words in the fallback".
+                words[word].load(Relaxed).to_ne_bytes()
+            };
+            bytes[byte..byte + take].copy_from_slice(&src[at..at + take]);
+            words[word].store(u64::from_ne_bytes(bytes), Relaxed);
+            at += take;
+        }
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+
+    fn region(words: usize) -> Vec<AtomicU64> {
+        (0..words).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn round_trips_every_length_and_offset() {
+        let words = region(64);
+        for offset in 0..24 {
+            for len in 0..300 {
+                let src: Vec<u8> = (0..len).map(|i| (i * 7 + offset + 1) as u8).collect();
+                store(&words, offset, &src);
+                let mut back = vec![0u8; len];
+                load(&words, offset, &mut back);
+                assert_eq!(back, src, "offset {offset} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn store_leaves_neighbouring_bytes_alone() {
+        let words = region(8);
+        store(&words, 0, &[0xAA; 64]);
+        store(&words, 5, &[1, 2, 3]);
+        let mut back = [0u8; 64];
+        load(&words, 0, &mut back);
+        assert_eq!(&back[..5], &[0xAA; 5]);
+        assert_eq!(&back[5..8], &[1, 2, 3]);
+        assert!(back[8..].iter().all(|&b| b == 0xAA));
+    }
+
+    #[test]
+    #[should_panic(expected = "overruns")]
+    fn refuses_a_range_past_the_region() {
+        let words = region(2);
+        load(&words, 9, &mut [0u8; 8]);
+    }
+}

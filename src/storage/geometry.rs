@@ -1,0 +1,210 @@
+//! Where each storage position lives: which shard, which step of its ring, which lane.
+//!
+//! - **ndim 1**, capacity `C` in `S` shards: shard `k` is a ring of `C / S` steps (the
+//!   first `C % S` shards one more), one row per step, holding the storage positions
+//!   `[start_k, start_k + steps_k)`. Storage order is shard order.
+//! - **ndim 2**, shape `[T, E]` in `S` shards: the `E` environments are split into `S`
+//!   contiguous groups; shard `k` is a ring of `T` steps, each step holding one row per
+//!   environment of its group (its lanes). Position `(t, e)` has index `t * E + e`, as
+//!   in TorchRL's row-major `[T, E]` storage, so every environment's column stays one
+//!   trajectory in time order however many collectors write.
+//!
+//! In memory each shard's slots are contiguous: step after step, lanes side by side.
+
+/// `total` items split into `parts` contiguous near-equal parts (the first
+/// `total % parts` parts one larger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Split {
+    parts: u64,
+    base: u64,
+    extra: u64,
+}
+
+impl Split {
+    pub(crate) fn new(total: u64, parts: u64) -> Split {
+        debug_assert!(parts >= 1 && parts <= total);
+        Split {
+            parts,
+            base: total / parts,
+            extra: total % parts,
+        }
+    }
+
+    pub(crate) fn len(&self, k: u64) -> u64 {
+        self.base + u64::from(k < self.extra)
+    }
+
+    pub(crate) fn start(&self, k: u64) -> u64 {
+        k * self.base + k.min(self.extra)
+    }
+
+    /// The part holding item `x`, and `x`'s offset inside it.
+    pub(crate) fn locate(&self, x: u64) -> (u64, u64) {
+        let big = self.extra * (self.base + 1);
+        if x < big {
+            (x / (self.base + 1), x % (self.base + 1))
+        } else {
+            let k = self.extra + (x - big) / self.base;
+            (k, x - self.start(k))
+        }
+    }
+
+    pub(crate) fn parts(&self) -> u64 {
+        self.parts
+    }
+}
+
+/// The shape of the whole storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Geometry {
+    /// ndim 1: `capacity` positions split across shards.
+    Flat { capacity: u64, split: Split },
+    /// ndim 2: `[steps, envs]`, environments split across shards.
+    Grid { steps: u64, envs: u64, split: Split },
+}
+
+/// One shard's ring, as the geometry gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ring {
+    /// Steps in the ring.
+    pub(crate) steps: u64,
+    /// Rows per step (1 for ndim 1; the environments of the group for ndim 2).
+    pub(crate) width: u64,
+    /// The shard's first slot in the region.
+    pub(crate) first_slot: u64,
+    /// Index of a row: `pos * index_stride + index_offset + lane`.
+    pub(crate) index_stride: u64,
+    pub(crate) index_offset: u64,
+}
+
+impl Ring {
+    #[inline]
+    pub(crate) fn slot(&self, pos: u64, lane: u64) -> u64 {
+        self.first_slot + pos * self.width + lane
+    }
+
+    #[inline]
+    pub(crate) fn index(&self, pos: u64, lane: u64) -> u64 {
+        pos * self.index_stride + self.index_offset + lane
+    }
+}
+
+impl Geometry {
+    pub(crate) fn flat(capacity: u64, shards: u64) -> Geometry {
+        Geometry::Flat {
+            capacity,
+            split: Split::new(capacity, shards),
+        }
+    }
+
+    pub(crate) fn grid(steps: u64, envs: u64, shards: u64) -> Geometry {
+        Geometry::Grid {
+            steps,
+            envs,
+            split: Split::new(envs, shards),
+        }
+    }
+
+    pub(crate) fn shards(&self) -> u64 {
+        match self {
+            Geometry::Flat { split, .. } | Geometry::Grid { split, .. } => split.parts(),
+        }
+    }
+
+    /// Positions in the storage.
+    pub(crate) fn capacity(&self) -> u64 {
+        match *self {
+            Geometry::Flat { capacity, .. } => capacity,
+            Geometry::Grid { steps, envs, .. } => steps * envs,
+        }
+    }
+
+    pub(crate) fn ndim(&self) -> usize {
+        match self {
+            Geometry::Flat { .. } => 1,
+            Geometry::Grid { .. } => 2,
+        }
+    }
+
+    pub(crate) fn ring(&self, k: u64) -> Ring {
+        match *self {
+            Geometry::Flat { split, .. } => Ring {
+                steps: split.len(k),
+                width: 1,
+                first_slot: split.start(k),
+                index_stride: 1,
+                index_offset: split.start(k),
+            },
+            Geometry::Grid { steps, envs, split } => Ring {
+                steps,
+                width: split.len(k),
+                first_slot: steps * split.start(k),
+                index_stride: envs,
+                index_offset: split.start(k),
+            },
+        }
+    }
+
+    /// The shard, ring position and lane of storage index `index`, or `None` if it is
+    /// out of range.
+    pub(crate) fn locate(&self, index: u64) -> Option<(u64, u64, u64)> {
+        if index >= self.capacity() {
+            return None;
+        }
+        Some(match *self {
+            Geometry::Flat { split, .. } => {
+                let (k, pos) = split.locate(index);
+                (k, pos, 0)
+            }
+            Geometry::Grid { envs, split, .. } => {
+                let (k, lane) = split.locate(index % envs);
+                (k, index / envs, lane)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_locates_every_item() {
+        for total in 1..40 {
+            for parts in 1..=total.min(9) {
+                let s = Split::new(total, parts);
+                let mut seen = 0;
+                for k in 0..parts {
+                    assert_eq!(s.start(k), seen);
+                    for off in 0..s.len(k) {
+                        assert_eq!(s.locate(seen + off), (k, off));
+                    }
+                    seen += s.len(k);
+                }
+                assert_eq!(seen, total);
+            }
+        }
+    }
+
+    #[test]
+    fn every_index_maps_to_one_slot_and_back() {
+        for g in [
+            Geometry::flat(10, 4),
+            Geometry::flat(7, 1),
+            Geometry::grid(5, 6, 4),
+            Geometry::grid(3, 2, 2),
+        ] {
+            let mut slots = std::collections::HashSet::new();
+            for index in 0..g.capacity() {
+                let (k, pos, lane) = g.locate(index).unwrap();
+                let ring = g.ring(k);
+                assert!(pos < ring.steps && lane < ring.width);
+                assert_eq!(ring.index(pos, lane), index);
+                assert!(slots.insert(ring.slot(pos, lane)));
+            }
+            assert_eq!(slots.len() as u64, g.capacity());
+            assert!(slots.iter().all(|&s| s < g.capacity()));
+            assert_eq!(g.locate(g.capacity()), None);
+        }
+    }
+}

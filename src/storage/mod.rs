@@ -1,0 +1,251 @@
+//! Row-major sharded storage: the rings, their slots and stamps, in one region.
+//!
+//! ```text
+//! region:  | shard 0 slots ............ | shard 1 slots ............ | ...
+//! slot:    | stamp (8 bytes) | row (spec.row_bytes(), a multiple of 8) |
+//! ```
+//!
+//! A slot's stamp sits right before its row, so a reader's first cache line holds both
+//! and sampling one row touches `ceil((8 + row) / 64)` lines. The pieces:
+//!
+//! - `atomic_copy.rs`: the race-free byte copy in and out of the region;
+//! - `stamp.rs`: the slot protocol (writers, editors, readers) and its ordering proof;
+//! - `shard.rs`: one ring's cursor, floor, and the appender/editor handshake;
+//! - `geometry.rs`: index <-> (shard, position, lane), ndim 1 and 2;
+//! - `plan.rs`: which bytes of a caller's data go to which bytes of a row.
+
+pub(crate) mod atomic_copy;
+pub(crate) mod geometry;
+pub(crate) mod plan;
+pub(crate) mod shard;
+pub(crate) mod stamp;
+
+use std::cmp::Ordering as Cmp;
+use std::io;
+use std::sync::Arc;
+
+use geometry::Geometry;
+use plan::{Dest, Source};
+use shard::{Shard, Window};
+use stamp::{lap_cmp, Prev, Stamp};
+
+use crate::region::Region;
+use crate::spec::Spec;
+use crate::sync::AtomicU64;
+
+/// Cache lines prefetched per sampled row: the stamp and the first 256 bytes. Longer
+/// rows are streamed by the hardware prefetcher once the copy starts.
+const PREFETCH_LINES: usize = 4;
+const LINE_BYTES: usize = 64;
+
+/// One drawn row: a ring sequence number and lane in a shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Draw {
+    pub(crate) shard: u32,
+    pub(crate) lane: u32,
+    pub(crate) seq: u64,
+}
+
+/// Which row a read accepts at the drawn slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// Exactly the row of the drawn sequence number (uniform sampling: anything else
+    /// is redrawn).
+    Exact,
+    /// That row or any later one at the same position (reads by position).
+    AtLeast,
+}
+
+/// Why a read returned no row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Miss {
+    /// The wanted row is not published yet (being written, or not reached).
+    Busy,
+    /// A later row replaced the wanted one (`Want::Exact` only).
+    Gone,
+    /// A writer overwrote the row during the copy; the copy was discarded.
+    Torn,
+}
+
+/// The storage of one buffer.
+#[derive(Debug)]
+pub(crate) struct Storage {
+    region: Region,
+    shards: Box<[Shard]>,
+    geometry: Geometry,
+    spec: Arc<Spec>,
+    /// `8 + spec.row_bytes()`.
+    slot_bytes: usize,
+}
+
+impl Storage {
+    pub(crate) fn new(spec: Arc<Spec>, geometry: Geometry) -> io::Result<Storage> {
+        let slot_bytes = 8 + spec.row_bytes();
+        let words = usize::try_from(geometry.capacity())
+            .ok()
+            .and_then(|c| c.checked_mul(slot_bytes / 8))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "storage too large"))?;
+        let region = Region::heap(words)?;
+        let shards = (0..geometry.shards())
+            .map(|k| Shard::new(geometry.ring(k)))
+            .collect();
+        Ok(Storage {
+            region,
+            shards,
+            geometry,
+            spec,
+            slot_bytes,
+        })
+    }
+
+    pub(crate) fn spec(&self) -> &Arc<Spec> {
+        &self.spec
+    }
+
+    pub(crate) fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub(crate) fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    pub(crate) fn reserved_bytes(&self) -> usize {
+        self.region.reserved_bytes()
+    }
+
+    #[inline]
+    fn words(&self) -> &[AtomicU64] {
+        self.region.words()
+    }
+
+    #[inline]
+    fn stamp(&self, slot: u64) -> &AtomicU64 {
+        &self.words()[slot as usize * (self.slot_bytes / 8)]
+    }
+
+    #[inline]
+    fn row_offset(&self, slot: u64) -> usize {
+        slot as usize * self.slot_bytes + 8
+    }
+
+    /// Appends `steps` steps of rows from `src` to shard `k`; returns the first
+    /// sequence number (see [`shard::steps_of`] for which steps are written).
+    pub(crate) fn append(&self, k: usize, steps: u64, src: &Source<'_>) -> u64 {
+        let shard = &self.shards[k];
+        let ring = *shard.ring();
+        let claim = shard.enter_append();
+        let first = shard.claim(steps);
+        for step in shard::steps_of(&ring, first, steps) {
+            let prev = step
+                .prev
+                .map_or(Prev::Empty, |p| Prev::Lap((p / ring.steps) as u32));
+            for lane in 0..ring.width {
+                let slot = ring.slot(step.pos, lane);
+                let stamp = self.stamp(slot);
+                stamp::begin_append(stamp, prev, step.lap, claim);
+                src.write_row(self.words(), self.row_offset(slot), step.j, lane);
+                stamp::publish(stamp, Stamp::published(step.lap, 0));
+            }
+        }
+        shard.leave_append(claim);
+        first
+    }
+
+    /// Starts loading the cache lines of a drawn row.
+    #[inline]
+    pub(crate) fn prefetch(&self, draw: Draw) {
+        let ring = self.shards[draw.shard as usize].ring();
+        let slot = ring.slot(draw.seq % ring.steps, u64::from(draw.lane));
+        let start = slot as usize * self.slot_bytes;
+        let lines = self.slot_bytes.div_ceil(LINE_BYTES).min(PREFETCH_LINES);
+        for line in 0..lines {
+            atomic_copy::prefetch(self.words(), start + line * LINE_BYTES);
+        }
+    }
+
+    /// Copies the drawn row into row `k` of `dst`; returns its stamp and index.
+    #[inline]
+    pub(crate) fn read(
+        &self,
+        draw: Draw,
+        want: Want,
+        dst: &mut Dest<'_>,
+        k: usize,
+    ) -> Result<(Stamp, u64), Miss> {
+        let ring = self.shards[draw.shard as usize].ring();
+        let pos = draw.seq % ring.steps;
+        let slot = ring.slot(pos, u64::from(draw.lane));
+        let stamp = self.stamp(slot);
+        let seen = stamp::begin_read(stamp);
+        if !seen.is_published() {
+            return Err(Miss::Busy);
+        }
+        match (lap_cmp(seen.lap(), (draw.seq / ring.steps) as u32), want) {
+            (Cmp::Less, _) => return Err(Miss::Busy),
+            (Cmp::Greater, Want::Exact) => return Err(Miss::Gone),
+            _ => {}
+        }
+        dst.read_row(self.words(), self.row_offset(slot), k);
+        if stamp::validate(stamp, seen) {
+            Ok((seen, ring.index(pos, u64::from(draw.lane))))
+        } else {
+            Err(Miss::Torn)
+        }
+    }
+
+    /// The row currently at storage `index`, as a draw, or `None` if the position is
+    /// out of range or holds no live row.
+    pub(crate) fn draw_at(&self, index: u64) -> Option<Draw> {
+        let (k, pos, lane) = self.geometry.locate(index)?;
+        let seq = self.shards[k as usize].seq_at(pos)?;
+        Some(Draw {
+            shard: k as u32,
+            lane: lane as u32,
+            seq,
+        })
+    }
+
+    /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
+    /// caller holds an editor guard on the shard. Returns `false` if the slot holds no
+    /// row.
+    pub(crate) fn edit(&self, draw: Draw, src: &Source<'_>, step: u64) -> bool {
+        let ring = self.shards[draw.shard as usize].ring();
+        let slot = ring.slot(draw.seq % ring.steps, u64::from(draw.lane));
+        let stamp = self.stamp(slot);
+        let Some(published) = stamp::begin_edit(stamp) else {
+            return false;
+        };
+        src.write_row(self.words(), self.row_offset(slot), step, 0);
+        stamp::publish(stamp, published);
+        true
+    }
+
+    /// Fills `out` with every shard's live window.
+    pub(crate) fn windows(&self, out: &mut Vec<Window>) {
+        out.clear();
+        out.extend(self.shards.iter().map(Shard::window));
+    }
+
+    /// Rows stored (claimed and not emptied).
+    pub(crate) fn len(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.window().steps() * s.ring().width)
+            .sum()
+    }
+
+    /// Rows written since creation or the last `empty`.
+    pub(crate) fn write_count(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.written() * s.ring().width)
+            .sum()
+    }
+
+    pub(crate) fn empty(&self) {
+        for s in self.shards.iter() {
+            s.empty();
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Copy plans: which bytes of a caller's data go to which bytes of a row, and back.
+//!
+//! A columnar batch is scattered into rows on write and gathered out of rows on read,
+//! one field at a time. A typed buffer's `T` is one field covering the whole row, so
+//! both faces share one path.
+
+use smallvec::SmallVec;
+
+use super::atomic_copy;
+use crate::sync::AtomicU64;
+
+/// One field's bytes in the caller's data, for every row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SrcCol<'a> {
+    /// Row after row, `bytes` each.
+    pub(crate) data: &'a [u8],
+    pub(crate) bytes: usize,
+    /// Where the field starts inside a stored row.
+    pub(crate) offset: usize,
+}
+
+/// How the rows of an extend are ordered in the caller's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowOrder {
+    /// ndim 1: step `j` is row `j`.
+    Flat,
+    /// ndim 2, data `[t, envs]`: step `j`, env `e` is row `j * envs + e`.
+    TimeMajor { envs: u64, env0: u64 },
+    /// ndim 2, data `[envs, t]` (`dim_extend = 1`): row `e * steps + j`.
+    EnvMajor { steps: u64, env0: u64 },
+}
+
+impl RowOrder {
+    #[inline]
+    fn row(&self, step: u64, lane: u64) -> usize {
+        (match *self {
+            RowOrder::Flat => step,
+            RowOrder::TimeMajor { envs, env0 } => step * envs + env0 + lane,
+            RowOrder::EnvMajor { steps, env0 } => (env0 + lane) * steps + step,
+        }) as usize
+    }
+}
+
+/// The rows an extend writes.
+#[derive(Clone, Debug)]
+pub(crate) struct Source<'a> {
+    pub(crate) cols: SmallVec<[SrcCol<'a>; 8]>,
+    pub(crate) order: RowOrder,
+}
+
+impl<'a> Source<'a> {
+    /// The same data seen from one env group (`env0` onward) of an ndim-2 storage.
+    pub(crate) fn for_group(&self, env0: u64) -> Source<'a> {
+        let order = match self.order {
+            RowOrder::Flat => RowOrder::Flat,
+            RowOrder::TimeMajor { envs, .. } => RowOrder::TimeMajor { envs, env0 },
+            RowOrder::EnvMajor { steps, .. } => RowOrder::EnvMajor { steps, env0 },
+        };
+        Source {
+            cols: self.cols.clone(),
+            order,
+        }
+    }
+
+    /// Stores row (`step`, `lane`) of the data into the row at byte `row` of `words`.
+    #[inline]
+    pub(crate) fn write_row(&self, words: &[AtomicU64], row: usize, step: u64, lane: u64) {
+        let r = self.order.row(step, lane);
+        for c in &self.cols {
+            atomic_copy::store(words, row + c.offset, &c.data[r * c.bytes..][..c.bytes]);
+        }
+    }
+}
+
+/// One field's destination in the caller's buffers, for every row.
+#[derive(Debug)]
+pub(crate) struct DstCol<'a> {
+    pub(crate) data: &'a mut [u8],
+    pub(crate) bytes: usize,
+    pub(crate) offset: usize,
+}
+
+/// Where sampled rows go.
+#[derive(Debug)]
+pub(crate) struct Dest<'a> {
+    pub(crate) cols: SmallVec<[DstCol<'a>; 8]>,
+}
+
+impl Dest<'_> {
+    /// Copies the row at byte `row` of `words` into row `k` of the destination.
+    #[inline]
+    pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {
+        for c in &mut self.cols {
+            atomic_copy::load(words, row + c.offset, &mut c.data[k * c.bytes..][..c.bytes]);
+        }
+    }
+}

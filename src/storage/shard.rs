@@ -1,0 +1,203 @@
+//! One shard: a ring of steps with its own atomic write cursor.
+//!
+//! Appenders claim ring sequence numbers with one `fetch_add` on the cursor, then write
+//! their slots under the stamp protocol (`stamp.rs`). Writers bound to different shards
+//! share no cache line; writers sharing a shard share only the cursor line.
+//!
+//! # Appenders and editors
+//!
+//! Appenders mark slots with a plain store, which is only sound while no editor (an
+//! in-place rewrite, `write_all`) can race them for a slot. The `occupancy` word keeps
+//! the two apart without a lock on the appenders' path:
+//!
+//! - an appender adds 1 to the low half; if the high half (editors) was non-zero it
+//!   takes the 1 back and claims its slots by compare-exchange instead;
+//! - an editor adds 1 to the high half, then waits until the low half is zero: plain
+//!   appenders already inside finish their one `extend`, later ones see the editor.
+//!
+//! Both sides read-modify-write the same word, so its modification order decides who
+//! came first: either the appender sees the editor, or the editor sees the appender.
+//!
+//! # Memory ordering
+//!
+//! The cursor orders nothing but itself: a reader learns whether a row is whole from
+//! its stamp, never from the cursor. `floor` is stored with Release after reading the
+//! cursor (`empty`), and loaded with Acquire before it (`window`), so a reader never
+//! sees a floor above the cursor it then reads.
+
+use crossbeam_utils::CachePadded;
+
+use super::geometry::Ring;
+use super::stamp::Claim;
+use crate::sync::{AtomicU64, Backoff, Ordering};
+
+const APPENDER: u64 = 1;
+const EDITOR: u64 = 1 << 32;
+const APPENDERS_MASK: u64 = EDITOR - 1;
+
+/// The live part of a shard's ring: sequence numbers `lo..hi`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+}
+
+impl Window {
+    /// Steps in the window.
+    pub(crate) fn steps(&self) -> u64 {
+        self.hi - self.lo
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    /// Sequence numbers claimed so far: the next appender starts here. Only grows.
+    cursor: AtomicU64,
+    /// Rows with `seq < floor` were emptied. Only grows; never above `cursor`.
+    floor: AtomicU64,
+    /// Low 32 bits: plain appenders inside. High 32 bits: editors inside.
+    occupancy: AtomicU64,
+}
+
+/// One step of an append: where step `j` of the claim goes, and which row must be in
+/// its slots first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// Step of the caller's data.
+    pub(crate) j: u64,
+    pub(crate) seq: u64,
+    pub(crate) pos: u64,
+    pub(crate) lap: u32,
+    /// The sequence number the slots must hold before this step overwrites them
+    /// (`None`: the slots were never written).
+    pub(crate) prev: Option<u64>,
+}
+
+/// The steps an append of `steps` steps claimed at `first` actually writes, in order.
+/// An append longer than the ring writes only its last `ring.steps` steps: the earlier
+/// ones would be overwritten by the same call. A slot's previous row is the last one
+/// before the claim: go back whole laps until leaving it.
+pub(crate) fn steps_of(ring: &Ring, first: u64, steps: u64) -> impl Iterator<Item = Step> {
+    let ring_steps = ring.steps;
+    (steps.saturating_sub(ring_steps)..steps).map(move |j| {
+        let seq = first + j;
+        let back = (j / ring_steps + 1) * ring_steps;
+        Step {
+            j,
+            seq,
+            pos: seq % ring_steps,
+            lap: (seq / ring_steps) as u32,
+            prev: seq.checked_sub(back),
+        }
+    })
+}
+
+/// One shard of a storage.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    counters: CachePadded<Counters>,
+    ring: Ring,
+}
+
+impl Shard {
+    pub(crate) fn new(ring: Ring) -> Shard {
+        Shard {
+            counters: CachePadded::new(Counters::default()),
+            ring,
+        }
+    }
+
+    pub(crate) fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Claims `steps` sequence numbers; returns the first.
+    #[inline]
+    pub(crate) fn claim(&self, steps: u64) -> u64 {
+        self.counters.cursor.fetch_add(steps, Ordering::Relaxed)
+    }
+
+    /// The live window: the last `ring.steps` claimed sequence numbers at most, none
+    /// below the floor.
+    #[inline]
+    pub(crate) fn window(&self) -> Window {
+        let floor = self.counters.floor.load(Ordering::Acquire);
+        let hi = self.counters.cursor.load(Ordering::Relaxed);
+        Window {
+            lo: floor.max(hi.saturating_sub(self.ring.steps)),
+            hi,
+        }
+    }
+
+    /// The live sequence number at ring position `pos`: the latest claimed one there,
+    /// if it is in the window.
+    pub(crate) fn seq_at(&self, pos: u64) -> Option<u64> {
+        let steps = self.ring.steps;
+        let w = self.window();
+        let last = w.hi.checked_sub(1)?;
+        let seq = last.checked_sub((last % steps + steps - pos) % steps)?;
+        (seq >= w.lo).then_some(seq)
+    }
+
+    /// Sequence numbers claimed since the last `empty` (or ever).
+    pub(crate) fn written(&self) -> u64 {
+        let w = self.window();
+        w.hi - self.counters.floor.load(Ordering::Acquire).min(w.hi)
+    }
+
+    /// Forgets every row claimed so far.
+    pub(crate) fn empty(&self) {
+        let hi = self.counters.cursor.load(Ordering::Acquire);
+        self.counters.floor.fetch_max(hi, Ordering::Release);
+    }
+
+    /// Enters the shard as an appender; pass the claim to [`Shard::leave_append`].
+    #[inline]
+    pub(crate) fn enter_append(&self) -> Claim {
+        let before = self
+            .counters
+            .occupancy
+            .fetch_add(APPENDER, Ordering::AcqRel);
+        if before & !APPENDERS_MASK == 0 {
+            Claim::Plain
+        } else {
+            self.counters
+                .occupancy
+                .fetch_sub(APPENDER, Ordering::Release);
+            Claim::Exchange
+        }
+    }
+
+    #[inline]
+    pub(crate) fn leave_append(&self, claim: Claim) {
+        if claim == Claim::Plain {
+            self.counters
+                .occupancy
+                .fetch_sub(APPENDER, Ordering::Release);
+        }
+    }
+
+    /// Enters the shard as an editor, waiting for plain appenders inside to leave.
+    pub(crate) fn enter_edit(&self) -> EditGuard<'_> {
+        self.counters.occupancy.fetch_add(EDITOR, Ordering::AcqRel);
+        let mut backoff = Backoff::new();
+        while self.counters.occupancy.load(Ordering::Acquire) & APPENDERS_MASK != 0 {
+            backoff.snooze();
+        }
+        EditGuard { shard: self }
+    }
+}
+
+/// An editor's presence in a shard; leaving is dropping it.
+pub(crate) struct EditGuard<'a> {
+    shard: &'a Shard,
+}
+
+impl Drop for EditGuard<'_> {
+    fn drop(&mut self) {
+        self.shard
+            .counters
+            .occupancy
+            .fetch_sub(EDITOR, Ordering::Release);
+    }
+}

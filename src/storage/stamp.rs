@@ -1,0 +1,317 @@
+//! Per-slot version stamps: how a reader copies a row while writers overwrite rows,
+//! and never returns a torn one.
+//!
+//! Every slot carries one `AtomicU64` stamp beside its row. Three kinds of thread
+//! touch a slot:
+//!
+//! - an **appender** writes the row of ring sequence number `seq` (lap `seq / steps`);
+//! - an **editor** rewrites a stored row in place (`write_all`), keeping its lap;
+//! - a **reader** copies the row out.
+//!
+//! # Appenders wait for their predecessor, so plain stores suffice
+//!
+//! The appender of lap `L` on a slot begins only when the stamp shows the slot's
+//! previous row, lap `L - 1` (or `EMPTY` for the first lap), published. Exactly one
+//! appender has that predecessor, so in a shard without editors two appenders are never
+//! inside one slot at once, and marking the slot needs no read-modify-write: a plain
+//! store. That matters: a `lock cmpxchg` per row drains the store buffer and
+//! serialises the row writes of an `extend` behind each other's cache misses.
+//!
+//! A shard with an editor inside (see `shard.rs`, which keeps the two kinds apart)
+//! switches appenders to a compare-exchange, and editors always use one, so that an
+//! editor and an appender can never both believe they hold a slot.
+//!
+//! # Memory ordering
+//!
+//! The writer side (appender or editor) of one row:
+//!
+//! ```text
+//! W0  s = stamp.load(Acquire)              sees the predecessor published (W3 of the
+//!                                          previous row), so its data stores happen
+//!                                          before ours: no late old byte lands on the
+//!                                          new row
+//! W1  stamp.store(writing, Relaxed)        (or a CAS, for editors and shared shards)
+//! W2  fence(Release)
+//!     row data stores (atomic_copy::store)
+//! W3  stamp.store(published, Release)      SYNC POINT: pairs with R1
+//! ```
+//!
+//! The reader side:
+//!
+//! ```text
+//! R1  s1 = stamp.load(Acquire)             SYNC POINT: pairs with W3; must be published
+//!     row data loads (atomic_copy::load)
+//! R2  fence(Acquire)                       SYNC POINT: pairs with W2
+//! R3  s2 = stamp.load(Relaxed)             the copy is whole iff s2 == s1
+//! ```
+//!
+//! If R1 reads W3 of row `x`, every store of `x` happens before the loads, so the copy
+//! holds all of `x`, unless a later writer `y` overwrote part of it meanwhile. If any
+//! load read a store of `y`, then `y`'s W2 synchronises with R2 (fence-to-fence through
+//! that load), so `y`'s W1 happens before R3 and R3 reads W1 of `y` or something later
+//! in the stamp's modification order. That is never `s1`: stamps only move forward
+//! (laps grow; an edit bumps the edit count; both wrap only after 2^32 laps or 2^30
+//! edits of one slot, which a reader would have to sleep through inside one row copy).
+//! So `s2 != s1` and the copy is discarded. A torn row is never returned.
+//!
+//! The argument is checked by loom under `loom-tests/` (every interleaving of a writer
+//! lapping a reader on a 4-slot ring), and on hardware by the stress test in
+//! `tests/stress.rs`, whose rows are self-checking.
+
+use std::cmp::Ordering as Cmp;
+
+use crate::sync::{fence, AtomicU64, Backoff, Ordering};
+
+/// One slot's version stamp.
+///
+/// Bit layout (an empty slot is all zeroes):
+///
+/// ```text
+///  63            32 31                2   1         0
+/// +----------------+-------------------+---------+---------+
+/// |  lap (32 bits) | edit (30 bits)    | WRITTEN | WRITING |
+/// +----------------+-------------------+---------+---------+
+/// ```
+///
+/// - `WRITING`: a writer holds the slot; its row may be half written.
+/// - `WRITTEN`: the slot has held (or is receiving) a row.
+/// - `edit`: in-place rewrites of this lap's row, wrapping.
+/// - `lap`: `seq / steps` of the row, wrapping; compared with [`lap_cmp`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp(u64);
+
+const WRITING: u64 = 1;
+const WRITTEN: u64 = 2;
+const EDIT_SHIFT: u32 = 2;
+const EDIT_BITS: u32 = 30;
+const LAP_SHIFT: u32 = 32;
+
+impl Stamp {
+    /// A slot that never held a row.
+    pub(crate) const EMPTY: Stamp = Stamp(0);
+
+    fn new(lap: u32, edit: u32, writing: bool) -> Stamp {
+        let edit = u64::from(edit) & ((1 << EDIT_BITS) - 1);
+        Stamp(
+            (u64::from(lap) << LAP_SHIFT)
+                | (edit << EDIT_SHIFT)
+                | WRITTEN
+                | if writing { WRITING } else { 0 },
+        )
+    }
+
+    pub(crate) fn published(lap: u32, edit: u32) -> Stamp {
+        Stamp::new(lap, edit, false)
+    }
+
+    pub(crate) fn writing(lap: u32, edit: u32) -> Stamp {
+        Stamp::new(lap, edit, true)
+    }
+
+    pub(crate) fn lap(self) -> u32 {
+        (self.0 >> LAP_SHIFT) as u32
+    }
+
+    pub(crate) fn edit(self) -> u32 {
+        ((self.0 >> EDIT_SHIFT) & ((1 << EDIT_BITS) - 1)) as u32
+    }
+
+    pub(crate) fn is_writing(self) -> bool {
+        self.0 & WRITING != 0
+    }
+
+    pub(crate) fn is_written(self) -> bool {
+        self.0 & WRITTEN != 0
+    }
+
+    /// Holds a whole row that readers may copy.
+    pub(crate) fn is_published(self) -> bool {
+        self.0 & (WRITTEN | WRITING) == WRITTEN
+    }
+
+    /// The row's write generation: lap and edit count, without the state bits.
+    pub(crate) fn generation(self) -> u64 {
+        self.0 >> EDIT_SHIFT
+    }
+}
+
+impl std::fmt::Debug for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == Stamp::EMPTY {
+            return f.write_str("Stamp(empty)");
+        }
+        write!(
+            f,
+            "Stamp(lap {}, edit {}{})",
+            self.lap(),
+            self.edit(),
+            if self.is_writing() { ", writing" } else { "" }
+        )
+    }
+}
+
+/// Compares two wrapping laps: `Less` if `a` is older than `b`.
+pub(crate) fn lap_cmp(a: u32, b: u32) -> Cmp {
+    (a.wrapping_sub(b) as i32).cmp(&0)
+}
+
+/// What the slot must hold before an appender may overwrite it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prev {
+    /// Nothing: this is the slot's first row.
+    Empty,
+    /// The published row of this lap (any edit count).
+    Lap(u32),
+}
+
+impl Prev {
+    fn found_in(self, s: Stamp) -> bool {
+        match self {
+            Prev::Empty => s == Stamp::EMPTY,
+            Prev::Lap(lap) => s.is_published() && s.lap() == lap,
+        }
+    }
+}
+
+/// How an appender marks a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// A plain store: no editor can be in this shard (see `shard.rs`).
+    Plain,
+    /// A compare-exchange: an editor may be racing for the slot.
+    Exchange,
+}
+
+/// W0-W2 for an appender: waits until the slot holds `prev`, then marks it as being
+/// written with `lap`. The row's data stores may follow; end with [`publish`].
+#[inline]
+pub(crate) fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
+    let mark = Stamp::writing(lap, 0);
+    let mut backoff = Backoff::new();
+    loop {
+        // W0. Acquire: the predecessor's row stores happen before ours.
+        let cur = Stamp(stamp.load(Ordering::Acquire));
+        if prev.found_in(cur) {
+            match claim {
+                Claim::Plain => {
+                    // W1. Only this appender can have `prev` as predecessor, and no
+                    // editor is in the shard: nobody else can move the stamp now.
+                    stamp.store(mark.0, Ordering::Relaxed);
+                    break;
+                }
+                Claim::Exchange => {
+                    if stamp
+                        .compare_exchange(cur.0, mark.0, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        debug_assert!(
+            !(cur.is_written() && lap_cmp(cur.lap(), lap) != Cmp::Less),
+            "replaybuf internal error: slot holds {cur:?} before lap {lap} was written"
+        );
+        // The predecessor's writer (or an editor) is still inside the slot.
+        backoff.snooze();
+    }
+    // W2. SYNC POINT: pairs with the reader's R2; orders W1 before the data stores.
+    fence(Ordering::Release);
+}
+
+/// W0-W2 for an editor: marks the published row of the slot as being rewritten, and
+/// returns the stamp to [`publish`] afterwards. `None` if the slot holds no row.
+pub(crate) fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
+    let mut backoff = Backoff::new();
+    loop {
+        let cur = Stamp(stamp.load(Ordering::Acquire));
+        if !cur.is_written() {
+            return None;
+        }
+        if cur.is_writing() {
+            backoff.snooze();
+            continue;
+        }
+        let mark = Stamp::writing(cur.lap(), cur.edit().wrapping_add(1));
+        if stamp
+            .compare_exchange(cur.0, mark.0, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            // W2. SYNC POINT: pairs with the reader's R2.
+            fence(Ordering::Release);
+            return Some(Stamp::published(mark.lap(), mark.edit()));
+        }
+    }
+}
+
+/// W3: publishes the row.
+#[inline]
+pub(crate) fn publish(stamp: &AtomicU64, published: Stamp) {
+    debug_assert!(published.is_published());
+    // SYNC POINT: pairs with the reader's R1 and with the next writer's W0.
+    stamp.store(published.0, Ordering::Release);
+}
+
+/// R1: the stamp a reader starts from. Copy only if it is published (and the lap the
+/// caller wants), then call [`validate`].
+#[inline]
+pub(crate) fn begin_read(stamp: &AtomicU64) -> Stamp {
+    // SYNC POINT: pairs with W3.
+    Stamp(stamp.load(Ordering::Acquire))
+}
+
+/// R2-R3: whether the bytes copied since [`begin_read`] returned `seen` are one whole row.
+#[inline]
+pub(crate) fn validate(stamp: &AtomicU64, seen: Stamp) -> bool {
+    // SYNC POINT: pairs with W2 of any writer whose data the copy observed.
+    fence(Ordering::Acquire);
+    stamp.load(Ordering::Relaxed) == seen.0
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamp_fields_round_trip() {
+        let s = Stamp::writing(u32::MAX, (1 << 30) - 1);
+        assert_eq!(s.lap(), u32::MAX);
+        assert_eq!(s.edit(), (1 << 30) - 1);
+        assert!(s.is_writing() && s.is_written() && !s.is_published());
+        let p = Stamp::published(7, 3);
+        assert!(p.is_published());
+        assert_eq!((p.lap(), p.edit()), (7, 3));
+        assert_ne!(p, Stamp::published(7, 4));
+        assert!(!Stamp::EMPTY.is_written());
+    }
+
+    #[test]
+    fn laps_compare_across_the_wrap() {
+        assert_eq!(lap_cmp(1, 2), Cmp::Less);
+        assert_eq!(lap_cmp(u32::MAX, 0), Cmp::Less);
+        assert_eq!(lap_cmp(0, u32::MAX), Cmp::Greater);
+        assert_eq!(lap_cmp(5, 5), Cmp::Equal);
+    }
+
+    #[test]
+    fn append_edit_and_read_move_the_stamp_forward() {
+        let stamp = AtomicU64::new(0);
+        begin_append(&stamp, Prev::Empty, 0, Claim::Plain);
+        assert!(begin_read(&stamp).is_writing());
+        publish(&stamp, Stamp::published(0, 0));
+        let seen = begin_read(&stamp);
+        assert!(seen.is_published() && validate(&stamp, seen));
+
+        let edited = begin_edit(&stamp).unwrap();
+        assert!(!validate(&stamp, seen), "an edit must invalidate a read in flight");
+        publish(&stamp, edited);
+        assert_eq!(begin_read(&stamp), Stamp::published(0, 1));
+
+        begin_append(&stamp, Prev::Lap(0), 1, Claim::Exchange);
+        publish(&stamp, Stamp::published(1, 0));
+        assert_eq!(begin_read(&stamp).lap(), 1);
+        assert!(begin_edit(&AtomicU64::new(0)).is_none());
+    }
+}

@@ -1,0 +1,173 @@
+//! The one file that names atomics, locks, cells, spin hints and threads.
+//!
+//! Everything concurrent in the crate is written against this facade so that one cfg
+//! flag swaps the whole crate onto loom's model-checked twins (the tokio `src/loom/`
+//! and sharded-slab `src/sync.rs` pattern):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg replaybuf_loom -C debug-assertions" cargo test   # in loom-tests/
+//! ```
+//!
+//! The flag is crate specific on purpose: `RUSTFLAGS` reach every crate in the graph
+//! and several of them react to a bare `cfg(loom)`.
+//!
+//! Under loom:
+//! - the atomics, `Arc`, `Mutex` and threads are loom's;
+//! - [`ArcCell`] (an `arc_swap::ArcSwapOption` normally) is a `Mutex<Option<Arc<T>>>`,
+//!   because loom cannot see inside arc-swap;
+//! - [`spin`] yields to loom's scheduler, so that every wait loop is a point where the
+//!   model may switch threads instead of an unbounded spin;
+//! - sizes shrink (see `storage::LOOM_*` and the tests): rings of 4 slots, 2 shards.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+#[cfg(not(replaybuf_loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::{
+        fence, AtomicBool, AtomicU64, Ordering,
+    };
+    pub(crate) use std::sync::Arc;
+
+    /// A mutex for cold paths (epoch turnover, policy swaps); never on the hot path
+    /// between collectors and learners.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// An atomically replaceable `Option<Arc<T>>`: readers never block and never see a
+    /// half-written value.
+    #[derive(Debug)]
+    pub(crate) struct ArcCell<T>(arc_swap::ArcSwapOption<T>);
+
+    impl<T> ArcCell<T> {
+        pub(crate) fn empty() -> Self {
+            Self(arc_swap::ArcSwapOption::empty())
+        }
+
+        pub(crate) fn load(&self) -> Option<Arc<T>> {
+            self.0.load_full()
+        }
+
+        pub(crate) fn store(&self, value: Option<Arc<T>>) {
+            self.0.store(value)
+        }
+    }
+
+    /// One step of a wait loop: a CPU spin hint.
+    #[inline]
+    pub(crate) fn spin() {
+        std::hint::spin_loop();
+    }
+
+    /// Gives up the rest of the time slice: the slow step of a wait loop.
+    #[inline]
+    pub(crate) fn yield_now() {
+        std::thread::yield_now();
+    }
+
+    /// Seed material for buffers built without an explicit seed.
+    pub(crate) fn entropy_seed() -> u64 {
+        use std::hash::{BuildHasher, RandomState};
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        RandomState::new().hash_one(nanos)
+    }
+}
+
+#[cfg(replaybuf_loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU64, Ordering,
+    };
+    pub(crate) use loom::sync::Arc;
+
+    /// loom's mutex behind the same `lock()` signature as the normal build.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+            self.0.lock().expect("a replaybuf lock was poisoned by a panic")
+        }
+    }
+
+    /// Under loom an `ArcSwapOption` becomes a mutex around the `Option<Arc<T>>`:
+    /// loom cannot look inside arc-swap, and the lock gives the same guarantees the
+    /// protocol relies on (a reader sees a whole value, old or new).
+    #[derive(Debug)]
+    pub(crate) struct ArcCell<T>(loom::sync::Mutex<Option<Arc<T>>>);
+
+    impl<T> ArcCell<T> {
+        pub(crate) fn empty() -> Self {
+            Self(loom::sync::Mutex::new(None))
+        }
+
+        pub(crate) fn load(&self) -> Option<Arc<T>> {
+            self.0.lock().expect("poisoned").clone()
+        }
+
+        pub(crate) fn store(&self, value: Option<Arc<T>>) {
+            *self.0.lock().expect("poisoned") = value;
+        }
+    }
+
+    /// Under loom a spin is a yield to the model scheduler.
+    #[inline]
+    pub(crate) fn spin() {
+        loom::thread::yield_now();
+    }
+
+    #[inline]
+    pub(crate) fn yield_now() {
+        loom::thread::yield_now();
+    }
+
+    /// Loom runs must be deterministic: a fixed seed.
+    pub(crate) fn entropy_seed() -> u64 {
+        0x5eed_1005
+    }
+}
+
+pub(crate) use imp::*;
+
+/// Waits with bounded politeness: spins a few times, then yields to the scheduler.
+///
+/// Used by the rare waits in the crate (a writer waiting for the previous lap's writer
+/// of the same slot, an editor waiting for plain writers to leave a shard). Readers
+/// never wait in a loop on a writer: they redraw.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    const SPIN_LIMIT: u32 = 6;
+
+    pub(crate) fn new() -> Self {
+        Self { step: 0 }
+    }
+
+    pub(crate) fn snooze(&mut self) {
+        if self.step < Self::SPIN_LIMIT && cfg!(not(replaybuf_loom)) {
+            for _ in 0..(1u32 << self.step) {
+                spin();
+            }
+            self.step += 1;
+        } else {
+            yield_now();
+        }
+    }
+}

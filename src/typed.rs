@@ -1,0 +1,314 @@
+//! The typed face: push and sample a user's `#[repr(C)]` [`bytemuck::Pod`] transition
+//! type directly. The same engine as [`ReplayBuffer`]: the row is the value's bytes,
+//! one field, so no per-field work happens on either side.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use smallvec::smallvec;
+
+use crate::batch::Scratch;
+use crate::buffer::{ReplayBuffer, ReplayBufferBuilder};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
+use crate::rng::{self, Rng};
+use crate::sampler::Sampler;
+use crate::spec::Spec;
+use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
+use crate::sync::Ordering;
+use crate::writer::Written;
+
+/// A replay buffer of `T`s.
+///
+/// ```
+/// use replaybuf::TypedBuffer;
+/// use replaybuf::bytemuck::{Pod, Zeroable};
+///
+/// #[repr(C)]
+/// #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+/// struct Step { obs: [f32; 4], action: u32, reward: f32 }
+///
+/// let rb = TypedBuffer::<Step>::builder().capacity(1024).seed(1).build()?;
+/// let step = Step { obs: [1.0; 4], action: 2, reward: 0.5 };
+/// rb.extend(&[step; 10])?;
+/// let batch = rb.sample(4)?;
+/// assert_eq!(batch.rows(), &[step; 4]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct TypedBuffer<T> {
+    buffer: ReplayBuffer,
+    _rows: PhantomData<fn(T) -> T>,
+}
+
+impl<T> Clone for TypedBuffer<T> {
+    fn clone(&self) -> Self {
+        Self {
+            buffer: self.buffer.clone(),
+            _rows: PhantomData,
+        }
+    }
+}
+
+/// Builds a [`TypedBuffer`]: the [`ReplayBufferBuilder`] choices, minus the spec.
+#[derive(Debug)]
+pub struct TypedBuilder<T> {
+    inner: ReplayBufferBuilder,
+    _rows: PhantomData<fn(T) -> T>,
+}
+
+macro_rules! forward {
+    ($($(#[$doc:meta])* $name:ident($ty:ty)),* $(,)?) => {
+        $($(#[$doc])* pub fn $name(self, value: $ty) -> Self {
+            TypedBuilder { inner: self.inner.$name(value), _rows: PhantomData }
+        })*
+    };
+}
+
+impl<T: Pod + Send + Sync> TypedBuilder<T> {
+    forward! {
+        /// See [`ReplayBufferBuilder::capacity`].
+        capacity(usize),
+        /// See [`ReplayBufferBuilder::shards`].
+        shards(usize),
+        /// See [`ReplayBufferBuilder::ndim`].
+        ndim(usize),
+        /// See [`ReplayBufferBuilder::envs`].
+        envs(usize),
+        /// See [`ReplayBufferBuilder::dim_extend`].
+        dim_extend(usize),
+        /// See [`ReplayBufferBuilder::batch_size`].
+        batch_size(usize),
+        /// See [`ReplayBufferBuilder::seed`].
+        seed(u64),
+    }
+
+    /// See [`ReplayBufferBuilder::sampler`].
+    pub fn sampler(self, sampler: impl Into<Sampler>) -> Self {
+        TypedBuilder {
+            inner: self.inner.sampler(sampler),
+            _rows: PhantomData,
+        }
+    }
+
+    /// Validates and reserves the storage. A zero-sized `T` is refused.
+    pub fn build(self) -> Result<TypedBuffer<T>, BuildError> {
+        if std::mem::size_of::<T>() == 0 {
+            return Err(BuildError::new(BuildErrorKind::ZeroSizedRow));
+        }
+        Ok(TypedBuffer {
+            buffer: self.inner.build()?,
+            _rows: PhantomData,
+        })
+    }
+}
+
+/// Sampled `T`s with their storage indices and write generations.
+#[derive(Clone, Debug, Default)]
+pub struct TypedBatch<T> {
+    rows: Vec<T>,
+    index: Vec<u64>,
+    generation: Vec<u64>,
+    scratch: Scratch,
+}
+
+impl<T> TypedBatch<T> {
+    /// An empty batch to pass to [`TypedBuffer::sample_into`].
+    pub fn new() -> Self {
+        TypedBatch {
+            rows: Vec::new(),
+            index: Vec::new(),
+            generation: Vec::new(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The sampled values.
+    pub fn rows(&self) -> &[T] {
+        &self.rows
+    }
+
+    /// Their storage indices.
+    pub fn index(&self) -> &[u64] {
+        &self.index
+    }
+
+    /// Their write generations.
+    pub fn generations(&self) -> &[u64] {
+        &self.generation
+    }
+
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Takes the sampled values out.
+    pub fn into_rows(self) -> Vec<T> {
+        self.rows
+    }
+}
+
+impl<T: Pod + Send + Sync> TypedBuffer<T> {
+    /// Starts a buffer of `T`s.
+    pub fn builder() -> TypedBuilder<T> {
+        let spec = Spec::opaque(std::mem::size_of::<T>())
+            .expect("a Pod type smaller than isize::MAX lays out as one field");
+        TypedBuilder {
+            inner: ReplayBuffer::builder(Arc::new(spec)),
+            _rows: PhantomData,
+        }
+    }
+
+    /// The untyped buffer underneath (one `u8` field named `row`).
+    pub fn as_untyped(&self) -> &ReplayBuffer {
+        &self.buffer
+    }
+
+    /// Rows the storage holds when full.
+    pub fn capacity(&self) -> usize {
+        self.buffer.capacity()
+    }
+
+    /// Rows stored now.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Whether no row is stored.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Rows written since the buffer was built or last emptied.
+    pub fn write_count(&self) -> u64 {
+        self.buffer.write_count()
+    }
+
+    fn source(items: &[T], order: RowOrder) -> Source<'_> {
+        Source {
+            cols: smallvec![SrcCol {
+                data: bytemuck::cast_slice(items),
+                bytes: std::mem::size_of::<T>(),
+                offset: 0,
+            }],
+            order,
+        }
+    }
+
+    /// Adds one value (ndim-1 storages) and returns its index.
+    pub fn push(&self, item: &T) -> Result<u64, DataError> {
+        Ok(self.extend(std::slice::from_ref(item))?.index(0))
+    }
+
+    /// Appends values: any number for ndim 1 (one shard, round robin across calls);
+    /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
+    pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
+        let inner = &self.buffer.inner;
+        match inner.storage.geometry().ndim() {
+            1 => {
+                let shard = self.buffer.pick_shard();
+                let src = Self::source(items, RowOrder::Flat);
+                Ok(inner.append(Some(shard), items.len() as u64, &src))
+            }
+            _ => {
+                let envs = self.buffer.envs();
+                if items.len() % envs != 0 {
+                    return Err(DataError::BatchShape {
+                        expected: "a multiple of envs values for an ndim-2 storage",
+                        found: vec![items.len()],
+                    });
+                }
+                let t = (items.len() / envs) as u64;
+                let order = self.buffer.order_for(t, envs as u64);
+                Ok(inner.append(None, t, &Self::source(items, order)))
+            }
+        }
+    }
+
+    fn call_rng(&self) -> Rng {
+        let inner = &self.buffer.inner;
+        let call = inner.calls.fetch_add(1, Ordering::Relaxed);
+        rng::stream(self.buffer.seed(), rng::Stream::Call(call))
+    }
+
+    /// Samples `n` values.
+    pub fn sample(&self, n: usize) -> Result<TypedBatch<T>, SampleError> {
+        let mut batch = TypedBatch::new();
+        self.sample_n_into(n, &mut batch)?;
+        Ok(batch)
+    }
+
+    /// Samples into `batch`, reusing its buffers (no allocation once warm): the
+    /// builder's `batch_size` values, or as many as `batch` holds when none was set.
+    pub fn sample_into(&self, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
+        let n = match (self.buffer.inner.batch_size, batch.len()) {
+            (Some(n), _) => n,
+            (None, 0) => return Err(SampleError::NoBatchSize),
+            (None, n) => n,
+        };
+        self.sample_n_into(n, batch)
+    }
+
+    fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
+        let inner = &self.buffer.inner;
+        let mut rng = self.call_rng();
+        let scratch = &mut batch.scratch;
+        inner.draw(&mut rng, n, scratch)?;
+        let m = scratch.draws.len();
+        batch.rows.resize(m, T::zeroed());
+        batch.index.resize(m, 0);
+        batch.generation.resize(m, 0);
+        let mut dest = Dest {
+            cols: smallvec![DstCol {
+                data: bytemuck::cast_slice_mut(&mut batch.rows),
+                bytes: std::mem::size_of::<T>(),
+                offset: 0,
+            }],
+        };
+        let on_miss = inner.on_miss(&mut rng, &mut scratch.windows);
+        inner.gather(
+            &scratch.draws,
+            inner.sampler.want(),
+            on_miss,
+            &mut dest,
+            &mut batch.generation,
+            &mut batch.index,
+        )
+    }
+
+    /// The value at storage `index`.
+    pub fn get(&self, index: u64) -> Result<T, AccessError> {
+        let row = self.buffer.get(index)?;
+        let bytes = row
+            .column_bytes("row")
+            .expect("a typed buffer's spec has one field named `row`");
+        Ok(bytemuck::pod_read_unaligned(bytes))
+    }
+
+    /// Every stored value among the first `end` positions, in storage order, with its
+    /// index.
+    pub fn read_all_in_order(&self, end: Option<usize>) -> (Vec<T>, Vec<u64>) {
+        let batch = self.buffer.read_all_in_order(end);
+        let bytes = batch
+            .column_bytes("row")
+            .expect("a typed buffer's spec has one field named `row`");
+        let size = std::mem::size_of::<T>().max(1);
+        let rows = bytes
+            .chunks_exact(size)
+            .take(batch.len())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        (rows, batch.index().to_vec())
+    }
+
+    /// Drops every stored value.
+    pub fn empty(&self) {
+        self.buffer.empty();
+    }
+}
