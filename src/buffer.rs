@@ -14,7 +14,7 @@ use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
-use crate::storage::{Draw, Storage, Want};
+use crate::storage::{Draw, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sync::{AtomicU64, Ordering};
 use crate::writer::{WritePolicy, Writer, Written};
 
@@ -571,14 +571,19 @@ impl Inner {
         index: &mut [u64],
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
-        for &d in draws {
+        for &d in draws.iter().take(SAMPLE_AHEAD_DRAWS) {
             storage.prefetch(d);
         }
         read_draws(
             storage.shards(),
             draws,
             on_miss,
-            |d, k| storage.read(d, want, dest, k).map(|(s, i)| (s.generation(), i)),
+            |d, k| {
+                if let Some(&ahead) = draws.get(k + SAMPLE_AHEAD_DRAWS) {
+                    storage.prefetch(ahead);
+                }
+                storage.read(d, want, dest, k).map(|(s, i)| (s.generation(), i))
+            },
             generation,
             index,
         )

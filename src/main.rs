@@ -1,1 +1,82 @@
-fn main() {}
+//! The `replaybuf` command: a collector/learner demonstration (default), the
+//! WORKLOADS.md benchmark (`bench`).
+// The loom facade rule (atomics only in src/sync.rs) is for the library; this binary
+// uses std's threads and counters directly.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods, missing_docs)]
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "replaybuf", version, about = "A lock-free replay buffer: demonstration and benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Collector threads of the demonstration.
+    #[arg(long, default_value_t = 2)]
+    collectors: usize,
+    /// Learner threads of the demonstration.
+    #[arg(long, default_value_t = 2)]
+    learners: usize,
+    /// How long the demonstration runs.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Rows the demonstration's buffer holds.
+    #[arg(long, default_value_t = 1_000_000)]
+    capacity: usize,
+    /// Rows per sampled batch.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the shared/WORKLOADS.md measurements as JSON lines.
+    Bench {
+        /// The smaller sizes of WORKLOADS.md.
+        #[arg(long)]
+        quick: bool,
+        /// Only this workload: mujoco, atari or concurrent.
+        #[arg(long, value_parser = ["mujoco", "atari", "concurrent"])]
+        workload: Option<String>,
+        /// Seconds each concurrent configuration runs.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Concurrent configurations as WRITERSxLEARNERS (e.g. 1x1,8x8).
+        #[arg(long, value_delimiter = ',', value_parser = parse_config)]
+        configs: Vec<(usize, usize)>,
+    },
+}
+
+fn parse_config(s: &str) -> Result<(usize, usize), String> {
+    let (w, l) = s
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}`: expected WRITERSxLEARNERS, like 2x1"))?;
+    let n = |v: &str| v.parse::<usize>().map_err(|e| format!("`{s}`: {e}"));
+    Ok((n(w)?, n(l)?))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match cli.command {
+        None => cli::demo::run(&cli::demo::DemoArgs {
+            collectors: cli.collectors,
+            learners: cli.learners,
+            seconds: cli.seconds,
+            capacity: cli.capacity,
+            batch: cli.batch,
+        }),
+        Some(Command::Bench {
+            quick,
+            workload,
+            seconds,
+            configs,
+        }) => cli::bench::run(&cli::bench::BenchArgs {
+            quick,
+            workload,
+            seconds: if quick { seconds.min(1.0) } else { seconds },
+            configs,
+        }),
+    }
+}

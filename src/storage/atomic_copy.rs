@@ -85,23 +85,66 @@ pub(crate) fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     words::store(words, offset, src);
 }
 
-/// Hints the CPU to start loading the cache line holding byte `offset` of `words`.
+/// What a prefetch prepares a cache line for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Intent {
+    Read,
+    Write,
+}
+
+/// Hints the CPU to start loading the cache line holding byte `offset` of `words`
+/// (for writing: in exclusive state, so the stores that follow need no second trip).
 /// Never faults and never changes memory: a prefetch is not an access.
 #[inline]
-pub(crate) fn prefetch(words: &[AtomicU64], offset: usize) {
+pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
     if offset < words.len() * 8 {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: the address is inside the region (checked above); a prefetch of a
-        // mapped address has no architectural effect besides the cache.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(words.as_ptr().cast::<i8>().add(offset)) };
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        let p = words.as_ptr().cast::<i8>().wrapping_add(offset);
+        // SAFETY: a prefetch of any address, mapped or not, has no architectural
+        // effect besides the cache; this one is inside the region anyway.
+        unsafe {
+            match intent {
+                Intent::Read => _mm_prefetch::<_MM_HINT_T0>(p),
+                Intent::Write => _mm_prefetch::<_MM_HINT_ET0>(p),
+            }
+        }
     }
     #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom))))]
-    let _ = (words, offset);
+    let _ = (words, offset, intent);
 }
 
 #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
 mod x86 {
+    /// Copies at least this long use `rep movsb`, which moves whole cache lines (and
+    /// skips the read-for-ownership of destination lines it fully overwrites).
+    const REP_MOVSB_BYTES: usize = 1024;
+
+    /// `rep movsb`: a string move. Its loads are ordinary loads for x86 memory
+    /// ordering; its stores may be performed out of order among themselves, but a
+    /// string operation is not reordered with other stores (Intel SDM vol. 3, "Memory
+    /// ordering of string operations"). So a stamp stored after the copy is seen after
+    /// all of it, as the stamp protocol needs.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy`].
+    #[inline]
+    unsafe fn rep_movsb(src: *const u8, dst: *mut u8, len: usize) {
+        // SAFETY: the caller's obligations make every access in bounds,
+        // non-overlapping and atomic against other threads; the direction flag is
+        // clear on entry to any Rust code, as the ABI requires.
+        unsafe {
+            std::arch::asm!(
+                "rep movsb",
+                inout("rsi") src => _,
+                inout("rdi") dst => _,
+                inout("rcx") len => _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+
     /// Copies `len` bytes from `src` to `dst` with single-instruction loads and stores
     /// (16-byte SSE, then 8/4/2/1-byte tails), none of which the compiler can see into.
     ///
@@ -113,6 +156,11 @@ mod x86 {
     ///    accessed by it only through atomic operations or this function.
     #[inline]
     pub(super) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+        if len >= REP_MOVSB_BYTES {
+            // SAFETY: the caller's obligations are this function's.
+            unsafe { rep_movsb(src, dst, len) };
+            return;
+        }
         // SAFETY: obligations 1-2 make every access in bounds and non-overlapping;
         // obligation 3 makes concurrent accesses atomic. SSE2 is part of the x86_64
         // baseline. The block touches no stack and restores nothing it did not declare.

@@ -29,14 +29,21 @@ use plan::{Dest, Source};
 use shard::{Shard, Window};
 use stamp::{lap_cmp, Prev, Stamp};
 
+use atomic_copy::Intent;
+
 use crate::region::Region;
 use crate::spec::Spec;
 use crate::sync::AtomicU64;
 
-/// Cache lines prefetched per sampled row: the stamp and the first 256 bytes. Longer
-/// rows are streamed by the hardware prefetcher once the copy starts.
+/// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
+/// streamed by the hardware prefetcher once the copy starts.
 const PREFETCH_LINES: usize = 4;
 const LINE_BYTES: usize = 64;
+/// How many slots ahead an append prefetches its destination: enough misses in flight
+/// to hide memory latency, few enough to stay in L1.
+const APPEND_AHEAD_SLOTS: u64 = 8;
+/// How many draws ahead a sample prefetches its rows (see `Storage::prefetch`).
+pub(crate) const SAMPLE_AHEAD_DRAWS: usize = 16;
 
 /// One drawn row: a ring sequence number and lane in a shard.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -136,12 +143,15 @@ impl Storage {
         let ring = *shard.ring();
         let claim = shard.enter_append();
         let first = shard.claim(steps);
+        let ring_slots = ring.steps * ring.width;
         for step in shard::steps_of(&ring, first, steps) {
             let prev = step
                 .prev
                 .map_or(Prev::Empty, |p| Prev::Lap((p / ring.steps) as u32));
             for lane in 0..ring.width {
                 let slot = ring.slot(step.pos, lane);
+                let ahead = (slot - ring.first_slot + APPEND_AHEAD_SLOTS) % ring_slots;
+                self.prefetch_slot(ring.first_slot + ahead, Intent::Write);
                 let stamp = self.stamp(slot);
                 stamp::begin_append(stamp, prev, step.lap, claim);
                 src.write_row(self.words(), self.row_offset(slot), step.j, lane);
@@ -152,16 +162,25 @@ impl Storage {
         first
     }
 
-    /// Starts loading the cache lines of a drawn row.
     #[inline]
-    pub(crate) fn prefetch(&self, draw: Draw) {
-        let ring = self.shards[draw.shard as usize].ring();
-        let slot = ring.slot(draw.seq % ring.steps, u64::from(draw.lane));
+    fn prefetch_slot(&self, slot: u64, intent: Intent) {
         let start = slot as usize * self.slot_bytes;
         let lines = self.slot_bytes.div_ceil(LINE_BYTES).min(PREFETCH_LINES);
         for line in 0..lines {
-            atomic_copy::prefetch(self.words(), start + line * LINE_BYTES);
+            atomic_copy::prefetch(self.words(), start + line * LINE_BYTES, intent);
         }
+    }
+
+    /// Starts loading the cache lines of a drawn row. Samples prefetch a sliding window
+    /// of [`SAMPLE_AHEAD_DRAWS`] rows: all of a batch at once would overflow L1 before
+    /// the first row is copied.
+    #[inline]
+    pub(crate) fn prefetch(&self, draw: Draw) {
+        let ring = self.shards[draw.shard as usize].ring();
+        self.prefetch_slot(
+            ring.slot(draw.seq % ring.steps, u64::from(draw.lane)),
+            Intent::Read,
+        );
     }
 
     /// Copies the drawn row into row `k` of `dst`; returns its stamp and index.

@@ -1,0 +1,236 @@
+//! `replaybuf bench`: the WORKLOADS.md measurements for this crate, as JSON lines.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use replaybuf::ReplayBuffer;
+use serde_json::json;
+
+use super::workloads::Workload;
+
+/// Which workloads to run and how big.
+#[derive(Clone, Debug)]
+pub struct BenchArgs {
+    pub quick: bool,
+    pub workload: Option<String>,
+    /// Seconds each concurrent configuration runs.
+    pub seconds: f64,
+    /// (writers, learners) pairs for the concurrent workload; empty: the defaults.
+    pub configs: Vec<(usize, usize)>,
+}
+
+const SYSTEM: &str = "replaybuf";
+
+fn emit(workload: &str, op: &str, secs_per_op: f64, items: usize, extra: serde_json::Value) {
+    let mut line = json!({
+        "system": SYSTEM,
+        "workload": workload,
+        "op": op,
+        "us_per_op": (secs_per_op * 1e8).round() / 100.0,
+        "items_per_s": (items as f64 / secs_per_op).round() as u64,
+    });
+    if let (Some(line), Some(extra)) = (line.as_object_mut(), extra.as_object()) {
+        line.extend(extra.clone());
+    }
+    println!("{line}");
+}
+
+/// Resident memory of this process, in bytes (Linux; 0 elsewhere).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub fn run(args: &BenchArgs) {
+    let wants = |name: &str| args.workload.as_deref().is_none_or(|w| w == name);
+    if wants("mujoco") {
+        single(Workload::mujoco(args.quick), 2000);
+    }
+    if wants("atari") {
+        single(Workload::atari(args.quick), 500);
+    }
+    if wants("concurrent") {
+        concurrent(args);
+    }
+}
+
+/// fill, steady extend, sample and memory of one workload.
+fn single(w: Workload, samples: usize) {
+    let rb = ReplayBuffer::builder(w.spec())
+        .capacity(w.capacity)
+        .seed(7)
+        .build()
+        .expect("workload buffer");
+    let chunk = w.chunk_data(&rb, w.chunk, 1);
+    let writer = rb.writer();
+    // Memory is measured from here: the buffer's pages are all that fill adds.
+    let before = resident_bytes();
+
+    let fills = w.capacity / w.chunk;
+    let t = Instant::now();
+    for _ in 0..fills {
+        writer.extend(&chunk).expect("extend");
+    }
+    emit(w.name, "fill", t.elapsed().as_secs_f64() / fills as f64, w.chunk, json!({}));
+    // Top up the remainder so the buffer is full and steady state wraps around.
+    while rb.len() < rb.capacity() {
+        writer.extend(&chunk).expect("extend");
+    }
+    let resident = resident_bytes().saturating_sub(before);
+
+    let steady = (fills / 2).max(20);
+    let t = Instant::now();
+    for _ in 0..steady {
+        writer.extend(&chunk).expect("extend");
+    }
+    emit(w.name, "extend", t.elapsed().as_secs_f64() / steady as f64, w.chunk, json!({}));
+
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([w.batch]);
+    for _ in 0..samples / 10 {
+        learner.sample_into(&mut batch).expect("sample");
+    }
+    let t = Instant::now();
+    for _ in 0..samples {
+        learner.sample_into(&mut batch).expect("sample");
+    }
+    emit(w.name, "sample", t.elapsed().as_secs_f64() / samples as f64, w.batch, json!({}));
+
+    println!(
+        "{}",
+        json!({
+            "system": SYSTEM,
+            "workload": w.name,
+            "op": "memory",
+            "us_per_op": null,
+            "items_per_s": null,
+            "bytes_per_item": (resident as f64 / w.capacity as f64 * 10.0).round() / 10.0,
+            "payload_bytes": w.payload_bytes,
+        })
+    );
+}
+
+/// One concurrent run's totals.
+struct Run {
+    rows_written: usize,
+    extends: usize,
+    rows_sampled: usize,
+    latencies_ns: Vec<u64>,
+    secs: f64,
+}
+
+fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Run {
+    let shards = writers.max(1).next_power_of_two();
+    let rb = ReplayBuffer::builder(w.spec())
+        .capacity(w.capacity)
+        .shards(shards)
+        .seed(11)
+        .build()
+        .expect("concurrent buffer");
+    let chunk = w.chunk_data(&rb, w.chunk, 2);
+    let prefill = rb.writer();
+    while rb.len() < 100_000.min(w.capacity) {
+        prefill.extend(&chunk).expect("extend");
+    }
+    let stop = AtomicBool::new(false);
+    let duration = Duration::from_secs_f64(secs);
+    let (mut rows_written, mut extends, mut rows_sampled) = (0, 0, 0);
+    let mut latencies_ns = Vec::new();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let collectors: Vec<_> = (0..writers)
+            .map(|_| {
+                let writer = rb.writer();
+                let (chunk, stop) = (&chunk, &stop);
+                s.spawn(move || {
+                    let mut n = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        writer.extend(chunk).expect("extend");
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let samplers: Vec<_> = (0..learners)
+            .map(|_| {
+                let mut learner = rb.learner();
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut batch = learner.buffer().batch([w.batch]);
+                    let mut lat = Vec::with_capacity(1 << 20);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        learner.sample_into(&mut batch).expect("sample");
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    }
+                    lat
+                })
+            })
+            .collect();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        for c in collectors {
+            let n = c.join().expect("collector thread");
+            extends += n;
+            rows_written += n * w.chunk;
+        }
+        for l in samplers {
+            let lat = l.join().expect("learner thread");
+            rows_sampled += lat.len() * w.batch;
+            latencies_ns.extend(lat);
+        }
+    });
+    Run {
+        rows_written,
+        extends,
+        rows_sampled,
+        latencies_ns,
+        secs: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn concurrent(args: &BenchArgs) {
+    let w = Workload::mujoco(args.quick);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let configs = if args.configs.is_empty() {
+        let mut c = vec![(1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2)];
+        if cores >= 8 {
+            c.extend([(4, 4), (8, 8)]);
+        }
+        c
+    } else {
+        args.configs.clone()
+    };
+    for (writers, learners) in configs {
+        let mut run = concurrent_run(w, writers, learners, args.seconds);
+        let tags = json!({"writers": writers, "learners": learners, "cores": cores});
+        if writers > 0 {
+            let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
+            let mut extra = tags.clone();
+            extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
+            emit("concurrent", "extend", per_op, w.chunk, extra);
+        }
+        if learners > 0 {
+            run.latencies_ns.sort_unstable();
+            let pct = |p: f64| {
+                let i = ((run.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
+                run.latencies_ns.get(i).map_or(0.0, |&ns| ns as f64 / 1000.0)
+            };
+            let mean = run.latencies_ns.iter().sum::<u64>() as f64
+                / run.latencies_ns.len().max(1) as f64
+                / 1e9;
+            let mut extra = tags;
+            extra["items_per_s"] = json!((run.rows_sampled as f64 / run.secs).round() as u64);
+            extra["p50_us"] = json!((pct(0.50) * 100.0).round() / 100.0);
+            extra["p99_us"] = json!((pct(0.99) * 100.0).round() / 100.0);
+            emit("concurrent", "sample", mean, w.batch, extra);
+        }
+    }
+}

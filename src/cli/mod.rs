@@ -1,0 +1,6 @@
+//! The command line: demonstration, benchmark, and what they share.
+
+pub mod bench;
+pub mod demo;
+pub mod sim;
+pub mod workloads;
