@@ -1,7 +1,7 @@
 //! Sampling without replacement, in epochs (TorchRL `SamplerWithoutReplacement`).
 //!
 //! An epoch is an order over the rows live when it began (a snapshot of the shard
-//! windows), shuffled or in storage order. Learners take consecutive batches of it with
+//! windows): shuffled, or in storage index order as TorchRL's `shuffle=False`. Learners take consecutive batches of it with
 //! one `fetch_add` on the epoch's cursor, so several learners share one epoch without a
 //! lock and never draw a row twice within it. When the order runs out (or, with
 //! `drop_last`, has less than a batch left), the sample that finds it so gets
@@ -61,44 +61,41 @@ impl WithoutReplacement {
     }
 }
 
-/// One epoch: a snapshot of the live rows and the order to visit them in.
+/// One epoch: the rows live when it began, in the order to visit them.
 #[derive(Debug)]
 struct Epoch {
-    windows: Vec<Window>,
-    /// Live rows at the snapshot.
-    rows: u64,
-    /// Flat row numbers in visiting order; empty when not shuffling (identity).
-    order: Vec<u64>,
-    /// The next unvisited entry of the order.
+    draws: Vec<Draw>,
+    /// The next unvisited entry.
     next: AtomicU64,
     /// Set by the sample that ran out; the next sample starts a new epoch.
     closed: AtomicBool,
 }
 
-impl Epoch {
-    fn flat_row(&self, i: u64) -> u64 {
-        if self.order.is_empty() {
-            i
-        } else {
-            self.order[i as usize]
-        }
-    }
-
-    /// The draw for flat row `f` of the snapshot.
-    fn locate(&self, shards: &[Shard], mut f: u64) -> Draw {
-        for (k, (shard, w)) in shards.iter().zip(&self.windows).enumerate() {
-            let width = shard.ring().width;
-            let rows = w.steps() * width;
-            if f < rows {
-                return Draw {
-                    shard: k as u32,
-                    lane: (f % width) as u32,
-                    seq: w.lo + f / width,
-                };
+/// Every live row of the snapshot, in storage index order (TorchRL's unshuffled
+/// order): shard after shard for ndim 1, step after step for ndim 2, where an index is
+/// `step * envs + env`.
+fn live_in_index_order(shards: &[Shard], windows: &[Window], out: &mut Vec<Draw>) {
+    out.clear();
+    let draw = |k: usize, lane: u64, seq: u64| Draw {
+        shard: k as u32,
+        lane: lane as u32,
+        seq,
+    };
+    let grid = shards.first().is_some_and(|s| s.ring().index_stride != 1);
+    if grid {
+        let steps = shards[0].ring().steps;
+        for pos in 0..steps {
+            for (k, (shard, w)) in shards.iter().zip(windows).enumerate() {
+                if let Some(seq) = w.seq_at(pos, steps) {
+                    out.extend((0..shard.ring().width).map(|lane| draw(k, lane, seq)));
+                }
             }
-            f -= rows;
         }
-        unreachable!("replaybuf internal error: epoch row past the snapshot")
+    } else {
+        for (k, (shard, w)) in shards.iter().zip(windows).enumerate() {
+            let steps = shard.ring().steps;
+            out.extend((0..steps).filter_map(|pos| w.seq_at(pos, steps).map(|seq| draw(k, 0, seq))));
+        }
     }
 }
 
@@ -134,20 +131,21 @@ impl Epochs {
             Some(e) if !e.closed.load(Ordering::Acquire) => e,
             _ => self.start(shards, windows, n)?,
         };
-        if n > epoch.rows {
+        let rows = epoch.draws.len() as u64;
+        if n > rows {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
-                available: epoch.rows as usize,
+                available: rows as usize,
             });
         }
         let start = epoch.next.fetch_add(n, Ordering::AcqRel);
-        let left = epoch.rows.saturating_sub(start);
+        let left = rows.saturating_sub(start);
         if left == 0 || (self.config.drop_last && left < n) {
             epoch.closed.store(true, Ordering::Release);
             return Err(SampleError::EpochEnd);
         }
         let end = start + n.min(left);
-        out.extend((start..end).map(|i| epoch.locate(shards, epoch.flat_row(i))));
+        out.extend_from_slice(&epoch.draws[start as usize..end as usize]);
         Ok(())
     }
 
@@ -159,33 +157,24 @@ impl Epochs {
                 return Ok(e);
             }
         }
-        let rows: u64 = shards
-            .iter()
-            .zip(windows)
-            .map(|(s, w)| w.steps() * s.ring().width)
-            .sum();
-        if rows == 0 {
+        let mut draws = Vec::new();
+        live_in_index_order(shards, windows, &mut draws);
+        if draws.is_empty() {
             return Err(SampleError::Empty);
         }
-        if n > rows {
+        if n > draws.len() as u64 {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
-                available: rows as usize,
+                available: draws.len(),
             });
         }
-        let order = if self.config.shuffle {
+        if self.config.shuffle {
             let mut rng: Rng = rng::stream(self.seed, rng::Stream::Epoch(*started));
-            let mut order: Vec<u64> = (0..rows).collect();
-            order.shuffle(&mut rng);
-            order
-        } else {
-            Vec::new()
-        };
+            draws.shuffle(&mut rng);
+        }
         *started += 1;
         let epoch = Arc::new(Epoch {
-            windows: windows.to_vec(),
-            rows,
-            order,
+            draws,
             next: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });

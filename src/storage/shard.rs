@@ -47,6 +47,14 @@ impl Window {
     pub(crate) fn steps(&self) -> u64 {
         self.hi - self.lo
     }
+
+    /// The sequence number in the window at ring position `pos` of a ring of
+    /// `ring_steps` steps: the latest claimed there, if it is live.
+    pub(crate) fn seq_at(&self, pos: u64, ring_steps: u64) -> Option<u64> {
+        let last = self.hi.checked_sub(1)?;
+        let seq = last.checked_sub((last % ring_steps + ring_steps - pos) % ring_steps)?;
+        (seq >= self.lo).then_some(seq)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -132,11 +140,7 @@ impl Shard {
     /// The live sequence number at ring position `pos`: the latest claimed one there,
     /// if it is in the window.
     pub(crate) fn seq_at(&self, pos: u64) -> Option<u64> {
-        let steps = self.ring.steps;
-        let w = self.window();
-        let last = w.hi.checked_sub(1)?;
-        let seq = last.checked_sub((last % steps + steps - pos) % steps)?;
-        (seq >= w.lo).then_some(seq)
+        self.window().seq_at(pos, self.ring.steps)
     }
 
     /// Sequence numbers claimed since the last `empty` (or ever).
