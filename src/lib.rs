@@ -67,6 +67,19 @@ pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::{WritePolicy, Writer, Written};
 
+/// The crate's own internals, exposed for its loom tests, benches and fuzz targets.
+/// Not part of the API: anything here may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::storage::atomic_copy::{load, store};
+    /// The slot protocol of `storage/stamp.rs`.
+    pub mod stamp {
+        pub use crate::storage::stamp::{
+            begin_append, begin_edit, begin_read, publish, validate, Claim, Prev, Stamp,
+        };
+    }
+}
+
 /// Re-exported so that users derive [`bytemuck::Pod`] for [`TypedBuffer`] rows with
 /// the same version the crate uses.
 pub use bytemuck;

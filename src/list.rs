@@ -8,7 +8,7 @@
 //! appenders' predecessor order are the row storage's; only the slot differs. Slower
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
 
-use std::sync::Arc;
+
 
 use crossbeam_utils::CachePadded;
 
@@ -19,7 +19,7 @@ use crate::storage::geometry::Geometry;
 use crate::storage::shard::{self, Shard, Window};
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
-use crate::sync::{ArcCell, AtomicU64, Backoff, Ordering};
+use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
 use crate::storage::plan::RowOrder;
 use crate::writer::Written;
 use crate::MAX_SHARDS;

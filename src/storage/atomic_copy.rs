@@ -44,7 +44,7 @@ fn check_range(words: &[AtomicU64], offset: usize, len: usize) {
 /// The bytes may be concurrently written; the result is then some mix of old and new
 /// bytes, which the caller must detect (stamps) and discard.
 #[inline]
-pub(crate) fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
+pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
     check_range(words, offset, dst.len());
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
     // SAFETY: (1) `check_range` put `offset..offset + dst.len()` inside `words`, and
@@ -66,7 +66,7 @@ pub(crate) fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
 ///
 /// The caller must hold the slot(s) the range covers for writing (stamp protocol).
 #[inline]
-pub(crate) fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
+pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     check_range(words, offset, src.len());
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
     // SAFETY: (1) `check_range` put the destination range inside `words`, and `src` is

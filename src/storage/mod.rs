@@ -14,11 +14,11 @@
 //! - `geometry.rs`: index <-> (shard, position, lane), ndim 1 and 2;
 //! - `plan.rs`: which bytes of a caller's data go to which bytes of a row.
 
-pub(crate) mod atomic_copy;
+pub mod atomic_copy;
 pub(crate) mod geometry;
 pub(crate) mod plan;
 pub(crate) mod shard;
-pub(crate) mod stamp;
+pub mod stamp;
 
 use std::cmp::Ordering as Cmp;
 use std::io;

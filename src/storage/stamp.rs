@@ -78,7 +78,7 @@ use crate::sync::{fence, AtomicU64, Backoff, Ordering};
 /// - `edit`: in-place rewrites of this lap's row, wrapping.
 /// - `lap`: `seq / steps` of the row, wrapping; compared with [`lap_cmp`].
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stamp(u64);
+pub struct Stamp(u64);
 
 const WRITING: u64 = 1;
 const WRITTEN: u64 = 2;
@@ -88,7 +88,7 @@ const LAP_SHIFT: u32 = 32;
 
 impl Stamp {
     /// A slot that never held a row.
-    pub(crate) const EMPTY: Stamp = Stamp(0);
+    pub const EMPTY: Stamp = Stamp(0);
 
     fn new(lap: u32, edit: u32, writing: bool) -> Stamp {
         let edit = u64::from(edit) & ((1 << EDIT_BITS) - 1);
@@ -100,37 +100,43 @@ impl Stamp {
         )
     }
 
-    pub(crate) fn published(lap: u32, edit: u32) -> Stamp {
+    /// A published row of `lap`, edited `edit` times.
+    pub fn published(lap: u32, edit: u32) -> Stamp {
         Stamp::new(lap, edit, false)
     }
 
-    pub(crate) fn writing(lap: u32, edit: u32) -> Stamp {
+    /// A row of `lap` being written (its `edit`-th version).
+    pub fn writing(lap: u32, edit: u32) -> Stamp {
         Stamp::new(lap, edit, true)
     }
 
-    pub(crate) fn lap(self) -> u32 {
+    /// The row's lap (wrapping).
+    pub fn lap(self) -> u32 {
         (self.0 >> LAP_SHIFT) as u32
     }
 
-    pub(crate) fn edit(self) -> u32 {
+    /// In-place rewrites of the row in its lap (wrapping).
+    pub fn edit(self) -> u32 {
         ((self.0 >> EDIT_SHIFT) & ((1 << EDIT_BITS) - 1)) as u32
     }
 
-    pub(crate) fn is_writing(self) -> bool {
+    /// A writer holds the slot.
+    pub fn is_writing(self) -> bool {
         self.0 & WRITING != 0
     }
 
-    pub(crate) fn is_written(self) -> bool {
+    /// The slot has held, or is receiving, a row.
+    pub fn is_written(self) -> bool {
         self.0 & WRITTEN != 0
     }
 
     /// Holds a whole row that readers may copy.
-    pub(crate) fn is_published(self) -> bool {
+    pub fn is_published(self) -> bool {
         self.0 & (WRITTEN | WRITING) == WRITTEN
     }
 
     /// The row's write generation: lap and edit count, without the state bits.
-    pub(crate) fn generation(self) -> u64 {
+    pub fn generation(self) -> u64 {
         self.0 >> EDIT_SHIFT
     }
 }
@@ -151,13 +157,13 @@ impl std::fmt::Debug for Stamp {
 }
 
 /// Compares two wrapping laps: `Less` if `a` is older than `b`.
-pub(crate) fn lap_cmp(a: u32, b: u32) -> Cmp {
+pub fn lap_cmp(a: u32, b: u32) -> Cmp {
     (a.wrapping_sub(b) as i32).cmp(&0)
 }
 
 /// What the slot must hold before an appender may overwrite it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Prev {
+pub enum Prev {
     /// Nothing: this is the slot's first row.
     Empty,
     /// The published row of this lap (any edit count).
@@ -175,7 +181,7 @@ impl Prev {
 
 /// How an appender marks a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Claim {
+pub enum Claim {
     /// A plain store: no editor can be in this shard (see `shard.rs`).
     Plain,
     /// A compare-exchange: an editor may be racing for the slot.
@@ -185,7 +191,7 @@ pub(crate) enum Claim {
 /// W0-W2 for an appender: waits until the slot holds `prev`, then marks it as being
 /// written with `lap`. The row's data stores may follow; end with [`publish`].
 #[inline]
-pub(crate) fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
+pub fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
     let mark = Stamp::writing(lap, 0);
     let mut backoff = Backoff::new();
     loop {
@@ -223,7 +229,7 @@ pub(crate) fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim
 
 /// W0-W2 for an editor: marks the published row of the slot as being rewritten, and
 /// returns the stamp to [`publish`] afterwards. `None` if the slot holds no row.
-pub(crate) fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
+pub fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
     let mut backoff = Backoff::new();
     loop {
         let cur = Stamp(stamp.load(Ordering::Acquire));
@@ -248,7 +254,7 @@ pub(crate) fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
 
 /// W3: publishes the row.
 #[inline]
-pub(crate) fn publish(stamp: &AtomicU64, published: Stamp) {
+pub fn publish(stamp: &AtomicU64, published: Stamp) {
     debug_assert!(published.is_published());
     // SYNC POINT: pairs with the reader's R1 and with the next writer's W0.
     stamp.store(published.0, Ordering::Release);
@@ -257,14 +263,14 @@ pub(crate) fn publish(stamp: &AtomicU64, published: Stamp) {
 /// R1: the stamp a reader starts from. Copy only if it is published (and the lap the
 /// caller wants), then call [`validate`].
 #[inline]
-pub(crate) fn begin_read(stamp: &AtomicU64) -> Stamp {
+pub fn begin_read(stamp: &AtomicU64) -> Stamp {
     // SYNC POINT: pairs with W3.
     Stamp(stamp.load(Ordering::Acquire))
 }
 
 /// R2-R3: whether the bytes copied since [`begin_read`] returned `seen` are one whole row.
 #[inline]
-pub(crate) fn validate(stamp: &AtomicU64, seen: Stamp) -> bool {
+pub fn validate(stamp: &AtomicU64, seen: Stamp) -> bool {
     // SYNC POINT: pairs with W2 of any writer whose data the copy observed.
     fence(Ordering::Acquire);
     stamp.load(Ordering::Relaxed) == seen.0

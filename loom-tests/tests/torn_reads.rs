@@ -1,0 +1,54 @@
+//! Through the public API: a learner sampling or reading a buffer whose ring a
+//! collector laps never gets a torn row, and never a row other than the one at its
+//! index.
+#![cfg(replaybuf_loom)]
+
+mod common;
+
+use common::{pairs, pair_spec, run_model, whole_rows};
+use replaybuf::ReplayBuffer;
+
+fn two_slot_buffer() -> ReplayBuffer {
+    ReplayBuffer::builder(pair_spec())
+        .capacity(2)
+        .seed(1)
+        .build()
+        .expect("a valid buffer")
+}
+
+#[test]
+fn sampling_while_a_collector_laps_the_ring() {
+    run_model("uniform sample vs lapping extend", || {
+        let rb = two_slot_buffer();
+        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+        let collector = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || {
+                rb.extend(&pairs(&rb, &[1], 2)).unwrap();
+                rb.extend(&pairs(&rb, &[1], 3)).unwrap();
+            })
+        };
+        let batch = rb.sample(1).expect("two rows were published before the race");
+        let ids = whole_rows(&batch);
+        // Row `id` went to position `id % 2`.
+        assert_eq!(ids[0] % 2, batch.index()[0]);
+        collector.join().unwrap();
+    });
+}
+
+#[test]
+fn reading_by_index_while_a_collector_laps_the_ring() {
+    run_model("get vs lapping extend", || {
+        let rb = two_slot_buffer();
+        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+        let collector = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[2], 2)).unwrap())
+        };
+        let row = rb.get(1).expect("position 1 holds a row");
+        let ids = whole_rows(&row);
+        assert!(ids == [1] || ids == [3], "position 1 held {ids:?}");
+        collector.join().unwrap();
+        assert_eq!(whole_rows(&rb.read_all_in_order(None)), [2, 3]);
+    });
+}
