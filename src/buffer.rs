@@ -312,7 +312,7 @@ impl ReplayBuffer {
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
     /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.inner.add(self.pick_shard(), row)
+        self.extend_rows(row, true).map(|w| w.index(0))
     }
 
     /// Appends a batch and returns where its rows went.
@@ -321,11 +321,22 @@ impl ReplayBuffer {
     /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
     /// with `dim_extend = 1`) appends `t` steps to every environment's column.
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        let shards = match self.inner.storage.geometry() {
+        self.extend_rows(batch, false)
+    }
+
+    /// Validates first, then takes the round-robin turn: a rejected batch changes
+    /// nothing, not even which shard the next extend goes to.
+    fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
+        let inner = &self.inner;
+        if one_row {
+            inner.check_one_row(batch)?;
+        }
+        let (steps, src) = inner.prepare(None, batch)?;
+        let shard = match inner.storage.geometry() {
             Geometry::Flat { .. } => Some(self.pick_shard()),
             Geometry::Grid { .. } => None,
         };
-        self.inner.extend(shards, batch)
+        Ok(inner.append(shard, steps, &src))
     }
 
     /// The shard of the next buffer-level extend: round robin across calls.
@@ -405,9 +416,11 @@ impl ReplayBuffer {
         self.inner.write_all(data, end)
     }
 
-    /// Drops every stored row. Rows being written meanwhile are dropped too.
+    /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
+    /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
         self.inner.storage.empty();
+        self.inner.sampler.reset();
     }
 }
 
@@ -438,15 +451,19 @@ impl Inner {
         Ok(Source { cols, order })
     }
 
-    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, DataError> {
+    fn check_one_row(&self, row: &Batch) -> Result<(), DataError> {
         if self.storage.geometry().ndim() != 1 || row.len() != 1 {
             return Err(DataError::BatchShape {
                 expected: "one row ([1]) on an ndim-1 storage",
                 found: row.shape().to_vec(),
             });
         }
-        let written = self.extend(Some(shard), row)?;
-        Ok(written.index(0))
+        Ok(())
+    }
+
+    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, DataError> {
+        self.check_one_row(row)?;
+        Ok(self.extend(Some(shard), row)?.index(0))
     }
 
     pub(crate) fn order_for(&self, t: u64, envs: u64) -> RowOrder {
@@ -495,9 +512,15 @@ impl Inner {
     /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
     /// every shard (`None`, ndim 2 only).
     pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
-        let (steps, order) = self.extent(shard, batch)?;
-        let src = self.source(batch, order)?;
+        let (steps, src) = self.prepare(shard, batch)?;
         Ok(self.append(shard, steps, &src))
+    }
+
+    /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns its
+    /// steps and copy plan.
+    fn prepare<'a>(&self, shard: Option<usize>, batch: &'a Batch) -> Result<(u64, Source<'a>), DataError> {
+        let (steps, order) = self.extent(shard, batch)?;
+        Ok((steps, self.source(batch, order)?))
     }
 
     /// Appends validated rows. `shard: None` writes every env group of an ndim-2 storage.
@@ -522,17 +545,16 @@ impl Inner {
     }
 
     pub(crate) fn sample_into(&self, rng: &mut Rng, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
-        if !Arc::ptr_eq(batch.spec(), self.storage.spec())
-            && !batch.spec().same_fields(self.storage.spec())
-        {
-            return Err(SampleError::SpecMismatch);
-        }
+        // The batch may list the same fields in another order: pair them by key.
+        let map = batch
+            .columns_for(self.storage.spec())
+            .map_err(|_| SampleError::SpecMismatch)?;
         let mut scratch = std::mem::take(batch.scratch_mut());
         let result = self.draw(rng, n, &mut scratch).and_then(|()| {
             batch.reshape_for_sample(scratch.draws.len());
             let on_miss = self.on_miss(rng, &mut scratch.windows);
             let (columns, index, generation) = batch.parts_mut();
-            let mut dest = dest_for(self.storage.spec(), columns);
+            let mut dest = dest_for(self.storage.spec(), &map, columns);
             self.gather(&scratch.draws, self.sampler.want(), on_miss, &mut dest, generation, index)
         });
         *batch.scratch_mut() = scratch;
@@ -593,8 +615,9 @@ impl Inner {
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
         let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
         batch.reshape_for_sample(draws.len());
+        let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
         let (columns, index, generation) = batch.parts_mut();
-        let mut dest = dest_for(self.storage.spec(), columns);
+        let mut dest = dest_for(self.storage.spec(), &identity, columns);
         // A read by position waits for the row's writer, which is inside one extend.
         self.gather(draws, Want::AtLeast, OnMiss::Retry, &mut dest, generation, index)
             .expect("replaybuf internal error: a writer never finished its row");
@@ -633,17 +656,23 @@ impl Inner {
     }
 }
 
-/// The copy plan from rows of `spec` into the columns of a batch of `spec`.
-fn dest_for<'a>(spec: &Spec, columns: &'a mut [Column]) -> Dest<'a> {
+/// The copy plan from rows of `spec` into a batch's columns: field `i` of `spec` goes
+/// to column `map[i]` (see `Batch::columns_for`).
+fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]) -> Dest<'a> {
+    let mut columns: SmallVec<[Option<&'a mut Column>; 8]> = columns.iter_mut().map(Some).collect();
     Dest {
-        cols: columns
-            .iter_mut()
-            .zip(spec.fields())
-            .map(|(c, f)| DstCol {
-                data: c.as_bytes_mut(),
+        cols: spec
+            .fields()
+            .iter()
+            .zip(map)
+            .map(|(f, &i)| DstCol {
+                data: columns[i]
+                    .take()
+                    .expect("replaybuf internal error: a column mapped twice")
+                    .as_bytes_mut(),
                 bytes: f.bytes(),
                 offset: f.offset(),
             })
-            .collect::<SmallVec<_>>(),
+            .collect(),
     }
 }

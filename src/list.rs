@@ -303,11 +303,13 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         }
     }
 
-    /// Drops every stored value from view (their memory is freed as slots are reused).
+    /// Drops every stored value from view (their memory is freed as slots are reused),
+    /// and ends the sampler's epoch.
     pub fn empty(&self) {
         for s in self.inner.shards.iter() {
             s.empty();
         }
+        self.inner.sampler.reset();
     }
 }
 

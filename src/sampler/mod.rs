@@ -73,6 +73,14 @@ impl Engine {
         }
     }
 
+    /// Forgets the running state that refers to stored rows (after `empty`): the open
+    /// without-replacement epoch ends.
+    pub(crate) fn reset(&self) {
+        if let Engine::WithoutReplacement(epochs) = self {
+            epochs.close();
+        }
+    }
+
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {

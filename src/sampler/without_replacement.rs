@@ -149,6 +149,13 @@ impl Epochs {
         Ok(())
     }
 
+    /// Ends the open epoch, if any; the next sample starts a new one.
+    pub(super) fn close(&self) {
+        if let Some(epoch) = self.current.load() {
+            epoch.closed.store(true, Ordering::Release);
+        }
+    }
+
     /// Starts the next epoch over the live rows (unless another learner just did).
     fn start(&self, shards: &[Shard], windows: &[Window], n: u64) -> Result<Arc<Epoch>, SampleError> {
         let mut started = self.turnover.lock();

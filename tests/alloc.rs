@@ -1,0 +1,101 @@
+//! `sample_into` allocates nothing in steady state: a counting global allocator sees
+//! zero allocations across many samples into a reused batch, for a learner handle and
+//! for the buffer itself, with and without collectors writing meanwhile.
+#![allow(clippy::disallowed_types)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use replaybuf::{DType, ReplayBuffer, Spec, TypedBatch, TypedBuffer};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Only the test thread's allocations count (the test harness and collectors allocate
+/// on their own threads).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static COUNT_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) && COUNT_HERE.with(|c| c.get()) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's obligations are the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above, i.e. from `System`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by `f` on this thread.
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    COUNT_HERE.with(|c| c.set(true));
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
+    f();
+    COUNTING.store(false, Ordering::Relaxed);
+    COUNT_HERE.with(|c| c.set(false));
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("obs", DType::F32, [17])
+        .field("action", DType::F32, [6])
+        .field("reward", DType::F32, [1])
+        .field(("next", "obs"), DType::F32, [17])
+        .field("done", DType::Bool, [1])
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn sample_into_allocates_nothing_once_warm() {
+    // The counter itself works: one Vec is one allocation.
+    assert_eq!(allocations_in(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
+    let rb = ReplayBuffer::builder(spec()).capacity(10_000).shards(2).seed(1).build().unwrap();
+    let chunk = rb.batch([1000]);
+    for _ in 0..20 {
+        rb.extend(&chunk).unwrap();
+    }
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([256]);
+    learner.sample_into(&mut batch).unwrap();
+    rb.sample_into(&mut batch).unwrap();
+
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = rb.writer();
+        let (stop, chunk) = (&stop, &chunk);
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                writer.extend(chunk).unwrap();
+            }
+        });
+        let n = allocations_in(|| {
+            for _ in 0..2000 {
+                learner.sample_into(&mut batch).unwrap();
+                rb.sample_into(&mut batch).unwrap();
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(n, 0, "sample_into allocated {n} times");
+    });
+
+    let typed = TypedBuffer::<[u64; 8]>::builder().capacity(1000).seed(2).batch_size(64).build().unwrap();
+    typed.extend(&[[7u64; 8]; 500]).unwrap();
+    let mut out = TypedBatch::new();
+    typed.sample_into(&mut out).unwrap();
+    assert_eq!(allocations_in(|| (0..500).for_each(|_| typed.sample_into(&mut out).unwrap())), 0);
+}

@@ -1,0 +1,229 @@
+//! Stress: writers and learners hammer small buffers at once; every field of a row is
+//! derived from one counter, and every row a learner gets back must be whole.
+//!
+//! The rings are tiny, so writers lap readers constantly; there are more writer
+//! handles than shards, so writers share cursors and lap each other; some extends are
+//! longer than a shard; one test rewrites rows in place (`write_all`) meanwhile. Run
+//! longer with `REPLAYBUF_STRESS_MS=20000`; `scripts/sanitize` runs this file under
+//! ThreadSanitizer and AddressSanitizer.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, TypedBuffer, WithoutReplacement};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("obs", DType::F32, [7])
+        .field("tag", DType::U16, [3])
+        .field("flag", DType::Bool, [])
+        .field(("next", "bytes"), DType::U8, [37])
+        .field("neg", DType::I64, [])
+        .build()
+        .unwrap()
+}
+
+fn duration() -> Duration {
+    let ms = std::env::var("REPLAYBUF_STRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500);
+    Duration::from_millis(ms)
+}
+
+/// Fills `batch` with rows `ids`.
+fn fill(batch: &mut Batch, ids: &[u64]) {
+    batch.set("id", ids).unwrap();
+    let obs: Vec<f32> = ids.iter().flat_map(|&i| (0..7).map(move |k| (i * 7 + k) as f32)).collect();
+    batch.set("obs", &obs).unwrap();
+    let tag: Vec<u16> = ids.iter().flat_map(|&i| [i as u16, (i >> 16) as u16, (i >> 32) as u16]).collect();
+    batch.set("tag", &tag).unwrap();
+    let flag: Vec<bool> = ids.iter().map(|&i| i.count_ones() % 2 == 1).collect();
+    batch.set("flag", &flag).unwrap();
+    let bytes: Vec<u8> = ids.iter().flat_map(|&i| (0..37u64).map(move |k| (i.wrapping_mul(31) + k) as u8)).collect();
+    batch.set(("next", "bytes"), &bytes).unwrap();
+    let neg: Vec<i64> = ids.iter().map(|&i| -(i as i64)).collect();
+    batch.set("neg", &neg).unwrap();
+}
+
+/// Asserts every row of `batch` is one whole row; returns how many were checked.
+fn check(batch: &Batch) -> u64 {
+    let ids = batch.column::<u64>("id").unwrap();
+    let mut expected = Batch::zeros(batch.spec().clone(), [ids.len()]);
+    fill(&mut expected, ids);
+    for f in batch.spec().fields() {
+        let (got, want) = (batch.column_bytes(f.key()).unwrap(), expected.column_bytes(f.key()).unwrap());
+        if got != want {
+            let row = (0..ids.len())
+                .find(|&r| got[r * f.bytes()..(r + 1) * f.bytes()] != want[r * f.bytes()..(r + 1) * f.bytes()])
+                .unwrap();
+            panic!(
+                "torn row: index {} claims id {} but field `{}` belongs to another write",
+                batch.index()[row],
+                ids[row],
+                f.key()
+            );
+        }
+    }
+    ids.len() as u64
+}
+
+/// Runs `writers` collectors and `learners` learners on `rb` for the stress duration,
+/// with an optional in-place editor. Returns (rows written, rows checked).
+fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u64, u64) {
+    let stop = AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    let checked = AtomicU64::new(0);
+    let envs = rb.envs();
+    std::thread::scope(|s| {
+        for w in 0..writers as u64 {
+            let (writer, stop, written) = (rb.writer(), &stop, &written);
+            s.spawn(move || {
+                let width = writer.envs().map_or(1, |r| r.len());
+                let mut next = (w + 1) << 40;
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    // Mostly short extends; every 16th one is longer than a shard.
+                    let t = if round % 16 == 0 { 70 } else { (round % 9 + 1) as usize };
+                    let shape = if rb.ndim() == 1 { vec![t] } else { vec![t, width] };
+                    let mut batch = rb.batch(&shape);
+                    let ids: Vec<u64> = (next..next + batch.len() as u64).collect();
+                    next += ids.len() as u64;
+                    fill(&mut batch, &ids);
+                    writer.extend(&batch).unwrap();
+                    written.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+        for _ in 0..learners {
+            let (mut learner, stop, checked) = (rb.learner(), &stop, &checked);
+            s.spawn(move || {
+                let mut batch = rb.batch([16]);
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    let n = match round % 8 {
+                        0 => check(&rb.read_all_in_order(None)),
+                        1 => rb.get(round % rb.capacity() as u64).map_or(0, |b| check(&b)),
+                        _ => match learner.sample_into(&mut batch) {
+                            Ok(()) => check(&batch),
+                            Err(_) => 0,
+                        },
+                    };
+                    checked.fetch_add(n, Ordering::Relaxed);
+                }
+            });
+        }
+        if edit {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut next = 1u64 << 60;
+                while !stop.load(Ordering::Relaxed) {
+                    let n = (rb.len() / envs).min(8) * envs;
+                    let mut batch = rb.batch([n]);
+                    let ids: Vec<u64> = (next..next + n as u64).collect();
+                    next += n as u64;
+                    fill(&mut batch, &ids);
+                    // Positions that hold no row yet make this fail cleanly; fine.
+                    let _ = rb.write_all(&batch, None);
+                    std::thread::yield_now();
+                }
+            });
+        }
+        std::thread::sleep(duration());
+        stop.store(true, Ordering::Relaxed);
+    });
+    (written.into_inner(), checked.into_inner())
+}
+
+#[test]
+fn flat_rings_shared_by_more_writers_than_shards() {
+    let rb = ReplayBuffer::builder(spec()).capacity(64).shards(2).seed(1).build().unwrap();
+    let (written, checked) = hammer(&rb, 3, 2, false);
+    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    assert_eq!(rb.write_count(), written);
+    check(&rb.read_all_in_order(None));
+}
+
+#[test]
+fn in_place_rewrites_racing_appends() {
+    let rb = ReplayBuffer::builder(spec()).capacity(32).seed(2).build().unwrap();
+    let (written, checked) = hammer(&rb, 2, 2, true);
+    assert!(written > 100 && checked > 100, "too little happened: {written} written, {checked} checked");
+    check(&rb.read_all_in_order(None));
+}
+
+#[test]
+fn multi_env_columns() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(8 * 6)
+        .ndim(2)
+        .envs(6)
+        .dim_extend(0)
+        .shards(2)
+        .seed(3)
+        .build()
+        .unwrap();
+    let (written, checked) = hammer(&rb, 2, 2, false);
+    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    check(&rb.read_all_in_order(None));
+}
+
+#[test]
+fn epochs_shared_by_learners() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(48)
+        .sampler(WithoutReplacement::new())
+        .seed(4)
+        .build()
+        .unwrap();
+    let (written, checked) = hammer(&rb, 1, 3, false);
+    assert!(written > 100 && checked > 100, "too little happened: {written} written, {checked} checked");
+}
+
+#[test]
+fn typed_rows() {
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Row {
+        id: u64,
+        square: u64,
+        bytes: [u8; 24],
+    }
+    let row = |id: u64| Row { id, square: id.wrapping_mul(id), bytes: [id as u8; 24] };
+    let rb = TypedBuffer::<Row>::builder().capacity(32).shards(2).seed(5).build().unwrap();
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let checked = std::thread::scope(|s| {
+        for w in 0..2u64 {
+            let (rb, stop) = (&rb, &stop);
+            s.spawn(move || {
+                let mut id = w << 40;
+                while !stop.load(Ordering::Relaxed) {
+                    let rows: Vec<Row> = (0..7).map(|k| row(id + k)).collect();
+                    rb.extend(&rows).unwrap();
+                    id += 7;
+                }
+            });
+        }
+        let reader = s.spawn(|| {
+            let mut n = 0u64;
+            while start.elapsed() < duration() {
+                if let Ok(batch) = rb.sample(8) {
+                    for r in batch.rows() {
+                        assert_eq!(*r, row(r.id), "torn typed row");
+                    }
+                    n += batch.len() as u64;
+                }
+            }
+            n
+        });
+        let n = reader.join();
+        stop.store(true, Ordering::Relaxed);
+        n.expect("the reader saw only whole rows")
+    });
+    assert!(checked > 1000);
+}
