@@ -1,1 +1,84 @@
-fn main() {}
+//! Sample of 256 rows from a full 200,000-row mujoco buffer: the lock-free
+//! `Learner::sample_into` beside a `Mutex`-guarded row-major ring read with plain
+//! copies into columns, alone and while a background thread extends 1,000-row chunks
+//! in a loop.
+
+// The loom-facade rule of .clippy.toml is for the library, not its benches.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use common::{Columns, LockedRing, SAMPLE_ROWS, SEED};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rand::SeedableRng;
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+fn sample(c: &mut Criterion) {
+    let spec = common::mujoco_spec();
+    let (rb, chunk) = common::lock_free_buffer(spec.clone());
+    let columns = Columns::from_batch(&chunk);
+    let ring = LockedRing::filled(&spec, &columns);
+    let writer = rb.writer();
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([SAMPLE_ROWS]);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(SEED);
+    let mut out = Columns::zeros(&spec, SAMPLE_ROWS);
+
+    let mut group = c.benchmark_group("sample_256_rows");
+    group
+        .throughput(Throughput::Elements(SAMPLE_ROWS as u64))
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+
+    group.bench_function("lock_free/alone", |b| {
+        b.iter(|| {
+            learner.sample_into(&mut batch).expect("sample");
+            black_box(&mut batch);
+        });
+    });
+    group.bench_function("locked/alone", |b| {
+        b.iter(|| {
+            ring.lock()
+                .expect("not poisoned")
+                .sample_into(&mut rng, &mut out);
+            black_box(&mut out);
+        });
+    });
+
+    group.bench_function("lock_free/background_writer", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || {
+                    black_box(writer.extend(&chunk).expect("extend"));
+                },
+                || {
+                    learner.sample_into(&mut batch).expect("sample");
+                    black_box(&mut batch);
+                },
+            )
+        });
+    });
+    group.bench_function("locked/background_writer", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || ring.lock().expect("not poisoned").extend(&columns),
+                || {
+                    ring.lock()
+                        .expect("not poisoned")
+                        .sample_into(&mut rng, &mut out);
+                    black_box(&mut out);
+                },
+            )
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sample);
+criterion_main!(benches);

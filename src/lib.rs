@@ -72,6 +72,8 @@ pub use writer::{WritePolicy, Writer, Written};
 #[doc(hidden)]
 pub mod internals {
     pub use crate::storage::atomic_copy::{load, store};
+    /// The atomic word of the crate's regions (`std`'s, or loom's under loom).
+    pub use crate::sync::AtomicU64;
     /// The slot protocol of `storage/stamp.rs`.
     pub mod stamp {
         pub use crate::storage::stamp::{

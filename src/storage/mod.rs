@@ -162,12 +162,15 @@ impl Storage {
         first
     }
 
+    /// Prefetches every cache line the slot overlaps (at most [`PREFETCH_LINES`]): a
+    /// 176-byte slot starting 48 bytes into a line spans four.
     #[inline]
     fn prefetch_slot(&self, slot: u64, intent: Intent) {
         let start = slot as usize * self.slot_bytes;
-        let lines = self.slot_bytes.div_ceil(LINE_BYTES).min(PREFETCH_LINES);
-        for line in 0..lines {
-            atomic_copy::prefetch(self.words(), start + line * LINE_BYTES, intent);
+        let first = start / LINE_BYTES;
+        let last = (start + self.slot_bytes - 1) / LINE_BYTES;
+        for line in (first..=last).take(PREFETCH_LINES) {
+            atomic_copy::prefetch(self.words(), line * LINE_BYTES, intent);
         }
     }
 
