@@ -7,10 +7,10 @@
 use std::sync::Arc;
 
 use crate::dtype::{DType, Element};
-use crate::storage::shard::Window;
-use crate::storage::Draw;
 use crate::error::DataError;
 use crate::spec::{Field, KeyLike, Spec};
+use crate::storage::shard::Window;
+use crate::storage::Draw;
 
 /// One field's values for every row of a batch, 8-byte aligned so that any element
 /// type can be viewed in place.
@@ -176,10 +176,7 @@ impl Batch {
     }
 
     /// The column of `key` as a mutable typed slice.
-    pub fn column_mut<T: Element>(
-        &mut self,
-        key: impl KeyLike,
-    ) -> Result<&mut [T], DataError> {
+    pub fn column_mut<T: Element>(&mut self, key: impl KeyLike) -> Result<&mut [T], DataError> {
         let (i, field) = self.find(key)?;
         Self::typed::<T>(field)?;
         let key = field.key().clone();
@@ -208,11 +205,7 @@ impl Batch {
     }
 
     /// Copies `values` into the column of `key`; they must fill it exactly.
-    pub fn set<T: Element>(
-        &mut self,
-        key: impl KeyLike,
-        values: &[T],
-    ) -> Result<(), DataError> {
+    pub fn set<T: Element>(&mut self, key: impl KeyLike, values: &[T]) -> Result<(), DataError> {
         let (i, field) = self.find(key)?;
         Self::typed::<T>(field)?;
         let expected = self.len() * field.elements();
@@ -269,7 +262,10 @@ impl Batch {
 
     /// Checks that this batch can be written to a storage of `spec`, and returns, for
     /// each field of `spec`, the column of this batch that holds it.
-    pub(crate) fn columns_for(&self, spec: &Spec) -> Result<smallvec::SmallVec<[usize; 8]>, DataError> {
+    pub(crate) fn columns_for(
+        &self,
+        spec: &Spec,
+    ) -> Result<smallvec::SmallVec<[usize; 8]>, DataError> {
         if std::ptr::eq(&*self.spec, spec) {
             return Ok((0..spec.fields().len()).collect());
         }
@@ -278,7 +274,9 @@ impl Batch {
             let (i, mine) = self
                 .spec
                 .field(f.key())
-                .ok_or_else(|| DataError::MissingField { key: f.key().clone() })?;
+                .ok_or_else(|| DataError::MissingField {
+                    key: f.key().clone(),
+                })?;
             if mine.dtype() != f.dtype() {
                 return Err(DataError::DType {
                     key: f.key().clone(),

@@ -306,7 +306,10 @@ impl ReplayBuffer {
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
         let k = self.inner.learners.fetch_add(1, Ordering::Relaxed);
-        Learner::new(self.clone(), rng::stream(self.inner.seed, rng::Stream::Learner(k)))
+        Learner::new(
+            self.clone(),
+            rng::stream(self.inner.seed, rng::Stream::Learner(k)),
+        )
     }
 
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
@@ -362,7 +365,8 @@ impl ReplayBuffer {
     /// Samples `n` rows into a new batch, with their `index` and `generations`.
     pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.batch([0]);
-        self.inner.sample_into(&mut self.call_rng(), n, &mut batch)?;
+        self.inner
+            .sample_into(&mut self.call_rng(), n, &mut batch)?;
         Ok(batch)
     }
 
@@ -393,7 +397,11 @@ impl ReplayBuffer {
             if index >= capacity {
                 return Err(AccessError::OutOfRange { index, capacity });
             }
-            draws.push(storage.draw_at(index).ok_or(AccessError::NotWritten { index })?);
+            draws.push(
+                storage
+                    .draw_at(index)
+                    .ok_or(AccessError::NotWritten { index })?,
+            );
         }
         Ok(self.inner.read_positions(&draws))
     }
@@ -492,8 +500,14 @@ impl Inner {
                     None => envs,
                 };
                 let (expected, dims) = match self.dim_extend {
-                    0 => ("[t, envs] (dim_extend 0), envs of the storage or the writer's group", [1, 0]),
-                    _ => ("[envs, t] (dim_extend 1), envs of the storage or the writer's group", [0, 1]),
+                    0 => (
+                        "[t, envs] (dim_extend 0), envs of the storage or the writer's group",
+                        [1, 0],
+                    ),
+                    _ => (
+                        "[envs, t] (dim_extend 1), envs of the storage or the writer's group",
+                        [0, 1],
+                    ),
                 };
                 match shape {
                     [a, b] if [*a, *b][dims[0]] as u64 == want => {
@@ -518,7 +532,11 @@ impl Inner {
 
     /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns its
     /// steps and copy plan.
-    fn prepare<'a>(&self, shard: Option<usize>, batch: &'a Batch) -> Result<(u64, Source<'a>), DataError> {
+    fn prepare<'a>(
+        &self,
+        shard: Option<usize>,
+        batch: &'a Batch,
+    ) -> Result<(u64, Source<'a>), DataError> {
         let (steps, order) = self.extent(shard, batch)?;
         Ok((steps, self.source(batch, order)?))
     }
@@ -544,7 +562,12 @@ impl Inner {
         written
     }
 
-    pub(crate) fn sample_into(&self, rng: &mut Rng, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
+    pub(crate) fn sample_into(
+        &self,
+        rng: &mut Rng,
+        n: usize,
+        batch: &mut Batch,
+    ) -> Result<(), SampleError> {
         // The batch may list the same fields in another order: pair them by key.
         let map = batch
             .columns_for(self.storage.spec())
@@ -555,14 +578,26 @@ impl Inner {
             let on_miss = self.on_miss(rng, &mut scratch.windows);
             let (columns, index, generation) = batch.parts_mut();
             let mut dest = dest_for(self.storage.spec(), &map, columns);
-            self.gather(&scratch.draws, self.sampler.want(), on_miss, &mut dest, generation, index)
+            self.gather(
+                &scratch.draws,
+                self.sampler.want(),
+                on_miss,
+                &mut dest,
+                generation,
+                index,
+            )
         });
         *batch.scratch_mut() = scratch;
         result
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
-    pub(crate) fn draw(&self, rng: &mut Rng, n: usize, scratch: &mut Scratch) -> Result<(), SampleError> {
+    pub(crate) fn draw(
+        &self,
+        rng: &mut Rng,
+        n: usize,
+        scratch: &mut Scratch,
+    ) -> Result<(), SampleError> {
         self.storage.windows(&mut scratch.windows);
         self.sampler.draw(
             self.storage.shards(),
@@ -574,7 +609,11 @@ impl Inner {
     }
 
     /// What a sampled read does when its row is gone or busy.
-    pub(crate) fn on_miss<'a>(&self, rng: &'a mut Rng, windows: &'a mut Vec<crate::storage::shard::Window>) -> OnMiss<'a> {
+    pub(crate) fn on_miss<'a>(
+        &self,
+        rng: &'a mut Rng,
+        windows: &'a mut Vec<crate::storage::shard::Window>,
+    ) -> OnMiss<'a> {
         if self.sampler.redraws() {
             OnMiss::Redraw(rng, windows)
         } else {
@@ -604,7 +643,9 @@ impl Inner {
                 if let Some(&ahead) = draws.get(k + SAMPLE_AHEAD_DRAWS) {
                     storage.prefetch(ahead);
                 }
-                storage.read(d, want, dest, k).map(|(s, i)| (s.generation(), i))
+                storage
+                    .read(d, want, dest, k)
+                    .map(|(s, i)| (s.generation(), i))
             },
             generation,
             index,
@@ -619,8 +660,15 @@ impl Inner {
         let (columns, index, generation) = batch.parts_mut();
         let mut dest = dest_for(self.storage.spec(), &identity, columns);
         // A read by position waits for the row's writer, which is inside one extend.
-        self.gather(draws, Want::AtLeast, OnMiss::Retry, &mut dest, generation, index)
-            .expect("replaybuf internal error: a writer never finished its row");
+        self.gather(
+            draws,
+            Want::AtLeast,
+            OnMiss::Retry,
+            &mut dest,
+            generation,
+            index,
+        )
+        .expect("replaybuf internal error: a writer never finished its row");
         drop(dest);
         batch
     }
@@ -645,7 +693,11 @@ impl Inner {
         }
         let src = self.source(data, RowOrder::Flat)?;
         let draws = (0..end)
-            .map(|i| storage.draw_at(i).ok_or(AccessError::NotWritten { index: i }))
+            .map(|i| {
+                storage
+                    .draw_at(i)
+                    .ok_or(AccessError::NotWritten { index: i })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let _guards: Vec<_> = storage.shards().iter().map(|s| s.enter_edit()).collect();
         for (i, d) in draws.into_iter().enumerate() {

@@ -27,7 +27,9 @@ impl Learner {
     /// Samples `n` rows into a new batch.
     pub fn sample(&mut self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.buffer.batch([0]);
-        self.buffer.inner.sample_into(&mut self.rng, n, &mut batch)?;
+        self.buffer
+            .inner
+            .sample_into(&mut self.rng, n, &mut batch)?;
         Ok(batch)
     }
 

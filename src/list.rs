@@ -8,19 +8,17 @@
 //! appenders' predecessor order are the row storage's; only the slot differs. Slower
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
 
-
-
 use crossbeam_utils::CachePadded;
 
 use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
 use crate::storage::geometry::Geometry;
+use crate::storage::plan::RowOrder;
 use crate::storage::shard::{self, Shard, Window};
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
-use crate::storage::plan::RowOrder;
 use crate::writer::Written;
 use crate::MAX_SHARDS;
 
@@ -189,7 +187,11 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
 
     /// Values stored now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.window().steps()).sum::<u64>() as usize
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.window().steps())
+            .sum::<u64>() as usize
     }
 
     /// Whether no value is stored.
@@ -221,7 +223,8 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let steps = values.len() as u64;
         let first = shard.claim(steps);
         let skip = steps.saturating_sub(ring.steps) as usize;
-        for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip)) {
+        for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip))
+        {
             let slot = &inner.slots[ring.slot(step.pos, 0) as usize];
             // Wait for the slot's previous value, as the row storage's appenders do, so
             // that a writer that lapped a slower one never has its value replaced by
@@ -272,7 +275,10 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             &mut index,
         )?;
         Ok(ListBatch {
-            items: items.into_iter().map(|v| v.expect("every draw was read")).collect(),
+            items: items
+                .into_iter()
+                .map(|v| v.expect("every draw was read"))
+                .collect(),
             index,
             generation,
         })

@@ -9,7 +9,11 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "replaybuf", version, about = "A lock-free replay buffer: demonstration and benchmarks")]
+#[command(
+    name = "replaybuf",
+    version,
+    about = "A lock-free replay buffer: demonstration and benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

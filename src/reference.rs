@@ -150,7 +150,12 @@ impl ReferenceBuffer {
 
     /// Appends `steps` steps to shard `k`; `row(j, lane)` gives each row. Returns the
     /// storage index of each (step, lane), step-major.
-    pub fn append(&mut self, k: usize, steps: usize, mut row: impl FnMut(usize, usize) -> Vec<u8>) -> Vec<u64> {
+    pub fn append(
+        &mut self,
+        k: usize,
+        steps: usize,
+        mut row: impl FnMut(usize, usize) -> Vec<u8>,
+    ) -> Vec<u64> {
         let mut at = Vec::new();
         let (ring, width) = (self.shards[k].steps, self.shards[k].width);
         for j in 0..steps as u64 {
@@ -234,14 +239,20 @@ impl ReferenceBuffer {
     /// The live rows among the first `end` positions, in storage order.
     pub fn read_all_in_order(&self, end: Option<usize>) -> Vec<(u64, &[u8])> {
         let end = end.unwrap_or(usize::MAX) as u64;
-        self.live_rows().into_iter().filter(|&(i, _)| i < end).collect()
+        self.live_rows()
+            .into_iter()
+            .filter(|&(i, _)| i < end)
+            .collect()
     }
 
     /// Rewrites positions `0..end` with rows of `batch`; `false` (and nothing written)
     /// if a position holds no live row or `batch` is too short.
     pub fn write_all(&mut self, batch: &Batch, end: Option<usize>) -> bool {
         let end = end.unwrap_or(batch.len());
-        if end > batch.len() || end > self.capacity() || (0..end as u64).any(|i| self.get(i).is_none()) {
+        if end > batch.len()
+            || end > self.capacity()
+            || (0..end as u64).any(|i| self.get(i).is_none())
+        {
             return false;
         }
         for i in 0..end {

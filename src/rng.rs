@@ -34,5 +34,7 @@ pub(crate) fn stream(seed: u64, stream: Stream) -> Rng {
         Stream::Learner(n) => (2, n),
         Stream::Epoch(n) => (3, n),
     };
-    Rng::seed_from_u64(mix(seed ^ mix(space.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ mix(n))))
+    Rng::seed_from_u64(mix(
+        seed ^ mix(space.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ mix(n))
+    ))
 }

@@ -237,7 +237,10 @@ impl Spec {
 
     /// The field `key` names, with its position in [`Spec::fields`].
     pub fn field<K: KeyLike + ?Sized>(&self, key: &K) -> Option<(usize, &Field)> {
-        self.fields.iter().enumerate().find(|(_, f)| key.names(&f.key))
+        self.fields
+            .iter()
+            .enumerate()
+            .find(|(_, f)| key.names(&f.key))
     }
 
     /// Bytes of one transition's values, without padding.
@@ -269,12 +272,7 @@ pub struct SpecBuilder {
 
 impl SpecBuilder {
     /// Adds a field. `shape` is the shape of one transition's value; `[]` is a scalar.
-    pub fn field(
-        mut self,
-        key: impl Into<Key>,
-        dtype: DType,
-        shape: impl AsRef<[usize]>,
-    ) -> Self {
+    pub fn field(mut self, key: impl Into<Key>, dtype: DType, shape: impl AsRef<[usize]>) -> Self {
         self.fields
             .push((key.into(), dtype, shape.as_ref().to_vec()));
         self
@@ -309,7 +307,10 @@ impl SpecBuilder {
             let elements = shape
                 .iter()
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                .filter(|&n| n.checked_mul(dtype.size()).is_some_and(|b| b <= MAX_ROW_BYTES))
+                .filter(|&n| {
+                    n.checked_mul(dtype.size())
+                        .is_some_and(|b| b <= MAX_ROW_BYTES)
+                })
                 .ok_or_else(|| SpecError::RowTooLarge { key: key.clone() })?;
             fields.push(Field {
                 key,

@@ -168,7 +168,9 @@ mod imp {
         }
 
         pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
-            self.0.lock().expect("a replaybuf lock was poisoned by a panic")
+            self.0
+                .lock()
+                .expect("a replaybuf lock was poisoned by a panic")
         }
     }
 
@@ -209,8 +211,8 @@ mod imp {
     }
 }
 
-pub(crate) use imp::*;
 pub use imp::AtomicU64;
+pub(crate) use imp::*;
 
 /// Waits with bounded politeness: spins a few times, then yields to the scheduler.
 ///

@@ -67,7 +67,11 @@ impl Written {
 
     /// The ring, sequence number and lane of batch row `row`.
     fn locate(&self, row: usize) -> (Ring, u64, u64) {
-        assert!(row < self.len(), "row {row} of an extend of {} rows", self.len());
+        assert!(
+            row < self.len(),
+            "row {row} of an extend of {} rows",
+            self.len()
+        );
         let row = row as u64;
         let (step, env) = match self.order {
             RowOrder::Flat => (row, 0),

@@ -63,8 +63,16 @@ fn spec() -> Spec {
 #[test]
 fn sample_into_allocates_nothing_once_warm() {
     // The counter itself works: one Vec is one allocation.
-    assert_eq!(allocations_in(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
-    let rb = ReplayBuffer::builder(spec()).capacity(10_000).shards(2).seed(1).build().unwrap();
+    assert_eq!(
+        allocations_in(|| drop(std::hint::black_box(vec![1u8; 64]))),
+        1
+    );
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(10_000)
+        .shards(2)
+        .seed(1)
+        .build()
+        .unwrap();
     let chunk = rb.batch([1000]);
     for _ in 0..20 {
         rb.extend(&chunk).unwrap();
@@ -93,9 +101,17 @@ fn sample_into_allocates_nothing_once_warm() {
         assert_eq!(n, 0, "sample_into allocated {n} times");
     });
 
-    let typed = TypedBuffer::<[u64; 8]>::builder().capacity(1000).seed(2).batch_size(64).build().unwrap();
+    let typed = TypedBuffer::<[u64; 8]>::builder()
+        .capacity(1000)
+        .seed(2)
+        .batch_size(64)
+        .build()
+        .unwrap();
     typed.extend(&[[7u64; 8]; 500]).unwrap();
     let mut out = TypedBatch::new();
     typed.sample_into(&mut out).unwrap();
-    assert_eq!(allocations_in(|| (0..500).for_each(|_| typed.sample_into(&mut out).unwrap())), 0);
+    assert_eq!(
+        allocations_in(|| (0..500).for_each(|_| typed.sample_into(&mut out).unwrap())),
+        0
+    );
 }

@@ -3,8 +3,8 @@
 //! samplers' contracts, determinism under a seed, and the typed and list faces.
 
 use replaybuf::{
-    AccessError, Batch, DType, DataError, Key, ListBuffer, ReplayBuffer, SampleError, Spec, SpecError,
-    TypedBuffer, Uniform, WithoutReplacement,
+    AccessError, Batch, DType, DataError, Key, ListBuffer, ReplayBuffer, SampleError, Spec,
+    SpecError, TypedBuffer, Uniform, WithoutReplacement,
 };
 
 fn spec() -> Spec {
@@ -17,14 +17,21 @@ fn spec() -> Spec {
 }
 
 fn buffer(capacity: usize) -> ReplayBuffer {
-    ReplayBuffer::builder(spec()).capacity(capacity).seed(1).build().unwrap()
+    ReplayBuffer::builder(spec())
+        .capacity(capacity)
+        .seed(1)
+        .build()
+        .unwrap()
 }
 
 /// A batch of `shape` with ids `first..`.
 fn rows(rb: &ReplayBuffer, shape: &[usize], first: i64) -> Batch {
     let mut b = rb.batch(shape);
     let ids: Vec<i64> = (first..first + b.len() as i64).collect();
-    let obs: Vec<f32> = ids.iter().flat_map(|&i| [i as f32, 2.0 * i as f32]).collect();
+    let obs: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| [i as f32, 2.0 * i as f32])
+        .collect();
     b.set("id", &ids).unwrap();
     b.set("obs", &obs).unwrap();
     b
@@ -52,7 +59,10 @@ fn build_errors_name_the_problem() {
     assert!(err(ReplayBuffer::builder(spec())).is_zero_capacity());
     assert!(err(base().capacity(0)).is_zero_capacity());
     assert!(err(base().shards(3)).is_bad_shards());
-    assert!(err(base().shards(16)).is_bad_shards(), "more shards than slots");
+    assert!(
+        err(base().shards(16)).is_bad_shards(),
+        "more shards than slots"
+    );
     assert!(err(base().shards(0)).is_bad_shards());
     let messages = [
         err(base().ndim(3)).to_string(),
@@ -75,8 +85,13 @@ fn build_errors_name_the_problem() {
         assert!(m.contains(want), "`{m}` should say `{want}`");
     }
     assert_eq!(
-        Spec::builder().field("a", DType::U8, [1]).field("a", DType::U8, [1]).build(),
-        Err(SpecError::DuplicateKey { key: Key::from("a") })
+        Spec::builder()
+            .field("a", DType::U8, [1])
+            .field("a", DType::U8, [1])
+            .build(),
+        Err(SpecError::DuplicateKey {
+            key: Key::from("a")
+        })
     );
 }
 
@@ -87,8 +102,17 @@ fn bad_data_is_refused_and_changes_nothing() {
     let before = rb.read_all_in_order(None);
 
     let other = |s: Spec| Batch::zeros(s, [2]);
-    let missing = other(Spec::builder().field("obs", DType::F32, [2]).field("id", DType::I64, []).build().unwrap());
-    assert_eq!(rb.extend(&missing).unwrap_err(), DataError::MissingField { key: "done".into() });
+    let missing = other(
+        Spec::builder()
+            .field("obs", DType::F32, [2])
+            .field("id", DType::I64, [])
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(
+        rb.extend(&missing).unwrap_err(),
+        DataError::MissingField { key: "done".into() }
+    );
     let wrong_dtype = other(
         Spec::builder()
             .field("obs", DType::F64, [2])
@@ -97,7 +121,14 @@ fn bad_data_is_refused_and_changes_nothing() {
             .build()
             .unwrap(),
     );
-    assert!(matches!(rb.extend(&wrong_dtype), Err(DataError::DType { expected: DType::F32, found: DType::F64, .. })));
+    assert!(matches!(
+        rb.extend(&wrong_dtype),
+        Err(DataError::DType {
+            expected: DType::F32,
+            found: DType::F64,
+            ..
+        })
+    ));
     let wrong_shape = other(
         Spec::builder()
             .field("obs", DType::F32, [3])
@@ -106,7 +137,10 @@ fn bad_data_is_refused_and_changes_nothing() {
             .build()
             .unwrap(),
     );
-    assert!(matches!(rb.extend(&wrong_shape), Err(DataError::FieldShape { .. })));
+    assert!(matches!(
+        rb.extend(&wrong_shape),
+        Err(DataError::FieldShape { .. })
+    ));
     let extra = other(
         Spec::builder()
             .field("obs", DType::F32, [2])
@@ -116,14 +150,36 @@ fn bad_data_is_refused_and_changes_nothing() {
             .build()
             .unwrap(),
     );
-    assert_eq!(rb.extend(&extra).unwrap_err(), DataError::UnknownField { key: "x".into() });
-    assert!(matches!(rb.extend(&rb.batch([2, 2])), Err(DataError::BatchShape { .. })));
-    assert!(matches!(rb.add(&rb.batch([2])), Err(DataError::BatchShape { .. })));
+    assert_eq!(
+        rb.extend(&extra).unwrap_err(),
+        DataError::UnknownField { key: "x".into() }
+    );
+    assert!(matches!(
+        rb.extend(&rb.batch([2, 2])),
+        Err(DataError::BatchShape { .. })
+    ));
+    assert!(matches!(
+        rb.add(&rb.batch([2])),
+        Err(DataError::BatchShape { .. })
+    ));
 
     let mut b = rb.batch([2]);
-    assert!(matches!(b.set("id", &[1i64]), Err(DataError::Length { expected: 2, found: 1, .. })));
-    assert!(matches!(b.column::<f32>("id"), Err(DataError::DType { .. })));
-    assert!(matches!(b.column::<f32>("nope"), Err(DataError::UnknownField { .. })));
+    assert!(matches!(
+        b.set("id", &[1i64]),
+        Err(DataError::Length {
+            expected: 2,
+            found: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.column::<f32>("id"),
+        Err(DataError::DType { .. })
+    ));
+    assert!(matches!(
+        b.column::<f32>("nope"),
+        Err(DataError::UnknownField { .. })
+    ));
 
     assert_eq!(rb.len(), 3);
     assert_eq!(rb.write_count(), 3);
@@ -132,7 +188,12 @@ fn bad_data_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_rejected_extend_does_not_take_a_shard_turn() {
-    let rb = ReplayBuffer::builder(spec()).capacity(8).shards(2).seed(1).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(8)
+        .shards(2)
+        .seed(1)
+        .build()
+        .unwrap();
     assert!(rb.extend(&rb.batch([2, 2])).is_err());
     // The first accepted extend still goes to shard 0, which starts at index 0.
     assert_eq!(rb.extend(&rows(&rb, &[1], 0)).unwrap().to_vec(), [0]);
@@ -145,10 +206,19 @@ fn sample_errors() {
     assert_eq!(rb.sample(4).unwrap_err(), SampleError::Empty);
     assert_eq!(rb.sample_default().unwrap_err(), SampleError::NoBatchSize);
     let mut empty = rb.batch([0]);
-    assert_eq!(rb.sample_into(&mut empty).unwrap_err(), SampleError::NoBatchSize);
-    let other = Batch::zeros(Spec::builder().field("x", DType::U8, []).build().unwrap(), [2]);
+    assert_eq!(
+        rb.sample_into(&mut empty).unwrap_err(),
+        SampleError::NoBatchSize
+    );
+    let other = Batch::zeros(
+        Spec::builder().field("x", DType::U8, []).build().unwrap(),
+        [2],
+    );
     rb.extend(&rows(&rb, &[2], 0)).unwrap();
-    assert_eq!(rb.sample_into(&mut other.clone()).unwrap_err(), SampleError::SpecMismatch);
+    assert_eq!(
+        rb.sample_into(&mut other.clone()).unwrap_err(),
+        SampleError::SpecMismatch
+    );
     assert_eq!(rb.sample(0).unwrap().len(), 0);
 
     let wor = ReplayBuffer::builder(spec())
@@ -158,7 +228,13 @@ fn sample_errors() {
         .unwrap();
     assert_eq!(wor.sample(1).unwrap_err(), SampleError::Empty);
     wor.extend(&rows(&wor, &[3], 0)).unwrap();
-    assert_eq!(wor.sample(4).unwrap_err(), SampleError::NotEnough { requested: 4, available: 3 });
+    assert_eq!(
+        wor.sample(4).unwrap_err(),
+        SampleError::NotEnough {
+            requested: 4,
+            available: 3
+        }
+    );
 }
 
 #[test]
@@ -173,7 +249,12 @@ fn sample_into_a_batch_with_the_fields_in_another_order() {
         .unwrap();
     let mut batch = Batch::zeros(reordered, [3]);
     rb.sample_into(&mut batch).unwrap();
-    for (&id, obs) in batch.column::<i64>("id").unwrap().iter().zip(batch.column::<f32>("obs").unwrap().chunks(2)) {
+    for (&id, obs) in batch
+        .column::<i64>("id")
+        .unwrap()
+        .iter()
+        .zip(batch.column::<f32>("obs").unwrap().chunks(2))
+    {
         assert_eq!(obs, [id as f32, 2.0 * id as f32]);
     }
     // And an extend from it lands field by field.
@@ -184,16 +265,31 @@ fn sample_into_a_batch_with_the_fields_in_another_order() {
 fn index_errors_and_in_place_writes() {
     let rb = buffer(4);
     rb.extend(&rows(&rb, &[2], 0)).unwrap();
-    assert_eq!(rb.get(4).unwrap_err(), AccessError::OutOfRange { index: 4, capacity: 4 });
+    assert_eq!(
+        rb.get(4).unwrap_err(),
+        AccessError::OutOfRange {
+            index: 4,
+            capacity: 4
+        }
+    );
     assert_eq!(rb.get(2).unwrap_err(), AccessError::NotWritten { index: 2 });
-    assert_eq!(rb.get_many(&[1, 3]).unwrap_err(), AccessError::NotWritten { index: 3 });
+    assert_eq!(
+        rb.get_many(&[1, 3]).unwrap_err(),
+        AccessError::NotWritten { index: 3 }
+    );
     assert_eq!(ids(&rb.get_many(&[1, 0, 1]).unwrap()), [1, 0, 1]);
 
     // write_all over positions that hold no row is refused, and writes nothing.
     let new = rows(&rb, &[3], 100);
-    assert_eq!(rb.write_all(&new, None).unwrap_err(), AccessError::NotWritten { index: 2 });
+    assert_eq!(
+        rb.write_all(&new, None).unwrap_err(),
+        AccessError::NotWritten { index: 2 }
+    );
     assert_eq!(ids(&rb.read_all_in_order(None)), [0, 1]);
-    assert!(matches!(rb.write_all(&new, Some(5)), Err(AccessError::Data(DataError::BatchShape { .. }))));
+    assert!(matches!(
+        rb.write_all(&new, Some(5)),
+        Err(AccessError::Data(DataError::BatchShape { .. }))
+    ));
     rb.write_all(&new, Some(2)).unwrap();
     assert_eq!(ids(&rb.read_all_in_order(None)), [100, 101]);
     assert_eq!(ids(&rb.read_all_in_order(Some(1))), [100]);
@@ -204,11 +300,19 @@ fn index_errors_and_in_place_writes() {
 fn fifo_eviction_and_emptying() {
     let rb = buffer(4);
     let w = rb.extend(&rows(&rb, &[6], 0)).unwrap();
-    assert_eq!(w.to_vec(), [0, 1, 2, 3, 0, 1], "an extend longer than the ring wraps");
+    assert_eq!(
+        w.to_vec(),
+        [0, 1, 2, 3, 0, 1],
+        "an extend longer than the ring wraps"
+    );
     assert_eq!(ids(&rb.read_all_in_order(None)), [4, 5, 2, 3]);
     assert_eq!((rb.len(), rb.write_count()), (4, 6));
     rb.extend(&rows(&rb, &[1], 6)).unwrap();
-    assert_eq!(ids(&rb.read_all_in_order(None)), [4, 5, 6, 3], "the oldest row goes first");
+    assert_eq!(
+        ids(&rb.read_all_in_order(None)),
+        [4, 5, 6, 3],
+        "the oldest row goes first"
+    );
 
     rb.empty();
     assert!(rb.is_empty());
@@ -217,7 +321,11 @@ fn fifo_eviction_and_emptying() {
     assert_eq!(rb.get(0).unwrap_err(), AccessError::NotWritten { index: 0 });
     rb.extend(&rows(&rb, &[1], 7)).unwrap();
     assert_eq!(ids(&rb.read_all_in_order(None)), [7]);
-    assert_eq!(rb.read_all_in_order(None).index(), [3], "the ring goes on from its cursor");
+    assert_eq!(
+        rb.read_all_in_order(None).index(),
+        [3],
+        "the ring goes on from its cursor"
+    );
 }
 
 #[test]
@@ -231,7 +339,11 @@ fn emptying_ends_an_epoch() {
     rb.extend(&rows(&rb, &[4], 0)).unwrap();
     rb.sample(1).unwrap();
     rb.empty();
-    assert_eq!(rb.sample(2).unwrap_err(), SampleError::Empty, "no dropped row comes back");
+    assert_eq!(
+        rb.sample(2).unwrap_err(),
+        SampleError::Empty,
+        "no dropped row comes back"
+    );
     rb.extend(&rows(&rb, &[2], 10)).unwrap();
     let mut seen = ids(&rb.sample(2).unwrap());
     seen.sort_unstable();
@@ -248,9 +360,17 @@ fn epochs_end_clearly_and_restart() {
     rb.extend(&rows(&rb, &[5], 0)).unwrap();
     assert_eq!(ids(&rb.sample(2).unwrap()), [0, 1]);
     assert_eq!(ids(&rb.sample(2).unwrap()), [2, 3]);
-    assert_eq!(ids(&rb.sample(2).unwrap()), [4], "the last batch is short without drop_last");
+    assert_eq!(
+        ids(&rb.sample(2).unwrap()),
+        [4],
+        "the last batch is short without drop_last"
+    );
     assert_eq!(rb.sample(2).unwrap_err(), SampleError::EpochEnd);
-    assert_eq!(ids(&rb.sample(2).unwrap()), [0, 1], "the next call starts a new epoch");
+    assert_eq!(
+        ids(&rb.sample(2).unwrap()),
+        [0, 1],
+        "the next call starts a new epoch"
+    );
 
     let dropping = ReplayBuffer::builder(spec())
         .capacity(8)
@@ -259,8 +379,14 @@ fn epochs_end_clearly_and_restart() {
         .build()
         .unwrap();
     dropping.extend(&rows(&dropping, &[5], 0)).unwrap();
-    let mut seen: Vec<i64> = (0..2).flat_map(|_| ids(&dropping.sample(2).unwrap())).collect();
-    assert_eq!(dropping.sample(2).unwrap_err(), SampleError::EpochEnd, "a short batch is dropped");
+    let mut seen: Vec<i64> = (0..2)
+        .flat_map(|_| ids(&dropping.sample(2).unwrap()))
+        .collect();
+    assert_eq!(
+        dropping.sample(2).unwrap_err(),
+        SampleError::EpochEnd,
+        "a short batch is dropped"
+    );
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen.len(), 4, "no row twice in an epoch");
@@ -269,11 +395,19 @@ fn epochs_end_clearly_and_restart() {
 #[test]
 fn same_seed_same_samples() {
     let run = |seed: u64| {
-        let rb = ReplayBuffer::builder(spec()).capacity(1000).seed(seed).build().unwrap();
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(1000)
+            .seed(seed)
+            .build()
+            .unwrap();
         rb.extend(&rows(&rb, &[1000], 0)).unwrap();
         let mut learner = rb.learner();
-        let a: Vec<u64> = (0..5).flat_map(|_| rb.sample(16).unwrap().index().to_vec()).collect();
-        let b: Vec<u64> = (0..5).flat_map(|_| learner.sample(16).unwrap().index().to_vec()).collect();
+        let a: Vec<u64> = (0..5)
+            .flat_map(|_| rb.sample(16).unwrap().index().to_vec())
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .flat_map(|_| learner.sample(16).unwrap().index().to_vec())
+            .collect();
         (a, b)
     };
     assert_eq!(run(42), run(42));
@@ -296,10 +430,17 @@ fn same_seed_same_samples() {
 
 #[test]
 fn uniform_sampling_is_uniform_across_shards() {
-    let rb = ReplayBuffer::builder(spec()).capacity(40).shards(4).seed(5).sampler(Uniform).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(40)
+        .shards(4)
+        .seed(5)
+        .sampler(Uniform)
+        .build()
+        .unwrap();
     // Unequal fill: shards get 10, 10, 10 and 2 rows.
     for k in 0..4 {
-        rb.extend(&rows(&rb, &[if k == 3 { 2 } else { 10 }], k * 100)).unwrap();
+        rb.extend(&rows(&rb, &[if k == 3 { 2 } else { 10 }], k * 100))
+            .unwrap();
     }
     let mut counts = std::collections::HashMap::new();
     let draws = 32_000;
@@ -311,38 +452,80 @@ fn uniform_sampling_is_uniform_across_shards() {
     assert_eq!(counts.len(), 32, "every live row is drawn");
     let expected = draws as f64 / 32.0;
     for (id, n) in counts {
-        assert!((n as f64 - expected).abs() < 0.2 * expected, "row {id} drawn {n} times, expected about {expected}");
+        assert!(
+            (n as f64 - expected).abs() < 0.2 * expected,
+            "row {id} drawn {n} times, expected about {expected}"
+        );
     }
 }
 
 #[test]
 fn multi_env_storage_and_dim_extend() {
     // Shape [3, 4]: 3 steps of 4 environments, time on dim 0 of extended batches.
-    let rb = ReplayBuffer::builder(spec()).capacity(12).ndim(2).envs(4).dim_extend(0).shards(2).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(12)
+        .ndim(2)
+        .envs(4)
+        .dim_extend(0)
+        .shards(2)
+        .build()
+        .unwrap();
     let w = rb.extend(&rows(&rb, &[2, 4], 0)).unwrap();
-    assert_eq!(w.to_vec(), (0..8).collect::<Vec<u64>>(), "index t * envs + e");
+    assert_eq!(
+        w.to_vec(),
+        (0..8).collect::<Vec<u64>>(),
+        "index t * envs + e"
+    );
     rb.extend(&rows(&rb, &[2, 4], 8)).unwrap();
     // Step 3 of every env wrapped to t = 0: each column is its env's trajectory.
-    assert_eq!(ids(&rb.read_all_in_order(None)), [12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]);
-    assert!(matches!(rb.extend(&rows(&rb, &[4, 2], 0)), Err(DataError::BatchShape { .. })));
+    assert_eq!(
+        ids(&rb.read_all_in_order(None)),
+        [12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]
+    );
+    assert!(matches!(
+        rb.extend(&rows(&rb, &[4, 2], 0)),
+        Err(DataError::BatchShape { .. })
+    ));
 
     // dim_extend 1 (TorchRL's default for ndim 2): batches are [envs, t].
-    let rb = ReplayBuffer::builder(spec()).capacity(12).ndim(2).envs(4).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(12)
+        .ndim(2)
+        .envs(4)
+        .build()
+        .unwrap();
     let w = rb.extend(&rows(&rb, &[4, 2], 0)).unwrap();
     // Row e * t + j holds env e, step j: it lands at index j * 4 + e.
     assert_eq!(w.to_vec(), [0, 4, 1, 5, 2, 6, 3, 7]);
-    assert_eq!(ids(&rb.get(5).unwrap()), [3], "env 1, step 1 was row 1 * 2 + 1");
+    assert_eq!(
+        ids(&rb.get(5).unwrap()),
+        [3],
+        "env 1, step 1 was row 1 * 2 + 1"
+    );
 
     // Collectors own disjoint env groups and extend them alone.
-    let rb = ReplayBuffer::builder(spec()).capacity(12).ndim(2).envs(4).dim_extend(0).shards(2).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(12)
+        .ndim(2)
+        .envs(4)
+        .dim_extend(0)
+        .shards(2)
+        .build()
+        .unwrap();
     let (a, b) = (rb.writer(), rb.writer());
     assert_eq!((a.envs(), b.envs()), (Some(0..2), Some(2..4)));
     assert_eq!(b.extend(&rows(&rb, &[1, 2], 50)).unwrap().to_vec(), [2, 3]);
     assert_eq!(b.extend(&rows(&rb, &[1, 2], 60)).unwrap().to_vec(), [6, 7]);
     assert_eq!(a.extend(&rows(&rb, &[1, 2], 70)).unwrap().to_vec(), [0, 1]);
     assert_eq!(rb.len(), 6);
-    assert!(matches!(a.extend(&rows(&rb, &[1, 4], 0)), Err(DataError::BatchShape { .. })));
-    assert!(matches!(rb.add(&rows(&rb, &[1], 0)), Err(DataError::BatchShape { .. })));
+    assert!(matches!(
+        a.extend(&rows(&rb, &[1, 4], 0)),
+        Err(DataError::BatchShape { .. })
+    ));
+    assert!(matches!(
+        rb.add(&rows(&rb, &[1], 0)),
+        Err(DataError::BatchShape { .. })
+    ));
 }
 
 #[test]
@@ -355,14 +538,20 @@ fn views_and_nested_keys() {
         .unwrap();
     let rb = ReplayBuffer::builder(spec).capacity(4).build().unwrap();
     let mut b = rb.batch([2]);
-    b.column_mut::<u8>(("next", "obs")).unwrap().copy_from_slice(&[7; 12]);
-    b.set("h", &[replaybuf::half::f16::from_f32(1.5); 4]).unwrap();
+    b.column_mut::<u8>(("next", "obs"))
+        .unwrap()
+        .copy_from_slice(&[7; 12]);
+    b.set("h", &[replaybuf::half::f16::from_f32(1.5); 4])
+        .unwrap();
     rb.extend(&b).unwrap();
     let s = rb.sample(3).unwrap();
     let view = s.view::<u8>(["next", "obs"]).unwrap();
     assert_eq!(view.shape, &[3, 2, 3]);
     assert!(view.data.iter().all(|&v| v == 7));
-    assert_eq!(s.column::<replaybuf::half::f16>("h").unwrap()[5].to_f32(), 1.5);
+    assert_eq!(
+        s.column::<replaybuf::half::f16>("h").unwrap()[5].to_f32(),
+        1.5
+    );
     assert_eq!(s.dtype("h").unwrap(), DType::F16);
 }
 
@@ -374,19 +563,38 @@ fn typed_buffer() {
         obs: [f32; 3],
         action: u32,
     }
-    let rb = TypedBuffer::<Step>::builder().capacity(3).seed(4).build().unwrap();
-    let step = |i: u32| Step { obs: [i as f32; 3], action: i };
+    let rb = TypedBuffer::<Step>::builder()
+        .capacity(3)
+        .seed(4)
+        .build()
+        .unwrap();
+    let step = |i: u32| Step {
+        obs: [i as f32; 3],
+        action: i,
+    };
     assert_eq!(rb.push(&step(0)).unwrap(), 0);
-    assert_eq!(rb.extend(&[step(1), step(2), step(3)]).unwrap().to_vec(), [1, 2, 0]);
+    assert_eq!(
+        rb.extend(&[step(1), step(2), step(3)]).unwrap().to_vec(),
+        [1, 2, 0]
+    );
     assert_eq!(rb.get(0).unwrap(), step(3));
-    assert_eq!(rb.read_all_in_order(None), (vec![step(3), step(1), step(2)], vec![0, 1, 2]));
+    assert_eq!(
+        rb.read_all_in_order(None),
+        (vec![step(3), step(1), step(2)], vec![0, 1, 2])
+    );
     let batch = rb.sample(50).unwrap();
     for (s, &i) in batch.rows().iter().zip(batch.index()) {
         assert_eq!(*s, rb.get(i).unwrap());
     }
     let mut reused = replaybuf::TypedBatch::new();
-    assert_eq!(rb.sample_into(&mut reused).unwrap_err(), SampleError::NoBatchSize);
-    assert!(TypedBuffer::<()>::builder().capacity(4).build().is_err(), "zero-sized rows are refused");
+    assert_eq!(
+        rb.sample_into(&mut reused).unwrap_err(),
+        SampleError::NoBatchSize
+    );
+    assert!(
+        TypedBuffer::<()>::builder().capacity(4).build().is_err(),
+        "zero-sized rows are refused"
+    );
 }
 
 #[test]
@@ -407,7 +615,13 @@ fn list_buffer_holds_any_clone_type() {
     let mut got: Vec<String> = batch.items().iter().map(|v| v[0].clone()).collect();
     got.sort();
     assert_eq!(got, ["step 2", "step 3", "step 4", "step 5"]);
-    assert_eq!(rb.get(9).unwrap_err(), AccessError::OutOfRange { index: 9, capacity: 4 });
+    assert_eq!(
+        rb.get(9).unwrap_err(),
+        AccessError::OutOfRange {
+            index: 9,
+            capacity: 4
+        }
+    );
     assert!(ListBuffer::<u8>::builder().capacity(0).build().is_err());
     rb.empty();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);

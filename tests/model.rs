@@ -23,11 +23,17 @@ fn rows(rb: &ReplayBuffer, shape: &[usize], first: u64) -> Batch {
     let n = b.len();
     let ids: Vec<u64> = (first..first + n as u64).collect();
     b.set("id", &ids).unwrap();
-    let obs: Vec<f32> = ids.iter().flat_map(|&i| [i as f32, -(i as f32), 0.5]).collect();
+    let obs: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| [i as f32, -(i as f32), 0.5])
+        .collect();
     b.set("obs", &obs).unwrap();
     let flags: Vec<bool> = ids.iter().map(|&i| i % 3 == 0).collect();
     b.set("flag", &flags).unwrap();
-    let small: Vec<i16> = ids.iter().flat_map(|&i| [i as i16, (i >> 16) as i16]).collect();
+    let small: Vec<i16> = ids
+        .iter()
+        .flat_map(|&i| [i as i16, (i >> 16) as i16])
+        .collect();
     b.set(("next", "small"), &small).unwrap();
     b
 }
@@ -75,7 +81,10 @@ fn check_state(rb: &ReplayBuffer, model: &ReferenceBuffer) {
     assert_eq!(rb.write_count(), model.write_count());
     let all = rb.read_all_in_order(None);
     let want = model.read_all_in_order(None);
-    assert_eq!(all.index(), want.iter().map(|&(i, _)| i).collect::<Vec<_>>());
+    assert_eq!(
+        all.index(),
+        want.iter().map(|&(i, _)| i).collect::<Vec<_>>()
+    );
     check_rows(model, &all);
 }
 
@@ -114,7 +123,13 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
                     let b = rows(rb, &shape, next_id);
                     let got = w.extend(&b).unwrap().to_vec();
                     let data: Vec<Vec<u8>> = (0..b.len()).map(|r| model.row_of(&b, r)).collect();
-                    let row = |j: usize, lane: usize| if env_major { lane * n + j } else { j * width + lane };
+                    let row = |j: usize, lane: usize| {
+                        if env_major {
+                            lane * n + j
+                        } else {
+                            j * width + lane
+                        }
+                    };
                     let at = model.append(w.shard(), n, |j, lane| data[row(j, lane)].clone());
                     let mut want = vec![0; b.len()];
                     for j in 0..n {
@@ -140,7 +155,10 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
             Op::ReadAll(end) => {
                 let got = rb.read_all_in_order(end);
                 let want = model.read_all_in_order(end);
-                assert_eq!(got.index(), want.iter().map(|&(i, _)| i).collect::<Vec<_>>());
+                assert_eq!(
+                    got.index(),
+                    want.iter().map(|&(i, _)| i).collect::<Vec<_>>()
+                );
                 check_rows(model, &got);
             }
             Op::WriteAll(end) => {
@@ -148,7 +166,11 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
                 let b = rows(rb, &[n], next_id);
                 next_id += 1000;
                 let ok = rb.write_all(&b, end).is_ok();
-                assert_eq!(ok, model.write_all(&b, end), "write_all({end:?}) of {n} rows");
+                assert_eq!(
+                    ok,
+                    model.write_all(&b, end),
+                    "write_all({end:?}) of {n} rows"
+                );
             }
             Op::Empty => {
                 rb.empty();

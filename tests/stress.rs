@@ -36,13 +36,22 @@ fn duration() -> Duration {
 /// Fills `batch` with rows `ids`.
 fn fill(batch: &mut Batch, ids: &[u64]) {
     batch.set("id", ids).unwrap();
-    let obs: Vec<f32> = ids.iter().flat_map(|&i| (0..7).map(move |k| (i * 7 + k) as f32)).collect();
+    let obs: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| (0..7).map(move |k| (i * 7 + k) as f32))
+        .collect();
     batch.set("obs", &obs).unwrap();
-    let tag: Vec<u16> = ids.iter().flat_map(|&i| [i as u16, (i >> 16) as u16, (i >> 32) as u16]).collect();
+    let tag: Vec<u16> = ids
+        .iter()
+        .flat_map(|&i| [i as u16, (i >> 16) as u16, (i >> 32) as u16])
+        .collect();
     batch.set("tag", &tag).unwrap();
     let flag: Vec<bool> = ids.iter().map(|&i| i.count_ones() % 2 == 1).collect();
     batch.set("flag", &flag).unwrap();
-    let bytes: Vec<u8> = ids.iter().flat_map(|&i| (0..37u64).map(move |k| (i.wrapping_mul(31) + k) as u8)).collect();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| (0..37u64).map(move |k| (i.wrapping_mul(31) + k) as u8))
+        .collect();
     batch.set(("next", "bytes"), &bytes).unwrap();
     let neg: Vec<i64> = ids.iter().map(|&i| -(i as i64)).collect();
     batch.set("neg", &neg).unwrap();
@@ -54,10 +63,16 @@ fn check(batch: &Batch) -> u64 {
     let mut expected = Batch::zeros(batch.spec().clone(), [ids.len()]);
     fill(&mut expected, ids);
     for f in batch.spec().fields() {
-        let (got, want) = (batch.column_bytes(f.key()).unwrap(), expected.column_bytes(f.key()).unwrap());
+        let (got, want) = (
+            batch.column_bytes(f.key()).unwrap(),
+            expected.column_bytes(f.key()).unwrap(),
+        );
         if got != want {
             let row = (0..ids.len())
-                .find(|&r| got[r * f.bytes()..(r + 1) * f.bytes()] != want[r * f.bytes()..(r + 1) * f.bytes()])
+                .find(|&r| {
+                    got[r * f.bytes()..(r + 1) * f.bytes()]
+                        != want[r * f.bytes()..(r + 1) * f.bytes()]
+                })
                 .unwrap();
             panic!(
                 "torn row: index {} claims id {} but field `{}` belongs to another write",
@@ -87,8 +102,16 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                 while !stop.load(Ordering::Relaxed) {
                     round += 1;
                     // Mostly short extends; every 16th one is longer than a shard.
-                    let t = if round % 16 == 0 { 70 } else { (round % 9 + 1) as usize };
-                    let shape = if rb.ndim() == 1 { vec![t] } else { vec![t, width] };
+                    let t = if round % 16 == 0 {
+                        70
+                    } else {
+                        (round % 9 + 1) as usize
+                    };
+                    let shape = if rb.ndim() == 1 {
+                        vec![t]
+                    } else {
+                        vec![t, width]
+                    };
                     let mut batch = rb.batch(&shape);
                     let ids: Vec<u64> = (next..next + batch.len() as u64).collect();
                     next += ids.len() as u64;
@@ -107,7 +130,9 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                     round += 1;
                     let n = match round % 8 {
                         0 => check(&rb.read_all_in_order(None)),
-                        1 => rb.get(round % rb.capacity() as u64).map_or(0, |b| check(&b)),
+                        1 => rb
+                            .get(round % rb.capacity() as u64)
+                            .map_or(0, |b| check(&b)),
                         _ => match learner.sample_into(&mut batch) {
                             Ok(()) => check(&batch),
                             Err(_) => 0,
@@ -141,18 +166,33 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
 
 #[test]
 fn flat_rings_shared_by_more_writers_than_shards() {
-    let rb = ReplayBuffer::builder(spec()).capacity(64).shards(2).seed(1).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .shards(2)
+        .seed(1)
+        .build()
+        .unwrap();
     let (written, checked) = hammer(&rb, 3, 2, false);
-    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    assert!(
+        written > 1000 && checked > 1000,
+        "too little happened: {written} written, {checked} checked"
+    );
     assert_eq!(rb.write_count(), written);
     check(&rb.read_all_in_order(None));
 }
 
 #[test]
 fn in_place_rewrites_racing_appends() {
-    let rb = ReplayBuffer::builder(spec()).capacity(32).seed(2).build().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(32)
+        .seed(2)
+        .build()
+        .unwrap();
     let (written, checked) = hammer(&rb, 2, 2, true);
-    assert!(written > 100 && checked > 100, "too little happened: {written} written, {checked} checked");
+    assert!(
+        written > 100 && checked > 100,
+        "too little happened: {written} written, {checked} checked"
+    );
     check(&rb.read_all_in_order(None));
 }
 
@@ -168,7 +208,10 @@ fn multi_env_columns() {
         .build()
         .unwrap();
     let (written, checked) = hammer(&rb, 2, 2, false);
-    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    assert!(
+        written > 1000 && checked > 1000,
+        "too little happened: {written} written, {checked} checked"
+    );
     check(&rb.read_all_in_order(None));
 }
 
@@ -181,7 +224,10 @@ fn epochs_shared_by_learners() {
         .build()
         .unwrap();
     let (written, checked) = hammer(&rb, 1, 3, false);
-    assert!(written > 100 && checked > 100, "too little happened: {written} written, {checked} checked");
+    assert!(
+        written > 100 && checked > 100,
+        "too little happened: {written} written, {checked} checked"
+    );
 }
 
 #[test]
@@ -193,8 +239,17 @@ fn typed_rows() {
         square: u64,
         bytes: [u8; 24],
     }
-    let row = |id: u64| Row { id, square: id.wrapping_mul(id), bytes: [id as u8; 24] };
-    let rb = TypedBuffer::<Row>::builder().capacity(32).shards(2).seed(5).build().unwrap();
+    let row = |id: u64| Row {
+        id,
+        square: id.wrapping_mul(id),
+        bytes: [id as u8; 24],
+    };
+    let rb = TypedBuffer::<Row>::builder()
+        .capacity(32)
+        .shards(2)
+        .seed(5)
+        .build()
+        .unwrap();
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let checked = std::thread::scope(|s| {

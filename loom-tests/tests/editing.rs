@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{pairs, pair_spec, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::ReplayBuffer;
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{pairs, pair_spec, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::{ReplayBuffer, SampleError, WithoutReplacement};
 
 #[test]
@@ -26,6 +26,10 @@ fn learners_split_one_epoch() {
         ids.sort_unstable();
         assert_eq!(ids, [0, 1], "a row came twice in one epoch");
         assert_eq!(rb.sample(1).unwrap_err(), SampleError::EpochEnd);
-        assert_eq!(whole_rows(&rb.sample(1).unwrap()), [0], "a new epoch starts over");
+        assert_eq!(
+            whole_rows(&rb.sample(1).unwrap()),
+            [0],
+            "a new epoch starts over"
+        );
     });
 }

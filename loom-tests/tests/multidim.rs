@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{pairs, pair_spec, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::ReplayBuffer;
 
 #[test]
@@ -25,7 +25,9 @@ fn collectors_own_their_environment_columns() {
             loom::thread::spawn(move || {
                 // Env `e`'s steps carry ids base + t; three steps lap its 2-step ring.
                 for t in 0..3 {
-                    writer.extend(&pairs(writer.buffer(), &[1, 1], base + t)).unwrap();
+                    writer
+                        .extend(&pairs(writer.buffer(), &[1, 1], base + t))
+                        .unwrap();
                 }
                 writer.envs().unwrap().start
             })

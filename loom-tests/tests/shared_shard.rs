@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{pairs, pair_spec, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::ReplayBuffer;
 
 #[test]
@@ -22,7 +22,12 @@ fn collectors_sharing_a_shard_keep_fifo_order() {
                 let written = writer.extend(&pairs(writer.buffer(), &[2], first)).unwrap();
                 // (sequence number, id) of each row: lap * ring + position.
                 (0..2)
-                    .map(|r| ((written.generation(r) >> 30) * 2 + written.index(r), first + r as u64))
+                    .map(|r| {
+                        (
+                            (written.generation(r) >> 30) * 2 + written.index(r),
+                            first + r as u64,
+                        )
+                    })
                     .collect::<Vec<_>>()
             })
         };
@@ -30,7 +35,10 @@ fn collectors_sharing_a_shard_keep_fifo_order() {
         let mut rows = a.join().unwrap();
         rows.extend(b.join().unwrap());
         rows.sort_unstable();
-        assert_eq!(rows.iter().map(|&(seq, _)| seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(
+            rows.iter().map(|&(seq, _)| seq).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
         // The ring keeps the last two sequence numbers, at positions seq % 2.
         let all = rb.read_all_in_order(None);
         assert_eq!(whole_rows(&all), [rows[2].1, rows[3].1]);

@@ -16,7 +16,10 @@ fn slot() -> Arc<Vec<AtomicU64>> {
 }
 
 fn write_row(slot: &[AtomicU64], value: u64) {
-    let bytes: Vec<u8> = [value, value].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let bytes: Vec<u8> = [value, value]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
     store(slot, 8, &bytes);
 }
 
@@ -52,7 +55,11 @@ fn a_reader_racing_two_laps_sees_whole_rows() {
         };
         if let Some((seen, a, b)) = read_row(&s) {
             assert_eq!(a, b, "validated a torn row");
-            assert_eq!(a, 100 + u64::from(seen.lap()), "row does not match its stamp");
+            assert_eq!(
+                a,
+                100 + u64::from(seen.lap()),
+                "row does not match its stamp"
+            );
         }
         writer.join().unwrap();
         assert_eq!(read_row(&s).map(|(_, a, _)| a), Some(102));
@@ -75,7 +82,11 @@ fn appenders_of_consecutive_laps_take_turns() {
         earlier.join().unwrap();
         later.join().unwrap();
         let (seen, a, b) = read_row(&s).expect("the slot holds lap 1");
-        assert_eq!((seen.lap(), a, b), (1, 201, 201), "the older lap overwrote the newer");
+        assert_eq!(
+            (seen.lap(), a, b),
+            (1, 201, 201),
+            "the older lap overwrote the newer"
+        );
     });
 }
 

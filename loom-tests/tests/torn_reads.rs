@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{pairs, pair_spec, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::ReplayBuffer;
 
 fn two_slot_buffer() -> ReplayBuffer {
@@ -28,7 +28,9 @@ fn sampling_while_a_collector_laps_the_ring() {
                 rb.extend(&pairs(&rb, &[1], 3)).unwrap();
             })
         };
-        let batch = rb.sample(1).expect("two rows were published before the race");
+        let batch = rb
+            .sample(1)
+            .expect("two rows were published before the race");
         let ids = whole_rows(&batch);
         // Row `id` went to position `id % 2`.
         assert_eq!(ids[0] % 2, batch.index()[0]);

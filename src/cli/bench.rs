@@ -77,7 +77,13 @@ fn single(w: Workload, samples: usize) {
     for _ in 0..fills {
         writer.extend(&chunk).expect("extend");
     }
-    emit(w.name, "fill", t.elapsed().as_secs_f64() / fills as f64, w.chunk, json!({}));
+    emit(
+        w.name,
+        "fill",
+        t.elapsed().as_secs_f64() / fills as f64,
+        w.chunk,
+        json!({}),
+    );
     // Top up the remainder so the buffer is full and steady state wraps around.
     while rb.len() < rb.capacity() {
         writer.extend(&chunk).expect("extend");
@@ -89,7 +95,13 @@ fn single(w: Workload, samples: usize) {
     for _ in 0..steady {
         writer.extend(&chunk).expect("extend");
     }
-    emit(w.name, "extend", t.elapsed().as_secs_f64() / steady as f64, w.chunk, json!({}));
+    emit(
+        w.name,
+        "extend",
+        t.elapsed().as_secs_f64() / steady as f64,
+        w.chunk,
+        json!({}),
+    );
 
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
@@ -100,7 +112,13 @@ fn single(w: Workload, samples: usize) {
     for _ in 0..samples {
         learner.sample_into(&mut batch).expect("sample");
     }
-    emit(w.name, "sample", t.elapsed().as_secs_f64() / samples as f64, w.batch, json!({}));
+    emit(
+        w.name,
+        "sample",
+        t.elapsed().as_secs_f64() / samples as f64,
+        w.batch,
+        json!({}),
+    );
 
     println!(
         "{}",
@@ -221,7 +239,9 @@ fn concurrent(args: &BenchArgs) {
             run.latencies_ns.sort_unstable();
             let pct = |p: f64| {
                 let i = ((run.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
-                run.latencies_ns.get(i).map_or(0.0, |&ns| ns as f64 / 1000.0)
+                run.latencies_ns
+                    .get(i)
+                    .map_or(0.0, |&ns| ns as f64 / 1000.0)
             };
             let mean = run.latencies_ns.iter().sum::<u64>() as f64
                 / run.latencies_ns.len().max(1) as f64

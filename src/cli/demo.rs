@@ -116,7 +116,13 @@ pub fn run(args: &DemoArgs) {
             .collect()
     });
     progress.finish_and_clear();
-    summarize(args, &rb, &counters, started.elapsed().as_secs_f64(), reports);
+    summarize(
+        args,
+        &rb,
+        &counters,
+        started.elapsed().as_secs_f64(),
+        reports,
+    );
 }
 
 fn collect(id: u64, writer: replaybuf::Writer, counters: &Counters, stop: &AtomicBool) {
@@ -141,7 +147,9 @@ fn collect(id: u64, writer: replaybuf::Writer, counters: &Counters, stop: &Atomi
             (act[i], rew[i], trunc[i], ep[i]) = (step.action, step.reward, step.truncated, episode);
             episode += i64::from(step.truncated);
         }
-        let filled = chunk.set("obs", &obs).and_then(|()| chunk.set("action", &act));
+        let filled = chunk
+            .set("obs", &obs)
+            .and_then(|()| chunk.set("action", &act));
         let filled = filled
             .and_then(|()| chunk.set("reward", &rew))
             .and_then(|()| chunk.set(("next", "obs"), &next))
@@ -170,7 +178,9 @@ fn learn(
     let mut latencies_ns = Vec::with_capacity(1 << 20);
     while !stop.load(Ordering::Relaxed) {
         let t = Instant::now();
-        learner.sample_into(&mut batch).expect("sampling a warm buffer");
+        learner
+            .sample_into(&mut batch)
+            .expect("sampling a warm buffer");
         latencies_ns.push(t.elapsed().as_nanos() as u64);
 
         let columns = (
@@ -222,17 +232,29 @@ fn learn(
     }
 }
 
-fn summarize(args: &DemoArgs, rb: &ReplayBuffer, counters: &Counters, secs: f64, reports: Vec<LearnerReport>) {
+fn summarize(
+    args: &DemoArgs,
+    rb: &ReplayBuffer,
+    counters: &Counters,
+    secs: f64,
+    reports: Vec<LearnerReport>,
+) {
     let written = counters.written.load(Ordering::Relaxed);
     let sampled = counters.sampled.load(Ordering::Relaxed);
     let batches = counters.batches.load(Ordering::Relaxed);
-    let mut lat: Vec<u64> = reports.iter().flat_map(|r| r.latencies_ns.iter().copied()).collect();
+    let mut lat: Vec<u64> = reports
+        .iter()
+        .flat_map(|r| r.latencies_ns.iter().copied())
+        .collect();
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len().max(1) - 1) as f64 * p).round() as usize)
             .map_or(0.0, |&ns| ns as f64 / 1000.0)
     };
-    println!("ran {secs:.1} s: {} collectors, {} learners", args.collectors, args.learners);
+    println!(
+        "ran {secs:.1} s: {} collectors, {} learners",
+        args.collectors, args.learners
+    );
     println!(
         "  collectors wrote   {written:>12} transitions  {:>8.2} M transitions/s",
         written as f64 / secs / 1e6

@@ -44,8 +44,8 @@ impl Pendulum {
         let theta = obs[1].atan2(obs[0]);
         let u = action.clamp(-MAX_TORQUE, MAX_TORQUE);
         let reward = -(theta * theta + 0.1 * obs[2] * obs[2] + 0.001 * u * u);
-        let theta_dot = (obs[2] + (3.0 * G / 2.0 * theta.sin() + 3.0 * u) * DT)
-            .clamp(-MAX_SPEED, MAX_SPEED);
+        let theta_dot =
+            (obs[2] + (3.0 * G / 2.0 * theta.sin() + 3.0 * u) * DT).clamp(-MAX_SPEED, MAX_SPEED);
         let next = theta + theta_dot * DT;
         (reward, [next.cos(), next.sin(), theta_dot])
     }

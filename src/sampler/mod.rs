@@ -111,7 +111,6 @@ impl Engine {
             Engine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
         }
     }
-
 }
 
 /// How [`read_draws`] handles a draw that misses.

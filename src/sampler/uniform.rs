@@ -23,7 +23,12 @@ pub(super) fn live_rows(shards: &[Shard], windows: &[Window]) -> u64 {
 
 /// One uniform draw among `total` live rows; `None` if there are none.
 #[inline]
-pub(super) fn pick(shards: &[Shard], windows: &[Window], total: u64, rng: &mut Rng) -> Option<Draw> {
+pub(super) fn pick(
+    shards: &[Shard],
+    windows: &[Window],
+    total: u64,
+    rng: &mut Rng,
+) -> Option<Draw> {
     if total == 0 {
         return None;
     }

@@ -17,7 +17,7 @@ use crate::error::SampleError;
 use crate::rng::{self, Rng};
 use crate::storage::shard::{Shard, Window};
 use crate::storage::Draw;
-use crate::sync::{ArcCell, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, ArcCell, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Sampling without replacement.
 ///
@@ -94,7 +94,9 @@ fn live_in_index_order(shards: &[Shard], windows: &[Window], out: &mut Vec<Draw>
     } else {
         for (k, (shard, w)) in shards.iter().zip(windows).enumerate() {
             let steps = shard.ring().steps;
-            out.extend((0..steps).filter_map(|pos| w.seq_at(pos, steps).map(|seq| draw(k, 0, seq))));
+            out.extend(
+                (0..steps).filter_map(|pos| w.seq_at(pos, steps).map(|seq| draw(k, 0, seq))),
+            );
         }
     }
 }
@@ -157,7 +159,12 @@ impl Epochs {
     }
 
     /// Starts the next epoch over the live rows (unless another learner just did).
-    fn start(&self, shards: &[Shard], windows: &[Window], n: u64) -> Result<Arc<Epoch>, SampleError> {
+    fn start(
+        &self,
+        shards: &[Shard],
+        windows: &[Window],
+        n: u64,
+    ) -> Result<Arc<Epoch>, SampleError> {
         let mut started = self.turnover.lock();
         if let Some(e) = self.current.load() {
             if !e.closed.load(Ordering::Acquire) {

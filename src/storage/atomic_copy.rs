@@ -46,7 +46,11 @@ fn check_range(words: &[AtomicU64], offset: usize, len: usize) {
 #[inline]
 pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
     check_range(words, offset, dst.len());
-    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
     // SAFETY: (1) `check_range` put `offset..offset + dst.len()` inside `words`, and
     // `dst` is a unique borrow of `dst.len()` bytes; (2) private `dst` cannot overlap
     // the shared region; (3) the region is only ever accessed through atomics and this
@@ -58,7 +62,11 @@ pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
             dst.len(),
         );
     }
-    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    )))]
     words::load(words, offset, dst);
 }
 
@@ -68,7 +76,11 @@ pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
 #[inline]
 pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     check_range(words, offset, src.len());
-    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
     // SAFETY: (1) `check_range` put the destination range inside `words`, and `src` is
     // a borrow of `src.len()` readable bytes; (2) `src` is private memory, the
     // destination shared, so they cannot overlap; (3) the region is only ever accessed
@@ -81,7 +93,11 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
             src.len(),
         );
     }
-    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    )))]
     words::store(words, offset, src);
 }
 
@@ -114,7 +130,11 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     let _ = (words, offset, intent);
 }
 
-#[cfg(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy)))]
+#[cfg(all(
+    target_arch = "x86_64",
+    not(replaybuf_loom),
+    not(replaybuf_atomic_copy)
+))]
 mod x86 {
     /// Copies at least this long use `rep movsb`, which moves whole cache lines (and
     /// skips the read-for-ownership of destination lines it fully overwrites).
@@ -232,7 +252,11 @@ mod x86 {
     }
 }
 
-#[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom), not(replaybuf_atomic_copy))))]
+#[cfg(not(all(
+    target_arch = "x86_64",
+    not(replaybuf_loom),
+    not(replaybuf_atomic_copy)
+)))]
 mod words {
     use crate::sync::AtomicU64;
     use crate::sync::Ordering::Relaxed;

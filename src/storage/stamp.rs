@@ -311,7 +311,10 @@ mod tests {
         assert!(seen.is_published() && validate(&stamp, seen));
 
         let edited = begin_edit(&stamp).unwrap();
-        assert!(!validate(&stamp, seen), "an edit must invalidate a read in flight");
+        assert!(
+            !validate(&stamp, seen),
+            "an edit must invalidate a read in flight"
+        );
         publish(&stamp, edited);
         assert_eq!(begin_read(&stamp), Stamp::published(0, 1));
 
