@@ -1,5 +1,6 @@
-//! [`ReplayBuffer`] and its builder: a storage, a sampler and a write policy wired
-//! together, shared by every handle.
+//! [`ReplayBuffer`]: a storage and a sampler wired together and shared by every
+//! handle, with the paths every handle takes: extend, sample, reads and rewrites by
+//! position. Its choices are made and checked in `builder.rs`.
 
 use std::sync::Arc;
 
@@ -7,19 +8,17 @@ use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use crate::batch::{Batch, Column, Scratch};
-use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
+use crate::builder::ReplayBufferBuilder;
+use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
-use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
+use crate::sampler::{read_draws, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::{Draw, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sync::{AtomicU64, Ordering};
-use crate::writer::{WritePolicy, Writer, Written};
-
-/// The most shards a storage may have.
-pub const MAX_SHARDS: usize = 1024;
+use crate::writer::{Writer, Written};
 
 /// What every handle of one buffer shares.
 #[derive(Debug)]
@@ -70,171 +69,10 @@ pub struct ReplayBuffer {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// Builds a [`ReplayBuffer`]; [`ReplayBufferBuilder::build`] validates every choice.
-#[derive(Clone, Debug)]
-pub struct ReplayBufferBuilder {
-    spec: Arc<Spec>,
-    capacity: usize,
-    shards: usize,
-    ndim: usize,
-    envs: Option<usize>,
-    dim_extend: Option<usize>,
-    batch_size: Option<usize>,
-    seed: Option<u64>,
-    sampler: Sampler,
-    writer: WritePolicy,
-}
-
-impl ReplayBufferBuilder {
-    /// Rows the storage holds (for ndim 2: `steps * envs`). Required.
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
-        self
-    }
-
-    /// Shards (a power of two; default 1). One shard evicts in exact FIFO order; with
-    /// several, each shard is its own FIFO and collectors on different shards share no
-    /// cache line. For ndim 2, shards split the environments.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// Storage dimensions: 1 (default) or 2 (shape `[capacity / envs, envs]`).
-    pub fn ndim(mut self, ndim: usize) -> Self {
-        self.ndim = ndim;
-        self
-    }
-
-    /// Parallel environments of an ndim-2 storage.
-    pub fn envs(mut self, envs: usize) -> Self {
-        self.envs = Some(envs);
-        self
-    }
-
-    /// Which dimension of an extended batch is time (TorchRL's `dim_extend`; default
-    /// `ndim - 1`). For ndim 2: 0 takes `[t, envs]` batches, 1 takes `[envs, t]`.
-    pub fn dim_extend(mut self, dim: usize) -> Self {
-        self.dim_extend = Some(dim);
-        self
-    }
-
-    /// The default batch size of `sample_into` and `sample_default`.
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = Some(batch_size);
-        self
-    }
-
-    /// The seed of every draw. Without one the buffer seeds itself from entropy.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// The sampler (default [`Uniform`](crate::Uniform)).
-    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
-        self.sampler = sampler.into();
-        self
-    }
-
-    /// The write policy (default round robin).
-    pub fn writer(mut self, writer: WritePolicy) -> Self {
-        self.writer = writer;
-        self
-    }
-
-    /// Checks every choice and reserves the storage (lazily: no page is touched until
-    /// written).
-    pub fn build(self) -> Result<ReplayBuffer, BuildError> {
-        let err = |k| Err(BuildError::new(k));
-        if self.capacity == 0 {
-            return err(BuildErrorKind::ZeroCapacity);
-        }
-        if !self.shards.is_power_of_two() {
-            return err(BuildErrorKind::ShardsNotPowerOfTwo {
-                shards: self.shards,
-            });
-        }
-        let geometry = match (self.ndim, self.envs) {
-            (1, None) => {
-                let limit = self.capacity.min(MAX_SHARDS);
-                if self.shards > limit {
-                    return err(BuildErrorKind::TooManyShards {
-                        shards: self.shards,
-                        limit,
-                    });
-                }
-                Geometry::flat(self.capacity as u64, self.shards as u64)
-            }
-            (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
-            (2, None) => return err(BuildErrorKind::EnvsRequired),
-            (2, Some(envs)) => {
-                if envs == 0 || self.capacity % envs != 0 {
-                    return err(BuildErrorKind::EnvsDoNotDivide {
-                        capacity: self.capacity,
-                        envs,
-                    });
-                }
-                let limit = envs.min(MAX_SHARDS);
-                if self.shards > limit {
-                    return err(BuildErrorKind::TooManyShards {
-                        shards: self.shards,
-                        limit,
-                    });
-                }
-                Geometry::grid(
-                    (self.capacity / envs) as u64,
-                    envs as u64,
-                    self.shards as u64,
-                )
-            }
-            (ndim, _) => return err(BuildErrorKind::Ndim { ndim }),
-        };
-        let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
-        if dim_extend >= self.ndim {
-            return err(BuildErrorKind::DimExtend {
-                dim_extend,
-                ndim: self.ndim,
-            });
-        }
-        if self.batch_size == Some(0) {
-            return err(BuildErrorKind::ZeroBatchSize);
-        }
-        let WritePolicy::RoundRobin = self.writer;
-        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let storage = Storage::new(self.spec, geometry)
-            .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
-        Ok(ReplayBuffer {
-            inner: Arc::new(Inner {
-                storage,
-                sampler: Engine::new(self.sampler, seed),
-                seed,
-                calls: CachePadded::new(AtomicU64::new(0)),
-                next_shard: CachePadded::new(AtomicU64::new(0)),
-                writers: AtomicU64::new(0),
-                learners: AtomicU64::new(0),
-                batch_size: self.batch_size,
-                dim_extend,
-            }),
-        })
-    }
-}
-
 impl ReplayBuffer {
     /// Starts a buffer of rows of `spec`.
     pub fn builder(spec: impl Into<Arc<Spec>>) -> ReplayBufferBuilder {
-        ReplayBufferBuilder {
-            spec: spec.into(),
-            capacity: 0,
-            shards: 1,
-            ndim: 1,
-            envs: None,
-            dim_extend: None,
-            batch_size: None,
-            seed: None,
-            sampler: Sampler::default(),
-            writer: WritePolicy::RoundRobin,
-        }
+        ReplayBufferBuilder::new(spec.into())
     }
 
     /// The spec of every row.
@@ -433,6 +271,26 @@ impl ReplayBuffer {
 }
 
 impl Inner {
+    pub(crate) fn new(
+        storage: Storage,
+        sampler: Engine,
+        seed: u64,
+        batch_size: Option<usize>,
+        dim_extend: usize,
+    ) -> Inner {
+        Inner {
+            storage,
+            sampler,
+            seed,
+            calls: CachePadded::new(AtomicU64::new(0)),
+            next_shard: CachePadded::new(AtomicU64::new(0)),
+            writers: AtomicU64::new(0),
+            learners: AtomicU64::new(0),
+            batch_size,
+            dim_extend,
+        }
+    }
+
     pub(crate) fn batch_size_for(&self, batch: &Batch) -> Result<usize, SampleError> {
         match (self.batch_size, batch.len()) {
             (Some(n), _) => Ok(n),

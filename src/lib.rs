@@ -42,6 +42,7 @@ pub mod docs;
 
 mod batch;
 mod buffer;
+mod builder;
 mod dtype;
 mod error;
 mod learner;
@@ -57,7 +58,8 @@ mod typed;
 mod writer;
 
 pub use batch::{Batch, View};
-pub use buffer::{ReplayBuffer, ReplayBufferBuilder, MAX_SHARDS};
+pub use buffer::ReplayBuffer;
+pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use dtype::{DType, Element};
 pub use error::{AccessError, BuildError, DataError, SampleError, SpecError};
 pub use learner::Learner;

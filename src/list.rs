@@ -10,6 +10,7 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::builder::MAX_SHARDS;
 use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
@@ -20,7 +21,6 @@ use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
 use crate::writer::Written;
-use crate::MAX_SHARDS;
 
 /// A stored value and the sequence number it was written at.
 #[derive(Debug)]

@@ -9,7 +9,8 @@ use bytemuck::Pod;
 use smallvec::smallvec;
 
 use crate::batch::Scratch;
-use crate::buffer::{ReplayBuffer, ReplayBufferBuilder};
+use crate::buffer::ReplayBuffer;
+use crate::builder::ReplayBufferBuilder;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::Sampler;

@@ -1,1 +1,108 @@
-//! placeholder
+//! # Memory ordering: why a sampled row is never torn
+//!
+//! This page gathers the ordering argument of the whole crate. Each concurrent module
+//! has its own `# Memory ordering` section; this is the map.
+//!
+//! ## The threads and what they share
+//!
+//! | thread | touches | how |
+//! |---|---|---|
+//! | collector (appender) | a shard's cursor, occupancy word, its claimed slots | `fetch_add`, plain stores of stamps, atomic row copy |
+//! | editor (`write_all`) | every shard's occupancy word, stamps of stored rows | `fetch_add`, compare-exchange |
+//! | learner | cursors and floors (read), stamps (read), rows (read) | loads, atomic row copy |
+//! | `empty()` | floors | `fetch_max` |
+//! | learners of one epoch | the epoch's `next` and `closed` | `fetch_add`, load/store |
+//!
+//! Nobody ever takes a lock on the path between collectors and learners. The only
+//! locks in the crate are the without-replacement epoch turnover (learners only, once
+//! per epoch) and nothing else.
+//!
+//! ## 1. The slot protocol (`storage/stamp.rs`)
+//!
+//! A seqlock per slot, made sound for the Rust memory model:
+//!
+//! ```text
+//! writer:  W0 stamp.load(Acquire) shows the predecessor
+//!          W1 stamp.store(writing)             (plain store, or CAS when editors exist)
+//!          W2 fence(Release)
+//!             row stores                        (atomic row copy)
+//!          W3 stamp.store(published, Release)
+//!
+//! reader:  R1 s1 = stamp.load(Acquire)         (must be published)
+//!             row loads                         (atomic row copy)
+//!          R2 fence(Acquire)
+//!          R3 s2 = stamp.load(Relaxed); whole iff s1 == s2
+//! ```
+//!
+//! - W3 → R1 (release/acquire on the stamp): a reader that starts from a published
+//!   stamp sees every byte of that row.
+//! - W2 → R2 (fence to fence, through any row load that read a later writer's store):
+//!   if any byte came from a later writer, that writer's W1 happens before R3, so R3
+//!   reads W1 or a later stamp, never `s1`. The copy is discarded and the row redrawn.
+//! - W0 (acquire of the predecessor's W3): a writer's stores are ordered after the
+//!   previous row's, so no late byte of an old row lands in a new one.
+//!
+//! Stamps only move forward: a 32-bit lap (wrapping, compared with wrap-aware
+//! arithmetic) and a 30-bit in-place edit count. An ABA on a stamp needs a reader
+//! suspended inside one row copy while the same slot is overwritten exactly a multiple
+//! of 2^32 laps, or edited a multiple of 2^30 times: the classic seqlock caveat, at
+//! widths no training run approaches within one copy.
+//!
+//! ## 2. Appenders wait for their exact predecessor (`storage/shard.rs`, `stamp.rs`)
+//!
+//! The appender of sequence number `seq` in a ring of `steps` steps waits until the
+//! slot's stamp shows the row of `seq - steps` published (or empty for the first lap).
+//! Exactly one appender has that predecessor, so two appenders are never inside one
+//! slot, and W1 can be a plain store: no `lock cmpxchg` per row, which would drain the
+//! store buffer and serialise the row writes of an extend. An appender never waits on a
+//! later claim, so the oldest in-flight claim always progresses: no deadlock. With a
+//! writer per shard (the recommended setup) no appender ever waits at all.
+//!
+//! ## 3. Appenders and editors (`storage/shard.rs`)
+//!
+//! An editor (`write_all`) rewrites a stored row in place, so it could race an
+//! appender for a slot. Both sides announce themselves on one `occupancy` word per
+//! shard with a read-modify-write (appenders in the low half, editors in the high
+//! half); the word's modification order decides who saw whom. Plain appenders already
+//! inside finish their one extend before an editor starts; appenders arriving while an
+//! editor is inside mark slots by compare-exchange, as editors always do.
+//!
+//! ## 4. Cursors, floors and windows
+//!
+//! The cursor orders nothing but itself: whether a row is readable is always decided
+//! by its stamp. `empty()` raises the floor with Release after reading the cursor; a
+//! learner loads the floor with Acquire before the cursor, so its window never starts
+//! above its end.
+//!
+//! ## 5. Epochs without replacement (`sampler/without_replacement.rs`)
+//!
+//! An epoch is immutable once published through an `ArcSwap`; learners split it with
+//! `fetch_add` on its cursor, so an entry is handed out once. The learner that finds
+//! it exhausted sets `closed` (Release); the next sample sees it (Acquire) and starts
+//! a new epoch under the turnover lock, re-checking that nobody did first.
+//!
+//! ## 6. The row copy is not a data race (`storage/atomic_copy.rs`)
+//!
+//! Readers copy rows that writers may be overwriting. A plain `memcpy` there is
+//! undefined behaviour even if its result is discarded. Every access to row memory is
+//! therefore atomic in the model: on x86_64 an inline-assembly loop of single 16-byte
+//! SSE, 8/4/2/1-byte or `rep movsb` moves (opaque to the compiler, each a hardware
+//! load or store that is atomic at least per byte); elsewhere, and under loom and the
+//! sanitizers, one `AtomicU64` per word. x86 keeps the loads of a copy ordered before
+//! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
+//! memory ordering of string operations).
+//!
+//! ## What checks this
+//!
+//! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
+//!   protocol (reader against lapping appenders; consecutive laps; editor against a
+//!   compare-exchange appender), torn reads through the public API (sampling and reads
+//!   by index while a collector laps a 2-slot ring), two collectors lapping each other
+//!   on one shard, ndim-2 extends by environment group, `write_all` racing `extend`,
+//!   and two learners sharing an epoch. Removing either fence of the slot protocol
+//!   makes these fail.
+//! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
+//!   rings, every field derived from one counter; also run by `scripts/sanitize` under
+//!   ThreadSanitizer (with std rebuilt instrumented) and AddressSanitizer.
+//! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`): sequences of operations
+//!   against the sequential model in [`crate::reference`].

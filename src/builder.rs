@@ -1,0 +1,176 @@
+//! [`ReplayBufferBuilder`]: every choice of a buffer, validated before any memory is
+//! reserved.
+
+use std::sync::Arc;
+
+use crate::buffer::{Inner, ReplayBuffer};
+use crate::error::{BuildError, BuildErrorKind};
+use crate::sampler::{Engine, Sampler};
+use crate::spec::Spec;
+use crate::storage::geometry::Geometry;
+use crate::storage::Storage;
+use crate::writer::WritePolicy;
+
+/// The most shards a storage may have.
+pub const MAX_SHARDS: usize = 1024;
+
+/// Builds a [`ReplayBuffer`]; [`ReplayBufferBuilder::build`] validates every choice.
+#[derive(Clone, Debug)]
+pub struct ReplayBufferBuilder {
+    spec: Arc<Spec>,
+    capacity: usize,
+    shards: usize,
+    ndim: usize,
+    envs: Option<usize>,
+    dim_extend: Option<usize>,
+    batch_size: Option<usize>,
+    seed: Option<u64>,
+    sampler: Sampler,
+    writer: WritePolicy,
+}
+
+impl ReplayBufferBuilder {
+    pub(crate) fn new(spec: Arc<Spec>) -> ReplayBufferBuilder {
+        ReplayBufferBuilder {
+            spec,
+            capacity: 0,
+            shards: 1,
+            ndim: 1,
+            envs: None,
+            dim_extend: None,
+            batch_size: None,
+            seed: None,
+            sampler: Sampler::default(),
+            writer: WritePolicy::RoundRobin,
+        }
+    }
+
+    /// Rows the storage holds (for ndim 2: `steps * envs`). Required.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Shards (a power of two; default 1). One shard evicts in exact FIFO order; with
+    /// several, each shard is its own FIFO and collectors on different shards share no
+    /// cache line. For ndim 2, shards split the environments.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Storage dimensions: 1 (default) or 2 (shape `[capacity / envs, envs]`).
+    pub fn ndim(mut self, ndim: usize) -> Self {
+        self.ndim = ndim;
+        self
+    }
+
+    /// Parallel environments of an ndim-2 storage.
+    pub fn envs(mut self, envs: usize) -> Self {
+        self.envs = Some(envs);
+        self
+    }
+
+    /// Which dimension of an extended batch is time (TorchRL's `dim_extend`; default
+    /// `ndim - 1`). For ndim 2: 0 takes `[t, envs]` batches, 1 takes `[envs, t]`.
+    pub fn dim_extend(mut self, dim: usize) -> Self {
+        self.dim_extend = Some(dim);
+        self
+    }
+
+    /// The default batch size of `sample_into` and `sample_default`.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = Some(batch_size);
+        self
+    }
+
+    /// The seed of every draw. Without one the buffer seeds itself from entropy.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The sampler (default [`Uniform`](crate::Uniform)).
+    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
+        self.sampler = sampler.into();
+        self
+    }
+
+    /// The write policy (default round robin).
+    pub fn writer(mut self, writer: WritePolicy) -> Self {
+        self.writer = writer;
+        self
+    }
+
+    /// Checks every choice and reserves the storage (lazily: no page is touched until
+    /// written).
+    pub fn build(self) -> Result<ReplayBuffer, BuildError> {
+        let err = |k| Err(BuildError::new(k));
+        if self.capacity == 0 {
+            return err(BuildErrorKind::ZeroCapacity);
+        }
+        if !self.shards.is_power_of_two() {
+            return err(BuildErrorKind::ShardsNotPowerOfTwo {
+                shards: self.shards,
+            });
+        }
+        let geometry = match (self.ndim, self.envs) {
+            (1, None) => {
+                let limit = self.capacity.min(MAX_SHARDS);
+                if self.shards > limit {
+                    return err(BuildErrorKind::TooManyShards {
+                        shards: self.shards,
+                        limit,
+                    });
+                }
+                Geometry::flat(self.capacity as u64, self.shards as u64)
+            }
+            (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
+            (2, None) => return err(BuildErrorKind::EnvsRequired),
+            (2, Some(envs)) => {
+                if envs == 0 || self.capacity % envs != 0 {
+                    return err(BuildErrorKind::EnvsDoNotDivide {
+                        capacity: self.capacity,
+                        envs,
+                    });
+                }
+                let limit = envs.min(MAX_SHARDS);
+                if self.shards > limit {
+                    return err(BuildErrorKind::TooManyShards {
+                        shards: self.shards,
+                        limit,
+                    });
+                }
+                Geometry::grid(
+                    (self.capacity / envs) as u64,
+                    envs as u64,
+                    self.shards as u64,
+                )
+            }
+            (ndim, _) => return err(BuildErrorKind::Ndim { ndim }),
+        };
+        let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
+        if dim_extend >= self.ndim {
+            return err(BuildErrorKind::DimExtend {
+                dim_extend,
+                ndim: self.ndim,
+            });
+        }
+        if self.batch_size == Some(0) {
+            return err(BuildErrorKind::ZeroBatchSize);
+        }
+        let WritePolicy::RoundRobin = self.writer;
+        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let storage = Storage::new(self.spec, geometry)
+            .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        Ok(ReplayBuffer {
+            inner: Arc::new(Inner::new(
+                storage,
+                Engine::new(self.sampler, seed),
+                seed,
+                self.batch_size,
+                dim_extend,
+            )),
+        })
+    }
+}
