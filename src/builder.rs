@@ -106,49 +106,7 @@ impl ReplayBufferBuilder {
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
         let err = |k| Err(BuildError::new(k));
-        if self.capacity == 0 {
-            return err(BuildErrorKind::ZeroCapacity);
-        }
-        if !self.shards.is_power_of_two() {
-            return err(BuildErrorKind::ShardsNotPowerOfTwo {
-                shards: self.shards,
-            });
-        }
-        let geometry = match (self.ndim, self.envs) {
-            (1, None) => {
-                let limit = self.capacity.min(MAX_SHARDS);
-                if self.shards > limit {
-                    return err(BuildErrorKind::TooManyShards {
-                        shards: self.shards,
-                        limit,
-                    });
-                }
-                Geometry::flat(self.capacity as u64, self.shards as u64)
-            }
-            (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
-            (2, None) => return err(BuildErrorKind::EnvsRequired),
-            (2, Some(envs)) => {
-                if envs == 0 || self.capacity % envs != 0 {
-                    return err(BuildErrorKind::EnvsDoNotDivide {
-                        capacity: self.capacity,
-                        envs,
-                    });
-                }
-                let limit = envs.min(MAX_SHARDS);
-                if self.shards > limit {
-                    return err(BuildErrorKind::TooManyShards {
-                        shards: self.shards,
-                        limit,
-                    });
-                }
-                Geometry::grid(
-                    (self.capacity / envs) as u64,
-                    envs as u64,
-                    self.shards as u64,
-                )
-            }
-            (ndim, _) => return err(BuildErrorKind::Ndim { ndim }),
-        };
+        let geometry = geometry(self.capacity, self.shards, self.ndim, self.envs)?;
         let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
         if dim_extend >= self.ndim {
             return err(BuildErrorKind::DimExtend {
@@ -173,4 +131,40 @@ impl ReplayBufferBuilder {
             )),
         })
     }
+}
+
+/// The storage shape of `capacity` rows in `shards` shards: ndim 1, or ndim 2 with
+/// `envs` environments. Checks every shape choice.
+pub(crate) fn geometry(
+    capacity: usize,
+    shards: usize,
+    ndim: usize,
+    envs: Option<usize>,
+) -> Result<Geometry, BuildError> {
+    let err = |k| Err(BuildError::new(k));
+    if capacity == 0 {
+        return err(BuildErrorKind::ZeroCapacity);
+    }
+    if !shards.is_power_of_two() {
+        return err(BuildErrorKind::ShardsNotPowerOfTwo { shards });
+    }
+    // Every shard needs a slot (ndim 1) or an environment (ndim 2).
+    let parts = match (ndim, envs) {
+        (1, None) => capacity,
+        (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
+        (2, None) => return err(BuildErrorKind::EnvsRequired),
+        (2, Some(envs)) if envs == 0 || capacity % envs != 0 => {
+            return err(BuildErrorKind::EnvsDoNotDivide { capacity, envs })
+        }
+        (2, Some(envs)) => envs,
+        (ndim, _) => return err(BuildErrorKind::Ndim { ndim }),
+    };
+    let limit = parts.min(MAX_SHARDS);
+    if shards > limit {
+        return err(BuildErrorKind::TooManyShards { shards, limit });
+    }
+    Ok(match envs {
+        None => Geometry::flat(capacity as u64, shards as u64),
+        Some(envs) => Geometry::grid((capacity / envs) as u64, envs as u64, shards as u64),
+    })
 }

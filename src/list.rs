@@ -10,8 +10,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::builder::MAX_SHARDS;
-use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
+use crate::builder;
+use crate::error::{AccessError, BuildError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
 use crate::storage::geometry::Geometry;
@@ -105,22 +105,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
 
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
-        if self.capacity == 0 {
-            return Err(BuildError::new(BuildErrorKind::ZeroCapacity));
-        }
-        if !self.shards.is_power_of_two() {
-            return Err(BuildError::new(BuildErrorKind::ShardsNotPowerOfTwo {
-                shards: self.shards,
-            }));
-        }
-        let limit = self.capacity.min(MAX_SHARDS);
-        if self.shards > limit {
-            return Err(BuildError::new(BuildErrorKind::TooManyShards {
-                shards: self.shards,
-                limit,
-            }));
-        }
-        let geometry = Geometry::flat(self.capacity as u64, self.shards as u64);
+        let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         Ok(ListBuffer {
             inner: Arc::new(ListInner {

@@ -35,6 +35,15 @@ fn emit(workload: &str, op: &str, secs_per_op: f64, items: usize, extra: serde_j
     println!("{line}");
 }
 
+/// Mean seconds of one call of `op`, over `n` calls.
+fn seconds_per_op(n: usize, mut op: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        op();
+    }
+    t.elapsed().as_secs_f64() / n.max(1) as f64
+}
+
 /// Resident memory of this process, in bytes (Linux; 0 elsewhere).
 pub fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -73,49 +82,38 @@ fn single(w: Workload, samples: usize) {
     let before = resident_bytes();
 
     let fills = w.capacity / w.chunk;
-    let t = Instant::now();
-    for _ in 0..fills {
+    let extend = || {
         writer.extend(&chunk).expect("extend");
-    }
+    };
     emit(
         w.name,
         "fill",
-        t.elapsed().as_secs_f64() / fills as f64,
+        seconds_per_op(fills, extend),
         w.chunk,
         json!({}),
     );
     // Top up the remainder so the buffer is full and steady state wraps around.
     while rb.len() < rb.capacity() {
-        writer.extend(&chunk).expect("extend");
+        extend();
     }
     let resident = resident_bytes().saturating_sub(before);
-
     let steady = (fills / 2).max(20);
-    let t = Instant::now();
-    for _ in 0..steady {
-        writer.extend(&chunk).expect("extend");
-    }
     emit(
         w.name,
         "extend",
-        t.elapsed().as_secs_f64() / steady as f64,
+        seconds_per_op(steady, extend),
         w.chunk,
         json!({}),
     );
 
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
-    for _ in 0..samples / 10 {
-        learner.sample_into(&mut batch).expect("sample");
-    }
-    let t = Instant::now();
-    for _ in 0..samples {
-        learner.sample_into(&mut batch).expect("sample");
-    }
+    let mut sample = || learner.sample_into(&mut batch).expect("sample");
+    seconds_per_op(samples / 10, &mut sample);
     emit(
         w.name,
         "sample",
-        t.elapsed().as_secs_f64() / samples as f64,
+        seconds_per_op(samples, &mut sample),
         w.batch,
         json!({}),
     );

@@ -51,10 +51,16 @@ struct LearnerReport {
     weights: [f32; 4],
 }
 
-/// Features of the reward model: theta^2, theta_dot^2, u^2, bias.
+/// Scales that bring each feature of the reward model into [0, 1]: theta^2 (up to
+/// pi^2), theta_dot^2 (up to 8^2), u^2 (up to 2^2), bias.
+const FEATURE_SCALE: [f32; 4] = [std::f32::consts::PI * std::f32::consts::PI, 64.0, 4.0, 1.0];
+const LEARNING_RATE: f32 = 0.1;
+
+/// Features of the reward model, each scaled into [0, 1].
 fn features(obs: &[f32], u: f32) -> [f32; 4] {
     let theta = obs[1].atan2(obs[0]);
-    [theta * theta, obs[2] * obs[2], u * u, 1.0]
+    let raw = [theta * theta, obs[2] * obs[2], u * u, 1.0];
+    std::array::from_fn(|i| raw[i] / FEATURE_SCALE[i])
 }
 
 pub fn run(args: &DemoArgs) {
@@ -212,7 +218,7 @@ fn learn(
         }
         let n = batch.len() as f32;
         for (wi, g) in w.iter_mut().zip(grad) {
-            *wi -= 0.002 * g / n;
+            *wi -= LEARNING_RATE * g / n;
         }
         last_loss = loss / n;
         if first_loss.is_nan() {
@@ -228,7 +234,8 @@ fn learn(
         latencies_ns,
         first_loss,
         last_loss,
-        weights: w,
+        // Back in the units of the reward: r = w . [theta^2, theta_dot^2, u^2, 1].
+        weights: std::array::from_fn(|i| w[i] / FEATURE_SCALE[i]),
     }
 }
 
