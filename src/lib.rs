@@ -53,6 +53,7 @@ mod rng;
 mod sampler;
 mod spec;
 mod storage;
+mod sumtree;
 mod sync;
 mod typed;
 mod writer;
@@ -76,6 +77,11 @@ pub mod internals {
     pub use crate::storage::atomic_copy::{load, store};
     /// The atomic word of the crate's regions (`std`'s, or loom's under loom).
     pub use crate::sync::AtomicU64;
+    /// The concurrent trees of `sumtree/` and their locked twin.
+    pub mod sumtree {
+        pub use crate::sumtree::reference::ReferenceTree;
+        pub use crate::sumtree::{from_fixed, to_fixed, Leaf, OwnedTree, FRACTION_BITS};
+    }
     /// The slot protocol of `storage/stamp.rs`.
     pub mod stamp {
         pub use crate::storage::stamp::{

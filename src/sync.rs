@@ -58,6 +58,11 @@ mod imp {
         pub fn fetch_sub(&self, v: u64, order: Ordering) -> u64 {
             self.0.fetch_sub(v, order)
         }
+        /// As `std::sync::atomic::AtomicU64::swap`.
+        #[inline]
+        pub fn swap(&self, v: u64, order: Ordering) -> u64 {
+            self.0.swap(v, order)
+        }
         /// As `std::sync::atomic::AtomicU64::fetch_max`.
         #[inline]
         pub fn fetch_max(&self, v: u64, order: Ordering) -> u64 {

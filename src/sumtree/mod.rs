@@ -1,0 +1,290 @@
+//! The concurrent segment trees of prioritized sampling, and their locked twin.
+//!
+//! Each shard has one tree block in the storage region, after the rows (so shared
+//! memory and checkpoints carry it with the rows):
+//!
+//! ```text
+//! | leaves (n words) | raw priorities (n) | sum levels | min levels | max levels |
+//! ```
+//!
+//! - A **leaf** is a slot's mass `(p + eps)^alpha` in fixed point (20 fractional bits,
+//!   48 bits in all) with a 16-bit tag: the low bits of the lap of the row it belongs
+//!   to. A priority update for a row that has since been overwritten finds another tag
+//!   and is dropped.
+//! - The **sum tree** holds exact integer sums. A leaf change adds its delta to every
+//!   ancestor with one `fetch_add` each: additions commute, so concurrent updates need
+//!   no lock and no retry, and the root is always, once updates settle, exactly the sum
+//!   of the leaves. Integers cannot drift.
+//! - The **min tree** (the weight normaliser) and the **max tree** (the priority of new
+//!   rows with `max_priority_within_buffer`) cannot be kept by deltas; their entries
+//!   are recomputed from their children and verified (`tree.rs`).
+//! - Nodes are `ARITY` entries, one cache line: a descent over a million leaves loads
+//!   seven lines, and the top levels stay cached.
+//!
+//! `reference.rs` is the locked twin: a `Mutex<Vec<_>>` recomputed from scratch, which
+//! the property tests and the fuzz target compare against.
+
+pub mod reference;
+pub(crate) mod tree;
+
+/// Children per node: one cache line of `u64` entries (two under loom, to keep the
+/// model small).
+pub(crate) const ARITY: usize = if cfg!(replaybuf_loom) { 2 } else { 8 };
+
+/// Fractional bits of a leaf's fixed-point mass: a resolution of about 1e-6.
+pub const FRACTION_BITS: u32 = 20;
+/// Bits of a leaf's mass; the 16 above hold the tag.
+const VALUE_BITS: u32 = 48;
+const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
+
+/// A leaf word: a 16-bit tag and a 48-bit fixed-point mass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leaf(u64);
+
+impl Leaf {
+    /// An empty slot's leaf.
+    pub const EMPTY: Leaf = Leaf(0);
+
+    /// The leaf of a row of lap `lap` with mass `value`.
+    pub fn new(lap: u32, value: u64) -> Leaf {
+        debug_assert!(value <= VALUE_MASK);
+        Leaf((u64::from(lap as u16) << VALUE_BITS) | value)
+    }
+
+    /// The fixed-point mass.
+    pub fn value(self) -> u64 {
+        self.0 & VALUE_MASK
+    }
+
+    /// The tag: the low 16 bits of the row's lap.
+    pub fn tag(self) -> u16 {
+        (self.0 >> VALUE_BITS) as u16
+    }
+
+    /// Whether this leaf belongs to a row of lap `lap`.
+    pub fn is_of(self, lap: u32) -> bool {
+        self.tag() == lap as u16
+    }
+
+    pub(crate) fn bits(self) -> u64 {
+        self.0
+    }
+
+    pub(crate) fn from_bits(bits: u64) -> Leaf {
+        Leaf(bits)
+    }
+}
+
+/// The largest mass a leaf of a tree of `leaves` leaves may hold: the sum of all of them
+/// must fit a `u64`.
+pub fn value_max(leaves: usize) -> u64 {
+    VALUE_MASK.min(u64::MAX / leaves.max(1) as u64)
+}
+
+/// `x` in fixed point, rounded, saturating at `max`; any positive `x` gets at least one
+/// unit, so a row with non-zero priority keeps non-zero mass.
+pub fn to_fixed(x: f64, max: u64) -> u64 {
+    if x <= 0.0 || x.is_nan() {
+        return 0;
+    }
+    let v = (x * f64::from(1u32 << FRACTION_BITS)).round();
+    if v >= max as f64 {
+        max
+    } else {
+        (v as u64).max(1)
+    }
+}
+
+/// A fixed-point mass as a float.
+pub fn from_fixed(v: u64) -> f64 {
+    v as f64 / f64::from(1u32 << FRACTION_BITS)
+}
+
+/// Which of the three trees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Sum,
+    Min,
+    Max,
+}
+
+/// Where one shard's tree block lives, and its shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Leaves: the shard's slots.
+    pub(crate) leaves: usize,
+    /// First word of the block in the region.
+    pub(crate) base: usize,
+    /// (offset inside one tree's levels, entries) of levels 1 (just above the leaves)
+    /// to the root level, which has one entry.
+    pub(crate) levels: Vec<(usize, usize)>,
+    /// Words of one tree's levels.
+    pub(crate) internal: usize,
+    pub(crate) value_max: u64,
+}
+
+impl Layout {
+    pub(crate) fn new(leaves: usize, base: usize) -> Layout {
+        let mut levels = Vec::new();
+        let (mut size, mut offset) = (leaves.max(1), 0);
+        loop {
+            size = size.div_ceil(ARITY);
+            levels.push((offset, size));
+            offset += size;
+            if size == 1 {
+                break;
+            }
+        }
+        Layout {
+            leaves,
+            base,
+            levels,
+            internal: offset,
+            value_max: value_max(leaves),
+        }
+    }
+
+    /// Words of the whole block: leaves, raw priorities, and three trees.
+    pub(crate) fn words(&self) -> usize {
+        2 * self.leaves + 3 * self.internal
+    }
+
+    pub(crate) fn leaf_word(&self, i: usize) -> usize {
+        self.base + i
+    }
+
+    pub(crate) fn raw_word(&self, i: usize) -> usize {
+        self.base + self.leaves + i
+    }
+
+    /// The word of entry `j` of level `level` (1-based) of tree `kind`.
+    pub(crate) fn entry_word(&self, kind: Kind, level: usize, j: usize) -> usize {
+        let tree = match kind {
+            Kind::Sum => 0,
+            Kind::Min => 1,
+            Kind::Max => 2,
+        };
+        self.base + 2 * self.leaves + tree * self.internal + self.levels[level - 1].0 + j
+    }
+
+    /// Entries of level `level` (0: the leaves).
+    pub(crate) fn size(&self, level: usize) -> usize {
+        if level == 0 {
+            self.leaves
+        } else {
+            self.levels[level - 1].1
+        }
+    }
+
+    /// The root level's number.
+    pub(crate) fn top(&self) -> usize {
+        self.levels.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_end_in_one_root() {
+        for n in [1, 2, 7, 8, 9, 64, 65, 1000, 1 << 20] {
+            let l = Layout::new(n, 0);
+            assert_eq!(l.levels.last().unwrap().1, 1, "{n} leaves");
+            for level in 1..=l.top() {
+                assert_eq!(l.size(level), l.size(level - 1).div_ceil(ARITY));
+            }
+        }
+        assert_eq!(Layout::new(1 << 20, 0).top(), 7);
+    }
+
+    #[test]
+    fn fixed_point_keeps_positive_mass_and_saturates() {
+        assert_eq!(to_fixed(0.0, 100), 0);
+        assert_eq!(to_fixed(1e-30, 100), 1);
+        assert_eq!(to_fixed(1.0, u64::MAX), 1 << FRACTION_BITS);
+        assert_eq!(to_fixed(1e30, 100), 100);
+        assert!((from_fixed(to_fixed(0.3, u64::MAX)) - 0.3).abs() < 1e-6);
+        let leaf = Leaf::new(0x1_2345, 77);
+        assert_eq!((leaf.tag(), leaf.value()), (0x2345, 77));
+        assert!(leaf.is_of(0x2345) && leaf.is_of(0x9_2345) && !leaf.is_of(1));
+        assert_eq!(value_max(1 << 20), u64::MAX >> 20);
+    }
+}
+
+/// A concurrent tree block that owns its words: the trees of one shard, on their own.
+/// For the crate's loom tests, property tests and fuzz targets, which drive the trees
+/// without a storage around them.
+#[derive(Debug)]
+pub struct OwnedTree {
+    words: Box<[crate::sync::AtomicU64]>,
+    layout: Layout,
+}
+
+impl OwnedTree {
+    /// A tree over `leaves` slots, all empty.
+    pub fn new(leaves: usize) -> OwnedTree {
+        let layout = Layout::new(leaves, 0);
+        OwnedTree {
+            words: (0..layout.words())
+                .map(|_| crate::sync::AtomicU64::new(0))
+                .collect(),
+            layout,
+        }
+    }
+
+    fn tree(&self) -> tree::Tree<'_> {
+        tree::Tree::new(&self.words, &self.layout)
+    }
+
+    /// The largest mass a leaf may hold.
+    pub fn value_max(&self) -> u64 {
+        self.layout.value_max
+    }
+
+    /// Gives slots `first..` new rows' leaves.
+    pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
+        self.tree().set_run(first, leaves)
+    }
+
+    /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.
+    pub fn update(&self, i: usize, lap: u32, value: u64, raw: f64) -> bool {
+        self.tree().update(i, lap, value, raw) == tree::Updated::Applied
+    }
+
+    /// Takes slot `i`'s mass away if its tag is `tag`.
+    pub fn clear(&self, i: usize, tag: u16) {
+        self.tree().clear(i, tag)
+    }
+
+    /// The leaf of slot `i` and its raw priority.
+    pub fn leaf(&self, i: usize) -> (Leaf, f64) {
+        (self.tree().leaf(i), self.tree().raw(i))
+    }
+
+    /// The sum tree's root.
+    pub fn total(&self) -> u64 {
+        self.tree().total()
+    }
+
+    /// The min tree's root.
+    pub fn min(&self) -> u64 {
+        self.tree().min()
+    }
+
+    /// The max tree's root.
+    pub fn max(&self) -> u64 {
+        self.tree().max()
+    }
+
+    /// The slot a descent for mass `t` lands on, with its mass and tag.
+    pub fn descend(&self, t: u64) -> Option<(usize, u64, u16)> {
+        self.tree().descend(t).map(|l| (l.leaf, l.value, l.tag))
+    }
+
+    /// Whether every entry of all three trees equals what its children give (true once
+    /// concurrent updates have settled).
+    pub fn is_consistent(&self) -> bool {
+        self.tree().is_consistent()
+    }
+}
