@@ -51,6 +51,14 @@ pub(crate) struct Scratch {
     pub(crate) draws: Vec<Draw>,
 }
 
+/// The parts of a batch the sampling path fills, borrowed apart.
+pub(crate) struct Parts<'a> {
+    pub(crate) columns: &'a mut [Column],
+    pub(crate) index: &'a mut [u64],
+    pub(crate) generation: &'a mut [u64],
+    pub(crate) weight: Option<&'a mut [f32]>,
+}
+
 /// A typed view of one column, with its full shape.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a, T> {
@@ -88,6 +96,8 @@ pub struct Batch {
     full_shapes: Vec<Vec<usize>>,
     index: Vec<u64>,
     generation: Vec<u64>,
+    /// Importance weights, when sampled by a prioritized sampler.
+    weight: Option<Vec<f32>>,
     scratch: Scratch,
 }
 
@@ -109,6 +119,7 @@ impl Batch {
             columns,
             index: Vec::new(),
             generation: Vec::new(),
+            weight: None,
             scratch: Scratch::default(),
         };
         batch.refresh_shapes();
@@ -233,9 +244,21 @@ impl Batch {
         &self.generation
     }
 
+    /// The importance weight of every row, when sampled by a prioritized sampler:
+    /// `(N * P(i))^-beta`, normalised by the largest weight of any stored row.
+    pub fn weight(&self) -> Option<&[f32]> {
+        self.weight.as_deref()
+    }
+
     /// Turns this batch into one of `rows` rows of `spec` with shape `[rows]`, keeping
-    /// its allocations; the contents are whatever the next writer puts there.
-    pub(crate) fn reshape_for_sample(&mut self, rows: usize) {
+    /// its allocations; the contents are whatever the next writer puts there. With
+    /// `weighted`, it also keeps a weight per row.
+    pub(crate) fn reshape_for_sample(&mut self, rows: usize, weighted: bool) {
+        match (&mut self.weight, weighted) {
+            (Some(w), true) => w.resize(rows, 0.0),
+            (w, true) => *w = Some(vec![0.0; rows]),
+            (w, false) => *w = None,
+        }
         if self.shape.len() != 1 || self.shape[0] != rows {
             self.shape.clear();
             self.shape.push(rows);
@@ -252,8 +275,15 @@ impl Batch {
         &self.columns
     }
 
-    pub(crate) fn parts_mut(&mut self) -> (&mut [Column], &mut [u64], &mut [u64]) {
-        (&mut self.columns, &mut self.index, &mut self.generation)
+    pub(crate) fn parts_mut(
+        &mut self,
+    ) -> (&mut [Column], &mut [u64], &mut [u64], Option<&mut [f32]>) {
+        (
+            &mut self.columns,
+            &mut self.index,
+            &mut self.generation,
+            self.weight.as_deref_mut(),
+        )
     }
 
     pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {

@@ -12,11 +12,14 @@ use crate::builder::ReplayBufferBuilder;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
-use crate::sampler::{read_draws, Engine, OnMiss};
+use crate::sampler::prioritized::{self, Masses};
+use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
-use crate::storage::{Draw, Storage, Want, SAMPLE_AHEAD_DRAWS};
+use crate::storage::shard::Shard;
+use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
+use crate::sumtree::tree::Tree;
 use crate::sync::{AtomicU64, Ordering};
 use crate::writer::{Writer, Written};
 
@@ -36,6 +39,8 @@ pub(crate) struct Inner {
     learners: AtomicU64,
     pub(crate) batch_size: Option<usize>,
     dim_extend: usize,
+    /// The spec field holding priorities (`priority_key`), by position.
+    pub(crate) priority_field: Option<usize>,
 }
 
 /// A replay buffer: many collectors extend it while many learners sample it, with no
@@ -172,12 +177,12 @@ impl ReplayBuffer {
         if one_row {
             inner.check_one_row(batch)?;
         }
-        let (steps, src) = inner.prepare(None, batch)?;
+        let rows = inner.prepare(None, batch)?;
         let shard = match inner.storage.geometry() {
             Geometry::Flat { .. } => Some(self.pick_shard()),
             Geometry::Grid { .. } => None,
         };
-        Ok(inner.append(shard, steps, &src))
+        Ok(inner.append(shard, &rows))
     }
 
     /// The shard of the next buffer-level extend: round robin across calls.
@@ -267,6 +272,7 @@ impl ReplayBuffer {
     pub fn empty(&self) {
         self.inner.storage.empty();
         self.inner.sampler.reset();
+        self.inner.clear_emptied();
     }
 }
 
@@ -277,8 +283,10 @@ impl Inner {
         seed: u64,
         batch_size: Option<usize>,
         dim_extend: usize,
+        priority_field: Option<usize>,
     ) -> Inner {
         Inner {
+            priority_field,
             storage,
             sampler,
             seed,
@@ -384,28 +392,35 @@ impl Inner {
     /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
     /// every shard (`None`, ndim 2 only).
     pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
-        let (steps, src) = self.prepare(shard, batch)?;
-        Ok(self.append(shard, steps, &src))
+        let rows = self.prepare(shard, batch)?;
+        Ok(self.append(shard, &rows))
     }
 
-    /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns its
-    /// steps and copy plan.
+    /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns what
+    /// `append` needs: its steps, copy plan, and the priorities of its priority field.
     fn prepare<'a>(
         &self,
         shard: Option<usize>,
         batch: &'a Batch,
-    ) -> Result<(u64, Source<'a>), DataError> {
+    ) -> Result<Prepared<'a>, DataError> {
         let (steps, order) = self.extent(shard, batch)?;
-        Ok((steps, self.source(batch, order)?))
+        Ok(Prepared {
+            steps,
+            src: self.source(batch, order)?,
+            priorities: self.batch_priorities(batch)?,
+        })
     }
 
     /// Appends validated rows. `shard: None` writes every env group of an ndim-2 storage.
-    pub(crate) fn append(&self, shard: Option<usize>, steps: u64, src: &Source<'_>) -> Written {
+    pub(crate) fn append(&self, shard: Option<usize>, rows: &Prepared<'_>) -> Written {
         let storage = &self.storage;
+        let (steps, src) = (rows.steps, &rows.src);
         let mut written = Written::new(steps, src.order);
+        let priorities = rows.priorities.as_deref();
         match shard {
             Some(k) => {
                 let first = storage.append(k, steps, src);
+                self.set_new_priorities(k, first, steps, src, priorities);
                 written.push(*storage.shards()[k].ring(), first, 0);
             }
             None => {
@@ -413,6 +428,7 @@ impl Inner {
                     let ring = *shard.ring();
                     let group = src.for_group(ring.index_offset);
                     let first = storage.append(k, steps, &group);
+                    self.set_new_priorities(k, first, steps, &group, priorities);
                     written.push(ring, first, ring.index_offset);
                 }
             }
@@ -432,17 +448,17 @@ impl Inner {
             .map_err(|_| SampleError::SpecMismatch)?;
         let mut scratch = std::mem::take(batch.scratch_mut());
         let result = self.draw(rng, n, &mut scratch).and_then(|()| {
-            batch.reshape_for_sample(scratch.draws.len());
-            let on_miss = self.on_miss(rng, &mut scratch.windows);
-            let (columns, index, generation) = batch.parts_mut();
-            let mut dest = dest_for(self.storage.spec(), &map, columns);
-            self.gather(
-                &scratch.draws,
-                self.sampler.want(),
-                on_miss,
+            let weighted = self.sampler.prioritized().is_some();
+            batch.reshape_for_sample(scratch.draws.len(), weighted);
+            let parts = batch.parts_mut();
+            let mut dest = dest_for(self.storage.spec(), &map, parts.columns);
+            self.gather_sampled(
+                rng,
+                &mut scratch,
                 &mut dest,
-                generation,
-                index,
+                parts.generation,
+                parts.index,
+                parts.weight,
             )
         });
         *batch.scratch_mut() = scratch;
@@ -456,30 +472,103 @@ impl Inner {
         n: usize,
         scratch: &mut Scratch,
     ) -> Result<(), SampleError> {
-        self.storage.windows(&mut scratch.windows);
-        self.sampler.draw(
-            self.storage.shards(),
+        let storage = &self.storage;
+        storage.windows(&mut scratch.windows);
+        if self.sampler.prioritized().is_none() {
+            return self.sampler.draw(
+                storage.shards(),
+                &scratch.windows,
+                rng,
+                n,
+                &mut scratch.draws,
+            );
+        }
+        let trees = storage.trees();
+        let masses = Masses::new(&trees);
+        if masses.is_empty() {
+            return Err(SampleError::Empty);
+        }
+        prioritized::draw(
+            &trees,
+            storage.shards(),
             &scratch.windows,
+            &masses,
             rng,
             n,
             &mut scratch.draws,
-        )
+        );
+        Ok(())
     }
 
-    /// What a sampled read does when its row is gone or busy.
-    pub(crate) fn on_miss<'a>(
+    /// Copies the rows drawn into `scratch.draws` into rows `0..` of `dest`, replacing
+    /// draws that miss as the sampler says, with importance weights when prioritized.
+    pub(crate) fn gather_sampled(
         &self,
-        rng: &'a mut Rng,
-        windows: &'a mut Vec<crate::storage::shard::Window>,
-    ) -> OnMiss<'a> {
-        if self.sampler.redraws() {
-            OnMiss::Redraw(rng, windows)
-        } else {
-            OnMiss::Retry
+        rng: &mut Rng,
+        scratch: &mut Scratch,
+        dest: &mut Dest<'_>,
+        generation: &mut [u64],
+        index: &mut [u64],
+        weight: Option<&mut [f32]>,
+    ) -> Result<(), SampleError> {
+        let shards = self.storage.shards();
+        let Scratch { windows, draws } = scratch;
+        match (self.sampler.prioritized(), weight) {
+            (Some(state), Some(weight)) => {
+                let trees = self.storage.trees();
+                let min = trees.iter().map(Tree::min).min().unwrap_or(u64::MAX);
+                let mut masses = Masses::new(&trees);
+                let mut redraw = |refresh: bool| {
+                    if refresh {
+                        windows.clear();
+                        windows.extend(shards.iter().map(Shard::window));
+                        masses = Masses::new(&trees);
+                    }
+                    prioritized::redraw(&trees, shards, windows, &masses, rng)
+                };
+                let weigh = Weigh {
+                    state,
+                    min,
+                    out: weight,
+                };
+                self.gather(
+                    draws,
+                    Want::Exact,
+                    OnMiss::Redraw(&mut redraw),
+                    dest,
+                    generation,
+                    index,
+                    Some(weigh),
+                )
+            }
+            _ if self.sampler.redraws() => {
+                let mut redraw = uniform_redraw(shards, windows, rng);
+                self.gather(
+                    draws,
+                    Want::Exact,
+                    OnMiss::Redraw(&mut redraw),
+                    dest,
+                    generation,
+                    index,
+                    None,
+                )
+            }
+            _ => self.gather(
+                draws,
+                Want::AtLeast,
+                OnMiss::Retry,
+                dest,
+                generation,
+                index,
+                None,
+            ),
         }
     }
 
-    /// Copies the drawn rows into rows `0..draws.len()` of `dest`.
+    /// Copies the drawn rows into rows `0..draws.len()` of `dest`. With `weigh`, the
+    /// draws are prioritized: a draw must name the row its leaf belongs to, and each
+    /// row read gets its importance weight.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gather(
         &self,
         draws: &[Draw],
@@ -488,22 +577,31 @@ impl Inner {
         dest: &mut Dest<'_>,
         generation: &mut [u64],
         index: &mut [u64],
+        mut weigh: Option<Weigh<'_>>,
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
         for &d in draws.iter().take(SAMPLE_AHEAD_DRAWS) {
             storage.prefetch(d);
         }
         read_draws(
-            storage.shards(),
             draws,
             on_miss,
             |d, k| {
                 if let Some(&ahead) = draws.get(k + SAMPLE_AHEAD_DRAWS) {
                     storage.prefetch(ahead);
                 }
-                storage
-                    .read(d, want, dest, k)
-                    .map(|(s, i)| (s.generation(), i))
+                if weigh.is_some() && d.mass == 0 {
+                    return Err(Miss::Gone);
+                }
+                let (stamp, at) = storage.read(d, want, dest, k)?;
+                if let Some(w) = &mut weigh {
+                    // The leaf's mass is this row's only if its tag names this lap.
+                    if stamp.lap() as u16 != d.tag {
+                        return Err(Miss::Gone);
+                    }
+                    w.out[k] = w.state.weight(d.mass, w.min.min(d.mass));
+                }
+                Ok((stamp.generation(), at))
             },
             generation,
             index,
@@ -513,9 +611,9 @@ impl Inner {
     /// The rows at the drawn positions, as they are now.
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
         let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
-        batch.reshape_for_sample(draws.len());
+        batch.reshape_for_sample(draws.len(), false);
         let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
-        let (columns, index, generation) = batch.parts_mut();
+        let (columns, index, generation, _) = batch.parts_mut();
         let mut dest = dest_for(self.storage.spec(), &identity, columns);
         // A read by position waits for the row's writer, which is inside one extend.
         self.gather(
@@ -525,6 +623,7 @@ impl Inner {
             &mut dest,
             generation,
             index,
+            None,
         )
         .expect("replaybuf internal error: a writer never finished its row");
         drop(dest);
@@ -564,6 +663,22 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Rows checked for an extend, ready to append.
+pub(crate) struct Prepared<'a> {
+    pub(crate) steps: u64,
+    pub(crate) src: Source<'a>,
+    /// One priority per batch row, from the priority field.
+    pub(crate) priorities: Option<Vec<f64>>,
+}
+
+/// What a prioritized gather needs to weigh the rows it reads.
+pub(crate) struct Weigh<'a> {
+    state: &'a prioritized::State,
+    /// The smallest mass of any stored row, read before the draws.
+    min: u64,
+    out: &'a mut [f32],
 }
 
 /// The copy plan from rows of `spec` into a batch's columns: field `i` of `spec` goes

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use crate::buffer::{Inner, ReplayBuffer};
+use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::sampler::{Engine, Sampler};
-use crate::spec::Spec;
+use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
 use crate::storage::Storage;
 use crate::writer::WritePolicy;
@@ -27,6 +28,7 @@ pub struct ReplayBufferBuilder {
     seed: Option<u64>,
     sampler: Sampler,
     writer: WritePolicy,
+    priority_key: Option<Key>,
 }
 
 impl ReplayBufferBuilder {
@@ -42,6 +44,7 @@ impl ReplayBufferBuilder {
             seed: None,
             sampler: Sampler::default(),
             writer: WritePolicy::RoundRobin,
+            priority_key: None,
         }
     }
 
@@ -96,6 +99,16 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// The field holding priorities (TorchRL's `priority_key`, e.g. `"td_error"`): an
+    /// extended batch's values of it seed its rows' priorities, and
+    /// [`ReplayBuffer::update_priority_from`] reads updates from it. A float field of
+    /// any shape; a row's several values reduce to one by the sampler's `reduction`.
+    /// Needs a prioritized sampler.
+    pub fn priority_key(mut self, key: impl Into<Key>) -> Self {
+        self.priority_key = Some(key.into());
+        self
+    }
+
     /// The write policy (default round robin).
     pub fn writer(mut self, writer: WritePolicy) -> Self {
         self.writer = writer;
@@ -118,8 +131,41 @@ impl ReplayBufferBuilder {
             return err(BuildErrorKind::ZeroBatchSize);
         }
         let WritePolicy::RoundRobin = self.writer;
+        let prioritized = match self.sampler {
+            Sampler::Prioritized(p) => {
+                if let Some(reason) = p.check(self.capacity) {
+                    return err(BuildErrorKind::Sampler { reason });
+                }
+                true
+            }
+            _ => false,
+        };
+        let priority_field = match self.priority_key {
+            None => None,
+            Some(key) => {
+                let reason = |reason| {
+                    err(BuildErrorKind::PriorityKey {
+                        key: key.clone(),
+                        reason,
+                    })
+                };
+                let Some((i, field)) = self.spec.field(&key) else {
+                    return reason("no such field in the spec");
+                };
+                if !matches!(
+                    field.dtype(),
+                    DType::F16 | DType::BF16 | DType::F32 | DType::F64
+                ) {
+                    return reason("priorities must be a float field");
+                }
+                if !prioritized {
+                    return reason("a priority field needs a prioritized sampler");
+                }
+                Some(i)
+            }
+        };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let storage = Storage::new(self.spec, geometry)
+        let storage = Storage::new(self.spec, geometry, prioritized)
             .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
         Ok(ReplayBuffer {
             inner: Arc::new(Inner::new(
@@ -128,6 +174,7 @@ impl ReplayBufferBuilder {
                 seed,
                 self.batch_size,
                 dim_extend,
+                priority_field,
             )),
         })
     }

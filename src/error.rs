@@ -62,6 +62,8 @@ pub(crate) enum BuildErrorKind {
     DimExtend { dim_extend: usize, ndim: usize },
     ZeroBatchSize,
     ZeroSizedRow,
+    Sampler { reason: &'static str },
+    PriorityKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
 }
@@ -111,6 +113,8 @@ impl fmt::Display for BuildError {
             ),
             ZeroBatchSize => f.write_str("batch_size must be at least 1"),
             ZeroSizedRow => f.write_str("a typed buffer's row type must not be zero-sized"),
+            Sampler { reason } => write!(f, "sampler: {reason}"),
+            PriorityKey { key, reason } => write!(f, "priority key `{key}`: {reason}"),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
         }
@@ -134,7 +138,7 @@ impl From<SpecError> for BuildError {
 }
 
 /// Data that does not match the buffer's spec or storage shape. Nothing was written.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum DataError {
     /// The spec has a field the data lacks.
     #[error("field `{key}` is missing")]
@@ -193,6 +197,70 @@ pub enum DataError {
         /// The field.
         key: Key,
     },
+    /// The priority field of a row holds a NaN, infinite or negative value.
+    #[error(
+        "priority field `{key}` of row {row} is {value}; priorities must be finite and at least 0"
+    )]
+    InvalidPriority {
+        /// The priority field.
+        key: Key,
+        /// The row of the batch.
+        row: usize,
+        /// The value found.
+        value: f64,
+    },
+}
+
+/// Why a priority update was refused. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PriorityError {
+    /// The buffer's sampler is not prioritized.
+    #[error("the buffer's sampler is not prioritized")]
+    NotPrioritized,
+    /// The slices do not line up: one generation per index, and a whole number (at
+    /// least one) of priorities per index.
+    #[error(
+        "{indices} indices, {generations} generations and {priorities} priorities do not line up"
+    )]
+    Lengths {
+        /// Indices given.
+        indices: usize,
+        /// Generations given.
+        generations: usize,
+        /// Priorities given.
+        priorities: usize,
+    },
+    /// A priority (or an alpha or beta) is NaN, infinite or negative.
+    #[error("value {position} is {value}; it must be finite and at least 0")]
+    Invalid {
+        /// Its position in the slice given.
+        position: usize,
+        /// The value.
+        value: f64,
+    },
+    /// An index is outside the storage.
+    #[error("index {index} is out of range for capacity {capacity}")]
+    OutOfRange {
+        /// The index given.
+        index: u64,
+        /// The storage capacity.
+        capacity: u64,
+    },
+    /// The batch lacks the buffer's priority field, or the buffer has none.
+    #[error(
+        "no priority field: set `priority_key` on the builder and sample a batch that holds it"
+    )]
+    NoPriorityField,
+}
+
+/// What a priority update did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PriorityUpdate {
+    /// Rows whose priority was set.
+    pub applied: usize,
+    /// Rows skipped because a newer row has replaced them (or they were emptied) since
+    /// their generation was read: their priorities would belong to another row.
+    pub stale: usize,
 }
 
 /// Why a sample was not drawn. The buffer and the sampler's state are unchanged, except
@@ -229,7 +297,7 @@ pub enum SampleError {
 }
 
 /// Why a read or write at a storage position failed. Nothing was changed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum AccessError {
     /// The position is outside the storage.
     #[error("index {index} is out of range for capacity {capacity}")]

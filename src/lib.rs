@@ -47,6 +47,7 @@ mod dtype;
 mod error;
 mod learner;
 mod list;
+mod priority;
 pub mod reference;
 mod region;
 mod rng;
@@ -62,10 +63,12 @@ pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use dtype::{DType, Element};
-pub use error::{AccessError, BuildError, DataError, SampleError, SpecError};
+pub use error::{
+    AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
+};
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
-pub use sampler::{Sampler, Uniform, WithoutReplacement};
+pub use sampler::{Prioritized, Reduction, Sampler, Uniform, WithoutReplacement};
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::{WritePolicy, Writer, Written};

@@ -11,9 +11,9 @@
 use crossbeam_utils::CachePadded;
 
 use crate::builder;
-use crate::error::{AccessError, BuildError, SampleError};
+use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
 use crate::rng::{self, Rng};
-use crate::sampler::{read_draws, Engine, OnMiss, Sampler};
+use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::RowOrder;
 use crate::storage::shard::{self, Shard, Window};
@@ -106,6 +106,12 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
         let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
+        if matches!(self.sampler, Sampler::Prioritized(_)) {
+            return Err(BuildError::new(BuildErrorKind::Sampler {
+                reason: "a list storage samples uniformly or without replacement; \
+                         prioritized sampling needs a row storage (ReplayBuffer or TypedBuffer)",
+            }));
+        }
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         Ok(ListBuffer {
             inner: Arc::new(ListInner {
@@ -239,8 +245,10 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             .sampler
             .draw(&inner.shards, &windows, &mut rng, n, &mut draws)?;
         let want = inner.sampler.want();
-        let on_miss = if inner.sampler.redraws() {
-            OnMiss::Redraw(&mut rng, &mut windows)
+        let redraws = inner.sampler.redraws();
+        let mut redraw = uniform_redraw(&inner.shards, &mut windows, &mut rng);
+        let on_miss = if redraws {
+            OnMiss::Redraw(&mut redraw)
         } else {
             OnMiss::Retry
         };
@@ -248,7 +256,6 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let mut index = vec![0; draws.len()];
         let mut generation = vec![0; draws.len()];
         read_draws(
-            &inner.shards,
             &draws,
             on_miss,
             |d, k| {
@@ -282,8 +289,8 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             .ok_or(AccessError::NotWritten { index })?;
         let draw = Draw {
             shard: k as u32,
-            lane: 0,
             seq,
+            ..Draw::default()
         };
         let mut backoff = Backoff::new();
         loop {

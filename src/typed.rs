@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use smallvec::smallvec;
 
 use crate::batch::Scratch;
-use crate::buffer::ReplayBuffer;
+use crate::buffer::{Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::rng::{self, Rng};
@@ -110,6 +110,7 @@ pub struct TypedBatch<T> {
     rows: Vec<T>,
     index: Vec<u64>,
     generation: Vec<u64>,
+    weight: Option<Vec<f32>>,
     scratch: Scratch,
 }
 
@@ -120,6 +121,7 @@ impl<T> TypedBatch<T> {
             rows: Vec::new(),
             index: Vec::new(),
             generation: Vec::new(),
+            weight: None,
             scratch: Scratch::default(),
         }
     }
@@ -137,6 +139,11 @@ impl<T> TypedBatch<T> {
     /// Their write generations.
     pub fn generations(&self) -> &[u64] {
         &self.generation
+    }
+
+    /// Their importance weights, when the sampler is prioritized.
+    pub fn weight(&self) -> Option<&[f32]> {
+        self.weight.as_deref()
     }
 
     /// Rows in the batch.
@@ -214,8 +221,12 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         match inner.storage.geometry().ndim() {
             1 => {
                 let shard = self.buffer.pick_shard();
-                let src = Self::source(items, RowOrder::Flat);
-                Ok(inner.append(Some(shard), items.len() as u64, &src))
+                let rows = Prepared {
+                    steps: items.len() as u64,
+                    src: Self::source(items, RowOrder::Flat),
+                    priorities: None,
+                };
+                Ok(inner.append(Some(shard), &rows))
             }
             _ => {
                 let envs = self.buffer.envs();
@@ -227,7 +238,12 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
                 }
                 let t = (items.len() / envs) as u64;
                 let order = self.buffer.order_for(t, envs as u64);
-                Ok(inner.append(None, t, &Self::source(items, order)))
+                let rows = Prepared {
+                    steps: t,
+                    src: Self::source(items, order),
+                    priorities: None,
+                };
+                Ok(inner.append(None, &rows))
             }
         }
     }
@@ -265,6 +281,11 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         batch.rows.resize(m, T::zeroed());
         batch.index.resize(m, 0);
         batch.generation.resize(m, 0);
+        if let Some(w) = &mut batch.weight {
+            w.resize(m, 0.0);
+        } else if inner.sampler.prioritized().is_some() {
+            batch.weight = Some(vec![0.0; m]);
+        }
         let mut dest = Dest {
             cols: smallvec![DstCol {
                 data: bytemuck::cast_slice_mut(&mut batch.rows),
@@ -272,14 +293,20 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
                 offset: 0,
             }],
         };
-        let on_miss = inner.on_miss(&mut rng, &mut scratch.windows);
-        inner.gather(
-            &scratch.draws,
-            inner.sampler.want(),
-            on_miss,
+        let weight = match (&mut batch.weight, inner.sampler.prioritized()) {
+            (w, Some(_)) => Some(&mut w.get_or_insert_with(Vec::new)[..]),
+            (w, None) => {
+                *w = None;
+                None
+            }
+        };
+        inner.gather_sampled(
+            &mut rng,
+            scratch,
             &mut dest,
             &mut batch.generation,
             &mut batch.index,
+            weight,
         )
     }
 
@@ -311,5 +338,15 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Drops every stored value.
     pub fn empty(&self) {
         self.buffer.empty();
+    }
+
+    /// Sets the priorities of sampled values; see [`ReplayBuffer::update_priority`].
+    pub fn update_priority(
+        &self,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+    ) -> Result<crate::PriorityUpdate, crate::PriorityError> {
+        self.buffer.update_priority(index, generation, priority)
     }
 }

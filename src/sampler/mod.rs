@@ -7,10 +7,13 @@
 //!
 //! - [`Uniform`]: with replacement, every live row equally likely.
 //! - [`WithoutReplacement`]: epochs over the rows live when the epoch began.
+//! - [`Prioritized`]: in proportion to priority, on the concurrent segment trees.
 
+pub(crate) mod prioritized;
 mod uniform;
 mod without_replacement;
 
+pub use prioritized::{Prioritized, Reduction};
 pub use without_replacement::WithoutReplacement;
 
 use crate::error::SampleError;
@@ -30,12 +33,20 @@ const REFRESH_AFTER_MISSES: u32 = 8;
 pub struct Uniform;
 
 /// Which sampler a buffer uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Sampler {
     /// See [`Uniform`].
     Uniform(Uniform),
     /// See [`WithoutReplacement`].
     WithoutReplacement(WithoutReplacement),
+    /// See [`Prioritized`].
+    Prioritized(Prioritized),
+}
+
+impl From<Prioritized> for Sampler {
+    fn from(p: Prioritized) -> Self {
+        Sampler::Prioritized(p)
+    }
 }
 
 impl Default for Sampler {
@@ -61,6 +72,7 @@ impl From<WithoutReplacement> for Sampler {
 pub(crate) enum Engine {
     Uniform,
     WithoutReplacement(without_replacement::Epochs),
+    Prioritized(prioritized::State),
 }
 
 impl Engine {
@@ -70,6 +82,15 @@ impl Engine {
             Sampler::WithoutReplacement(w) => {
                 Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
+            Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p)),
+        }
+    }
+
+    /// The prioritized sampler's state, if this is one.
+    pub(crate) fn prioritized(&self) -> Option<&prioritized::State> {
+        match self {
+            Engine::Prioritized(state) => Some(state),
+            _ => None,
         }
     }
 
@@ -84,7 +105,7 @@ impl Engine {
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {
-            Engine::Uniform => Want::Exact,
+            Engine::Uniform | Engine::Prioritized(_) => Want::Exact,
             Engine::WithoutReplacement(_) => Want::AtLeast,
         }
     }
@@ -92,7 +113,7 @@ impl Engine {
     /// Whether a draw that missed (its row was replaced or is being written) is
     /// replaced by a fresh draw; otherwise the read waits for the row at the position.
     pub(crate) fn redraws(&self) -> bool {
-        matches!(self, Engine::Uniform)
+        !matches!(self, Engine::WithoutReplacement(_))
     }
 
     /// Draws up to `n` rows into `out` (exactly `n`, except for the last batch of a
@@ -109,23 +130,42 @@ impl Engine {
         match self {
             Engine::Uniform => uniform::draw(shards, windows, rng, n, out),
             Engine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
+            Engine::Prioritized(_) => {
+                unreachable!("replaybuf internal error: prioritized draws need the trees")
+            }
         }
     }
 }
 
 /// How [`read_draws`] handles a draw that misses.
 pub(crate) enum OnMiss<'a> {
-    /// Replace it by a fresh uniform draw (sampling with replacement).
-    Redraw(&'a mut Rng, &'a mut Vec<Window>),
+    /// Replace it by a fresh draw (sampling with replacement). The closure is told
+    /// when to reload its snapshot of the shards first: the writers have moved on.
+    Redraw(&'a mut dyn FnMut(bool) -> Option<Draw>),
     /// Read the same position again until its row is whole (reads by position).
     Retry,
+}
+
+/// The uniform redraw: a fresh pick among the live rows of `windows`, reloaded from
+/// the shards when asked.
+pub(crate) fn uniform_redraw<'a>(
+    shards: &'a [Shard],
+    windows: &'a mut Vec<Window>,
+    rng: &'a mut Rng,
+) -> impl FnMut(bool) -> Option<Draw> + 'a {
+    move |refresh| {
+        if refresh {
+            windows.clear();
+            windows.extend(shards.iter().map(Shard::window));
+        }
+        uniform::pick(shards, windows, uniform::live_rows(shards, windows), rng)
+    }
 }
 
 /// Reads every draw with `read`, which copies the row of a draw into output row `k`
 /// and returns its (generation, index). A draw that misses is redrawn or retried as
 /// `on_miss` says; the generations and indices of the rows read land in the outputs.
 pub(crate) fn read_draws(
-    shards: &[Shard],
     draws: &[Draw],
     mut on_miss: OnMiss<'_>,
     mut read: impl FnMut(Draw, usize) -> Result<(u64, u64), Miss>,
@@ -150,14 +190,12 @@ pub(crate) fn read_draws(
                 return Err(SampleError::Starved { attempts: misses });
             }
             match (&mut on_miss, miss) {
-                (OnMiss::Redraw(rng, windows), _) => {
-                    if misses % REFRESH_AFTER_MISSES == 0 {
-                        windows.clear();
-                        windows.extend(shards.iter().map(Shard::window));
+                (OnMiss::Redraw(redraw), _) => {
+                    let refresh = misses % REFRESH_AFTER_MISSES == 0;
+                    if refresh {
                         backoff.snooze();
                     }
-                    let total = uniform::live_rows(shards, windows);
-                    draw = uniform::pick(shards, windows, total, rng).ok_or(SampleError::Empty)?;
+                    draw = redraw(refresh).ok_or(SampleError::Empty)?;
                 }
                 // A torn copy retries at once; a row being written is waited for: its
                 // writer is inside one extend.

@@ -41,6 +41,7 @@ pub(super) fn pick(
                 shard: k as u32,
                 lane: (r % width) as u32,
                 seq: w.lo + r / width,
+                ..Draw::default()
             });
         }
         r -= rows;

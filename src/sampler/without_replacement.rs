@@ -80,6 +80,7 @@ fn live_in_index_order(shards: &[Shard], windows: &[Window], out: &mut Vec<Draw>
         shard: k as u32,
         lane: lane as u32,
         seq,
+        ..Draw::default()
     };
     let grid = shards.first().is_some_and(|s| s.ring().index_stride != 1);
     if grid {

@@ -33,7 +33,10 @@ use atomic_copy::Intent;
 
 use crate::region::Region;
 use crate::spec::Spec;
+use crate::sumtree::tree::Tree;
+use crate::sumtree::Layout as TreeLayout;
 use crate::sync::AtomicU64;
+use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
 /// streamed by the hardware prefetcher once the copy starts.
@@ -45,12 +48,16 @@ const APPEND_AHEAD_SLOTS: u64 = 8;
 /// How many draws ahead a sample prefetches its rows (see `Storage::prefetch`).
 pub(crate) const SAMPLE_AHEAD_DRAWS: usize = 16;
 
-/// One drawn row: a ring sequence number and lane in a shard.
+/// One drawn row: a ring sequence number and lane in a shard, and for prioritized
+/// draws the mass and tag of the leaf that was drawn (a prioritized draw with no mass
+/// names no row and is replaced).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Draw {
     pub(crate) shard: u32,
     pub(crate) lane: u32,
     pub(crate) seq: u64,
+    pub(crate) mass: u64,
+    pub(crate) tag: u16,
 }
 
 /// Which row a read accepts at the drawn slot.
@@ -83,15 +90,33 @@ pub(crate) struct Storage {
     spec: Arc<Spec>,
     /// `8 + spec.row_bytes()`.
     slot_bytes: usize,
+    /// Each shard's tree block (prioritized sampling), after all the slots.
+    trees: Box<[TreeLayout]>,
 }
 
 impl Storage {
-    pub(crate) fn new(spec: Arc<Spec>, geometry: Geometry) -> io::Result<Storage> {
+    /// A storage of `spec` rows shaped by `geometry`, with a tree block per shard when
+    /// `with_trees`.
+    pub(crate) fn new(
+        spec: Arc<Spec>,
+        geometry: Geometry,
+        with_trees: bool,
+    ) -> io::Result<Storage> {
+        let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
         let slot_bytes = 8 + spec.row_bytes();
-        let words = usize::try_from(geometry.capacity())
+        let mut words = usize::try_from(geometry.capacity())
             .ok()
             .and_then(|c| c.checked_mul(slot_bytes / 8))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "storage too large"))?;
+            .ok_or_else(too_large)?;
+        let mut trees = Vec::new();
+        if with_trees {
+            for k in 0..geometry.shards() {
+                let ring = geometry.ring(k);
+                let layout = TreeLayout::new((ring.steps * ring.width) as usize, words);
+                words = words.checked_add(layout.words()).ok_or_else(too_large)?;
+                trees.push(layout);
+            }
+        }
         let region = Region::heap(words)?;
         let shards = (0..geometry.shards())
             .map(|k| Shard::new(geometry.ring(k)))
@@ -102,7 +127,22 @@ impl Storage {
             geometry,
             spec,
             slot_bytes,
+            trees: trees.into_boxed_slice(),
         })
+    }
+
+    /// Each shard's trees, if this storage has them.
+    pub(crate) fn trees(&self) -> SmallVec<[Tree<'_>; 8]> {
+        self.trees
+            .iter()
+            .map(|layout| Tree::new(self.words(), layout))
+            .collect()
+    }
+
+    /// The stamp of the row at slot `leaf` of shard `k` (a tree leaf's row).
+    pub(crate) fn stamp_of(&self, k: usize, leaf: u64) -> Stamp {
+        let ring = self.shards[k].ring();
+        stamp::begin_read(self.stamp(ring.first_slot + leaf))
     }
 
     pub(crate) fn spec(&self) -> &Arc<Spec> {
@@ -225,6 +265,7 @@ impl Storage {
             shard: k as u32,
             lane: lane as u32,
             seq,
+            ..Draw::default()
         })
     }
 

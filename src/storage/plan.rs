@@ -31,8 +31,9 @@ pub(crate) enum RowOrder {
 }
 
 impl RowOrder {
+    /// The row of the caller's data holding step `step`, lane `lane`.
     #[inline]
-    fn row(&self, step: u64, lane: u64) -> usize {
+    pub(crate) fn row(&self, step: u64, lane: u64) -> usize {
         (match *self {
             RowOrder::Flat => step,
             RowOrder::TimeMajor { envs, env0 } => step * envs + env0 + lane,

@@ -21,9 +21,17 @@ impl ReferenceTree {
         }
     }
 
-    /// Gives slots `first..` new rows' leaves.
+    /// Gives slots `first..` new rows' leaves, except where a slot's leaf belongs to a
+    /// newer row (its tag is ahead, counting laps with wrap-around).
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
-        self.leaves.lock()[first..first + leaves.len()].copy_from_slice(leaves);
+        let mut stored = self.leaves.lock();
+        for (slot, &new) in stored[first..first + leaves.len()].iter_mut().zip(leaves) {
+            let newer =
+                slot.0 != Leaf::EMPTY && (slot.0.tag().wrapping_sub(new.0.tag()) as i16) > 0;
+            if !newer {
+                *slot = new;
+            }
+        }
     }
 
     /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.

@@ -217,8 +217,9 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Gives slots `first..first + leaves.len()` new rows' leaves (and raw priorities),
-    /// whatever they held: the writer of a row owns its slot's leaf.
+    /// Gives slots `first..first + leaves.len()` new rows' leaves (and raw priorities).
+    /// A slot whose leaf already belongs to a newer row (a writer that lapped this one
+    /// got there first) keeps it.
     pub(crate) fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         if leaves.is_empty() {
             return;
@@ -227,12 +228,25 @@ impl<'a> Tree<'a> {
             .iter()
             .enumerate()
             .map(|(k, &(leaf, raw))| {
-                self.set_raw(first + k, raw);
-                let old = Leaf::from_bits(
-                    self.leaf_atomic(first + k)
-                        .swap(leaf.bits(), Ordering::SeqCst),
-                );
-                leaf.value() as i64 - old.value() as i64
+                let atomic = self.leaf_atomic(first + k);
+                loop {
+                    let cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
+                    if cur != Leaf::EMPTY && (cur.tag().wrapping_sub(leaf.tag()) as i16) > 0 {
+                        return 0;
+                    }
+                    if atomic
+                        .compare_exchange(
+                            cur.bits(),
+                            leaf.bits(),
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        )
+                        .is_ok()
+                    {
+                        self.set_raw(first + k, raw);
+                        return leaf.value() as i64 - cur.value() as i64;
+                    }
+                }
             })
             .collect();
         self.add_deltas(first, &deltas);

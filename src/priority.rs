@@ -1,0 +1,281 @@
+//! Priorities of a prioritized buffer: what new rows enter with, updates from any thread
+//! (dropping those whose row has been replaced), `alpha` and `beta`, and emptying.
+//!
+//! A row's priority lives in its shard's tree block (`sumtree/`); its *generation*
+//! (the stamp a sampled batch reports, [`Batch::generations`]) names which row of a
+//! slot an update is for. An update whose row has since been overwritten, or emptied,
+//! is dropped and counted as stale, never applied to the newer row: the leaf carries
+//! the row's lap, checked in the same compare-exchange that sets it.
+
+use crate::batch::Batch;
+use crate::buffer::{Inner, ReplayBuffer};
+use crate::dtype::DType;
+use crate::error::{DataError, PriorityError, PriorityUpdate};
+use crate::sampler::prioritized::{self, State};
+use crate::storage::plan::Source;
+use crate::storage::shard;
+use crate::sumtree::Leaf;
+
+impl Inner {
+    fn prioritized(&self) -> Result<&State, PriorityError> {
+        self.sampler
+            .prioritized()
+            .ok_or(PriorityError::NotPrioritized)
+    }
+
+    /// One priority per row of `batch` from the priority field, reduced; `None` when
+    /// the buffer has no priority field. Refuses NaN, infinite or negative values.
+    pub(crate) fn batch_priorities(&self, batch: &Batch) -> Result<Option<Vec<f64>>, DataError> {
+        let (Some(field), Some(state)) = (self.priority_field, self.sampler.prioritized()) else {
+            return Ok(None);
+        };
+        let key = self.storage.spec().fields()[field].key();
+        let values =
+            column_f64(batch, key).ok_or_else(|| DataError::MissingField { key: key.clone() })?;
+        let per_row = (values.len() / batch.len().max(1)).max(1);
+        // Every value, not just each row's reduction: a max or min would skip a NaN.
+        if let Some(at) = values.iter().position(|&p| !prioritized::valid(p)) {
+            return Err(DataError::InvalidPriority {
+                key: key.clone(),
+                row: at / per_row,
+                value: values[at],
+            });
+        }
+        Ok(Some(
+            values
+                .chunks(per_row)
+                .take(batch.len())
+                .map(|row| state.reduction.reduce(row))
+                .collect(),
+        ))
+    }
+
+    /// Gives the rows just appended to shard `k` (claimed at `first`) their priority:
+    /// from `priorities` (one per row of `src`'s batch) or the sampler's priority for new
+    /// rows. Runs after the rows are published, so a leaf never names an unwritten row.
+    pub(crate) fn set_new_priorities(
+        &self,
+        k: usize,
+        first: u64,
+        steps: u64,
+        src: &Source<'_>,
+        priorities: Option<&[f64]>,
+    ) {
+        let Some(state) = self.sampler.prioritized() else {
+            return;
+        };
+        let trees = self.storage.trees();
+        let tree = &trees[k];
+        let ring = *self.storage.shards()[k].ring();
+        let max = tree.layout().value_max;
+        let default = priorities.is_none().then(|| state.new_row_priority(&trees));
+        let mut run: Vec<(Leaf, f64)> = Vec::new();
+        let mut run_start = 0;
+        for step in shard::steps_of(&ring, first, steps) {
+            let leaf0 = (step.pos * ring.width) as usize;
+            if leaf0 != run_start + run.len() {
+                tree.set_run(run_start, &run);
+                (run_start, run) = (leaf0, Vec::new());
+            }
+            for lane in 0..ring.width {
+                let p = match (priorities, default) {
+                    (Some(ps), _) => ps[src.order.row(step.j, lane)],
+                    (None, Some(p)) => p,
+                    (None, None) => unreachable!("a priority for new rows was chosen above"),
+                };
+                if priorities.is_some() {
+                    state.saw(p);
+                }
+                run.push(state.leaf(step.lap, p, max));
+            }
+        }
+        tree.set_run(run_start, &run);
+    }
+
+    pub(crate) fn update_priority(
+        &self,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+    ) -> Result<PriorityUpdate, PriorityError> {
+        let state = self.prioritized()?;
+        let lengths = PriorityError::Lengths {
+            indices: index.len(),
+            generations: generation.len(),
+            priorities: priority.len(),
+        };
+        if index.len() != generation.len() {
+            return Err(lengths);
+        }
+        if index.is_empty() {
+            return if priority.is_empty() {
+                Ok(PriorityUpdate::default())
+            } else {
+                Err(lengths)
+            };
+        }
+        if priority.is_empty() || priority.len() % index.len() != 0 {
+            return Err(lengths);
+        }
+        if let Some(position) = priority.iter().position(|&p| !prioritized::valid(p)) {
+            return Err(PriorityError::Invalid {
+                position,
+                value: priority[position],
+            });
+        }
+        let capacity = self.storage.geometry().capacity();
+        if let Some(&index) = index.iter().find(|&&i| i >= capacity) {
+            return Err(PriorityError::OutOfRange { index, capacity });
+        }
+        let per_row = priority.len() / index.len();
+        let trees = self.storage.trees();
+        let mut done = PriorityUpdate::default();
+        for (row, (&i, &g)) in index.iter().zip(generation).enumerate() {
+            let p = state
+                .reduction
+                .reduce(&priority[row * per_row..(row + 1) * per_row]);
+            let applied = self
+                .row_is(i, g)
+                .is_some_and(|(k, leaf, lap)| state.update(&trees[k], leaf, lap, p));
+            if applied {
+                done.applied += 1;
+            } else {
+                done.stale += 1;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Where the live row of generation `g` at index `i` lives (shard, leaf, lap), if
+    /// it is still there.
+    fn row_is(&self, i: u64, g: u64) -> Option<(usize, usize, u32)> {
+        let (k, pos, lane) = self.storage.geometry().locate(i)?;
+        let shard = &self.storage.shards()[k as usize];
+        let ring = shard.ring();
+        let leaf = pos * ring.width + lane;
+        let stamp = self.storage.stamp_of(k as usize, leaf);
+        let live = shard
+            .seq_at(pos)
+            .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+        (live && stamp.is_published() && stamp.generation() == g).then_some((
+            k as usize,
+            leaf as usize,
+            stamp.lap(),
+        ))
+    }
+
+    /// After `empty`: takes the mass of every row no longer live away, so draws land
+    /// only on live rows.
+    pub(crate) fn clear_emptied(&self) {
+        if self.sampler.prioritized().is_none() {
+            return;
+        }
+        for (shard, tree) in self.storage.shards().iter().zip(self.storage.trees()) {
+            let ring = shard.ring();
+            for leaf in 0..tree.layout().leaves {
+                if shard.seq_at(leaf as u64 / ring.width).is_none() {
+                    tree.clear(leaf, tree.leaf(leaf).tag());
+                }
+            }
+        }
+    }
+}
+
+/// A float column of `batch` as `f64`s, or `None` if the batch lacks it.
+fn column_f64(batch: &Batch, key: &crate::spec::Key) -> Option<Vec<f64>> {
+    Some(match batch.dtype(key).ok()? {
+        DType::F64 => batch.column::<f64>(key).ok()?.to_vec(),
+        DType::F32 => batch
+            .column::<f32>(key)
+            .ok()?
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::F16 => batch
+            .column::<half::f16>(key)
+            .ok()?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::BF16 => batch
+            .column::<half::bf16>(key)
+            .ok()?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        _ => return None,
+    })
+}
+
+impl ReplayBuffer {
+    /// Sets the priorities of sampled rows, from any thread, at any time.
+    ///
+    /// `index` and `generation` come from a sampled batch ([`Batch::index`],
+    /// [`Batch::generations`]); `priority` holds one value per row, or `k` per row
+    /// (reduced by the sampler's reduction). A row that a collector has replaced (or
+    /// that was emptied) since it was sampled is skipped and counted as stale: its
+    /// priority would belong to another row. NaN, infinite or negative priorities,
+    /// slices that do not line up, and indices out of range are refused, and then
+    /// nothing is changed.
+    pub fn update_priority(
+        &self,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+    ) -> Result<PriorityUpdate, PriorityError> {
+        self.inner.update_priority(index, generation, priority)
+    }
+
+    /// Sets priorities from a sampled batch's priority field (TorchRL's
+    /// `update_tensordict_priority`): the batch's `index`, `generations` and its values
+    /// of the builder's `priority_key`.
+    pub fn update_priority_from(&self, batch: &Batch) -> Result<PriorityUpdate, PriorityError> {
+        let inner = &self.inner;
+        inner.prioritized()?;
+        let field = inner.priority_field.ok_or(PriorityError::NoPriorityField)?;
+        let key = inner.storage.spec().fields()[field].key();
+        let values = column_f64(batch, key).ok_or(PriorityError::NoPriorityField)?;
+        inner.update_priority(batch.index(), batch.generations(), &values)
+    }
+
+    /// The priority exponent (`None` unless prioritized).
+    pub fn alpha(&self) -> Option<f64> {
+        self.inner.sampler.prioritized().map(State::alpha)
+    }
+
+    /// The importance-correction exponent (`None` unless prioritized).
+    pub fn beta(&self) -> Option<f64> {
+        self.inner.sampler.prioritized().map(State::beta)
+    }
+
+    /// Changes `beta` for the samples that follow (annealing).
+    pub fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
+        self.inner.prioritized()?.set_beta(beta)
+    }
+
+    /// Changes `alpha`, recomputing every row's mass from its stored priority: a pass
+    /// over the trees, so a cold-path call. Samples and updates may run meanwhile.
+    pub fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
+        let state = self.inner.prioritized()?;
+        state.set_alpha(alpha)?;
+        for tree in self.inner.storage.trees() {
+            state.remass(&tree);
+        }
+        Ok(())
+    }
+
+    /// The priority of the live row at `index`, as last set (`None` if the buffer is
+    /// not prioritized or the position holds no live row).
+    pub fn priority(&self, index: u64) -> Option<f64> {
+        let inner = &self.inner;
+        inner.sampler.prioritized()?;
+        let (k, pos, lane) = inner.storage.geometry().locate(index)?;
+        let shard = &inner.storage.shards()[k as usize];
+        let seq = shard.seq_at(pos)?;
+        let tree = &inner.storage.trees()[k as usize];
+        let leaf = (pos * shard.ring().width + lane) as usize;
+        tree.leaf(leaf)
+            .is_of((seq / shard.ring().steps) as u32)
+            .then(|| tree.raw(leaf))
+    }
+}

@@ -1,0 +1,372 @@
+//! Prioritized experience replay (Schaul et al. 2016), TorchRL's `PrioritizedSampler`,
+//! on the concurrent segment trees of `sumtree/`.
+//!
+//! Row `i` is drawn with probability `P(i) = m_i / sum_j m_j`, where its mass is
+//! `m_i = (p_i + eps)^alpha` and `p_i` its priority. It carries the importance weight
+//! `(N * P(i))^-beta / max_j (N * P(j))^-beta`, which is `(m_min / m_i)^beta`: the
+//! min tree gives `m_min`. New rows enter with the largest priority seen so far (or,
+//! with `max_priority_within_buffer`, the largest stored now), or with the values of
+//! the batch's priority field. Updates, inserts and draws all run at once from any
+//! threads: the trees take no lock.
+//!
+//! Masses are kept in fixed point (about 1e-6 resolution; see `sumtree/mod.rs`): a
+//! positive mass never rounds to zero, and a mass past the tree's range (at least
+//! 2^16, and 2^24 for a million rows per shard) saturates there.
+
+use rand::RngExt;
+
+use crate::error::PriorityError;
+use crate::rng::Rng;
+use crate::storage::shard::{Shard, Window};
+use crate::storage::Draw;
+use crate::sumtree::tree::Tree;
+use crate::sumtree::{to_fixed, Leaf};
+use crate::sync::{AtomicU64, Ordering};
+
+/// How the priorities of one row with several values (a multi-dimensional priority
+/// field, such as a trajectory's TD errors) reduce to one (TorchRL's `reduction`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reduction {
+    /// The largest value (TorchRL's default).
+    #[default]
+    Max,
+    /// The smallest value.
+    Min,
+    /// The mean.
+    Mean,
+    /// The median (the lower middle value for an even count).
+    Median,
+}
+
+impl Reduction {
+    /// Reduces one row's values (at least one) to a priority.
+    pub fn reduce(self, values: &[f64]) -> f64 {
+        match self {
+            Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Reduction::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+            Reduction::Mean => values.iter().sum::<f64>() / values.len() as f64,
+            Reduction::Median => {
+                let mut v: smallvec::SmallVec<[f64; 16]> = values.iter().copied().collect();
+                let mid = (v.len() - 1) / 2;
+                *v.select_nth_unstable_by(mid, f64::total_cmp).1
+            }
+        }
+    }
+}
+
+/// Prioritized sampling (TorchRL `PrioritizedSampler`).
+///
+/// ```
+/// use replaybuf::{Prioritized, Reduction};
+/// let sampler = Prioritized::new(0.6, 0.4).eps(1e-6).reduction(Reduction::Mean);
+/// # let _ = sampler;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prioritized {
+    pub(crate) alpha: f64,
+    pub(crate) beta: f64,
+    pub(crate) eps: f64,
+    pub(crate) max_capacity: Option<usize>,
+    pub(crate) reduction: Reduction,
+    pub(crate) max_priority_within_buffer: bool,
+}
+
+impl Prioritized {
+    /// Sampling with exponent `alpha` (0: uniform, 1: proportional) and importance
+    /// correction `beta` (0: none, 1: full); `eps` 1e-8, reduction max.
+    pub fn new(alpha: f64, beta: f64) -> Self {
+        Prioritized {
+            alpha,
+            beta,
+            eps: 1e-8,
+            max_capacity: None,
+            reduction: Reduction::Max,
+            max_priority_within_buffer: false,
+        }
+    }
+
+    /// Added to every priority before `alpha`, so no row's mass is zero unless its
+    /// priority is and `eps` is 0.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    /// TorchRL's `max_capacity`: the most rows the sampler covers. The buffer's
+    /// capacity must not exceed it.
+    pub fn max_capacity(mut self, rows: usize) -> Self {
+        self.max_capacity = Some(rows);
+        self
+    }
+
+    /// How a row with several priority values reduces them to one.
+    pub fn reduction(mut self, reduction: Reduction) -> Self {
+        self.reduction = reduction;
+        self
+    }
+
+    /// New rows get the largest priority stored now instead of the largest ever seen.
+    pub fn max_priority_within_buffer(mut self, yes: bool) -> Self {
+        self.max_priority_within_buffer = yes;
+        self
+    }
+
+    /// Why these settings cannot work with a storage of `capacity` rows, if they can't.
+    pub(crate) fn check(&self, capacity: usize) -> Option<&'static str> {
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        if !ok(self.alpha) {
+            Some("alpha must be finite and at least 0")
+        } else if !ok(self.beta) {
+            Some("beta must be finite and at least 0")
+        } else if !ok(self.eps) {
+            Some("eps must be finite and at least 0")
+        } else if self.max_capacity.is_some_and(|m| m < capacity) {
+            Some("max_capacity is smaller than the buffer's capacity")
+        } else {
+            None
+        }
+    }
+}
+
+/// The priority every new row gets before any update: TorchRL's initial maximum.
+const INITIAL_PRIORITY: f64 = 1.0;
+
+/// A prioritized sampler with its running state.
+#[derive(Debug)]
+pub(crate) struct State {
+    alpha: AtomicU64,
+    beta: AtomicU64,
+    eps: f64,
+    pub(crate) reduction: Reduction,
+    within_buffer: bool,
+    /// The largest priority seen (non-negative `f64` bits order like the floats).
+    max_seen: AtomicU64,
+}
+
+/// Checks a priority: finite and not negative.
+pub(crate) fn valid(p: f64) -> bool {
+    p.is_finite() && p >= 0.0
+}
+
+impl State {
+    pub(crate) fn new(config: Prioritized) -> State {
+        State {
+            alpha: AtomicU64::new(config.alpha.to_bits()),
+            beta: AtomicU64::new(config.beta.to_bits()),
+            eps: config.eps,
+            reduction: config.reduction,
+            within_buffer: config.max_priority_within_buffer,
+            max_seen: AtomicU64::new(INITIAL_PRIORITY.to_bits()),
+        }
+    }
+
+    pub(crate) fn alpha(&self) -> f64 {
+        f64::from_bits(self.alpha.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn beta(&self) -> f64 {
+        f64::from_bits(self.beta.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
+        if !valid(beta) {
+            return Err(PriorityError::Invalid {
+                position: 0,
+                value: beta,
+            });
+        }
+        self.beta.store(beta.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stores a new alpha; the caller then recomputes every leaf ([`State::remass`]).
+    pub(crate) fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
+        if !valid(alpha) {
+            return Err(PriorityError::Invalid {
+                position: 0,
+                value: alpha,
+            });
+        }
+        self.alpha.store(alpha.to_bits(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The fixed-point mass of priority `p` under `alpha`.
+    pub(crate) fn mass(&self, p: f64, alpha: f64, max: u64) -> u64 {
+        to_fixed((p + self.eps).powf(alpha), max)
+    }
+
+    /// Records `p` as seen (for the priority of later new rows).
+    pub(crate) fn saw(&self, p: f64) {
+        self.max_seen.fetch_max(p.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The priority of new rows: the largest seen, or the largest stored now.
+    pub(crate) fn new_row_priority(&self, trees: &[Tree<'_>]) -> f64 {
+        if !self.within_buffer {
+            return f64::from_bits(self.max_seen.load(Ordering::Relaxed));
+        }
+        trees
+            .iter()
+            .filter_map(|t| t.argmax().map(|i| t.raw(i)))
+            .fold(None, |acc: Option<f64>, p| {
+                Some(acc.map_or(p, |a| a.max(p)))
+            })
+            .unwrap_or(INITIAL_PRIORITY)
+    }
+
+    /// Sets slot `i`'s priority to `p` if its leaf still belongs to a row of `lap`;
+    /// whether it did. Recomputes if `alpha` changed meanwhile, so that an update
+    /// racing `set_alpha` does not leave a mass of the old alpha behind.
+    pub(crate) fn update(&self, tree: &Tree<'_>, i: usize, lap: u32, p: f64) -> bool {
+        self.saw(p);
+        loop {
+            let alpha = self.alpha();
+            let max = tree.layout().value_max;
+            if tree.update(i, lap, self.mass(p, alpha, max), p)
+                == crate::sumtree::tree::Updated::Stale
+            {
+                return false;
+            }
+            if self.alpha() == alpha {
+                return true;
+            }
+        }
+    }
+
+    /// Recomputes every leaf of `tree` from its raw priority under the current alpha.
+    pub(crate) fn remass(&self, tree: &Tree<'_>) {
+        for i in 0..tree.layout().leaves {
+            let leaf = tree.leaf(i);
+            if leaf.value() > 0 {
+                self.update(tree, i, u32::from(leaf.tag()), tree.raw(i));
+            }
+        }
+    }
+
+    /// The leaves of new rows of lap `lap` with priorities `p`.
+    pub(crate) fn leaf(&self, lap: u32, p: f64, max: u64) -> (Leaf, f64) {
+        (Leaf::new(lap, self.mass(p, self.alpha(), max)), p)
+    }
+
+    /// The importance weight of a row of mass `m`, given the smallest mass `min`.
+    pub(crate) fn weight(&self, m: u64, min: u64) -> f32 {
+        ((min as f64) / (m as f64)).powf(self.beta()) as f32
+    }
+}
+
+/// The draws of one sample: a snapshot of the shard totals.
+pub(crate) struct Masses {
+    totals: smallvec::SmallVec<[u64; 8]>,
+    total: u128,
+}
+
+impl Masses {
+    pub(crate) fn new(trees: &[Tree<'_>]) -> Masses {
+        let totals: smallvec::SmallVec<[u64; 8]> = trees.iter().map(Tree::total).collect();
+        let total = totals.iter().map(|&t| u128::from(t)).sum();
+        Masses { totals, total }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// A random (shard, mass within the shard) drawn in proportion to mass.
+    fn target(&self, rng: &mut Rng) -> (usize, u64) {
+        let mut t = rng.random_range(0..self.total);
+        for (k, &m) in self.totals.iter().enumerate() {
+            if t < u128::from(m) {
+                return (k, t as u64);
+            }
+            t -= u128::from(m);
+        }
+        let last = self.totals.iter().rposition(|&m| m > 0).unwrap_or(0);
+        (last, self.totals[last].saturating_sub(1))
+    }
+}
+
+/// Descents per interleaved group: enough misses in flight to hide memory latency.
+const GROUP: usize = 16;
+
+/// Draws `n` rows in proportion to mass into `out`. A landing that does not name a
+/// live row becomes a draw with `mass == 0`, which the read loop replaces.
+pub(crate) fn draw(
+    trees: &[Tree<'_>],
+    shards: &[Shard],
+    windows: &[Window],
+    masses: &Masses,
+    rng: &mut Rng,
+    n: usize,
+    out: &mut Vec<Draw>,
+) {
+    out.clear();
+    for start in (0..n).step_by(GROUP) {
+        let len = GROUP.min(n - start);
+        let mut targets: [(usize, u64); GROUP] = [(0, 0); GROUP];
+        for t in targets.iter_mut().take(len) {
+            *t = masses.target(rng);
+        }
+        // Descend each shard's targets together, then put them back in draw order.
+        let mut landed = [None; GROUP];
+        for (k, tree) in trees.iter().enumerate() {
+            let mine: smallvec::SmallVec<[usize; GROUP]> =
+                (0..len).filter(|&g| targets[g].0 == k).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let mut group: smallvec::SmallVec<[(u64, Option<_>); GROUP]> =
+                mine.iter().map(|&g| (targets[g].1, None)).collect();
+            tree.descend_many(&mut group);
+            for (&g, (_, landing)) in mine.iter().zip(group) {
+                landed[g] = landing.map(|l| (k, l));
+            }
+        }
+        out.extend(landed.iter().take(len).map(|l| match l {
+            Some((k, l)) => to_draw(shards, windows, *k, l.leaf, l.value, l.tag),
+            None => Draw::default(),
+        }));
+    }
+}
+
+/// One fresh draw, to replace one that missed.
+pub(crate) fn redraw(
+    trees: &[Tree<'_>],
+    shards: &[Shard],
+    windows: &[Window],
+    masses: &Masses,
+    rng: &mut Rng,
+) -> Option<Draw> {
+    if masses.is_empty() {
+        return None;
+    }
+    let (k, t) = masses.target(rng);
+    Some(match trees[k].descend(t) {
+        Some(l) => to_draw(shards, windows, k, l.leaf, l.value, l.tag),
+        None => Draw::default(),
+    })
+}
+
+/// The draw of slot `leaf` of shard `k`: the live row at its position, with the
+/// leaf's mass and tag (mass 0 if the position holds no live row).
+fn to_draw(
+    shards: &[Shard],
+    windows: &[Window],
+    k: usize,
+    leaf: usize,
+    mass: u64,
+    tag: u16,
+) -> Draw {
+    let ring = shards[k].ring();
+    let (pos, lane) = (leaf as u64 / ring.width, leaf as u64 % ring.width);
+    match windows[k].seq_at(pos, ring.steps) {
+        Some(seq) => Draw {
+            shard: k as u32,
+            lane: lane as u32,
+            seq,
+            mass,
+            tag,
+        },
+        None => Draw::default(),
+    }
+}
