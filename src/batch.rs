@@ -275,15 +275,13 @@ impl Batch {
         &self.columns
     }
 
-    pub(crate) fn parts_mut(
-        &mut self,
-    ) -> (&mut [Column], &mut [u64], &mut [u64], Option<&mut [f32]>) {
-        (
-            &mut self.columns,
-            &mut self.index,
-            &mut self.generation,
-            self.weight.as_deref_mut(),
-        )
+    pub(crate) fn parts_mut(&mut self) -> Parts<'_> {
+        Parts {
+            columns: &mut self.columns,
+            index: &mut self.index,
+            generation: &mut self.generation,
+            weight: self.weight.as_deref_mut(),
+        }
     }
 
     pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {

@@ -613,16 +613,16 @@ impl Inner {
         let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
         batch.reshape_for_sample(draws.len(), false);
         let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
-        let (columns, index, generation, _) = batch.parts_mut();
-        let mut dest = dest_for(self.storage.spec(), &identity, columns);
+        let parts = batch.parts_mut();
+        let mut dest = dest_for(self.storage.spec(), &identity, parts.columns);
         // A read by position waits for the row's writer, which is inside one extend.
         self.gather(
             draws,
             Want::AtLeast,
             OnMiss::Retry,
             &mut dest,
-            generation,
-            index,
+            parts.generation,
+            parts.index,
             None,
         )
         .expect("replaybuf internal error: a writer never finished its row");
