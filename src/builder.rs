@@ -131,15 +131,18 @@ impl ReplayBufferBuilder {
             return err(BuildErrorKind::ZeroBatchSize);
         }
         let WritePolicy::RoundRobin = self.writer;
-        let prioritized = match self.sampler {
+        // Trees for a prioritized sampler; a max tree too if new rows take the max
+        // priority stored now.
+        let trees = match self.sampler {
             Sampler::Prioritized(p) => {
                 if let Some(reason) = p.check(self.capacity) {
                     return err(BuildErrorKind::Sampler { reason });
                 }
-                true
+                Some(p.max_priority_within_buffer)
             }
-            _ => false,
+            _ => None,
         };
+        let prioritized = trees.is_some();
         let priority_field = match self.priority_key {
             None => None,
             Some(key) => {
@@ -165,7 +168,7 @@ impl ReplayBufferBuilder {
             }
         };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let storage = Storage::new(self.spec, geometry, prioritized)
+        let storage = Storage::new(self.spec, geometry, trees)
             .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
         Ok(ReplayBuffer {
             inner: Arc::new(Inner::new(

@@ -41,8 +41,8 @@ enum Command {
         /// The smaller sizes of WORKLOADS.md.
         #[arg(long)]
         quick: bool,
-        /// Only this workload: mujoco, atari or concurrent.
-        #[arg(long, value_parser = ["mujoco", "atari", "concurrent"])]
+        /// Only this workload.
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "atari", "concurrent", "concurrent-prioritized"])]
         workload: Option<String>,
         /// Seconds each concurrent configuration runs.
         #[arg(long, default_value_t = 3.0)]

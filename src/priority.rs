@@ -68,7 +68,10 @@ impl Inner {
         let tree = &trees[k];
         let ring = *self.storage.shards()[k].ring();
         let max = tree.layout().value_max;
-        let default = priorities.is_none().then(|| state.new_row_priority(&trees));
+        // New rows without a priority field share one priority: one mass to compute.
+        let default = priorities
+            .is_none()
+            .then(|| state.leaf(0, state.new_row_priority(&trees), max));
         let mut run: Vec<(Leaf, f64)> = Vec::new();
         let mut run_start = 0;
         for step in shard::steps_of(&ring, first, steps) {
@@ -78,15 +81,15 @@ impl Inner {
                 (run_start, run) = (leaf0, Vec::new());
             }
             for lane in 0..ring.width {
-                let p = match (priorities, default) {
-                    (Some(ps), _) => ps[src.order.row(step.j, lane)],
-                    (None, Some(p)) => p,
+                run.push(match (priorities, default) {
+                    (Some(ps), _) => {
+                        let p = ps[src.order.row(step.j, lane)];
+                        state.saw(p);
+                        state.leaf(step.lap, p, max)
+                    }
+                    (None, Some((leaf, p))) => (Leaf::new(step.lap, leaf.value()), p),
                     (None, None) => unreachable!("a priority for new rows was chosen above"),
-                };
-                if priorities.is_some() {
-                    state.saw(p);
-                }
-                run.push(state.leaf(step.lap, p, max));
+                });
             }
         }
         tree.set_run(run_start, &run);
@@ -129,32 +132,47 @@ impl Inner {
         }
         let per_row = priority.len() / index.len();
         let trees = self.storage.trees();
+        let positions: smallvec::SmallVec<[shard::Positions; 8]> = self
+            .storage
+            .shards()
+            .iter()
+            .map(|s| s.window().positions(s.ring().steps))
+            .collect();
+        // Rows still live, by shard, as (leaf, lap, priority): one batch per tree.
+        let mut by_shard: Vec<Vec<(usize, u32, f64)>> = vec![Vec::new(); trees.len()];
         let mut done = PriorityUpdate::default();
         for (row, (&i, &g)) in index.iter().zip(generation).enumerate() {
             let p = state
                 .reduction
                 .reduce(&priority[row * per_row..(row + 1) * per_row]);
-            let applied = self
-                .row_is(i, g)
-                .is_some_and(|(k, leaf, lap)| state.update(&trees[k], leaf, lap, p));
-            if applied {
-                done.applied += 1;
-            } else {
-                done.stale += 1;
+            match self.row_is(&positions, i, g) {
+                Some((k, leaf, lap)) => by_shard[k].push((leaf, lap, p)),
+                None => done.stale += 1,
             }
+        }
+        for (tree, rows) in trees.iter().zip(&by_shard) {
+            let mut applied = vec![false; rows.len()];
+            state.update(tree, rows, &mut applied);
+            let n = applied.iter().filter(|&&a| a).count();
+            done.applied += n;
+            done.stale += rows.len() - n;
         }
         Ok(done)
     }
 
     /// Where the live row of generation `g` at index `i` lives (shard, leaf, lap), if
-    /// it is still there.
-    fn row_is(&self, i: u64, g: u64) -> Option<(usize, usize, u32)> {
+    /// it is still there (live in `positions`, a snapshot of the shards' windows).
+    fn row_is(
+        &self,
+        positions: &[shard::Positions],
+        i: u64,
+        g: u64,
+    ) -> Option<(usize, usize, u32)> {
         let (k, pos, lane) = self.storage.geometry().locate(i)?;
-        let shard = &self.storage.shards()[k as usize];
-        let ring = shard.ring();
+        let ring = self.storage.shards()[k as usize].ring();
         let leaf = pos * ring.width + lane;
         let stamp = self.storage.stamp_of(k as usize, leaf);
-        let live = shard
+        let live = positions[k as usize]
             .seq_at(pos)
             .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
         (live && stamp.is_published() && stamp.generation() == g).then_some((

@@ -3,7 +3,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use replaybuf::ReplayBuffer;
 use serde_json::json;
 
 use super::workloads::Workload;
@@ -61,21 +60,68 @@ pub fn run(args: &BenchArgs) {
     if wants("mujoco") {
         single(Workload::mujoco(args.quick), 2000);
     }
+    if wants("mujoco-prioritized") {
+        single(Workload::mujoco_prioritized(args.quick), 2000);
+    }
     if wants("atari") {
         single(Workload::atari(args.quick), 500);
     }
     if wants("concurrent") {
-        concurrent(args);
+        concurrent(args, Workload::mujoco(args.quick), "concurrent");
+    }
+    if wants("concurrent-prioritized") {
+        concurrent(
+            args,
+            Workload::mujoco_prioritized(args.quick),
+            "concurrent-prioritized",
+        );
+    }
+}
+
+/// Fresh priorities in [0.1, 1.1), as the peers' sample+update uses.
+struct FreshPriorities {
+    state: u64,
+    values: Vec<f64>,
+}
+
+impl FreshPriorities {
+    fn new(n: usize, seed: u64) -> FreshPriorities {
+        FreshPriorities {
+            state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            values: vec![0.0; n],
+        }
+    }
+
+    fn next(&mut self) -> &[f64] {
+        for v in &mut self.values {
+            self.state ^= self.state << 13;
+            self.state ^= self.state >> 7;
+            self.state ^= self.state << 17;
+            *v = 0.1 + (self.state >> 11) as f64 / (1u64 << 53) as f64;
+        }
+        &self.values
+    }
+}
+
+/// One learner step: a sample of `batch`'s rows, and for prioritized workloads an update
+/// of their priorities.
+fn learner_step(
+    learner: &mut replaybuf::Learner,
+    batch: &mut replaybuf::Batch,
+    fresh: Option<&mut FreshPriorities>,
+) {
+    learner.sample_into(batch).expect("sample");
+    if let Some(fresh) = fresh {
+        learner
+            .buffer()
+            .update_priority(batch.index(), batch.generations(), fresh.next())
+            .expect("update");
     }
 }
 
 /// fill, steady extend, sample and memory of one workload.
 fn single(w: Workload, samples: usize) {
-    let rb = ReplayBuffer::builder(w.spec())
-        .capacity(w.capacity)
-        .seed(7)
-        .build()
-        .expect("workload buffer");
+    let rb = w.builder(7).build().expect("workload buffer");
     let chunk = w.chunk_data(&rb, w.chunk, 1);
     let writer = rb.writer();
     // Memory is measured from here: the buffer's pages are all that fill adds.
@@ -108,12 +154,18 @@ fn single(w: Workload, samples: usize) {
 
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
-    let mut sample = || learner.sample_into(&mut batch).expect("sample");
-    seconds_per_op(samples / 10, &mut sample);
+    let mut fresh = w.prioritized.then(|| FreshPriorities::new(w.batch, 3));
+    let mut step = || learner_step(&mut learner, &mut batch, fresh.as_mut());
+    seconds_per_op(samples / 10, &mut step);
+    let op = if w.prioritized {
+        "sample+update"
+    } else {
+        "sample"
+    };
     emit(
         w.name,
-        "sample",
-        seconds_per_op(samples, &mut sample),
+        op,
+        seconds_per_op(samples, &mut step),
         w.batch,
         json!({}),
     );
@@ -143,10 +195,9 @@ struct Run {
 
 fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Run {
     let shards = writers.max(1).next_power_of_two();
-    let rb = ReplayBuffer::builder(w.spec())
-        .capacity(w.capacity)
+    let rb = w
+        .builder(11)
         .shards(shards)
-        .seed(11)
         .build()
         .expect("concurrent buffer");
     let chunk = w.chunk_data(&rb, w.chunk, 2);
@@ -178,15 +229,18 @@ fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Ru
             })
             .collect();
         let samplers: Vec<_> = (0..learners)
-            .map(|_| {
+            .map(|l| {
                 let mut learner = rb.learner();
                 let stop = &stop;
                 s.spawn(move || {
                     let mut batch = learner.buffer().batch([w.batch]);
+                    let mut fresh = w
+                        .prioritized
+                        .then(|| FreshPriorities::new(w.batch, l as u64));
                     let mut lat = Vec::with_capacity(1 << 20);
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
-                        learner.sample_into(&mut batch).expect("sample");
+                        learner_step(&mut learner, &mut batch, fresh.as_mut());
                         lat.push(t.elapsed().as_nanos() as u64);
                     }
                     lat
@@ -215,8 +269,7 @@ fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Ru
     }
 }
 
-fn concurrent(args: &BenchArgs) {
-    let w = Workload::mujoco(args.quick);
+fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let configs = if args.configs.is_empty() {
         let mut c = vec![(1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2)];
@@ -234,7 +287,7 @@ fn concurrent(args: &BenchArgs) {
             let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
             let mut extra = tags.clone();
             extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
-            emit("concurrent", "extend", per_op, w.chunk, extra);
+            emit(name, "extend", per_op, w.chunk, extra);
         }
         if learners > 0 {
             run.latencies_ns.sort_unstable();
@@ -251,7 +304,12 @@ fn concurrent(args: &BenchArgs) {
             extra["items_per_s"] = json!((run.rows_sampled as f64 / run.secs).round() as u64);
             extra["p50_us"] = json!((pct(0.50) * 100.0).round() / 100.0);
             extra["p99_us"] = json!((pct(0.99) * 100.0).round() / 100.0);
-            emit("concurrent", "sample", mean, w.batch, extra);
+            let op = if w.prioritized {
+                "sample+update"
+            } else {
+                "sample"
+            };
+            emit(name, op, mean, w.batch, extra);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The workloads of shared/WORKLOADS.md: their specs, sizes and data.
 
-use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 /// One benchmark workload.
 #[derive(Clone, Copy, Debug)]
@@ -10,6 +10,8 @@ pub struct Workload {
     pub chunk: usize,
     pub batch: usize,
     pub payload_bytes: usize,
+    /// Prioritized sampling (alpha 0.6, beta 0.4, eps 1e-8); learners also update.
+    pub prioritized: bool,
 }
 
 impl Workload {
@@ -20,6 +22,15 @@ impl Workload {
             chunk: 1_000,
             batch: 256,
             payload_bytes: 165,
+            prioritized: false,
+        }
+    }
+
+    pub fn mujoco_prioritized(quick: bool) -> Workload {
+        Workload {
+            name: "mujoco-prioritized",
+            prioritized: true,
+            ..Workload::mujoco(quick)
         }
     }
 
@@ -30,6 +41,19 @@ impl Workload {
             chunk: 256,
             batch: 32,
             payload_bytes: 56_461,
+            prioritized: false,
+        }
+    }
+
+    /// A builder of this workload's buffer (capacity, sampler, seed).
+    pub fn builder(&self, seed: u64) -> ReplayBufferBuilder {
+        let b = ReplayBuffer::builder(self.spec())
+            .capacity(self.capacity)
+            .seed(seed);
+        if self.prioritized {
+            b.sampler(Prioritized::new(0.6, 0.4).eps(1e-8))
+        } else {
+            b
         }
     }
 

@@ -17,7 +17,7 @@ use rand::RngExt;
 
 use crate::error::PriorityError;
 use crate::rng::Rng;
-use crate::storage::shard::{Shard, Window};
+use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{to_fixed, Leaf};
@@ -191,9 +191,11 @@ impl State {
         Ok(())
     }
 
-    /// The fixed-point mass of priority `p` under `alpha`.
+    /// The fixed-point mass of priority `p` under `alpha`, computed in `f32` (TorchRL's
+    /// precision; its relative error, about 1e-7, is below the fixed point's).
     pub(crate) fn mass(&self, p: f64, alpha: f64, max: u64) -> u64 {
-        to_fixed((p + self.eps).powf(alpha), max)
+        let x = (p + self.eps) as f32;
+        to_fixed(f64::from(x.powf(alpha as f32)), max)
     }
 
     /// Records `p` as seen (for the priority of later new rows).
@@ -215,32 +217,42 @@ impl State {
             .unwrap_or(INITIAL_PRIORITY)
     }
 
-    /// Sets slot `i`'s priority to `p` if its leaf still belongs to a row of `lap`;
-    /// whether it did. Recomputes if `alpha` changed meanwhile, so that an update
-    /// racing `set_alpha` does not leave a mass of the old alpha behind.
-    pub(crate) fn update(&self, tree: &Tree<'_>, i: usize, lap: u32, p: f64) -> bool {
-        self.saw(p);
+    /// Sets the priorities of `rows` (`(leaf, lap, p)` each) whose leaves still belong
+    /// to rows of those laps; `applied` receives which did. Recomputes if `alpha`
+    /// changed meanwhile, so that updates racing `set_alpha` do not leave masses of the
+    /// old alpha behind.
+    pub(crate) fn update(&self, tree: &Tree<'_>, rows: &[(usize, u32, f64)], applied: &mut [bool]) {
+        for &(_, _, p) in rows {
+            self.saw(p);
+        }
+        let max = tree.layout().value_max;
         loop {
             let alpha = self.alpha();
-            let max = tree.layout().value_max;
-            if tree.update(i, lap, self.mass(p, alpha, max), p)
-                == crate::sumtree::tree::Updated::Stale
-            {
-                return false;
-            }
+            let items: Vec<(usize, u32, u64, f64)> = rows
+                .iter()
+                .map(|&(leaf, lap, p)| (leaf, lap, self.mass(p, alpha, max), p))
+                .collect();
+            tree.update_many(&items, applied);
             if self.alpha() == alpha {
-                return true;
+                return;
             }
         }
     }
 
     /// Recomputes every leaf of `tree` from its raw priority under the current alpha.
     pub(crate) fn remass(&self, tree: &Tree<'_>) {
-        for i in 0..tree.layout().leaves {
-            let leaf = tree.leaf(i);
-            if leaf.value() > 0 {
-                self.update(tree, i, u32::from(leaf.tag()), tree.raw(i));
-            }
+        const CHUNK: usize = 4096;
+        let leaves: Vec<usize> = (0..tree.layout().leaves).collect();
+        for chunk in leaves.chunks(CHUNK) {
+            let rows: Vec<(usize, u32, f64)> = chunk
+                .iter()
+                .filter_map(|&i| {
+                    let leaf = tree.leaf(i);
+                    (leaf.value() > 0).then(|| (i, u32::from(leaf.tag()), tree.raw(i)))
+                })
+                .collect();
+            let mut applied = vec![false; rows.len()];
+            self.update(tree, &rows, &mut applied);
         }
     }
 
@@ -249,9 +261,10 @@ impl State {
         (Leaf::new(lap, self.mass(p, self.alpha(), max)), p)
     }
 
-    /// The importance weight of a row of mass `m`, given the smallest mass `min`.
+    /// The importance weight of a row of mass `m`, given the smallest mass `min`:
+    /// `(min / m)^beta`, in `f32` (the weight's own precision).
     pub(crate) fn weight(&self, m: u64, min: u64) -> f32 {
-        ((min as f64) / (m as f64)).powf(self.beta()) as f32
+        (min as f32 / m as f32).powf(self.beta() as f32)
     }
 }
 
@@ -274,7 +287,13 @@ impl Masses {
 
     /// A random (shard, mass within the shard) drawn in proportion to mass.
     fn target(&self, rng: &mut Rng) -> (usize, u64) {
-        let mut t = rng.random_range(0..self.total);
+        if self.totals.len() == 1 {
+            return (0, rng.random_range(0..self.totals[0]));
+        }
+        let mut t = match u64::try_from(self.total) {
+            Ok(total) => u128::from(rng.random_range(0..total)),
+            Err(_) => rng.random_range(0..self.total),
+        };
         for (k, &m) in self.totals.iter().enumerate() {
             if t < u128::from(m) {
                 return (k, t as u64);
@@ -287,7 +306,7 @@ impl Masses {
 }
 
 /// Descents per interleaved group: enough misses in flight to hide memory latency.
-const GROUP: usize = 16;
+const GROUP: usize = 32;
 
 /// Draws `n` rows in proportion to mass into `out`. A landing that does not name a
 /// live row becomes a draw with `mass == 0`, which the read loop replaces.
@@ -301,6 +320,11 @@ pub(crate) fn draw(
     out: &mut Vec<Draw>,
 ) {
     out.clear();
+    let positions: smallvec::SmallVec<[Positions; 8]> = shards
+        .iter()
+        .zip(windows)
+        .map(|(s, w)| w.positions(s.ring().steps))
+        .collect();
     for start in (0..n).step_by(GROUP) {
         let len = GROUP.min(n - start);
         let mut targets: [(usize, u64); GROUP] = [(0, 0); GROUP];
@@ -308,7 +332,7 @@ pub(crate) fn draw(
             *t = masses.target(rng);
         }
         // Descend each shard's targets together, then put them back in draw order.
-        let mut landed = [None; GROUP];
+        let mut hits = [None; GROUP];
         for (k, tree) in trees.iter().enumerate() {
             let mine: smallvec::SmallVec<[usize; GROUP]> =
                 (0..len).filter(|&g| targets[g].0 == k).collect();
@@ -319,11 +343,11 @@ pub(crate) fn draw(
                 mine.iter().map(|&g| (targets[g].1, None)).collect();
             tree.descend_many(&mut group);
             for (&g, (_, landing)) in mine.iter().zip(group) {
-                landed[g] = landing.map(|l| (k, l));
+                hits[g] = landing.map(|l| (k, l));
             }
         }
-        out.extend(landed.iter().take(len).map(|l| match l {
-            Some((k, l)) => to_draw(shards, windows, *k, l.leaf, l.value, l.tag),
+        out.extend(hits.iter().take(len).map(|l| match l {
+            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.tag),
             None => Draw::default(),
         }));
     }
@@ -341,25 +365,33 @@ pub(crate) fn redraw(
         return None;
     }
     let (k, t) = masses.target(rng);
-    Some(match trees[k].descend(t) {
-        Some(l) => to_draw(shards, windows, k, l.leaf, l.value, l.tag),
-        None => Draw::default(),
-    })
+    let ring = shards[k].ring();
+    let positions = [windows[k].positions(ring.steps)];
+    Some(
+        match trees[k].descend(t) {
+            Some(l) => to_draw(&shards[k..=k], &positions, 0, l.leaf, l.value, l.tag),
+            None => Draw::default(),
+        }
+        .on_shard(k),
+    )
 }
 
 /// The draw of slot `leaf` of shard `k`: the live row at its position, with the
 /// leaf's mass and tag (mass 0 if the position holds no live row).
 fn to_draw(
     shards: &[Shard],
-    windows: &[Window],
+    positions: &[Positions],
     k: usize,
     leaf: usize,
     mass: u64,
     tag: u16,
 ) -> Draw {
     let ring = shards[k].ring();
-    let (pos, lane) = (leaf as u64 / ring.width, leaf as u64 % ring.width);
-    match windows[k].seq_at(pos, ring.steps) {
+    let (pos, lane) = match ring.width {
+        1 => (leaf as u64, 0),
+        w => (leaf as u64 / w, leaf as u64 % w),
+    };
+    match positions[k].seq_at(pos) {
         Some(seq) => Draw {
             shard: k as u32,
             lane: lane as u32,

@@ -60,6 +60,16 @@ pub(crate) struct Draw {
     pub(crate) tag: u16,
 }
 
+impl Draw {
+    /// The same draw, naming shard `k` (for draws made against one shard's slice).
+    pub(crate) fn on_shard(mut self, k: usize) -> Draw {
+        if self.mass > 0 {
+            self.shard = k as u32;
+        }
+        self
+    }
+}
+
 /// Which row a read accepts at the drawn slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
@@ -100,21 +110,22 @@ impl Storage {
     pub(crate) fn new(
         spec: Arc<Spec>,
         geometry: Geometry,
-        with_trees: bool,
+        trees: Option<bool>,
     ) -> io::Result<Storage> {
+        let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
         let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
         let slot_bytes = 8 + spec.row_bytes();
         let mut words = usize::try_from(geometry.capacity())
             .ok()
             .and_then(|c| c.checked_mul(slot_bytes / 8))
             .ok_or_else(too_large)?;
-        let mut trees = Vec::new();
+        let mut layouts = Vec::new();
         if with_trees {
             for k in 0..geometry.shards() {
                 let ring = geometry.ring(k);
-                let layout = TreeLayout::new((ring.steps * ring.width) as usize, words);
+                let layout = TreeLayout::new((ring.steps * ring.width) as usize, words, with_max);
                 words = words.checked_add(layout.words()).ok_or_else(too_large)?;
-                trees.push(layout);
+                layouts.push(layout);
             }
         }
         let region = Region::heap(words)?;
@@ -127,7 +138,7 @@ impl Storage {
             geometry,
             spec,
             slot_bytes,
-            trees: trees.into_boxed_slice(),
+            trees: layouts.into_boxed_slice(),
         })
     }
 

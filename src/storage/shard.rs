@@ -51,8 +51,42 @@ impl Window {
     /// The sequence number in the window at ring position `pos` of a ring of
     /// `ring_steps` steps: the latest claimed there, if it is live.
     pub(crate) fn seq_at(&self, pos: u64, ring_steps: u64) -> Option<u64> {
-        let last = self.hi.checked_sub(1)?;
-        let seq = last.checked_sub((last % ring_steps + ring_steps - pos) % ring_steps)?;
+        self.positions(ring_steps).seq_at(pos)
+    }
+
+    /// The window's sequence numbers by ring position, with the one division done
+    /// up front: for many lookups in one window.
+    pub(crate) fn positions(&self, ring_steps: u64) -> Positions {
+        let last = self.hi.checked_sub(1);
+        Positions {
+            last: last.unwrap_or(0),
+            last_pos: last.map_or(0, |l| l % ring_steps),
+            lo: if last.is_some() { self.lo } else { u64::MAX },
+            steps: ring_steps,
+        }
+    }
+}
+
+/// A window's sequence numbers by ring position (see [`Window::positions`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Positions {
+    last: u64,
+    last_pos: u64,
+    /// `u64::MAX` for an empty window.
+    lo: u64,
+    steps: u64,
+}
+
+impl Positions {
+    /// The live sequence number at ring position `pos` (`pos < steps`), if any.
+    #[inline]
+    pub(crate) fn seq_at(&self, pos: u64) -> Option<u64> {
+        // Steps back from the last claimed position to `pos`, without a division.
+        let mut back = self.last_pos + self.steps - pos;
+        if back >= self.steps {
+            back -= self.steps;
+        }
+        let seq = self.last.checked_sub(back)?;
         (seq >= self.lo).then_some(seq)
     }
 }

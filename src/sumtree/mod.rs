@@ -27,15 +27,23 @@
 pub mod reference;
 pub(crate) mod tree;
 
-/// Children per node: one cache line of `u64` entries (two under loom, to keep the
-/// model small).
-pub(crate) const ARITY: usize = if cfg!(replaybuf_loom) { 2 } else { 8 };
+/// Children per node: two adjacent cache lines of `u64` entries, so that a million
+/// leaves sit five levels deep (two under loom, to keep the model small).
+pub(crate) const ARITY: usize = if cfg!(replaybuf_loom) { 2 } else { 16 };
+
+/// Words per cache line: tree blocks and levels start on line boundaries, so a node
+/// never straddles one line more than it must.
+const LINE_WORDS: usize = 8;
+
+fn align(words: usize) -> usize {
+    words.div_ceil(LINE_WORDS) * LINE_WORDS
+}
 
 /// Fractional bits of a leaf's fixed-point mass: a resolution of about 1e-6.
 pub const FRACTION_BITS: u32 = 20;
 /// Bits of a leaf's mass; the 16 above hold the tag.
 const VALUE_BITS: u32 = 48;
-const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
+pub(crate) const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
 
 /// A leaf word: a 16-bit tag and a 48-bit fixed-point mass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +95,8 @@ pub fn to_fixed(x: f64, max: u64) -> u64 {
     if x <= 0.0 || x.is_nan() {
         return 0;
     }
-    let v = (x * f64::from(1u32 << FRACTION_BITS)).round();
+    // Round half up by truncation (a libm `round` call is the slow part otherwise).
+    let v = x * f64::from(1u32 << FRACTION_BITS) + 0.5;
     if v >= max as f64 {
         max
     } else {
@@ -121,32 +130,61 @@ pub(crate) struct Layout {
     /// Words of one tree's levels.
     pub(crate) internal: usize,
     pub(crate) value_max: u64,
+    /// Whether the block has a max tree (only `max_priority_within_buffer` reads it).
+    pub(crate) with_max: bool,
+    /// (first word, entries) of each level of the sum tree, the leaves as level 0:
+    /// what a descent reads, precomputed.
+    pub(crate) sum_levels: Vec<(usize, usize)>,
 }
 
 impl Layout {
-    pub(crate) fn new(leaves: usize, base: usize) -> Layout {
+    pub(crate) fn new(leaves: usize, base: usize, with_max: bool) -> Layout {
         let mut levels = Vec::new();
         let (mut size, mut offset) = (leaves.max(1), 0);
         loop {
             size = size.div_ceil(ARITY);
             levels.push((offset, size));
-            offset += size;
+            offset += align(size);
             if size == 1 {
                 break;
             }
         }
-        Layout {
+        let mut layout = Layout {
             leaves,
-            base,
+            base: align(base),
             levels,
             internal: offset,
             value_max: value_max(leaves),
-        }
+            with_max,
+            sum_levels: Vec::new(),
+        };
+        layout.sum_levels = (0..=layout.top())
+            .map(|level| {
+                let first = if level == 0 {
+                    layout.leaf_word(0)
+                } else {
+                    layout.entry_word(Kind::Sum, level, 0)
+                };
+                (first, layout.size(level))
+            })
+            .collect();
+        layout
     }
 
-    /// Words of the whole block: leaves, raw priorities, and three trees.
+    /// Words the block takes from the region offset it was given: up to a line of
+    /// slack to start on a line boundary, then leaves, raw priorities, and two or three
+    /// trees.
     pub(crate) fn words(&self) -> usize {
-        2 * self.leaves + 3 * self.internal
+        LINE_WORDS + 2 * align(self.leaves) + (2 + usize::from(self.with_max)) * self.internal
+    }
+
+    /// The min and max trees this block keeps.
+    pub(crate) fn extrema(&self) -> &'static [Kind] {
+        if self.with_max {
+            &[Kind::Min, Kind::Max]
+        } else {
+            &[Kind::Min]
+        }
     }
 
     pub(crate) fn leaf_word(&self, i: usize) -> usize {
@@ -154,7 +192,7 @@ impl Layout {
     }
 
     pub(crate) fn raw_word(&self, i: usize) -> usize {
-        self.base + self.leaves + i
+        self.base + align(self.leaves) + i
     }
 
     /// The word of entry `j` of level `level` (1-based) of tree `kind`.
@@ -164,7 +202,7 @@ impl Layout {
             Kind::Min => 1,
             Kind::Max => 2,
         };
-        self.base + 2 * self.leaves + tree * self.internal + self.levels[level - 1].0 + j
+        self.base + 2 * align(self.leaves) + tree * self.internal + self.levels[level - 1].0 + j
     }
 
     /// Entries of level `level` (0: the leaves).
@@ -189,13 +227,13 @@ mod tests {
     #[test]
     fn layouts_end_in_one_root() {
         for n in [1, 2, 7, 8, 9, 64, 65, 1000, 1 << 20] {
-            let l = Layout::new(n, 0);
+            let l = Layout::new(n, 0, true);
             assert_eq!(l.levels.last().unwrap().1, 1, "{n} leaves");
             for level in 1..=l.top() {
                 assert_eq!(l.size(level), l.size(level - 1).div_ceil(ARITY));
             }
         }
-        assert_eq!(Layout::new(1 << 20, 0).top(), 7);
+        assert_eq!(Layout::new(1 << 20, 0, false).top(), 5);
     }
 
     #[test]
@@ -224,7 +262,7 @@ pub struct OwnedTree {
 impl OwnedTree {
     /// A tree over `leaves` slots, all empty.
     pub fn new(leaves: usize) -> OwnedTree {
-        let layout = Layout::new(leaves, 0);
+        let layout = Layout::new(leaves, 0, true);
         OwnedTree {
             words: (0..layout.words())
                 .map(|_| crate::sync::AtomicU64::new(0))
@@ -249,7 +287,17 @@ impl OwnedTree {
 
     /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.
     pub fn update(&self, i: usize, lap: u32, value: u64, raw: f64) -> bool {
-        self.tree().update(i, lap, value, raw) == tree::Updated::Applied
+        let mut applied = [false];
+        self.tree()
+            .update_many(&[(i, lap, value, raw)], &mut applied);
+        applied[0]
+    }
+
+    /// Applies many updates at once (`(slot, lap, mass, raw)` each); whether each was.
+    pub fn update_many(&self, items: &[(usize, u32, u64, f64)]) -> Vec<bool> {
+        let mut applied = vec![false; items.len()];
+        self.tree().update_many(items, &mut applied);
+        applied
     }
 
     /// Takes slot `i`'s mass away if its tag is `tag`.

@@ -31,14 +31,6 @@ pub(crate) struct Tree<'a> {
     layout: &'a Layout,
 }
 
-/// What a priority update of one leaf did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Updated {
-    Applied,
-    /// The leaf belongs to another row now (or not yet to this one).
-    Stale,
-}
-
 /// Where a descent landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Landing {
@@ -167,7 +159,7 @@ impl<'a> Tree<'a> {
 
     /// Carries a change of leaves `first..end` up the min and max trees.
     fn refresh_extrema(&self, first: usize, end: usize) {
-        for kind in [Kind::Min, Kind::Max] {
+        for &kind in self.layout.extrema() {
             let (mut lo, mut hi) = (first, end);
             for level in 1..=self.layout.top() {
                 (lo, hi) = (lo / ARITY, (hi - 1) / ARITY + 1);
@@ -176,6 +168,28 @@ impl<'a> Tree<'a> {
                     changed |= self.refresh(kind, level, j);
                 }
                 if !changed {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Carries one leaf's change from `old` to `new` up the min and max trees, skipping
+    /// a tree whose entry above the leaf it cannot change: the entry is not the old
+    /// value and the new one does not beat it. (If the entry is stale, whoever made it
+    /// so is on the way to refresh it, and will read this leaf's new value.)
+    fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
+        for &kind in self.layout.extrema() {
+            let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
+            let (old, new) = (as_mass(old), as_mass(new));
+            let entry = self.extremum(kind, 1, leaf / ARITY);
+            if old != entry && combine(kind, entry, new) == entry {
+                continue;
+            }
+            let mut j = leaf;
+            for level in 1..=self.layout.top() {
+                j /= ARITY;
+                if !self.refresh(kind, level, j) {
                     break;
                 }
             }
@@ -253,24 +267,84 @@ impl<'a> Tree<'a> {
         self.refresh_extrema(first, first + leaves.len());
     }
 
-    /// Sets slot `i`'s mass to `value` if its leaf still belongs to a row of lap `lap`.
-    pub(crate) fn update(&self, i: usize, lap: u32, value: u64, raw: f64) -> Updated {
-        let leaf = self.leaf_atomic(i);
-        loop {
-            let cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
-            if !cur.is_of(lap) {
-                return Updated::Stale;
+    /// Applies many priority updates at once: `(leaf, lap, value, raw)` each, `applied`
+    /// receiving whether each was (see [`Tree::update`]). Each leaf still changes by
+    /// its own compare-exchange; the ancestors' deltas are gathered first, so that an
+    /// entry many updates share (the upper levels) takes one `fetch_add`, not one per
+    /// update. Additions commute, so the result is the same as one update at a time.
+    pub(crate) fn update_many(&self, items: &[(usize, u32, u64, f64)], applied: &mut [bool]) {
+        /// Levels of at most this many entries gather their deltas densely.
+        const DENSE_ENTRIES: usize = 1024;
+        let top = self.layout.top();
+        let dense_from = (1..=top)
+            .find(|&l| self.layout.size(l) <= DENSE_ENTRIES)
+            .unwrap_or(top);
+        let dense_offsets: Vec<usize> = (dense_from..=top)
+            .scan(0, |acc, l| {
+                let at = *acc;
+                *acc += self.layout.size(l);
+                Some(at)
+            })
+            .collect();
+        let dense_len = (dense_from..=top).map(|l| self.layout.size(l)).sum();
+        let mut dense = vec![0i64; dense_len];
+        let mut changed = Vec::with_capacity(items.len());
+        for (&(i, lap, value, raw), ok) in items.iter().zip(applied.iter_mut()) {
+            let leaf = self.leaf_atomic(i);
+            *ok = loop {
+                let cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
+                if !cur.is_of(lap) {
+                    break false;
+                }
+                let new = Leaf::new(lap, value);
+                if leaf
+                    .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    self.set_raw(i, raw);
+                    changed.push((i, cur.value(), value));
+                    break true;
+                }
+            };
+        }
+        for &(i, old, new) in &changed {
+            let delta = new as i64 - old as i64;
+            if delta == 0 {
+                continue;
             }
-            let new = Leaf::new(lap, value);
-            if leaf
-                .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                self.set_raw(i, raw);
-                self.add_delta(i, value as i64 - cur.value() as i64);
-                self.refresh_extrema(i, i + 1);
-                return Updated::Applied;
+            let mut j = i;
+            for level in 1..=top {
+                j /= ARITY;
+                if level < dense_from {
+                    self.entry(Kind::Sum, level, j)
+                        .fetch_add(delta as u64, Ordering::Relaxed);
+                } else {
+                    dense[dense_offsets[level - dense_from] + j] += delta;
+                }
             }
+        }
+        for level in dense_from..=top {
+            let at = dense_offsets[level - dense_from];
+            for (j, &d) in dense[at..at + self.layout.size(level)].iter().enumerate() {
+                if d != 0 {
+                    self.entry(Kind::Sum, level, j)
+                        .fetch_add(d as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        // Start the min (and max) entries above every changed leaf loading, then
+        // refresh them: their misses overlap instead of queueing.
+        for &(i, _, _) in &changed {
+            for &kind in self.layout.extrema() {
+                crate::storage::atomic_copy::prefetch(
+                    self.words,
+                    self.layout.entry_word(kind, 1, i / ARITY) * 8,
+                    crate::storage::atomic_copy::Intent::Write,
+                );
+            }
+        }
+        for &(i, old, new) in &changed {
+            self.refresh_extrema_after(i, old, new);
         }
     }
 
@@ -289,7 +363,7 @@ impl<'a> Tree<'a> {
                 .is_ok()
             {
                 self.add_delta(i, -(cur.value() as i64));
-                self.refresh_extrema(i, i + 1);
+                self.refresh_extrema_after(i, cur.value(), 0);
                 return;
             }
         }
@@ -307,6 +381,12 @@ impl<'a> Tree<'a> {
     pub(crate) fn descend_many(&self, targets: &mut [(u64, Option<Landing>)]) {
         let mut nodes: smallvec::SmallVec<[usize; 32]> = smallvec::smallvec![0; targets.len()];
         for level in (1..=self.layout.top()).rev() {
+            // Start every descent's node loads before scanning any: the scans' branches
+            // are unpredictable, and a mispredict would otherwise stall the loads of the
+            // descents after it.
+            for &node in nodes.iter() {
+                self.prefetch_children(level, node);
+            }
             for ((t, _), node) in targets.iter_mut().zip(nodes.iter_mut()) {
                 *node = self.pick_child(level, *node, t);
             }
@@ -321,40 +401,57 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// Starts loading the children of entry `j` of `level` (a node: up to two lines).
+    fn prefetch_children(&self, level: usize, j: usize) {
+        let word = self.layout.sum_levels[level - 1].0 + ARITY * j;
+        for line in 0..ARITY.div_ceil(8) {
+            crate::storage::atomic_copy::prefetch(
+                self.words,
+                (word + 8 * line) * 8,
+                crate::storage::atomic_copy::Intent::Read,
+            );
+        }
+    }
+
     /// Among the children of entry `j` of `level`, the one holding mass `*t`; `*t`
     /// becomes the mass left within that child. Clamps to the last child with mass if
     /// a racing update made the children sum to less than `*t`.
     fn pick_child(&self, level: usize, j: usize, t: &mut u64) -> usize {
-        let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
-        let mass = |c: usize| {
-            if level == 1 {
-                self.leaf(c).value()
-            } else {
-                self.entry(Kind::Sum, level - 1, c).load(Ordering::Relaxed)
-            }
+        let (word, size) = self.layout.sum_levels[level - 1];
+        let first = ARITY * j;
+        let node = &self.words[word + first..word + size.min(first + ARITY)];
+        let mask = if level == 1 {
+            super::VALUE_MASK
+        } else {
+            u64::MAX
         };
-        let mut last = None;
-        for c in children {
-            let m = mass(c);
-            if m == 0 {
-                continue;
-            }
-            if *t < m {
-                return c;
-            }
-            *t -= m;
-            last = Some((c, m));
+        // One branch-free pass: the child holding `t` is the number of children whose
+        // running total ends at or before `t` (a child without mass never holds it), and
+        // `before` is the running total just before it.
+        let (mut acc, mut before, mut c) = (0u64, 0u64, 0usize);
+        for w in node {
+            acc = acc.wrapping_add(w.load(Ordering::Relaxed) & mask);
+            let past = acc <= *t;
+            c += usize::from(past);
+            before = if past { acc } else { before };
         }
-        match last {
-            Some((c, m)) => {
-                *t = m - 1;
-                c
+        if c < node.len() {
+            *t -= before;
+            return first + c;
+        }
+        // `t` is past this node's mass: a racing update shrank it. Clamp to the last child
+        // with mass; with none, the caller's check of the landing leaf rejects the draw.
+        match node
+            .iter()
+            .rposition(|w| w.load(Ordering::Relaxed) & mask > 0)
+        {
+            Some(c) => {
+                *t = (node[c].load(Ordering::Relaxed) & mask).saturating_sub(1);
+                first + c
             }
-            // No child has mass (everything moved away meanwhile): the caller's check
-            // of the landing leaf rejects this draw.
             None => {
                 *t = u64::MAX;
-                ARITY * j
+                first
             }
         }
     }
@@ -398,8 +495,9 @@ impl<'a> Tree<'a> {
                     })
                     .fold(0u64, u64::wrapping_add);
                 sum == self.entry(Kind::Sum, level, j).load(Ordering::SeqCst)
-                    && self.recompute(Kind::Min, level, j) == self.extremum(Kind::Min, level, j)
-                    && self.recompute(Kind::Max, level, j) == self.extremum(Kind::Max, level, j)
+                    && self.layout.extrema().iter().all(|&kind| {
+                        self.recompute(kind, level, j) == self.extremum(kind, level, j)
+                    })
             })
         })
     }
