@@ -72,6 +72,9 @@ impl Inner {
         let default = priorities
             .is_none()
             .then(|| state.leaf(0, state.new_row_priority(&trees), max));
+        if let Some(top) = priorities.and_then(|ps| ps.iter().copied().reduce(f64::max)) {
+            state.saw(top);
+        }
         let mut run: Vec<(Leaf, f64)> = Vec::new();
         let mut run_start = 0;
         for step in shard::steps_of(&ring, first, steps) {
@@ -82,11 +85,7 @@ impl Inner {
             }
             for lane in 0..ring.width {
                 run.push(match (priorities, default) {
-                    (Some(ps), _) => {
-                        let p = ps[src.order.row(step.j, lane)];
-                        state.saw(p);
-                        state.leaf(step.lap, p, max)
-                    }
+                    (Some(ps), _) => state.leaf(step.lap, ps[src.order.row(step.j, lane)], max),
                     (None, Some((leaf, p))) => (Leaf::new(step.lap, leaf.value()), p),
                     (None, None) => unreachable!("a priority for new rows was chosen above"),
                 });

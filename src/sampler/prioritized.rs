@@ -222,8 +222,8 @@ impl State {
     /// changed meanwhile, so that updates racing `set_alpha` do not leave masses of the
     /// old alpha behind.
     pub(crate) fn update(&self, tree: &Tree<'_>, rows: &[(usize, u32, f64)], applied: &mut [bool]) {
-        for &(_, _, p) in rows {
-            self.saw(p);
+        if let Some(top) = rows.iter().map(|&(_, _, p)| p).reduce(f64::max) {
+            self.saw(top);
         }
         let max = tree.layout().value_max;
         loop {

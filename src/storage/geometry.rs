@@ -39,7 +39,11 @@ impl Split {
     }
 
     /// The part holding item `x`, and `x`'s offset inside it.
+    #[inline]
     pub(crate) fn locate(&self, x: u64) -> (u64, u64) {
+        if self.parts == 1 {
+            return (0, x);
+        }
         let big = self.extra * (self.base + 1);
         if x < big {
             (x / (self.base + 1), x % (self.base + 1))
