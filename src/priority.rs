@@ -291,8 +291,10 @@ impl ReplayBuffer {
         let seq = shard.seq_at(pos)?;
         let tree = &inner.storage.trees()[k as usize];
         let leaf = (pos * shard.ring().width + lane) as usize;
-        tree.leaf(leaf)
-            .is_of((seq / shard.ring().steps) as u32)
-            .then(|| tree.raw(leaf))
+        let lap = (seq / shard.ring().steps) as u32;
+        if !tree.leaf(leaf).is_of(lap) {
+            return None;
+        }
+        tree.raw(leaf, lap as u16)
     }
 }

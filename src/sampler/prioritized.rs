@@ -210,7 +210,7 @@ impl State {
         }
         trees
             .iter()
-            .filter_map(|t| t.argmax().map(|i| t.raw(i)))
+            .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).tag())))
             .fold(None, |acc: Option<f64>, p| {
                 Some(acc.map_or(p, |a| a.max(p)))
             })
@@ -248,7 +248,8 @@ impl State {
                 .iter()
                 .filter_map(|&i| {
                     let leaf = tree.leaf(i);
-                    (leaf.value() > 0).then(|| (i, u32::from(leaf.tag()), tree.raw(i)))
+                    let raw = tree.raw(i, leaf.tag())?;
+                    (leaf.value() > 0).then_some((i, u32::from(leaf.tag()), raw))
                 })
                 .collect();
             let mut applied = vec![false; rows.len()];

@@ -178,6 +178,11 @@ impl Layout {
         LINE_WORDS + 2 * align(self.leaves) + (2 + usize::from(self.with_max)) * self.internal
     }
 
+    /// One past the block's last word.
+    pub(crate) fn end(&self) -> usize {
+        self.base + 2 * align(self.leaves) + (2 + usize::from(self.with_max)) * self.internal
+    }
+
     /// The min and max trees this block keeps.
     pub(crate) fn extrema(&self) -> &'static [Kind] {
         if self.with_max {
@@ -307,7 +312,7 @@ impl OwnedTree {
 
     /// The leaf of slot `i` and its raw priority.
     pub fn leaf(&self, i: usize) -> (Leaf, f64) {
-        (self.tree().leaf(i), self.tree().raw(i))
+        (self.tree().leaf(i), self.tree().raw_tagged(i).1)
     }
 
     /// The sum tree's root.

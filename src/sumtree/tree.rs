@@ -59,7 +59,7 @@ fn identity(kind: Kind) -> u64 {
 
 impl<'a> Tree<'a> {
     pub(crate) fn new(words: &'a [AtomicU64], layout: &'a Layout) -> Tree<'a> {
-        debug_assert!(layout.base + layout.words() <= words.len());
+        debug_assert!(layout.end() <= words.len());
         Tree { words, layout }
     }
 
@@ -80,13 +80,43 @@ impl<'a> Tree<'a> {
         Leaf::from_bits(self.leaf_atomic(i).load(Ordering::SeqCst))
     }
 
-    /// The priority last given to slot `i`, before `eps` and `alpha`.
-    pub(crate) fn raw(&self, i: usize) -> f64 {
-        f64::from_bits(self.words[self.layout.raw_word(i)].load(Ordering::Relaxed))
+    /// The priority last given to slot `i`, before `eps` and `alpha`, and the tag of
+    /// the row it was given to.
+    ///
+    /// A raw word is the row's tag (16 bits) and the priority's `f64` bits less the 16
+    /// lowest (a relative precision of about 1e-11). The tag keeps a slow update for a
+    /// replaced row from leaving its priority beside the new row's leaf.
+    pub(crate) fn raw_tagged(&self, i: usize) -> (u16, f64) {
+        let word = self.words[self.layout.raw_word(i)].load(Ordering::SeqCst);
+        (
+            (word >> 48) as u16,
+            f64::from_bits((word & super::VALUE_MASK) << 16),
+        )
     }
 
-    fn set_raw(&self, i: usize, raw: f64) {
-        self.words[self.layout.raw_word(i)].store(raw.to_bits(), Ordering::Relaxed);
+    /// The priority last given to the row with tag `tag` at slot `i`, if the raw word
+    /// is that row's.
+    pub(crate) fn raw(&self, i: usize, tag: u16) -> Option<f64> {
+        let (t, raw) = self.raw_tagged(i);
+        (t == tag).then_some(raw)
+    }
+
+    /// Records `raw` as the priority of the row with tag `tag` at slot `i`, unless the
+    /// word already belongs to a newer row.
+    fn set_raw(&self, i: usize, tag: u16, raw: f64) {
+        let atomic = &self.words[self.layout.raw_word(i)];
+        let new = (u64::from(tag) << 48) | (raw.to_bits() >> 16);
+        let mut cur = atomic.load(Ordering::SeqCst);
+        loop {
+            let cur_tag = (cur >> 48) as u16;
+            if cur != 0 && cur_tag != tag && (cur_tag.wrapping_sub(tag) as i16) > 0 {
+                return;
+            }
+            match atomic.compare_exchange(cur, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// Total mass (the sum tree's root).
@@ -257,7 +287,7 @@ impl<'a> Tree<'a> {
                         )
                         .is_ok()
                     {
-                        self.set_raw(first + k, raw);
+                        self.set_raw(first + k, leaf.tag(), raw);
                         return leaf.value() as i64 - cur.value() as i64;
                     }
                 }
@@ -301,7 +331,7 @@ impl<'a> Tree<'a> {
                     .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok()
                 {
-                    self.set_raw(i, raw);
+                    self.set_raw(i, lap as u16, raw);
                     changed.push((i, cur.value(), value));
                     break true;
                 }

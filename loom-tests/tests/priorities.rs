@@ -1,0 +1,95 @@
+//! The concurrent segment trees (`sumtree/`) under every interleaving loom explores: a
+//! descent racing a priority update, a new row's insert racing an update for the row
+//! it replaces, and, through the public API, a stale update dropped rather than
+//! applied to the newer row.
+#![cfg(replaybuf_loom)]
+
+mod common;
+
+use common::{pair_spec, pairs, run_model};
+use loom::sync::Arc;
+use replaybuf::internals::sumtree::{Leaf, OwnedTree};
+use replaybuf::{Prioritized, ReplayBuffer};
+
+/// A 4-leaf tree (arity 2 under loom) holding masses 1, 2, 3, 4, all of lap 0.
+fn four_leaves() -> Arc<OwnedTree> {
+    let tree = OwnedTree::new(4);
+    let leaves: Vec<(Leaf, f64)> = (1..=4).map(|m| (Leaf::new(0, m), m as f64)).collect();
+    tree.set_run(0, &leaves);
+    Arc::new(tree)
+}
+
+#[test]
+fn a_descent_racing_an_update_lands_on_mass() {
+    run_model("descent vs update (4 leaves)", || {
+        let tree = four_leaves();
+        let updater = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || {
+                assert!(tree.update(1, 0, 0, 0.0), "leaf 1 belongs to lap 0");
+                assert!(tree.update(3, 0, 9, 9.0));
+            })
+        };
+        // Targets across the old total: each lands on a leaf that has mass when the
+        // descent reads it, or is rejected, never lands on an empty leaf.
+        for t in [0, 2, 5, 9] {
+            if let Some((leaf, mass, tag)) = tree.descend(t) {
+                assert!(mass > 0, "target {t} landed on empty leaf {leaf}");
+                assert_eq!(tag, 0);
+            }
+        }
+        updater.join().unwrap();
+        assert!(tree.is_consistent(), "an entry disagrees with its children");
+        assert_eq!(tree.total(), 1 + 3 + 9);
+        assert_eq!((tree.min(), tree.max()), (1, 9));
+    });
+}
+
+#[test]
+fn an_insert_racing_an_update_for_the_replaced_row() {
+    run_model("insert vs stale update", || {
+        let tree = four_leaves();
+        // A collector writes lap 1's row into slot 2 while a learner updates lap 0's.
+        let writer = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.set_run(2, &[(Leaf::new(1, 7), 7.0)]))
+        };
+        let applied = tree.update(2, 0, 5, 5.0);
+        writer.join().unwrap();
+        // Whatever the order, the slot ends with the new row's leaf: an update applied
+        // before the insert was overwritten, one after it found another tag.
+        assert_eq!(tree.leaf(2).0, Leaf::new(1, 7), "applied: {applied}");
+        assert!(tree.is_consistent());
+        assert_eq!(tree.total(), 1 + 2 + 7 + 4);
+    });
+}
+
+#[test]
+fn a_stale_update_never_lands_on_the_new_row() {
+    run_model("update_priority vs lapping extend", || {
+        let rb = ReplayBuffer::builder(pair_spec())
+            .capacity(2)
+            .sampler(Prioritized::new(1.0, 0.5))
+            .seed(6)
+            .build()
+            .unwrap();
+        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+        let old = rb.get(0).unwrap();
+        let collector = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[1], 2)).unwrap())
+        };
+        // A priority below the initial 1.0, so it never becomes the new row's default.
+        let done = rb
+            .update_priority(old.index(), old.generations(), &[0.25])
+            .unwrap();
+        collector.join().unwrap();
+        assert_eq!(done.applied + done.stale, 1);
+        assert_eq!(
+            rb.priority(0),
+            Some(1.0),
+            "the new row keeps its own priority"
+        );
+        assert_eq!(rb.priority(1), Some(1.0));
+    });
+}
