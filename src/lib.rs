@@ -85,6 +85,11 @@ pub mod internals {
         pub use crate::sumtree::reference::ReferenceTree;
         pub use crate::sumtree::{from_fixed, to_fixed, Leaf, OwnedTree, FRACTION_BITS};
     }
+    /// Whether every tree entry of a prioritized buffer equals what its children give
+    /// (true whenever no update is in flight): the stress tests' final check.
+    pub fn priorities_consistent(rb: &crate::ReplayBuffer) -> bool {
+        rb.inner.storage.trees().iter().all(|t| t.is_consistent())
+    }
     /// The slot protocol of `storage/stamp.rs`.
     pub mod stamp {
         pub use crate::storage::stamp::{

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use replaybuf::{Batch, DType, ReplayBuffer, Spec, TypedBuffer, WithoutReplacement};
+use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, Spec, TypedBuffer, WithoutReplacement};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -85,9 +85,27 @@ fn check(batch: &Batch) -> u64 {
     ids.len() as u64
 }
 
+/// Checks a prioritized batch's weights and sets new priorities for its rows (zero
+/// for some), as a learner does after its loss.
+fn update_priorities(rb: &ReplayBuffer, batch: &Batch, round: u64) {
+    let weights = batch.weight().expect("a prioritized batch has weights");
+    assert!(
+        weights.iter().all(|&w| w.is_finite() && w > 0.0 && w <= 1.0 + 1e-6),
+        "weights out of (0, 1]: {weights:?}"
+    );
+    let priorities: Vec<f64> = (0..batch.len() as u64)
+        .map(|k| ((round * 31 + k * 7) % 13) as f64 / 4.0)
+        .collect();
+    let done = rb
+        .update_priority(batch.index(), batch.generations(), &priorities)
+        .expect("valid priorities");
+    assert_eq!(done.applied + done.stale, batch.len());
+}
+
 /// Runs `writers` collectors and `learners` learners on `rb` for the stress duration,
 /// with an optional in-place editor. Returns (rows written, rows checked).
 fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u64, u64) {
+    let prioritized = rb.alpha().is_some();
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
     let checked = AtomicU64::new(0);
@@ -134,7 +152,12 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                             .get(round % rb.capacity() as u64)
                             .map_or(0, |b| check(&b)),
                         _ => match learner.sample_into(&mut batch) {
-                            Ok(()) => check(&batch),
+                            Ok(()) => {
+                                if prioritized {
+                                    update_priorities(rb, &batch, round);
+                                }
+                                check(&batch)
+                            }
                             Err(_) => 0,
                         },
                     };
@@ -227,6 +250,24 @@ fn epochs_shared_by_learners() {
     assert!(
         written > 100 && checked > 100,
         "too little happened: {written} written, {checked} checked"
+    );
+}
+
+#[test]
+fn priorities_updated_while_collectors_write() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .shards(2)
+        .sampler(Prioritized::new(0.7, 0.5).max_priority_within_buffer(true))
+        .seed(6)
+        .build()
+        .unwrap();
+    let (written, checked) = hammer(&rb, 3, 2, true);
+    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    check(&rb.read_all_in_order(None));
+    assert!(
+        replaybuf::internals::priorities_consistent(&rb),
+        "after the run, some tree entry disagrees with its children"
     );
 }
 

@@ -93,3 +93,32 @@ fn a_stale_update_never_lands_on_the_new_row() {
         assert_eq!(rb.priority(1), Some(1.0));
     });
 }
+
+#[test]
+fn sibling_updates_keep_the_min_tree_exact() {
+    run_model("two updates under one min entry", || {
+        // Leaves 0 and 1 share their level-1 entry (arity 2 under loom), whose min is 5.
+        let tree = OwnedTree::new(4);
+        let leaves: Vec<(Leaf, f64)> = [5, 6, 7, 8]
+            .iter()
+            .map(|&m| (Leaf::new(0, m), 1.0))
+            .collect();
+        tree.set_run(0, &leaves);
+        let tree = Arc::new(tree);
+        // One raises the old minimum; the other lowers its sibling to that same value,
+        // finds the entry already right, and stops. If the first could store the entry
+        // it computed before the second's change without checking again, the entry
+        // would stay 6 above children 9 and 5.
+        let raiser = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || assert!(tree.update(0, 0, 9, 1.0)))
+        };
+        assert!(tree.update(1, 0, 5, 1.0));
+        raiser.join().unwrap();
+        assert!(
+            tree.is_consistent(),
+            "a min or max entry disagrees with its children"
+        );
+        assert_eq!((tree.min(), tree.max()), (5, 9));
+    });
+}
