@@ -419,21 +419,45 @@ impl Inner {
         let priorities = rows.priorities.as_deref();
         match shard {
             Some(k) => {
-                let first = storage.append(k, steps, src);
-                self.set_new_priorities(k, first, steps, src, priorities);
+                let first = self.append_shard(k, steps, src, priorities);
                 written.push(*storage.shards()[k].ring(), first, 0);
             }
             None => {
                 for (k, shard) in storage.shards().iter().enumerate() {
                     let ring = *shard.ring();
                     let group = src.for_group(ring.index_offset);
-                    let first = storage.append(k, steps, &group);
-                    self.set_new_priorities(k, first, steps, &group, priorities);
+                    let first = self.append_shard(k, steps, &group, priorities);
                     written.push(ring, first, ring.index_offset);
                 }
             }
         }
         written
+    }
+
+    /// Appends to shard `k`; for a prioritized buffer, records the rows' raw priorities
+    /// once they are claimed and gives them their leaves once they are published (see
+    /// `priority.rs`).
+    fn append_shard(
+        &self,
+        k: usize,
+        steps: u64,
+        src: &Source<'_>,
+        priorities: Option<&[f64]>,
+    ) -> u64 {
+        if self.sampler.prioritized().is_none() {
+            return self.storage.append(k, steps, src, None);
+        }
+        let mut leaves = None;
+        let mut claimed = |first: u64| {
+            let new = self.new_leaves(k, first, steps, src, priorities);
+            self.store_raws(k, &new);
+            leaves = Some(new);
+        };
+        let first = self.storage.append(k, steps, src, Some(&mut claimed));
+        if let Some(new) = leaves {
+            self.set_leaves(k, &new);
+        }
+        first
     }
 
     pub(crate) fn sample_into(

@@ -90,6 +90,14 @@ pub mod internals {
     pub fn priorities_consistent(rb: &crate::ReplayBuffer) -> bool {
         rb.inner.storage.trees().iter().all(|t| t.is_consistent())
     }
+    /// The leaf and raw word (tag, priority) of shard 0's slot `i` (debugging aid).
+    pub fn leaf_and_raw(
+        rb: &crate::ReplayBuffer,
+        i: usize,
+    ) -> Option<(crate::sumtree::Leaf, (u16, f64))> {
+        let trees = rb.inner.storage.trees();
+        trees.first().map(|t| (t.leaf(i), t.raw_tagged(i)))
+    }
     /// The slot protocol of `storage/stamp.rs`.
     pub mod stamp {
         pub use crate::storage::stamp::{

@@ -16,6 +16,12 @@ use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::sumtree::Leaf;
 
+/// The leaves of an append's rows, in runs of consecutive slots: (first slot, leaves
+/// with raw priorities).
+pub(crate) struct NewLeaves {
+    runs: Vec<(usize, Vec<(Leaf, f64)>)>,
+}
+
 impl Inner {
     fn prioritized(&self) -> Result<&State, PriorityError> {
         self.sampler
@@ -50,24 +56,24 @@ impl Inner {
         ))
     }
 
-    /// Gives the rows just appended to shard `k` (claimed at `first`) their priority:
-    /// from `priorities` (one per row of `src`'s batch) or the sampler's priority for new
-    /// rows. Runs after the rows are published, so a leaf never names an unwritten row.
-    pub(crate) fn set_new_priorities(
+    /// The leaves (and raw priorities) of the rows of an append to shard `k` claimed at
+    /// `first`: from `priorities` (one per row of `src`'s batch) or the sampler's
+    /// priority for new rows. In runs of consecutive slots.
+    pub(crate) fn new_leaves(
         &self,
         k: usize,
         first: u64,
         steps: u64,
         src: &Source<'_>,
         priorities: Option<&[f64]>,
-    ) {
-        let Some(state) = self.sampler.prioritized() else {
-            return;
-        };
+    ) -> NewLeaves {
+        let state = self
+            .sampler
+            .prioritized()
+            .expect("only a prioritized buffer has leaves");
         let trees = self.storage.trees();
-        let tree = &trees[k];
         let ring = *self.storage.shards()[k].ring();
-        let max = tree.layout().value_max;
+        let max = trees[k].layout().value_max;
         // New rows without a priority field share one priority: one mass to compute.
         let default = priorities
             .is_none()
@@ -75,14 +81,14 @@ impl Inner {
         if let Some(top) = priorities.and_then(|ps| ps.iter().copied().reduce(f64::max)) {
             state.saw(top);
         }
-        let mut run: Vec<(Leaf, f64)> = Vec::new();
-        let mut run_start = 0;
+        let mut runs: Vec<(usize, Vec<(Leaf, f64)>)> = Vec::new();
         for step in shard::steps_of(&ring, first, steps) {
             let leaf0 = (step.pos * ring.width) as usize;
-            if leaf0 != run_start + run.len() {
-                tree.set_run(run_start, &run);
-                (run_start, run) = (leaf0, Vec::new());
+            match runs.last() {
+                Some((start, run)) if start + run.len() == leaf0 => {}
+                _ => runs.push((leaf0, Vec::new())),
             }
+            let run = &mut runs.last_mut().expect("a run was just started").1;
             for lane in 0..ring.width {
                 run.push(match (priorities, default) {
                     (Some(ps), _) => state.leaf(step.lap, ps[src.order.row(step.j, lane)], max),
@@ -91,7 +97,26 @@ impl Inner {
                 });
             }
         }
-        tree.set_run(run_start, &run);
+        NewLeaves { runs }
+    }
+
+    /// Records the new rows' raw priorities: right after the claim, before any row is
+    /// written. A later lap's writer of these slots waits for these rows' publish, so
+    /// the raw words of one slot are written in lap order with plain stores.
+    pub(crate) fn store_raws(&self, k: usize, new: &NewLeaves) {
+        let tree = &self.storage.trees()[k];
+        for (start, run) in &new.runs {
+            tree.store_raws(*start, run);
+        }
+    }
+
+    /// Gives the new rows their leaves, once they are published: a draw never lands on
+    /// a row before it can be read.
+    pub(crate) fn set_leaves(&self, k: usize, new: &NewLeaves) {
+        let tree = &self.storage.trees()[k];
+        for (start, run) in &new.runs {
+            tree.set_run(*start, run);
+        }
     }
 
     pub(crate) fn update_priority(

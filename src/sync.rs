@@ -135,6 +135,13 @@ mod imp {
         }
     }
 
+    /// A store to a word that other threads also change by read-modify-write; a plain
+    /// store (see the loom twin for why it differs there).
+    #[inline]
+    pub(crate) fn store_beside_rmw(word: &AtomicU64, value: u64, order: Ordering) {
+        word.store(value, order);
+    }
+
     /// One step of a wait loop: a CPU spin hint.
     #[inline]
     pub(crate) fn spin() {
@@ -197,6 +204,16 @@ mod imp {
         pub(crate) fn store(&self, value: Option<Arc<T>>) {
             *self.0.lock().expect("poisoned") = value;
         }
+    }
+
+    /// Under loom, a `swap`. loom 0.7 can place a plain store between the read and the
+    /// write of another thread's read-modify-write on the same word (tokio-rs/loom#389,
+    /// fixed by the unmerged tokio-rs/loom#391), an execution neither the memory model
+    /// nor hardware allows; it then reports failures that cannot happen. A `swap` is a
+    /// read-modify-write, which loom orders correctly, and writes the same value.
+    #[inline]
+    pub(crate) fn store_beside_rmw(word: &AtomicU64, value: u64, order: Ordering) {
+        word.swap(value, order);
     }
 
     /// Under loom a spin is a yield to the model scheduler.

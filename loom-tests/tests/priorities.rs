@@ -88,7 +88,8 @@ fn a_stale_update_never_lands_on_the_new_row() {
         assert_eq!(
             rb.priority(0),
             Some(1.0),
-            "the new row keeps its own priority"
+            "the new row keeps its own priority ({done:?}, {:?})",
+            replaybuf::internals::leaf_and_raw(&rb, 0)
         );
         assert_eq!(rb.priority(1), Some(1.0));
     });

@@ -189,11 +189,25 @@ impl Storage {
 
     /// Appends `steps` steps of rows from `src` to shard `k`; returns the first
     /// sequence number (see [`shard::steps_of`] for which steps are written).
-    pub(crate) fn append(&self, k: usize, steps: u64, src: &Source<'_>) -> u64 {
+    ///
+    /// `claimed` runs once the sequence numbers are claimed, before any row is written:
+    /// a prioritized buffer records the rows' raw priorities there. The next lap's
+    /// writer of a slot waits for this writer's rows to be published, so what `claimed`
+    /// writes for a slot is ordered after the previous writer's.
+    pub(crate) fn append(
+        &self,
+        k: usize,
+        steps: u64,
+        src: &Source<'_>,
+        claimed: Option<&mut dyn FnMut(u64)>,
+    ) -> u64 {
         let shard = &self.shards[k];
         let ring = *shard.ring();
         let claim = shard.enter_append();
         let first = shard.claim(steps);
+        if let Some(claimed) = claimed {
+            claimed(first);
+        }
         let ring_slots = ring.steps * ring.width;
         for step in shard::steps_of(&ring, first, steps) {
             let prev = step

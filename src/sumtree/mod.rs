@@ -285,8 +285,9 @@ impl OwnedTree {
         self.layout.value_max
     }
 
-    /// Gives slots `first..` new rows' leaves.
+    /// Gives slots `first..` new rows' leaves and raw priorities, as a writer does.
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
+        self.tree().store_raws(first, leaves);
         self.tree().set_run(first, leaves)
     }
 

@@ -101,6 +101,23 @@ impl<'a> Tree<'a> {
         (t == tag).then_some(raw)
     }
 
+    /// Records the raw priorities of new rows at slots `first..`, from their writer
+    /// between claiming the slots and writing the rows: writers of one slot do this in
+    /// lap order (the stamp protocol makes each wait for the previous rows' publish), and
+    /// a stale updater's compare-exchange refuses a newer tag, so plain stores suffice.
+    pub(crate) fn store_raws(&self, first: usize, leaves: &[(Leaf, f64)]) {
+        for (k, &(leaf, raw)) in leaves.iter().enumerate() {
+            let word = (u64::from(leaf.tag()) << 48) | (raw.to_bits() >> 16);
+            // Release (a plain store on x86): ordered after the previous lap's raw
+            // priorities, which the stamp protocol made visible to this writer.
+            crate::sync::store_beside_rmw(
+                &self.words[self.layout.raw_word(first + k)],
+                word,
+                Ordering::Release,
+            );
+        }
+    }
+
     /// Records `raw` as the priority of the row with tag `tag` at slot `i`, unless the
     /// word already belongs to a newer row.
     fn set_raw(&self, i: usize, tag: u16, raw: f64) {
@@ -261,22 +278,23 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Gives slots `first..first + leaves.len()` new rows' leaves (and raw priorities).
-    /// A slot whose leaf already belongs to a newer row (a writer that lapped this one
-    /// got there first) keeps it.
+    /// Gives slots `first..first + leaves.len()` new rows' leaves. A slot whose leaf
+    /// already belongs to a newer row (a writer that lapped this one) keeps it. Each
+    /// leaf changes by a compare-exchange, which yields its exact old mass for the sums
+    /// even while a stale priority update races it.
     pub(crate) fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         if leaves.is_empty() {
             return;
         }
-        let deltas: Vec<i64> = leaves
+        let deltas: Vec<Option<i64>> = leaves
             .iter()
             .enumerate()
-            .map(|(k, &(leaf, raw))| {
+            .map(|(k, &(leaf, _))| {
                 let atomic = self.leaf_atomic(first + k);
                 loop {
                     let cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
                     if cur != Leaf::EMPTY && (cur.tag().wrapping_sub(leaf.tag()) as i16) > 0 {
-                        return 0;
+                        return None;
                     }
                     if atomic
                         .compare_exchange(
@@ -287,12 +305,12 @@ impl<'a> Tree<'a> {
                         )
                         .is_ok()
                     {
-                        self.set_raw(first + k, leaf.tag(), raw);
-                        return leaf.value() as i64 - cur.value() as i64;
+                        return Some(leaf.value() as i64 - cur.value() as i64);
                     }
                 }
             })
             .collect();
+        let deltas: Vec<i64> = deltas.iter().map(|d| d.unwrap_or(0)).collect();
         self.add_deltas(first, &deltas);
         self.refresh_extrema(first, first + leaves.len());
     }
@@ -318,6 +336,22 @@ impl<'a> Tree<'a> {
             .collect();
         let dense_len = (dense_from..=top).map(|l| self.layout.size(l)).sum();
         let mut dense = vec![0i64; dense_len];
+        // Everything the updates will write, loading at once: each leaf, its raw word
+        // and the sum entry above it. Each locked instruction below then finds its line
+        // ready instead of waiting out a miss, one after another.
+        for &(i, _, _, _) in items {
+            for word in [
+                self.layout.leaf_word(i),
+                self.layout.raw_word(i),
+                self.layout.entry_word(Kind::Sum, 1, i / ARITY),
+            ] {
+                crate::storage::atomic_copy::prefetch(
+                    self.words,
+                    word * 8,
+                    crate::storage::atomic_copy::Intent::Write,
+                );
+            }
+        }
         let mut changed = Vec::with_capacity(items.len());
         for (&(i, lap, value, raw), ok) in items.iter().zip(applied.iter_mut()) {
             let leaf = self.leaf_atomic(i);
@@ -331,13 +365,15 @@ impl<'a> Tree<'a> {
                     .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok()
                 {
-                    self.set_raw(i, lap as u16, raw);
-                    changed.push((i, cur.value(), value));
+                    changed.push((i, cur.value(), value, lap as u16, raw));
                     break true;
                 }
             };
         }
-        for &(i, old, new) in &changed {
+        for &(i, _, _, tag, raw) in &changed {
+            self.set_raw(i, tag, raw);
+        }
+        for &(i, old, new, _, _) in &changed {
             let delta = new as i64 - old as i64;
             if delta == 0 {
                 continue;
@@ -364,7 +400,7 @@ impl<'a> Tree<'a> {
         }
         // Start the min (and max) entries above every changed leaf loading, then
         // refresh them: their misses overlap instead of queueing.
-        for &(i, _, _) in &changed {
+        for &(i, _, _, _, _) in &changed {
             for &kind in self.layout.extrema() {
                 crate::storage::atomic_copy::prefetch(
                     self.words,
@@ -373,7 +409,7 @@ impl<'a> Tree<'a> {
                 );
             }
         }
-        for &(i, old, new) in &changed {
+        for &(i, old, new, _, _) in &changed {
             self.refresh_extrema_after(i, old, new);
         }
     }
