@@ -90,7 +90,9 @@ fn check(batch: &Batch) -> u64 {
 fn update_priorities(rb: &ReplayBuffer, batch: &Batch, round: u64) {
     let weights = batch.weight().expect("a prioritized batch has weights");
     assert!(
-        weights.iter().all(|&w| w.is_finite() && w > 0.0 && w <= 1.0 + 1e-6),
+        weights
+            .iter()
+            .all(|&w| w.is_finite() && w > 0.0 && w <= 1.0 + 1e-6),
         "weights out of (0, 1]: {weights:?}"
     );
     let priorities: Vec<f64> = (0..batch.len() as u64)
@@ -263,7 +265,10 @@ fn priorities_updated_while_collectors_write() {
         .build()
         .unwrap();
     let (written, checked) = hammer(&rb, 3, 2, true);
-    assert!(written > 1000 && checked > 1000, "too little happened: {written} written, {checked} checked");
+    assert!(
+        written > 1000 && checked > 1000,
+        "too little happened: {written} written, {checked} checked"
+    );
     check(&rb.read_all_in_order(None));
     assert!(
         replaybuf::internals::priorities_consistent(&rb),
