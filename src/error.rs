@@ -246,6 +246,31 @@ pub enum PriorityError {
         /// The storage capacity.
         capacity: u64,
     },
+    /// A row was replaced (overwritten, rewritten in place or emptied) since it was
+    /// sampled; only [`ReplayBuffer::update_priority_all`] refuses for this.
+    ///
+    /// [`ReplayBuffer::update_priority_all`]: crate::ReplayBuffer::update_priority_all
+    #[error(
+        "the row at index {index} (update position {position}) was replaced since it was sampled"
+    )]
+    Replaced {
+        /// Its position in the slices given.
+        position: usize,
+        /// Its storage index.
+        index: u64,
+    },
+    /// An index and generation name no row this buffer has held: the slot was never
+    /// written, or the generation is ahead of the slot's (from another buffer, or made
+    /// up).
+    #[error("index {index} never held generation {generation} (update position {position})")]
+    UnknownRow {
+        /// Its position in the slices given.
+        position: usize,
+        /// The index given.
+        index: u64,
+        /// The generation given.
+        generation: u64,
+    },
     /// The batch lacks the buffer's priority field, or the buffer has none.
     #[error(
         "no priority field: set `priority_key` on the builder and sample a batch that holds it"

@@ -7,6 +7,8 @@
 //! is dropped and counted as stale, never applied to the newer row: the leaf carries
 //! the row's lap, checked in the same compare-exchange that sets it.
 
+use std::cmp::Ordering;
+
 use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::dtype::DType;
@@ -14,6 +16,7 @@ use crate::error::{DataError, PriorityError, PriorityUpdate};
 use crate::sampler::prioritized::{self, State};
 use crate::storage::plan::Source;
 use crate::storage::shard;
+use crate::storage::stamp::{self, Stamp};
 use crate::sumtree::Leaf;
 
 /// The leaves of an append's rows, in runs of consecutive slots: (first slot, leaves
@@ -124,6 +127,7 @@ impl Inner {
         index: &[u64],
         generation: &[u64],
         priority: &[f64],
+        replaced: Replaced,
     ) -> Result<PriorityUpdate, PriorityError> {
         let state = self.prioritized()?;
         let lengths = PriorityError::Lengths {
@@ -170,8 +174,21 @@ impl Inner {
                 .reduction
                 .reduce(&priority[row * per_row..(row + 1) * per_row]);
             match self.row_is(&positions, i, g) {
-                Some((k, leaf, lap)) => by_shard[k].push((leaf, lap, p)),
-                None => done.stale += 1,
+                Row::Live { shard, leaf, lap } => by_shard[shard].push((leaf, lap, p)),
+                Row::Replaced if replaced == Replaced::Skip => done.stale += 1,
+                Row::Replaced => {
+                    return Err(PriorityError::Replaced {
+                        position: row,
+                        index: i,
+                    })
+                }
+                Row::Unknown => {
+                    return Err(PriorityError::UnknownRow {
+                        position: row,
+                        index: i,
+                        generation: g,
+                    })
+                }
             }
         }
         for (tree, rows) in trees.iter().zip(&by_shard) {
@@ -184,26 +201,33 @@ impl Inner {
         Ok(done)
     }
 
-    /// Where the live row of generation `g` at index `i` lives (shard, leaf, lap), if
-    /// it is still there (live in `positions`, a snapshot of the shards' windows).
-    fn row_is(
-        &self,
-        positions: &[shard::Positions],
-        i: u64,
-        g: u64,
-    ) -> Option<(usize, usize, u32)> {
-        let (k, pos, lane) = self.storage.geometry().locate(i)?;
+    /// What the row of generation `g` at index `i` is now, against `positions` (a
+    /// snapshot of the shards' windows).
+    fn row_is(&self, positions: &[shard::Positions], i: u64, g: u64) -> Row {
+        let Some((k, pos, lane)) = self.storage.geometry().locate(i) else {
+            return Row::Unknown;
+        };
         let ring = self.storage.shards()[k as usize].ring();
         let leaf = pos * ring.width + lane;
         let stamp = self.storage.stamp_of(k as usize, leaf);
+        if stamp == Stamp::EMPTY
+            || stamp::generation_cmp(g, stamp.generation()) == Ordering::Greater
+        {
+            // Never written, or a row this slot has not held yet: not from this buffer.
+            return Row::Unknown;
+        }
         let live = positions[k as usize]
             .seq_at(pos)
             .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
-        (live && stamp.is_published() && stamp.generation() == g).then_some((
-            k as usize,
-            leaf as usize,
-            stamp.lap(),
-        ))
+        if live && stamp.is_published() && stamp.generation() == g {
+            Row::Live {
+                shard: k as usize,
+                leaf: leaf as usize,
+                lap: stamp.lap(),
+            }
+        } else {
+            Row::Replaced
+        }
     }
 
     /// After `empty`: takes the mass of every row no longer live away, so draws land
@@ -221,6 +245,26 @@ impl Inner {
             }
         }
     }
+}
+
+/// What became of a sampled row, by its index and generation.
+enum Row {
+    /// Still stored, at this leaf of this shard's tree, in this lap.
+    Live { shard: usize, leaf: usize, lap: u32 },
+    /// Overwritten by a newer row, rewritten in place, or emptied.
+    Replaced,
+    /// Never held by this buffer: the slot is unwritten or the generation is ahead of
+    /// the slot's.
+    Unknown,
+}
+
+/// What an update does with rows replaced since they were sampled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replaced {
+    /// Skips them and counts them as stale.
+    Skip,
+    /// Refuses the whole update.
+    Refuse,
 }
 
 /// A float column of `batch` as `f64`s, or `None` if the batch lacks it.
@@ -257,15 +301,43 @@ impl ReplayBuffer {
     /// (reduced by the sampler's reduction). A row that a collector has replaced (or
     /// that was emptied) since it was sampled is skipped and counted as stale: its
     /// priority would belong to another row. NaN, infinite or negative priorities,
-    /// slices that do not line up, and indices out of range are refused, and then
-    /// nothing is changed.
+    /// slices that do not line up, indices out of range, and rows this buffer never
+    /// held (an unwritten slot, or a generation ahead of the slot's) are refused, and
+    /// then nothing is changed.
+    ///
+    /// Skipping replaced rows, rather than refusing the update, is what a learner
+    /// racing collectors needs: with a writer lapping a full ring, some rows of most
+    /// batches are replaced between sample and update. [`update_priority_all`] refuses
+    /// instead.
+    ///
+    /// [`update_priority_all`]: ReplayBuffer::update_priority_all
     pub fn update_priority(
         &self,
         index: &[u64],
         generation: &[u64],
         priority: &[f64],
     ) -> Result<PriorityUpdate, PriorityError> {
-        self.inner.update_priority(index, generation, priority)
+        self.inner
+            .update_priority(index, generation, priority, Replaced::Skip)
+    }
+
+    /// Like [`update_priority`], but all or nothing: if any row has been replaced
+    /// since it was sampled, returns [`PriorityError::Replaced`] and changes nothing.
+    ///
+    /// The rows are checked together, then set. A collector may still replace a row
+    /// between the two; its update is then dropped (counted in
+    /// [`PriorityUpdate::stale`]), as if the update had come first and the new row
+    /// had reset the slot's priority after it.
+    ///
+    /// [`update_priority`]: ReplayBuffer::update_priority
+    pub fn update_priority_all(
+        &self,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+    ) -> Result<PriorityUpdate, PriorityError> {
+        self.inner
+            .update_priority(index, generation, priority, Replaced::Refuse)
     }
 
     /// Sets priorities from a sampled batch's priority field (TorchRL's
@@ -277,7 +349,7 @@ impl ReplayBuffer {
         let field = inner.priority_field.ok_or(PriorityError::NoPriorityField)?;
         let key = inner.storage.spec().fields()[field].key();
         let values = column_f64(batch, key).ok_or(PriorityError::NoPriorityField)?;
-        inner.update_priority(batch.index(), batch.generations(), &values)
+        inner.update_priority(batch.index(), batch.generations(), &values, Replaced::Skip)
     }
 
     /// The priority exponent (`None` unless prioritized).

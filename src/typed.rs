@@ -349,4 +349,15 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     ) -> Result<crate::PriorityUpdate, crate::PriorityError> {
         self.buffer.update_priority(index, generation, priority)
     }
+
+    /// Sets the priorities of sampled values, all or none; see
+    /// [`ReplayBuffer::update_priority_all`].
+    pub fn update_priority_all(
+        &self,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+    ) -> Result<crate::PriorityUpdate, crate::PriorityError> {
+        self.buffer.update_priority_all(index, generation, priority)
+    }
 }

@@ -198,6 +198,63 @@ fn updates_for_replaced_rows_are_dropped() {
 }
 
 #[test]
+fn an_all_or_nothing_update_refuses_replaced_rows() {
+    let rb = buffer(4, Prioritized::new(0.6, 0.4));
+    rb.extend(&rows(&rb, 4, 0)).unwrap();
+    let sampled = rb.get_many(&[1, 0]).unwrap();
+    rb.extend(&rows(&rb, 1, 4)).unwrap();
+    assert_eq!(
+        rb.update_priority_all(sampled.index(), sampled.generations(), &[9.0, 3.0]),
+        Err(PriorityError::Replaced {
+            position: 1,
+            index: 0
+        })
+    );
+    assert_eq!(
+        (rb.priority(0), rb.priority(1)),
+        (Some(1.0), Some(1.0)),
+        "the live row was not set either"
+    );
+    let live = rb.get_many(&[1, 2]).unwrap();
+    assert_eq!(
+        rb.update_priority_all(live.index(), live.generations(), &[9.0, 3.0]),
+        Ok(PriorityUpdate {
+            applied: 2,
+            stale: 0
+        })
+    );
+    assert_eq!((rb.priority(1), rb.priority(2)), (Some(9.0), Some(3.0)));
+}
+
+#[test]
+fn updates_for_rows_never_held_are_refused() {
+    let rb = buffer(8, Prioritized::new(0.6, 0.4));
+    rb.extend(&rows(&rb, 4, 0)).unwrap();
+    let b = rb.get_many(&[0, 1]).unwrap();
+    let g = b.generations().to_vec();
+    assert_eq!(
+        rb.update_priority(&[0, 6], &g, &[2.0, 2.0]),
+        Err(PriorityError::UnknownRow {
+            position: 1,
+            index: 6,
+            generation: g[1]
+        }),
+        "slot 6 was never written"
+    );
+    // A generation one lap ahead of the slot's: no row this buffer has held.
+    let ahead = g[1] + (1 << 30);
+    assert!(matches!(
+        rb.update_priority(&[0, 1], &[g[0], ahead], &[2.0, 2.0]),
+        Err(PriorityError::UnknownRow { position: 1, .. })
+    ));
+    assert_eq!(
+        (rb.priority(0), rb.priority(1)),
+        (Some(1.0), Some(1.0)),
+        "nothing changed"
+    );
+}
+
+#[test]
 fn bad_updates_are_refused_and_change_nothing() {
     let rb = buffer(4, Prioritized::new(0.6, 0.4));
     rb.extend(&rows(&rb, 4, 0)).unwrap();

@@ -161,6 +161,24 @@ pub fn lap_cmp(a: u32, b: u32) -> Cmp {
     (a.wrapping_sub(b) as i32).cmp(&0)
 }
 
+/// Orders two generations ([`Stamp::generation`]) by age: lap first, then edit count,
+/// both wrapping.
+pub fn generation_cmp(a: u64, b: u64) -> Cmp {
+    let lap = |g: u64| (g >> (LAP_SHIFT - EDIT_SHIFT)) as u32;
+    match lap_cmp(lap(a), lap(b)) {
+        Cmp::Equal => {
+            // The edit counts' difference, as a signed 30-bit number.
+            let d = a.wrapping_sub(b) & ((1 << EDIT_BITS) - 1);
+            match d {
+                0 => Cmp::Equal,
+                d if d < 1 << (EDIT_BITS - 1) => Cmp::Greater,
+                _ => Cmp::Less,
+            }
+        }
+        other => other,
+    }
+}
+
 /// What the slot must hold before an appender may overwrite it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prev {
@@ -299,6 +317,19 @@ mod tests {
         assert_eq!(lap_cmp(u32::MAX, 0), Cmp::Less);
         assert_eq!(lap_cmp(0, u32::MAX), Cmp::Greater);
         assert_eq!(lap_cmp(5, 5), Cmp::Equal);
+    }
+
+    #[test]
+    fn generations_compare_by_lap_then_edit_across_the_wrap() {
+        let g = |lap, edit| Stamp::published(lap, edit).generation();
+        assert_eq!(generation_cmp(g(3, 9), g(4, 0)), Cmp::Less);
+        assert_eq!(generation_cmp(g(4, 1), g(4, 0)), Cmp::Greater);
+        assert_eq!(
+            generation_cmp(g(4, 0), g(4, (1 << EDIT_BITS) - 1)),
+            Cmp::Greater
+        );
+        assert_eq!(generation_cmp(g(u32::MAX, 7), g(0, 0)), Cmp::Less);
+        assert_eq!(generation_cmp(g(5, 5), g(5, 5)), Cmp::Equal);
     }
 
     #[test]
