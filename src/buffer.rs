@@ -444,19 +444,11 @@ impl Inner {
         src: &Source<'_>,
         priorities: Option<&[f64]>,
     ) -> u64 {
-        if self.sampler.prioritized().is_none() {
+        let Some(raws) = self.new_raws(priorities) else {
             return self.storage.append(k, steps, src, None);
-        }
-        let mut leaves = None;
-        let mut claimed = |first: u64| {
-            let new = self.new_leaves(k, first, steps, src, priorities);
-            self.store_raws(k, &new);
-            leaves = Some(new);
         };
-        let first = self.storage.append(k, steps, src, Some(&mut claimed));
-        if let Some(new) = leaves {
-            self.set_leaves(k, &new);
-        }
+        let first = self.storage.append(k, steps, src, Some(raws));
+        self.set_leaves(k, first, steps, src, raws);
         first
     }
 

@@ -17,13 +17,8 @@ use crate::sampler::prioritized::{self, State};
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
+use crate::storage::Raws;
 use crate::sumtree::Leaf;
-
-/// The leaves of an append's rows, in runs of consecutive slots: (first slot, leaves
-/// with raw priorities).
-pub(crate) struct NewLeaves {
-    runs: Vec<(usize, Vec<(Leaf, f64)>)>,
-}
 
 impl Inner {
     fn prioritized(&self) -> Result<&State, PriorityError> {
@@ -59,66 +54,57 @@ impl Inner {
         ))
     }
 
-    /// The leaves (and raw priorities) of the rows of an append to shard `k` claimed at
-    /// `first`: from `priorities` (one per row of `src`'s batch) or the sampler's
-    /// priority for new rows. In runs of consecutive slots.
-    pub(crate) fn new_leaves(
+    /// The raw priorities of an append's rows (`None` unless prioritized): from
+    /// `priorities` (one per row of the batch), or else the sampler's priority for new
+    /// rows.
+    pub(crate) fn new_raws<'a>(&self, priorities: Option<&'a [f64]>) -> Option<Raws<'a>> {
+        let state = self.sampler.prioritized()?;
+        Some(match priorities {
+            Some(ps) => {
+                if let Some(top) = ps.iter().copied().reduce(f64::max) {
+                    state.saw(top);
+                }
+                Raws::Each(ps)
+            }
+            None => Raws::All(state.new_row_priority(&self.storage.trees())),
+        })
+    }
+
+    /// Gives the rows of an append to shard `k`, claimed at `first` and now published,
+    /// their leaves: a draw never lands on a row before it can be read.
+    pub(crate) fn set_leaves(
         &self,
         k: usize,
         first: u64,
         steps: u64,
         src: &Source<'_>,
-        priorities: Option<&[f64]>,
-    ) -> NewLeaves {
+        raws: Raws<'_>,
+    ) {
         let state = self
             .sampler
             .prioritized()
             .expect("only a prioritized buffer has leaves");
-        let trees = self.storage.trees();
+        let tree = &self.storage.trees()[k];
         let ring = *self.storage.shards()[k].ring();
-        let max = trees[k].layout().value_max;
+        let max = tree.layout().value_max;
         // New rows without a priority field share one priority: one mass to compute.
-        let default = priorities
-            .is_none()
-            .then(|| state.leaf(0, state.new_row_priority(&trees), max));
-        if let Some(top) = priorities.and_then(|ps| ps.iter().copied().reduce(f64::max)) {
-            state.saw(top);
-        }
-        let mut runs: Vec<(usize, Vec<(Leaf, f64)>)> = Vec::new();
-        for step in shard::steps_of(&ring, first, steps) {
-            let leaf0 = (step.pos * ring.width) as usize;
-            match runs.last() {
-                Some((start, run)) if start + run.len() == leaf0 => {}
-                _ => runs.push((leaf0, Vec::new())),
-            }
-            let run = &mut runs.last_mut().expect("a run was just started").1;
-            for lane in 0..ring.width {
-                run.push(match (priorities, default) {
-                    (Some(ps), _) => state.leaf(step.lap, ps[src.order.row(step.j, lane)], max),
-                    (None, Some((leaf, p))) => (Leaf::new(step.lap, leaf.value()), p),
-                    (None, None) => unreachable!("a priority for new rows was chosen above"),
-                });
-            }
-        }
-        NewLeaves { runs }
-    }
-
-    /// Records the new rows' raw priorities: right after the claim, before any row is
-    /// written. A later lap's writer of these slots waits for these rows' publish, so
-    /// the raw words of one slot are written in lap order with plain stores.
-    pub(crate) fn store_raws(&self, k: usize, new: &NewLeaves) {
-        let tree = &self.storage.trees()[k];
-        for (start, run) in &new.runs {
-            tree.store_raws(*start, run);
-        }
-    }
-
-    /// Gives the new rows their leaves, once they are published: a draw never lands on
-    /// a row before it can be read.
-    pub(crate) fn set_leaves(&self, k: usize, new: &NewLeaves) {
-        let tree = &self.storage.trees()[k];
-        for (start, run) in &new.runs {
-            tree.set_run(*start, run);
+        let shared = match raws {
+            Raws::All(p) => state.leaf(0, p, max).0.value(),
+            Raws::Each(_) => 0,
+        };
+        let width = ring.width as usize;
+        for (start, len) in shard::runs_of(&ring, first, steps) {
+            tree.set_run(
+                (start.pos * ring.width) as usize,
+                len as usize * width,
+                |i| {
+                    let (j, lane) = (start.j + (i / width) as u64, (i % width) as u64);
+                    match raws {
+                        Raws::Each(ps) => state.leaf(start.lap, ps[src.order.row(j, lane)], max).0,
+                        Raws::All(_) => Leaf::new(start.lap, shared),
+                    }
+                },
+            );
         }
     }
 

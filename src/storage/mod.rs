@@ -34,8 +34,8 @@ use atomic_copy::Intent;
 use crate::region::Region;
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
-use crate::sumtree::Layout as TreeLayout;
-use crate::sync::AtomicU64;
+use crate::sumtree::{self, Layout as TreeLayout};
+use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
@@ -92,14 +92,25 @@ pub(crate) enum Miss {
 }
 
 /// The storage of one buffer.
+/// The raw priorities an append records in its rows' slots.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Raws<'a> {
+    /// One per row of the source batch.
+    Each(&'a [f64]),
+    /// The same for every row.
+    All(f64),
+}
+
 #[derive(Debug)]
 pub(crate) struct Storage {
     region: Region,
     shards: Box<[Shard]>,
     geometry: Geometry,
     spec: Arc<Spec>,
-    /// `8 + spec.row_bytes()`.
+    /// The header (the stamp, then with trees the row's raw priority) and the row.
     slot_bytes: usize,
+    /// Bytes before the row: 8, or 16 with trees.
+    header_bytes: usize,
     /// Each shard's tree block (prioritized sampling), after all the slots.
     trees: Box<[TreeLayout]>,
 }
@@ -114,7 +125,8 @@ impl Storage {
     ) -> io::Result<Storage> {
         let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
         let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
-        let slot_bytes = 8 + spec.row_bytes();
+        let header_bytes = if with_trees { 16 } else { 8 };
+        let slot_bytes = header_bytes + spec.row_bytes();
         let mut words = usize::try_from(geometry.capacity())
             .ok()
             .and_then(|c| c.checked_mul(slot_bytes / 8))
@@ -123,7 +135,17 @@ impl Storage {
         if with_trees {
             for k in 0..geometry.shards() {
                 let ring = geometry.ring(k);
-                let layout = TreeLayout::new((ring.steps * ring.width) as usize, words, with_max);
+                // Raw priorities sit in the slots, after the stamps (`raw_word`).
+                let raws = (
+                    ring.first_slot as usize * slot_bytes / 8 + 1,
+                    slot_bytes / 8,
+                );
+                let layout = TreeLayout::new(
+                    (ring.steps * ring.width) as usize,
+                    words,
+                    with_max,
+                    Some(raws),
+                );
                 words = words.checked_add(layout.words()).ok_or_else(too_large)?;
                 layouts.push(layout);
             }
@@ -138,6 +160,7 @@ impl Storage {
             geometry,
             spec,
             slot_bytes,
+            header_bytes,
             trees: layouts.into_boxed_slice(),
         })
     }
@@ -182,32 +205,36 @@ impl Storage {
         &self.words()[slot as usize * (self.slot_bytes / 8)]
     }
 
+    /// The word of the slot's raw priority (a buffer with trees).
+    #[inline]
+    fn raw_word(&self, slot: u64) -> usize {
+        slot as usize * (self.slot_bytes / 8) + 1
+    }
+
     #[inline]
     fn row_offset(&self, slot: u64) -> usize {
-        slot as usize * self.slot_bytes + 8
+        slot as usize * self.slot_bytes + self.header_bytes
     }
 
     /// Appends `steps` steps of rows from `src` to shard `k`; returns the first
     /// sequence number (see [`shard::steps_of`] for which steps are written).
     ///
-    /// `claimed` runs once the sequence numbers are claimed, before any row is written:
-    /// a prioritized buffer records the rows' raw priorities there. The next lap's
-    /// writer of a slot waits for this writer's rows to be published, so what `claimed`
-    /// writes for a slot is ordered after the previous writer's.
+    /// With `raws` (a prioritized buffer), each row's raw priority goes into its slot's
+    /// header while the slot is held, before the row is published: the previous lap's
+    /// writer published (and so wrote its raw word) before this one began, and an
+    /// updater acts on a row only once it sees it published, so the header's plain
+    /// store is ordered after both.
     pub(crate) fn append(
         &self,
         k: usize,
         steps: u64,
         src: &Source<'_>,
-        claimed: Option<&mut dyn FnMut(u64)>,
+        raws: Option<Raws<'_>>,
     ) -> u64 {
         let shard = &self.shards[k];
         let ring = *shard.ring();
         let claim = shard.enter_append();
         let first = shard.claim(steps);
-        if let Some(claimed) = claimed {
-            claimed(first);
-        }
         let ring_slots = ring.steps * ring.width;
         for step in shard::steps_of(&ring, first, steps) {
             let prev = step
@@ -219,6 +246,17 @@ impl Storage {
                 self.prefetch_slot(ring.first_slot + ahead, Intent::Write);
                 let stamp = self.stamp(slot);
                 stamp::begin_append(stamp, prev, step.lap, claim);
+                if let Some(raws) = raws {
+                    let raw = match raws {
+                        Raws::Each(ps) => ps[src.order.row(step.j, lane)],
+                        Raws::All(p) => p,
+                    };
+                    crate::sync::store_beside_rmw(
+                        &self.words()[self.raw_word(slot)],
+                        sumtree::raw_bits(step.lap as u16, raw),
+                        Ordering::Release,
+                    );
+                }
                 src.write_row(self.words(), self.row_offset(slot), step.j, lane);
                 stamp::publish(stamp, Stamp::published(step.lap, 0));
             }

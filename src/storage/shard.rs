@@ -120,18 +120,42 @@ pub(crate) struct Step {
 /// ones would be overwritten by the same call. A slot's previous row is the last one
 /// before the claim: go back whole laps until leaving it.
 pub(crate) fn steps_of(ring: &Ring, first: u64, steps: u64) -> impl Iterator<Item = Step> {
-    let ring_steps = ring.steps;
-    (steps.saturating_sub(ring_steps)..steps).map(move |j| {
-        let seq = first + j;
-        let back = (j / ring_steps + 1) * ring_steps;
-        Step {
-            j,
-            seq,
-            pos: seq % ring_steps,
-            lap: (seq / ring_steps) as u32,
-            prev: seq.checked_sub(back),
-        }
+    let ring = *ring;
+    written(&ring, steps).map(move |j| step(&ring, first, j))
+}
+
+/// The same steps as [`steps_of`], in runs of consecutive positions (one lap each): the
+/// first step of each run and the run's length.
+pub(crate) fn runs_of(ring: &Ring, first: u64, steps: u64) -> impl Iterator<Item = (Step, u64)> {
+    let ring = *ring;
+    let mut j = written(&ring, steps).start;
+    std::iter::from_fn(move || {
+        (j < steps).then(|| {
+            let start = step(&ring, first, j);
+            let len = (steps - j).min(ring.steps - start.pos);
+            j += len;
+            (start, len)
+        })
     })
+}
+
+/// The steps of an append of `steps` steps that are written: the last `ring.steps`.
+fn written(ring: &Ring, steps: u64) -> std::ops::Range<u64> {
+    steps.saturating_sub(ring.steps)..steps
+}
+
+/// Step `j` of an append claimed at `first`.
+fn step(ring: &Ring, first: u64, j: u64) -> Step {
+    let ring_steps = ring.steps;
+    let seq = first + j;
+    let back = (j / ring_steps + 1) * ring_steps;
+    Step {
+        j,
+        seq,
+        pos: seq % ring_steps,
+        lap: (seq / ring_steps) as u32,
+        prev: seq.checked_sub(back),
+    }
 }
 
 /// One shard of a storage.

@@ -4,8 +4,15 @@
 //! memory and checkpoints carry it with the rows):
 //!
 //! ```text
-//! | leaves (n words) | raw priorities (n) | sum levels | min levels | max levels |
+//! | leaves (n words) | sum levels | min levels | max levels |
 //! ```
+//!
+//! A row's raw priority (what [`ReplayBuffer::priority`] reports and `set_alpha`
+//! recomputes masses from) lives in its slot, beside the stamp: a sampled row's update
+//! then finds it in a cache line the sample just read. A tree on its own
+//! ([`OwnedTree`]) keeps its raw priorities in its block, after the leaves.
+//!
+//! [`ReplayBuffer::priority`]: crate::ReplayBuffer::priority
 //!
 //! - A **leaf** is a slot's mass `(p + eps)^alpha` in fixed point (20 fractional bits,
 //!   48 bits in all) with a 16-bit tag: the low bits of the lap of the row it belongs
@@ -18,8 +25,8 @@
 //! - The **min tree** (the weight normaliser) and the **max tree** (the priority of new
 //!   rows with `max_priority_within_buffer`) cannot be kept by deltas; their entries
 //!   are recomputed from their children and verified (`tree.rs`).
-//! - Nodes are `ARITY` entries, one cache line: a descent over a million leaves loads
-//!   seven lines, and the top levels stay cached.
+//! - Nodes are `ARITY` entries, two adjacent cache lines: a million leaves sit five
+//!   levels deep, and the top three stay cached.
 //!
 //! `reference.rs` is the locked twin: a `Mutex<Vec<_>>` recomputed from scratch, which
 //! the property tests and the fuzz target compare against.
@@ -83,6 +90,12 @@ impl Leaf {
     }
 }
 
+/// A raw priority word: the row's 16-bit tag, then the priority's `f64` bits less the
+/// 16 lowest (a relative precision of about 1e-11).
+pub(crate) fn raw_bits(tag: u16, raw: f64) -> u64 {
+    (u64::from(tag) << 48) | (raw.to_bits() >> 16)
+}
+
 /// The largest mass a leaf of a tree of `leaves` leaves may hold: the sum of all of them
 /// must fit a `u64`.
 pub fn value_max(leaves: usize) -> u64 {
@@ -124,6 +137,10 @@ pub(crate) struct Layout {
     pub(crate) leaves: usize,
     /// First word of the block in the region.
     pub(crate) base: usize,
+    /// Where slot `i`'s raw priority is: word `raws.0 + i * raws.1`.
+    raws: (usize, usize),
+    /// Whether the raw priorities are in the block (after the leaves).
+    raws_inside: bool,
     /// (offset inside one tree's levels, entries) of levels 1 (just above the leaves)
     /// to the root level, which has one entry.
     pub(crate) levels: Vec<(usize, usize)>,
@@ -138,7 +155,15 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    pub(crate) fn new(leaves: usize, base: usize, with_max: bool) -> Layout {
+    /// The block of a tree over `leaves` slots, from word `base` on. `raws` places the
+    /// raw priorities outside the block (first word, stride in words); `None` keeps
+    /// them in it.
+    pub(crate) fn new(
+        leaves: usize,
+        base: usize,
+        with_max: bool,
+        raws: Option<(usize, usize)>,
+    ) -> Layout {
         let mut levels = Vec::new();
         let (mut size, mut offset) = (leaves.max(1), 0);
         loop {
@@ -149,9 +174,12 @@ impl Layout {
                 break;
             }
         }
+        let base = align(base);
         let mut layout = Layout {
             leaves,
-            base: align(base),
+            base,
+            raws: raws.unwrap_or((base + align(leaves), 1)),
+            raws_inside: raws.is_none(),
             levels,
             internal: offset,
             value_max: value_max(leaves),
@@ -172,15 +200,20 @@ impl Layout {
     }
 
     /// Words the block takes from the region offset it was given: up to a line of
-    /// slack to start on a line boundary, then leaves, raw priorities, and two or three
-    /// trees.
+    /// slack to start on a line boundary, then leaves, raw priorities if inside, and
+    /// two or three trees.
     pub(crate) fn words(&self) -> usize {
-        LINE_WORDS + 2 * align(self.leaves) + (2 + usize::from(self.with_max)) * self.internal
+        LINE_WORDS + self.levels_base() + (2 + usize::from(self.with_max)) * self.internal
     }
 
     /// One past the block's last word.
     pub(crate) fn end(&self) -> usize {
-        self.base + 2 * align(self.leaves) + (2 + usize::from(self.with_max)) * self.internal
+        self.base + self.levels_base() + (2 + usize::from(self.with_max)) * self.internal
+    }
+
+    /// Words from the block's start to its first tree level.
+    fn levels_base(&self) -> usize {
+        (1 + usize::from(self.raws_inside)) * align(self.leaves)
     }
 
     /// The min and max trees this block keeps.
@@ -197,7 +230,7 @@ impl Layout {
     }
 
     pub(crate) fn raw_word(&self, i: usize) -> usize {
-        self.base + align(self.leaves) + i
+        self.raws.0 + i * self.raws.1
     }
 
     /// The word of entry `j` of level `level` (1-based) of tree `kind`.
@@ -207,7 +240,7 @@ impl Layout {
             Kind::Min => 1,
             Kind::Max => 2,
         };
-        self.base + 2 * align(self.leaves) + tree * self.internal + self.levels[level - 1].0 + j
+        self.base + self.levels_base() + tree * self.internal + self.levels[level - 1].0 + j
     }
 
     /// Entries of level `level` (0: the leaves).
@@ -232,13 +265,13 @@ mod tests {
     #[test]
     fn layouts_end_in_one_root() {
         for n in [1, 2, 7, 8, 9, 64, 65, 1000, 1 << 20] {
-            let l = Layout::new(n, 0, true);
+            let l = Layout::new(n, 0, true, None);
             assert_eq!(l.levels.last().unwrap().1, 1, "{n} leaves");
             for level in 1..=l.top() {
                 assert_eq!(l.size(level), l.size(level - 1).div_ceil(ARITY));
             }
         }
-        assert_eq!(Layout::new(1 << 20, 0, false).top(), 5);
+        assert_eq!(Layout::new(1 << 20, 0, false, None).top(), 5);
     }
 
     #[test]
@@ -267,7 +300,7 @@ pub struct OwnedTree {
 impl OwnedTree {
     /// A tree over `leaves` slots, all empty.
     pub fn new(leaves: usize) -> OwnedTree {
-        let layout = Layout::new(leaves, 0, true);
+        let layout = Layout::new(leaves, 0, true, None);
         OwnedTree {
             words: (0..layout.words())
                 .map(|_| crate::sync::AtomicU64::new(0))
@@ -288,7 +321,7 @@ impl OwnedTree {
     /// Gives slots `first..` new rows' leaves and raw priorities, as a writer does.
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         self.tree().store_raws(first, leaves);
-        self.tree().set_run(first, leaves)
+        self.tree().set_run(first, leaves.len(), |k| leaves[k].0)
     }
 
     /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.

@@ -23,6 +23,7 @@
 
 use super::{Kind, Layout, Leaf, ARITY};
 use crate::sync::{AtomicU64, Ordering};
+use smallvec::SmallVec;
 
 /// One shard's trees, over the region's words.
 #[derive(Clone, Copy)]
@@ -81,11 +82,8 @@ impl<'a> Tree<'a> {
     }
 
     /// The priority last given to slot `i`, before `eps` and `alpha`, and the tag of
-    /// the row it was given to.
-    ///
-    /// A raw word is the row's tag (16 bits) and the priority's `f64` bits less the 16
-    /// lowest (a relative precision of about 1e-11). The tag keeps a slow update for a
-    /// replaced row from leaving its priority beside the new row's leaf.
+    /// the row it was given to (a word of [`super::raw_bits`]). The tag keeps a slow
+    /// update for a replaced row from leaving its priority beside the new row's leaf.
     pub(crate) fn raw_tagged(&self, i: usize) -> (u16, f64) {
         let word = self.words[self.layout.raw_word(i)].load(Ordering::SeqCst);
         (
@@ -101,13 +99,13 @@ impl<'a> Tree<'a> {
         (t == tag).then_some(raw)
     }
 
-    /// Records the raw priorities of new rows at slots `first..`, from their writer
-    /// between claiming the slots and writing the rows: writers of one slot do this in
-    /// lap order (the stamp protocol makes each wait for the previous rows' publish), and
-    /// a stale updater's compare-exchange refuses a newer tag, so plain stores suffice.
+    /// Records the raw priorities of new rows at slots `first..`, as their writer does
+    /// (`Storage::append`): writers of one slot do this in lap order (the stamp
+    /// protocol makes each wait for the previous rows' publish), and a stale updater's
+    /// compare-exchange refuses a newer tag, so plain stores suffice.
     pub(crate) fn store_raws(&self, first: usize, leaves: &[(Leaf, f64)]) {
         for (k, &(leaf, raw)) in leaves.iter().enumerate() {
-            let word = (u64::from(leaf.tag()) << 48) | (raw.to_bits() >> 16);
+            let word = super::raw_bits(leaf.tag(), raw);
             // Release (a plain store on x86): ordered after the previous lap's raw
             // priorities, which the stamp protocol made visible to this writer.
             crate::sync::store_beside_rmw(
@@ -122,7 +120,7 @@ impl<'a> Tree<'a> {
     /// word already belongs to a newer row.
     fn set_raw(&self, i: usize, tag: u16, raw: f64) {
         let atomic = &self.words[self.layout.raw_word(i)];
-        let new = (u64::from(tag) << 48) | (raw.to_bits() >> 16);
+        let new = super::raw_bits(tag, raw);
         let mut cur = atomic.load(Ordering::SeqCst);
         loop {
             let cur_tag = (cur >> 48) as u16;
@@ -204,19 +202,18 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Carries a change of leaves `first..end` up the min and max trees.
-    fn refresh_extrema(&self, first: usize, end: usize) {
-        for &kind in self.layout.extrema() {
-            let (mut lo, mut hi) = (first, end);
-            for level in 1..=self.layout.top() {
-                (lo, hi) = (lo / ARITY, (hi - 1) / ARITY + 1);
-                let mut changed = false;
-                for j in lo..hi {
-                    changed |= self.refresh(kind, level, j);
-                }
-                if !changed {
-                    break;
-                }
+    /// Carries a change of entries `lo..hi` of level `level - 1` up tree `kind`,
+    /// from `level` to the root, stopping at a level where nothing changed.
+    fn refresh_above(&self, kind: Kind, level: usize, lo: usize, hi: usize) {
+        let (mut lo, mut hi) = (lo, hi);
+        for level in level..=self.layout.top() {
+            (lo, hi) = (lo / ARITY, (hi - 1) / ARITY + 1);
+            let mut changed = false;
+            for j in lo..hi {
+                changed |= self.refresh(kind, level, j);
+            }
+            if !changed {
+                break;
             }
         }
     }
@@ -243,25 +240,26 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Adds the deltas of leaves `first..first + deltas.len()` up the sum tree, one
-    /// `fetch_add` per touched entry.
-    fn add_deltas(&self, first: usize, deltas: &[i64]) {
-        let mut lo = first;
-        let mut level_deltas: Vec<i64> = deltas.to_vec();
-        for level in 1..=self.layout.top() {
+    /// Adds the deltas of entries `lo..lo + deltas.len()` of level `level - 1` to
+    /// their ancestors from `level` up, one `fetch_add` per touched entry.
+    fn add_deltas(&self, level: usize, lo: usize, deltas: &[i64]) {
+        let mut lo = lo;
+        let mut below: SmallVec<[i64; 64]> = deltas.into();
+        for level in level..=self.layout.top() {
             let start = lo / ARITY;
-            let mut next = vec![0i64; (lo + level_deltas.len() - 1) / ARITY + 1 - start];
-            for (k, d) in level_deltas.iter().enumerate() {
-                next[(lo + k) / ARITY - start] += d;
+            let mut sums: SmallVec<[i64; 64]> =
+                smallvec::smallvec![0; (lo + below.len() - 1) / ARITY + 1 - start];
+            for (k, d) in below.iter().enumerate() {
+                sums[(lo + k) / ARITY - start] += d;
             }
-            for (k, &d) in next.iter().enumerate() {
+            for (k, &d) in sums.iter().enumerate() {
                 if d != 0 {
                     self.entry(Kind::Sum, level, start + k)
                         .fetch_add(d as u64, Ordering::Relaxed);
                 }
             }
             lo = start;
-            level_deltas = next;
+            below = sums;
         }
     }
 
@@ -278,41 +276,61 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Gives slots `first..first + leaves.len()` new rows' leaves. A slot whose leaf
-    /// already belongs to a newer row (a writer that lapped this one) keeps it. Each
-    /// leaf changes by a compare-exchange, which yields its exact old mass for the sums
-    /// even while a stale priority update races it.
-    pub(crate) fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
-        if leaves.is_empty() {
+    /// Gives slots `first..first + n` new rows' leaves, slot `first + k` the leaf
+    /// `leaf_of(k)`. A slot whose leaf already belongs to a newer row (a writer that
+    /// lapped this one) keeps it. Each leaf changes by a compare-exchange, which yields
+    /// its exact old mass for the sums even while a stale priority update races it.
+    ///
+    /// One pass, a node at a time: its leaves, then the sum entry and extrema above
+    /// them, while the leaves are in cache; then the levels above, aggregated.
+    pub(crate) fn set_run(&self, first: usize, n: usize, leaf_of: impl Fn(usize) -> Leaf) {
+        if n == 0 {
             return;
         }
-        let deltas: Vec<Option<i64>> = leaves
-            .iter()
-            .enumerate()
-            .map(|(k, &(leaf, _))| {
-                let atomic = self.leaf_atomic(first + k);
-                loop {
-                    let cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
-                    if cur != Leaf::EMPTY && (cur.tag().wrapping_sub(leaf.tag()) as i16) > 0 {
-                        return None;
-                    }
-                    if atomic
-                        .compare_exchange(
-                            cur.bits(),
-                            leaf.bits(),
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        )
-                        .is_ok()
-                    {
-                        return Some(leaf.value() as i64 - cur.value() as i64);
-                    }
-                }
-            })
-            .collect();
-        let deltas: Vec<i64> = deltas.iter().map(|d| d.unwrap_or(0)).collect();
-        self.add_deltas(first, &deltas);
-        self.refresh_extrema(first, first + leaves.len());
+        let end = first + n;
+        let (lo, hi) = (first / ARITY, (end - 1) / ARITY + 1);
+        let mut deltas: SmallVec<[i64; 64]> = SmallVec::with_capacity(hi - lo);
+        let mut changed = [false; 2];
+        for node in lo..hi {
+            let mut delta = 0i64;
+            for i in (node * ARITY).max(first)..((node + 1) * ARITY).min(end) {
+                delta += self.give_leaf(i, leaf_of(i - first));
+            }
+            if delta != 0 {
+                self.entry(Kind::Sum, 1, node)
+                    .fetch_add(delta as u64, Ordering::Relaxed);
+            }
+            deltas.push(delta);
+            for (c, &kind) in changed.iter_mut().zip(self.layout.extrema()) {
+                *c |= self.refresh(kind, 1, node);
+            }
+        }
+        self.add_deltas(2, lo, &deltas);
+        for (&c, &kind) in changed.iter().zip(self.layout.extrema()) {
+            if c {
+                self.refresh_above(kind, 2, lo, hi);
+            }
+        }
+    }
+
+    /// Gives slot `i` a new row's leaf unless a newer row holds it; the change in mass.
+    fn give_leaf(&self, i: usize, leaf: Leaf) -> i64 {
+        let atomic = self.leaf_atomic(i);
+        let mut cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
+        loop {
+            if cur != Leaf::EMPTY && (cur.tag().wrapping_sub(leaf.tag()) as i16) > 0 {
+                return 0;
+            }
+            match atomic.compare_exchange(
+                cur.bits(),
+                leaf.bits(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return leaf.value() as i64 - cur.value() as i64,
+                Err(now) => cur = Leaf::from_bits(now),
+            }
+        }
     }
 
     /// Applies many priority updates at once: `(leaf, lap, value, raw)` each, `applied`
@@ -348,6 +366,13 @@ impl<'a> Tree<'a> {
                 crate::storage::atomic_copy::prefetch(
                     self.words,
                     word * 8,
+                    crate::storage::atomic_copy::Intent::Write,
+                );
+            }
+            for &kind in self.layout.extrema() {
+                crate::storage::atomic_copy::prefetch(
+                    self.words,
+                    self.layout.entry_word(kind, 1, i / ARITY) * 8,
                     crate::storage::atomic_copy::Intent::Write,
                 );
             }
@@ -396,17 +421,6 @@ impl<'a> Tree<'a> {
                     self.entry(Kind::Sum, level, j)
                         .fetch_add(d as u64, Ordering::Relaxed);
                 }
-            }
-        }
-        // Start the min (and max) entries above every changed leaf loading, then
-        // refresh them: their misses overlap instead of queueing.
-        for &(i, _, _, _, _) in &changed {
-            for &kind in self.layout.extrema() {
-                crate::storage::atomic_copy::prefetch(
-                    self.words,
-                    self.layout.entry_word(kind, 1, i / ARITY) * 8,
-                    crate::storage::atomic_copy::Intent::Write,
-                );
             }
         }
         for &(i, old, new, _, _) in &changed {
@@ -491,16 +505,30 @@ impl<'a> Tree<'a> {
         } else {
             u64::MAX
         };
-        // One branch-free pass: the child holding `t` is the number of children whose
-        // running total ends at or before `t` (a child without mass never holds it), and
-        // `before` is the running total just before it.
-        let (mut acc, mut before, mut c) = (0u64, 0u64, 0usize);
-        for w in node {
-            acc = acc.wrapping_add(w.load(Ordering::Relaxed) & mask);
-            let past = acc <= *t;
-            c += usize::from(past);
-            before = if past { acc } else { before };
-        }
+        // Branch-free: the child holding `t` is the number of children whose running
+        // total ends at or before `t` (a child without mass never holds it); the mass
+        // before it is the running total of the child before. A full node (all but the
+        // last of a level) is a fixed-size array, which the compiler unrolls.
+        let (c, before) = match <&[AtomicU64; ARITY]>::try_from(node) {
+            Ok(node) => {
+                let mut totals = [0u64; ARITY + 1];
+                for (k, w) in node.iter().enumerate() {
+                    totals[k + 1] = totals[k].wrapping_add(w.load(Ordering::Relaxed) & mask);
+                }
+                let c: usize = totals[1..].iter().map(|&x| usize::from(x <= *t)).sum();
+                (c, totals[c])
+            }
+            Err(_) => {
+                let (mut acc, mut before, mut c) = (0u64, 0u64, 0usize);
+                for w in node {
+                    acc = acc.wrapping_add(w.load(Ordering::Relaxed) & mask);
+                    let past = acc <= *t;
+                    c += usize::from(past);
+                    before = if past { acc } else { before };
+                }
+                (c, before)
+            }
+        };
         if c < node.len() {
             *t -= before;
             return first + c;
