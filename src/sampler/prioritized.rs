@@ -41,6 +41,9 @@ pub enum Reduction {
 impl Reduction {
     /// Reduces one row's values (at least one) to a priority.
     pub fn reduce(self, values: &[f64]) -> f64 {
+        if let [one] = values {
+            return *one;
+        }
         match self {
             Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             Reduction::Min => values.iter().copied().fold(f64::INFINITY, f64::min),

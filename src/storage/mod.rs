@@ -242,7 +242,12 @@ impl Storage {
                 .map_or(Prev::Empty, |p| Prev::Lap((p / ring.steps) as u32));
             for lane in 0..ring.width {
                 let slot = ring.slot(step.pos, lane);
-                let ahead = (slot - ring.first_slot + APPEND_AHEAD_SLOTS) % ring_slots;
+                // The slot `APPEND_AHEAD_SLOTS` on, wrapping (no division: a row's worth
+                // of time on small rows).
+                let mut ahead = slot - ring.first_slot + APPEND_AHEAD_SLOTS;
+                while ahead >= ring_slots {
+                    ahead -= ring_slots;
+                }
                 self.prefetch_slot(ring.first_slot + ahead, Intent::Write);
                 let stamp = self.stamp(slot);
                 stamp::begin_append(stamp, prev, step.lap, claim);

@@ -289,6 +289,15 @@ impl<'a> Tree<'a> {
         }
         let end = first + n;
         let (lo, hi) = (first / ARITY, (end - 1) / ARITY + 1);
+        // The leaves' lines, loading at once: a locked instruction on a line that
+        // misses waits out the miss alone.
+        for line in self.layout.leaf_word(first) / 8..=self.layout.leaf_word(end - 1) / 8 {
+            crate::storage::atomic_copy::prefetch(
+                self.words,
+                line * 64,
+                crate::storage::atomic_copy::Intent::Write,
+            );
+        }
         let mut deltas: SmallVec<[i64; 64]> = SmallVec::with_capacity(hi - lo);
         let mut changed = [false; 2];
         for node in lo..hi {
@@ -508,14 +517,23 @@ impl<'a> Tree<'a> {
         // Branch-free: the child holding `t` is the number of children whose running
         // total ends at or before `t` (a child without mass never holds it); the mass
         // before it is the running total of the child before. A full node (all but the
-        // last of a level) is a fixed-size array, which the compiler unrolls.
+        // last of a level) is a fixed-size array: its running totals unroll, and a
+        // binary search counts them (running totals only grow, unless a racing update
+        // wrapped one; the count is then some child with `totals[c] <= t`, and the
+        // landing leaf's check catches the draw).
         let (c, before) = match <&[AtomicU64; ARITY]>::try_from(node) {
             Ok(node) => {
                 let mut totals = [0u64; ARITY + 1];
                 for (k, w) in node.iter().enumerate() {
                     totals[k + 1] = totals[k].wrapping_add(w.load(Ordering::Relaxed) & mask);
                 }
-                let c: usize = totals[1..].iter().map(|&x| usize::from(x <= *t)).sum();
+                let mut c = 0;
+                let mut step = ARITY / 2;
+                while step > 0 {
+                    c += if totals[c + step] <= *t { step } else { 0 };
+                    step /= 2;
+                }
+                c += usize::from(totals[c + 1] <= *t);
                 (c, totals[c])
             }
             Err(_) => {
