@@ -1,5 +1,8 @@
-//! Shared by `extend.rs` and `sample.rs`: the mujoco row and chunk, the locked
-//! baseline ring, and the timer of one operation under background load.
+//! Shared by the benches: the mujoco row and chunk, the locked baseline ring, and the
+//! timer of one operation under background load.
+
+// Every bench compiles this module on its own and uses only part of it.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -8,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use rand_xoshiro::Xoshiro256PlusPlus;
-use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 /// Rows of both buffers.
 pub const CAPACITY: usize = 200_000;
@@ -50,7 +53,13 @@ pub fn mujoco_chunk(rb: &ReplayBuffer, rows: usize) -> Batch {
 /// A one-shard lock-free buffer of [`CAPACITY`] rows, extended with `chunk` until it
 /// has wrapped: full, and in the steady state where every extend evicts.
 pub fn lock_free_buffer(spec: Spec) -> (ReplayBuffer, Batch) {
-    let rb = ReplayBuffer::builder(spec)
+    filled(ReplayBuffer::builder(spec))
+}
+
+/// The buffer `builder` makes with [`CAPACITY`] rows in one shard, filled as
+/// [`lock_free_buffer`]'s is, and its chunk.
+pub fn filled(builder: ReplayBufferBuilder) -> (ReplayBuffer, Batch) {
+    let rb = builder
         .capacity(CAPACITY)
         .shards(1)
         .seed(SEED)
@@ -155,12 +164,26 @@ impl LockedRing {
     /// Copies `out.rows` uniformly drawn rows into `out`, field by field.
     pub fn sample_into(&self, rng: &mut Xoshiro256PlusPlus, out: &mut Columns) {
         for k in 0..out.rows {
-            let i = rng.random_range(0..self.len);
-            let row = &self.data[i * self.row_bytes..][..self.row_bytes];
-            for (&(offset, bytes), col) in self.fields.iter().zip(&mut out.cols) {
-                col[k * bytes..][..bytes].copy_from_slice(&row[offset..offset + bytes]);
-            }
+            self.copy_row(rng.random_range(0..self.len), out, k);
         }
+    }
+
+    /// Copies row `i` into row `k` of `out`, field by field.
+    pub fn copy_row(&self, i: usize, out: &mut Columns, k: usize) {
+        let row = &self.data[i * self.row_bytes..][..self.row_bytes];
+        for (&(offset, bytes), col) in self.fields.iter().zip(&mut out.cols) {
+            col[k * bytes..][..bytes].copy_from_slice(&row[offset..offset + bytes]);
+        }
+    }
+
+    /// The slot the next appended row goes to.
+    pub fn cursor(&self) -> usize {
+        self.cursor
+    }
+
+    /// Rows stored.
+    pub fn rows(&self) -> usize {
+        self.len
     }
 }
 

@@ -12,6 +12,9 @@
 //! | learner | cursors and floors (read), stamps (read), rows (read) | loads, atomic row copy |
 //! | `empty()` | floors | `fetch_max` |
 //! | learners of one epoch | the epoch's `next` and `closed` | `fetch_add`, load/store |
+//! | collector (prioritized) | its rows' raw-priority words and leaves, the sums, min and max entries above them | plain stores, compare-exchange, `fetch_add` |
+//! | priority updater | leaves, raw-priority words, sums, min and max entries | compare-exchange, `fetch_add` |
+//! | learner (prioritized) | sum entries and leaves (read), the min root (read) | `Relaxed` loads |
 //!
 //! Nobody ever takes a lock on the path between collectors and learners. The only
 //! locks in the crate are the without-replacement epoch turnover (learners only, once
@@ -92,6 +95,29 @@
 //! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
 //! memory ordering of string operations).
 //!
+//! ## 7. Priorities (`sumtree/`, `priority.rs`)
+//!
+//! A prioritized row's mass lives in a leaf word of its shard's tree block: a 48-bit
+//! fixed-point mass and a 16-bit tag, the low bits of the row's lap. Its raw priority
+//! lives in its slot's header beside the stamp, tagged the same way. The rules
+//! (details in `sumtree/tree.rs`):
+//!
+//! - A collector writes a row's raw word while it holds the slot (between W1 and W3),
+//!   and sets the leaf after W3, by compare-exchange: a draw never lands on a row
+//!   before it can be read, and a leaf already holding a newer lap is left alone.
+//! - An update acts only on a row whose stamp it read published with the generation
+//!   the caller sampled, and changes the leaf by a compare-exchange that requires the
+//!   row's tag. An update for a row that has since been replaced finds another tag and
+//!   is dropped; it never lands on the new row. The raw word is set by a tag-checked
+//!   compare-exchange that never replaces a newer tag.
+//! - Sums are exact integers kept by `fetch_add` of each leaf change's exact delta
+//!   (no drift, whatever the interleaving); min and max entries are recomputed from
+//!   their children, stored by compare-exchange and verified, all `SeqCst`.
+//! - A descent reads `Relaxed` and may see a parent and its children disagree; it
+//!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
+//!   landed on has mass and its tag names the row the stamp shows. Otherwise it draws
+//!   again.
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
@@ -100,9 +126,14 @@
 //!   by index while a collector laps a 2-slot ring), two collectors lapping each other
 //!   on one shard, ndim-2 extends by environment group, `write_all` racing `extend`,
 //!   and two learners sharing an epoch. Removing either fence of the slot protocol
-//!   makes these fail.
+//!   makes these fail. For priorities: a descent racing an update on a 4-leaf tree, a
+//!   new row's leaves racing a stale update of the row it replaces, a stale update
+//!   through the public API while a collector laps the ring, and two sibling updates
+//!   under one min entry (which fails without the refresh's verification).
 //! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
-//!   rings, every field derived from one counter; also run by `scripts/sanitize` under
+//!   rings, every field derived from one counter, and learners updating priorities
+//!   with the trees checked exact afterwards; also run by `scripts/sanitize` under
 //!   ThreadSanitizer (with std rebuilt instrumented) and AddressSanitizer.
-//! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`): sequences of operations
-//!   against the sequential model in [`crate::reference`].
+//! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`, `tests/sumtree.rs`):
+//!   sequences of operations against the sequential model in [`crate::reference`], and
+//!   tree operations against the locked twin in `sumtree/reference.rs`.

@@ -76,7 +76,7 @@ use crate::sync::{fence, AtomicU64, Backoff, Ordering};
 /// - `WRITING`: a writer holds the slot; its row may be half written.
 /// - `WRITTEN`: the slot has held (or is receiving) a row.
 /// - `edit`: in-place rewrites of this lap's row, wrapping.
-/// - `lap`: `seq / steps` of the row, wrapping; compared with [`lap_cmp`].
+/// - `lap`: `seq / steps` of the row, wrapping; compared with `lap_cmp`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Stamp(u64);
 

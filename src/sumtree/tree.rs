@@ -2,9 +2,12 @@
 //!
 //! # Memory ordering
 //!
-//! - **Sum tree.** A leaf is changed by one atomic read-modify-write (a swap by the
-//!   writer of a new row, a compare-exchange by a priority update), which yields the
-//!   exact old value; the difference is then added to each ancestor with `fetch_add`.
+//! - **Sum tree.** A leaf is changed by one compare-exchange (by the writer of a new
+//!   row, which leaves a newer row's leaf alone, or by a priority update, which needs
+//!   the leaf's tag to name its row), which yields the exact old value; the difference
+//!   is then added to each ancestor with `fetch_add`. A plain store by the writer would
+//!   not do: a stale update landing between its load and its store would be counted
+//!   twice.
 //!   Integer additions commute, so whatever the interleaving, once every update has
 //!   returned each entry is exactly the sum of its leaves. `Relaxed` suffices: no other
 //!   memory is published through these words.
@@ -16,6 +19,12 @@
 //!   the entry already right stops there: whoever changed the children since is still
 //!   on its way up and will carry the change. Once updates settle, every entry equals
 //!   its children's min or max.
+//! - **Raw priorities.** A row's writer stores its raw word (tag and priority) with a
+//!   plain store while it holds the slot; the next lap's writer waits for this row's
+//!   publish, and an updater acts only on a row it saw published, so both come after.
+//!   Updaters compare-exchange the word and never replace a newer tag. (Under loom the
+//!   plain store is a swap: loom mis-orders a plain store after another thread's
+//!   read-modify-write on the same atomic, tokio-rs/loom#389; see `sync.rs`.)
 //! - **Descent.** Loads are `Relaxed`; a descent that races an update may see an
 //!   ancestor and its children disagree. It clamps to the last child with mass, and
 //!   reports the leaf it lands on with that leaf's value and tag. The caller checks the
@@ -343,8 +352,8 @@ impl<'a> Tree<'a> {
     }
 
     /// Applies many priority updates at once: `(leaf, lap, value, raw)` each, `applied`
-    /// receiving whether each was (see [`Tree::update`]). Each leaf still changes by
-    /// its own compare-exchange; the ancestors' deltas are gathered first, so that an
+    /// receiving whether each was (it is not if the leaf's tag no longer names `lap`:
+    /// its row was replaced). Each leaf still changes by its own compare-exchange; the ancestors' deltas are gathered first, so that an
     /// entry many updates share (the upper levels) takes one `fetch_add`, not one per
     /// update. Additions commute, so the result is the same as one update at a time.
     pub(crate) fn update_many(&self, items: &[(usize, u32, u64, f64)], applied: &mut [bool]) {

@@ -1,0 +1,241 @@
+//! Prioritized replay on a full 200,000-row mujoco buffer (alpha 0.6, beta 0.4): a
+//! sample of 256 rows followed by an update of their priorities, and an extend of
+//! 1,000 rows entering with the max priority. The lock-free buffer beside the baseline
+//! RL users hand-roll: the row-major ring of `common` plus cpprb-style sum and min
+//! segment trees, all behind one `Mutex`. Each alone, and while a background thread
+//! runs the other side (a collector extending, or a learner sampling and updating).
+
+// The loom-facade rule of .clippy.toml is for the library, not its benches.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use replaybuf::{Prioritized, ReplayBuffer};
+
+const ALPHA: f64 = 0.6;
+const BETA: f64 = 0.4;
+const EPS: f64 = 1e-8;
+
+/// A binary sum tree and min tree over `leaves` priorities, as cpprb and most
+/// hand-rolled prioritized buffers keep them: `f64`s in two heap-ordered arrays,
+/// recomputed from the leaf to the root on every set.
+struct SegmentTrees {
+    leaves: usize,
+    sum: Vec<f64>,
+    min: Vec<f64>,
+}
+
+impl SegmentTrees {
+    fn new(capacity: usize) -> SegmentTrees {
+        let leaves = capacity.next_power_of_two();
+        SegmentTrees {
+            leaves,
+            sum: vec![0.0; 2 * leaves],
+            min: vec![f64::INFINITY; 2 * leaves],
+        }
+    }
+
+    fn set(&mut self, i: usize, mass: f64) {
+        let mut j = i + self.leaves;
+        self.sum[j] = mass;
+        self.min[j] = mass;
+        while j > 1 {
+            j /= 2;
+            self.sum[j] = self.sum[2 * j] + self.sum[2 * j + 1];
+            self.min[j] = self.min[2 * j].min(self.min[2 * j + 1]);
+        }
+    }
+
+    /// The leaf holding mass `t` (`0 <= t < total`).
+    fn find(&self, mut t: f64) -> usize {
+        let mut j = 1;
+        while j < self.leaves {
+            j *= 2;
+            if t >= self.sum[j] {
+                t -= self.sum[j];
+                j += 1;
+            }
+        }
+        j - self.leaves
+    }
+}
+
+/// The locked baseline: rows, trees and the max priority behind one lock.
+struct LockedPrioritized {
+    ring: LockedRing,
+    trees: SegmentTrees,
+    max_priority: f64,
+}
+
+impl LockedPrioritized {
+    fn filled(spec: &replaybuf::Spec, chunk: &Columns) -> Mutex<LockedPrioritized> {
+        let mut buffer = LockedPrioritized {
+            ring: LockedRing::new(spec, common::CAPACITY),
+            trees: SegmentTrees::new(common::CAPACITY),
+            max_priority: 1.0,
+        };
+        for _ in 0..=common::CAPACITY / CHUNK_ROWS {
+            buffer.extend(chunk);
+        }
+        Mutex::new(buffer)
+    }
+
+    fn extend(&mut self, chunk: &Columns) {
+        let first = self.ring.cursor();
+        self.ring.extend(chunk);
+        let mass = (self.max_priority + EPS).powf(ALPHA);
+        for k in 0..CHUNK_ROWS {
+            self.trees.set((first + k) % common::CAPACITY, mass);
+        }
+    }
+
+    /// Draws `out.rows` rows by priority into `out`, their indices into `index` and
+    /// their normalised importance weights into `weight`.
+    fn sample_into(
+        &self,
+        rng: &mut Xoshiro256PlusPlus,
+        out: &mut Columns,
+        index: &mut [usize],
+        weight: &mut [f32],
+    ) {
+        let total = self.trees.sum[1];
+        let n = self.ring.rows() as f64;
+        let max_weight = (n * self.trees.min[1] / total).powf(-BETA);
+        for k in 0..index.len() {
+            let i = self.trees.find(rng.random_range(0.0..total));
+            self.ring.copy_row(i, out, k);
+            let p = self.trees.sum[i + self.trees.leaves] / total;
+            index[k] = i;
+            weight[k] = ((n * p).powf(-BETA) / max_weight) as f32;
+        }
+    }
+
+    fn update(&mut self, index: &[usize], priority: &[f64]) {
+        for (&i, &p) in index.iter().zip(priority) {
+            self.max_priority = self.max_priority.max(p);
+            self.trees.set(i, (p + EPS).powf(ALPHA));
+        }
+    }
+}
+
+/// Fresh priorities in [0.1, 1.1) for every update, as WORKLOADS.md's sample+update.
+fn fresh(rng: &mut Xoshiro256PlusPlus, out: &mut [f64]) {
+    for p in out {
+        *p = 0.1 + rng.random::<f64>();
+    }
+}
+
+fn prioritized(c: &mut Criterion) {
+    let spec = common::mujoco_spec();
+    let (rb, chunk) = common::filled(
+        ReplayBuffer::builder(spec.clone()).sampler(Prioritized::new(ALPHA, BETA).eps(EPS)),
+    );
+    let columns = Columns::from_batch(&chunk);
+    let locked = LockedPrioritized::filled(&spec, &columns);
+    let writer = rb.writer();
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([SAMPLE_ROWS]);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(SEED);
+    let mut priorities = vec![0.0; SAMPLE_ROWS];
+    let mut out = Columns::zeros(&spec, SAMPLE_ROWS);
+    let mut index = vec![0; SAMPLE_ROWS];
+    let mut weight = vec![0.0f32; SAMPLE_ROWS];
+
+    let mut lock_free_step = |rng: &mut Xoshiro256PlusPlus| {
+        learner.sample_into(&mut batch).expect("sample");
+        fresh(rng, &mut priorities);
+        black_box(
+            rb.update_priority(batch.index(), batch.generations(), &priorities)
+                .expect("update"),
+        );
+    };
+    let mut locked_step = |rng: &mut Xoshiro256PlusPlus| {
+        locked
+            .lock()
+            .expect("not poisoned")
+            .sample_into(rng, &mut out, &mut index, &mut weight);
+        black_box((&mut out, &mut weight));
+        let mut priorities = [0.0; SAMPLE_ROWS];
+        fresh(rng, &mut priorities);
+        locked
+            .lock()
+            .expect("not poisoned")
+            .update(&index, &priorities);
+    };
+
+    let mut group = c.benchmark_group("prioritized_sample_update_256_rows");
+    group
+        .throughput(Throughput::Elements(SAMPLE_ROWS as u64))
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    group.bench_function("lock_free/alone", |b| b.iter(|| lock_free_step(&mut rng)));
+    group.bench_function("locked/alone", |b| b.iter(|| locked_step(&mut rng)));
+    group.bench_function("lock_free/background_writer", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || {
+                    black_box(writer.extend(&chunk).expect("extend"));
+                },
+                || lock_free_step(&mut rng),
+            )
+        });
+    });
+    group.bench_function("locked/background_writer", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || locked.lock().expect("not poisoned").extend(&columns),
+                || locked_step(&mut rng),
+            )
+        });
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("prioritized_extend_1000_rows");
+    group
+        .throughput(Throughput::Elements(CHUNK_ROWS as u64))
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    group.bench_function("lock_free/alone", |b| {
+        b.iter(|| black_box(writer.extend(&chunk).expect("extend")));
+    });
+    group.bench_function("locked/alone", |b| {
+        b.iter(|| locked.lock().expect("not poisoned").extend(&columns));
+    });
+    let mut background_rng = Xoshiro256PlusPlus::seed_from_u64(SEED + 1);
+    group.bench_function("lock_free/background_learner", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || lock_free_step(&mut background_rng),
+                || {
+                    black_box(writer.extend(&chunk).expect("extend"));
+                },
+            )
+        });
+    });
+    group.bench_function("locked/background_learner", |b| {
+        b.iter_custom(|iters| {
+            common::time_under_load(
+                iters,
+                || locked_step(&mut background_rng),
+                || locked.lock().expect("not poisoned").extend(&columns),
+            )
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, prioritized);
+criterion_main!(benches);
