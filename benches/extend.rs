@@ -8,10 +8,9 @@
 mod common;
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -22,12 +21,7 @@ fn extend(c: &mut Criterion) {
     let ring = LockedRing::filled(&spec, &columns);
     let writer = rb.writer();
 
-    let mut group = c.benchmark_group("extend_1000_rows");
-    group
-        .throughput(Throughput::Elements(CHUNK_ROWS as u64))
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = common::group(c, "extend_1000_rows", CHUNK_ROWS);
 
     group.bench_function("lock_free/alone", |b| {
         b.iter(|| black_box(writer.extend(&chunk).expect("extend")));

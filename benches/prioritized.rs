@@ -12,10 +12,9 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use replaybuf::{Prioritized, ReplayBuffer};
@@ -171,12 +170,7 @@ fn prioritized(c: &mut Criterion) {
             .update(&index, &priorities);
     };
 
-    let mut group = c.benchmark_group("prioritized_sample_update_256_rows");
-    group
-        .throughput(Throughput::Elements(SAMPLE_ROWS as u64))
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = common::group(c, "prioritized_sample_update_256_rows", SAMPLE_ROWS);
     group.bench_function("lock_free/alone", |b| b.iter(|| lock_free_step(&mut rng)));
     group.bench_function("locked/alone", |b| b.iter(|| locked_step(&mut rng)));
     group.bench_function("lock_free/background_writer", |b| {
@@ -201,12 +195,7 @@ fn prioritized(c: &mut Criterion) {
     });
     group.finish();
 
-    let mut group = c.benchmark_group("prioritized_extend_1000_rows");
-    group
-        .throughput(Throughput::Elements(CHUNK_ROWS as u64))
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = common::group(c, "prioritized_extend_1000_rows", CHUNK_ROWS);
     group.bench_function("lock_free/alone", |b| {
         b.iter(|| black_box(writer.extend(&chunk).expect("extend")));
     });

@@ -9,10 +9,9 @@
 mod common;
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use common::{Columns, LockedRing, SAMPLE_ROWS, SEED};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -27,12 +26,7 @@ fn sample(c: &mut Criterion) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(SEED);
     let mut out = Columns::zeros(&spec, SAMPLE_ROWS);
 
-    let mut group = c.benchmark_group("sample_256_rows");
-    group
-        .throughput(Throughput::Elements(SAMPLE_ROWS as u64))
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = common::group(c, "sample_256_rows", SAMPLE_ROWS);
 
     group.bench_function("lock_free/alone", |b| {
         b.iter(|| {

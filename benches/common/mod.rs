@@ -9,6 +9,8 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 use rand::RngExt;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
@@ -71,6 +73,18 @@ pub fn filled(builder: ReplayBufferBuilder) -> (ReplayBuffer, Batch) {
         writer.extend(&chunk).expect("the chunk matches the spec");
     }
     (rb, chunk)
+}
+
+/// A benchmark group of `rows` rows per operation, with the settings every bench here
+/// uses: 30 samples of 3 s after 1 s of warm-up.
+pub fn group<'a>(c: &'a mut Criterion, name: &str, rows: usize) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(name);
+    group
+        .throughput(Throughput::Elements(rows as u64))
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    group
 }
 
 /// The locked baseline's batch: one byte column per field, in spec order.
