@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
 use crate::spec::{Field, KeyLike, Spec};
+use crate::sampler::slice::{LaneView, Marks};
 use crate::storage::shard::Window;
 use crate::storage::Draw;
 
@@ -49,6 +50,9 @@ impl Column {
 pub(crate) struct Scratch {
     pub(crate) windows: Vec<Window>,
     pub(crate) draws: Vec<Draw>,
+    /// Slice sampling: every lane's snapshot, and their running trajectory counts.
+    pub(crate) lanes: Vec<LaneView>,
+    pub(crate) cumulative: Vec<u64>,
 }
 
 /// The parts of a batch the sampling path fills, borrowed apart.
@@ -57,6 +61,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) index: &'a mut [u64],
     pub(crate) generation: &'a mut [u64],
     pub(crate) weight: Option<&'a mut [f32]>,
+    pub(crate) marks: Option<&'a mut [Marks]>,
 }
 
 /// A typed view of one column, with its full shape.
@@ -98,6 +103,8 @@ pub struct Batch {
     generation: Vec<u64>,
     /// Importance weights, when sampled by a prioritized sampler.
     weight: Option<Vec<f32>>,
+    /// Per-row marks, when sampled by a slice sampler.
+    marks: Option<Vec<Marks>>,
     scratch: Scratch,
 }
 
@@ -120,6 +127,7 @@ impl Batch {
             index: Vec::new(),
             generation: Vec::new(),
             weight: None,
+            marks: None,
             scratch: Scratch::default(),
         };
         batch.refresh_shapes();
@@ -250,6 +258,13 @@ impl Batch {
         self.weight.as_deref()
     }
 
+    /// The marks of every row, when sampled by a slice sampler: which rows are
+    /// padding, and where trajectories start, end or are cut off. Row `s * slice_len +
+    /// t` is step `t` of slice `s`.
+    pub fn marks(&self) -> Option<&[Marks]> {
+        self.marks.as_deref()
+    }
+
     /// Turns this batch into one of `rows` rows of `spec` with shape `[rows]`, keeping
     /// its allocations; the contents are whatever the next writer puts there. With
     /// `weighted`, it also keeps a weight per row.
@@ -259,9 +274,27 @@ impl Batch {
             (w, true) => *w = Some(vec![0.0; rows]),
             (w, false) => *w = None,
         }
-        if self.shape.len() != 1 || self.shape[0] != rows {
+        self.marks = None;
+        self.reshape(&[rows]);
+    }
+
+    /// Turns this batch into a slice batch of shape `[slices, len]` (see
+    /// [`Batch::reshape_for_sample`]), with marks.
+    pub(crate) fn reshape_for_slices(&mut self, slices: usize, len: usize) {
+        let rows = slices * len;
+        self.weight = None;
+        match &mut self.marks {
+            Some(m) => m.resize(rows, Marks::default()),
+            m => *m = Some(vec![Marks::default(); rows]),
+        }
+        self.reshape(&[slices, len]);
+    }
+
+    fn reshape(&mut self, shape: &[usize]) {
+        let rows = shape.iter().product::<usize>();
+        if self.shape != shape {
             self.shape.clear();
-            self.shape.push(rows);
+            self.shape.extend_from_slice(shape);
             for (c, f) in self.columns.iter_mut().zip(self.spec.fields()) {
                 c.resize(rows * f.bytes());
             }
@@ -281,6 +314,7 @@ impl Batch {
             index: &mut self.index,
             generation: &mut self.generation,
             weight: self.weight.as_deref_mut(),
+            marks: self.marks.as_deref_mut(),
         }
     }
 

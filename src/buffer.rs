@@ -13,6 +13,7 @@ use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
+use crate::sampler::slice::{self, Lanes, LaneView, Marks, NoPick, Slice, TRAJ_MASK};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
@@ -20,7 +21,7 @@ use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::Shard;
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Backoff, Ordering};
 use crate::writer::{Writer, Written};
 
 /// What every handle of one buffer shares.
@@ -163,7 +164,9 @@ impl ReplayBuffer {
 
     /// Appends a batch and returns where its rows went.
     ///
-    /// ndim 1: a batch of shape `[n]` goes to one shard (round robin across calls).
+    /// ndim 1: a batch of shape `[n]` goes to one shard (round robin across calls;
+    /// always shard 0 with a slice sampler, so that one caller's trajectories stay in
+    /// one ring: give each further collector its own [`Writer`]).
     /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
     /// with `dim_extend = 1`) appends `t` steps to every environment's column.
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
@@ -188,7 +191,7 @@ impl ReplayBuffer {
     /// The shard of the next buffer-level extend: round robin across calls.
     pub(crate) fn pick_shard(&self) -> usize {
         let s = self.shards() as u64;
-        if s == 1 {
+        if s == 1 || self.inner.sampler.slice().is_some() {
             0
         } else {
             (self.inner.next_shard.fetch_add(1, Ordering::Relaxed) % s) as usize
@@ -458,6 +461,9 @@ impl Inner {
         n: usize,
         batch: &mut Batch,
     ) -> Result<(), SampleError> {
+        if let Some(slice) = self.sampler.slice() {
+            return self.sample_slices(slice, rng, n, batch);
+        }
         // The batch may list the same fields in another order: pair them by key.
         let map = batch
             .columns_for(self.storage.spec())
@@ -479,6 +485,169 @@ impl Inner {
         });
         *batch.scratch_mut() = scratch;
         result
+    }
+
+    /// Samples `n` rows as windows of one trajectory each into `batch`, shaped
+    /// `[num_slices, slice_len]` (see `sampler/slice.rs`).
+    fn sample_slices(
+        &self,
+        cfg: &Slice,
+        rng: &mut Rng,
+        n: usize,
+        batch: &mut Batch,
+    ) -> Result<(), SampleError> {
+        let (slices, len) = cfg.layout(n).ok_or(SampleError::SliceBatchSize {
+            batch: n,
+            divisor: cfg.divisor(),
+        })?;
+        let map = batch
+            .columns_for(self.storage.spec())
+            .map_err(|_| SampleError::SpecMismatch)?;
+        let lanes = self
+            .storage
+            .lanes()
+            .expect("replaybuf internal error: a slice buffer without lane blocks");
+        let mut scratch = std::mem::take(batch.scratch_mut());
+        let result = (|| {
+            let Scratch {
+                lanes: views,
+                cumulative,
+                ..
+            } = &mut scratch;
+            if self.lane_views(lanes, views, cumulative) == 0 {
+                return Err(SampleError::Empty);
+            }
+            batch.reshape_for_slices(slices, len);
+            let parts = batch.parts_mut();
+            let marks = parts
+                .marks
+                .expect("replaybuf internal error: a slice batch without marks");
+            let mut dest = dest_for(self.storage.spec(), &map, parts.columns);
+            let mut out = SliceOut {
+                dest: &mut dest,
+                index: parts.index,
+                generation: parts.generation,
+                marks,
+            };
+            for s in 0..slices {
+                self.read_one_slice(cfg, lanes, views, cumulative, rng, len, s, &mut out)?;
+            }
+            Ok(())
+        })();
+        *batch.scratch_mut() = scratch;
+        result
+    }
+
+    /// Snapshots every lane; returns the trajectories that may have live rows.
+    fn lane_views(&self, lanes: &Lanes, views: &mut Vec<LaneView>, cumulative: &mut Vec<u64>) -> u64 {
+        let words = self.storage.words();
+        views.clear();
+        cumulative.clear();
+        let mut total = 0;
+        for (k, shard) in self.storage.shards().iter().enumerate() {
+            let lo = shard.window().lo;
+            for lane in 0..shard.ring().width {
+                let v = lanes.view(words, k, lane, lo);
+                total += v.trajectories();
+                views.push(v);
+                cumulative.push(total);
+            }
+        }
+        total
+    }
+
+    /// Picks and reads slice `s` into rows `s * len..` of `out`, picking again until a
+    /// window reads whole.
+    #[allow(clippy::too_many_arguments)]
+    fn read_one_slice(
+        &self,
+        cfg: &Slice,
+        lanes: &Lanes,
+        views: &mut Vec<LaneView>,
+        cumulative: &mut Vec<u64>,
+        rng: &mut Rng,
+        len: usize,
+        s: usize,
+        out: &mut SliceOut<'_, '_>,
+    ) -> Result<(), SampleError> {
+        let storage = &self.storage;
+        let words = storage.words();
+        let mut failures = 0u32;
+        let mut backoff = Backoff::new();
+        loop {
+            if failures > 0 && failures % SLICE_REFRESH_AFTER == 0 {
+                // The writers have moved on, or the picks keep landing on trajectories
+                // too short: look at the lanes afresh, and give up if none can serve.
+                backoff.snooze();
+                if self.lane_views(lanes, views, cumulative) == 0 {
+                    return Err(SampleError::Empty);
+                }
+                if cfg.strict_length {
+                    let longest = slice::longest(lanes, words, views);
+                    if longest < len as u64 {
+                        return Err(SampleError::TrajectoriesTooShort {
+                            slice_len: len,
+                            longest,
+                        });
+                    }
+                }
+            }
+            if failures >= MAX_SLICE_ATTEMPTS {
+                return Err(SampleError::Starved { attempts: failures });
+            }
+            let w = match slice::pick(lanes, words, views, cumulative, cfg, len as u64, rng) {
+                Ok(w) => w,
+                Err(NoPick::Again) => {
+                    failures += 1;
+                    continue;
+                }
+            };
+            let rows = (w.to - w.from) as usize;
+            let first = s * len;
+            let draw = |seq| Draw {
+                shard: w.shard,
+                lane: w.lane,
+                seq,
+                ..Draw::default()
+            };
+            for i in 0..rows.min(SLICE_PREFETCH_ROWS) {
+                storage.prefetch(draw(w.from + i as u64));
+            }
+            let mut whole = true;
+            for i in 0..rows {
+                let seq = w.from + i as u64;
+                let k = first + i;
+                let read = loop {
+                    match storage.read_slice_row(draw(seq), out.dest, k) {
+                        Err(Miss::Torn) => continue,
+                        other => break other,
+                    }
+                };
+                match read {
+                    Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
+                        out.index[k] = index;
+                        out.generation[k] = stamp.generation();
+                        out.marks[k] = Marks::of(&w, seq, word);
+                    }
+                    // Lapped, or the table entry was overwritten under the pick.
+                    _ => {
+                        whole = false;
+                        break;
+                    }
+                }
+            }
+            if !whole {
+                failures += 1;
+                continue;
+            }
+            for k in first + rows..first + len {
+                out.dest.zero_row(k);
+                out.index[k] = u64::MAX;
+                out.generation[k] = 0;
+                out.marks[k] = Marks::default();
+            }
+            return Ok(());
+        }
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
@@ -528,7 +697,7 @@ impl Inner {
         weight: Option<&mut [f32]>,
     ) -> Result<(), SampleError> {
         let shards = self.storage.shards();
-        let Scratch { windows, draws } = scratch;
+        let Scratch { windows, draws, .. } = scratch;
         match (self.sampler.prioritized(), weight) {
             (Some(state), Some(weight)) => {
                 let trees = self.storage.trees();
@@ -679,6 +848,21 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Picks that fail in a row before a slice sample looks at the lanes afresh.
+const SLICE_REFRESH_AFTER: u32 = 64;
+/// Picks that fail in a row before a slice sample gives up.
+const MAX_SLICE_ATTEMPTS: u32 = 1 << 20;
+/// Rows of a window prefetched before its copy starts.
+const SLICE_PREFETCH_ROWS: usize = 8;
+
+/// Where a slice sample's rows go.
+struct SliceOut<'a, 'd> {
+    dest: &'a mut Dest<'d>,
+    index: &'a mut [u64],
+    generation: &'a mut [u64],
+    marks: &'a mut [Marks],
 }
 
 /// Rows checked for an extend, ready to append.

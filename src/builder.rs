@@ -133,7 +133,7 @@ impl ReplayBufferBuilder {
         let WritePolicy::RoundRobin = self.writer;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
-        let trees = match self.sampler {
+        let trees = match &self.sampler {
             Sampler::Prioritized(p) => {
                 if let Some(reason) = p.check(self.capacity) {
                     return err(BuildErrorKind::Sampler { reason });
@@ -143,6 +143,21 @@ impl ReplayBufferBuilder {
             _ => None,
         };
         let prioritized = trees.is_some();
+        let slices = match &self.sampler {
+            Sampler::Slice(slice) => {
+                let bounds = slice.bounds(&self.spec).map_err(BuildError::new)?;
+                if let Some(batch_size) = self.batch_size {
+                    if slice.layout(batch_size).is_none() {
+                        return err(BuildErrorKind::SliceBatchSize {
+                            batch_size,
+                            divisor: slice.divisor(),
+                        });
+                    }
+                }
+                Some(bounds)
+            }
+            _ => None,
+        };
         let priority_field = match self.priority_key {
             None => None,
             Some(key) => {
@@ -168,7 +183,7 @@ impl ReplayBufferBuilder {
             }
         };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let storage = Storage::new(self.spec, geometry, trees)
+        let storage = Storage::new(self.spec, geometry, trees, slices)
             .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
         Ok(ReplayBuffer {
             inner: Arc::new(Inner::new(

@@ -64,6 +64,8 @@ pub(crate) enum BuildErrorKind {
     ZeroSizedRow,
     Sampler { reason: &'static str },
     PriorityKey { key: Key, reason: &'static str },
+    SliceKey { key: Key, reason: &'static str },
+    SliceBatchSize { batch_size: usize, divisor: usize },
     Spec(SpecError),
     Region(io::Error),
 }
@@ -115,6 +117,12 @@ impl fmt::Display for BuildError {
             ZeroSizedRow => f.write_str("a typed buffer's row type must not be zero-sized"),
             Sampler { reason } => write!(f, "sampler: {reason}"),
             PriorityKey { key, reason } => write!(f, "priority key `{key}`: {reason}"),
+            SliceKey { key, reason } => write!(f, "slice sampler key `{key}`: {reason}"),
+            SliceBatchSize { batch_size, divisor } => write!(
+                f,
+                "batch_size {batch_size} is not a multiple of the slice sampler's {divisor} \
+                 (num_slices or slice_len)"
+            ),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
         }
@@ -319,6 +327,22 @@ pub enum SampleError {
     /// The batch passed to `sample_into` has another spec.
     #[error("the batch has a different spec from the buffer")]
     SpecMismatch,
+    /// A slice sample's batch size is not a multiple of `num_slices` or `slice_len`.
+    #[error("a batch of {batch} rows does not split into slices: it must be a multiple of {divisor} (num_slices or slice_len)")]
+    SliceBatchSize {
+        /// Rows asked for.
+        batch: usize,
+        /// What it must be a multiple of.
+        divisor: usize,
+    },
+    /// With `strict_length`, no stored trajectory is as long as a slice.
+    #[error("no stored trajectory is {slice_len} steps long (the longest has {longest}); store longer ones or set strict_length(false)")]
+    TrajectoriesTooShort {
+        /// Steps per slice.
+        slice_len: usize,
+        /// The longest stored trajectory's live steps.
+        longest: u64,
+    },
 }
 
 /// Why a read or write at a storage position failed. Nothing was changed.

@@ -56,6 +56,7 @@ mod spec;
 mod storage;
 mod sumtree;
 mod sync;
+mod trajectories;
 mod typed;
 mod writer;
 
@@ -68,8 +69,11 @@ pub use error::{
 };
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
-pub use sampler::{Prioritized, Reduction, Sampler, Uniform, WithoutReplacement};
+pub use sampler::{Marks, Prioritized, Reduction, Sampler, Slice, Uniform, WithoutReplacement};
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use trajectories::{
+    split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
+};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::{WritePolicy, Writer, Written};
 

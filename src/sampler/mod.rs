@@ -8,12 +8,15 @@
 //! - [`Uniform`]: with replacement, every live row equally likely.
 //! - [`WithoutReplacement`]: epochs over the rows live when the epoch began.
 //! - [`Prioritized`]: in proportion to priority, on the concurrent segment trees.
+//! - [`Slice`]: windows of consecutive steps of one trajectory.
 
 pub(crate) mod prioritized;
+pub(crate) mod slice;
 mod uniform;
 mod without_replacement;
 
 pub use prioritized::{Prioritized, Reduction};
+pub use slice::{Marks, Slice};
 pub use without_replacement::WithoutReplacement;
 
 use crate::error::SampleError;
@@ -33,7 +36,7 @@ const REFRESH_AFTER_MISSES: u32 = 8;
 pub struct Uniform;
 
 /// Which sampler a buffer uses.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Sampler {
     /// See [`Uniform`].
     Uniform(Uniform),
@@ -41,6 +44,14 @@ pub enum Sampler {
     WithoutReplacement(WithoutReplacement),
     /// See [`Prioritized`].
     Prioritized(Prioritized),
+    /// See [`Slice`].
+    Slice(Slice),
+}
+
+impl From<Slice> for Sampler {
+    fn from(s: Slice) -> Self {
+        Sampler::Slice(s)
+    }
 }
 
 impl From<Prioritized> for Sampler {
@@ -73,6 +84,7 @@ pub(crate) enum Engine {
     Uniform,
     WithoutReplacement(without_replacement::Epochs),
     Prioritized(prioritized::State),
+    Slice(Slice),
 }
 
 impl Engine {
@@ -83,6 +95,15 @@ impl Engine {
                 Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
             Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p)),
+            Sampler::Slice(s) => Engine::Slice(s),
+        }
+    }
+
+    /// The slice sampler's configuration, if this is one.
+    pub(crate) fn slice(&self) -> Option<&Slice> {
+        match self {
+            Engine::Slice(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -105,7 +126,7 @@ impl Engine {
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {
-            Engine::Uniform | Engine::Prioritized(_) => Want::Exact,
+            Engine::Uniform | Engine::Prioritized(_) | Engine::Slice(_) => Want::Exact,
             Engine::WithoutReplacement(_) => Want::AtLeast,
         }
     }
@@ -132,6 +153,9 @@ impl Engine {
             Engine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
             Engine::Prioritized(_) => {
                 unreachable!("replaybuf internal error: prioritized draws need the trees")
+            }
+            Engine::Slice(_) => {
+                unreachable!("replaybuf internal error: slices are drawn and read together")
             }
         }
     }

@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! region:  | shard 0 slots ............ | shard 1 slots ............ | ...
-//! slot:    | stamp (8 bytes) | row (spec.row_bytes(), a multiple of 8) |
+//! slot:    | stamp (8 bytes) | [raw priority] | [trajectory word] | row (a multiple of 8) |
 //! ```
+//!
+//! A prioritized buffer's slots carry the row's raw priority, and a slice buffer's its
+//! trajectory word (`sampler/slice.rs`); their trees and lane blocks follow the slots.
 //!
 //! A slot's stamp sits right before its row, so a reader's first cache line holds both
 //! and sampling one row touches `ceil((8 + row) / 64)` lines. The pieces:
@@ -32,6 +35,7 @@ use stamp::{lap_cmp, Prev, Stamp};
 use atomic_copy::Intent;
 
 use crate::region::Region;
+use crate::sampler::slice::{Bounds, Lanes};
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
@@ -109,23 +113,29 @@ pub(crate) struct Storage {
     spec: Arc<Spec>,
     /// The header (the stamp, then with trees the row's raw priority) and the row.
     slot_bytes: usize,
-    /// Bytes before the row: 8, or 16 with trees.
+    /// Bytes before the row: the stamp, then the raw priority with trees, then the
+    /// trajectory word with slices.
     header_bytes: usize,
     /// Each shard's tree block (prioritized sampling), after all the slots.
     trees: Box<[TreeLayout]>,
+    /// Every lane's trajectory block (slice sampling), after the trees, and how rows
+    /// say where trajectories end.
+    slices: Option<(Lanes, Bounds)>,
 }
 
 impl Storage {
     /// A storage of `spec` rows shaped by `geometry`, with a tree block per shard when
-    /// `with_trees`.
+    /// `trees` is given (`Some(true)`: with a max tree), and lane blocks for slice
+    /// sampling when `slices` is.
     pub(crate) fn new(
         spec: Arc<Spec>,
         geometry: Geometry,
         trees: Option<bool>,
+        slices: Option<Bounds>,
     ) -> io::Result<Storage> {
         let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
         let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
-        let header_bytes = if with_trees { 16 } else { 8 };
+        let header_bytes = 8 + 8 * usize::from(with_trees) + 8 * usize::from(slices.is_some());
         let slot_bytes = header_bytes + spec.row_bytes();
         let mut words = usize::try_from(geometry.capacity())
             .ok()
@@ -150,6 +160,14 @@ impl Storage {
                 layouts.push(layout);
             }
         }
+        let slices = match slices {
+            Some(bounds) => {
+                let (lanes, taken) = Lanes::new(&geometry, words).ok_or_else(too_large)?;
+                words = words.checked_add(taken).ok_or_else(too_large)?;
+                Some((lanes, bounds))
+            }
+            None => None,
+        };
         let region = Region::heap(words)?;
         let shards = (0..geometry.shards())
             .map(|k| Shard::new(geometry.ring(k)))
@@ -162,7 +180,13 @@ impl Storage {
             slot_bytes,
             header_bytes,
             trees: layouts.into_boxed_slice(),
+            slices,
         })
+    }
+
+    /// The lane blocks of a slice buffer.
+    pub(crate) fn lanes(&self) -> Option<&Lanes> {
+        self.slices.as_ref().map(|(lanes, _)| lanes)
     }
 
     /// Each shard's trees, if this storage has them.
@@ -196,7 +220,7 @@ impl Storage {
     }
 
     #[inline]
-    fn words(&self) -> &[AtomicU64] {
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         self.region.words()
     }
 
@@ -209,6 +233,12 @@ impl Storage {
     #[inline]
     fn raw_word(&self, slot: u64) -> usize {
         slot as usize * (self.slot_bytes / 8) + 1
+    }
+
+    /// The word of the slot's trajectory word (a slice buffer): the header's last.
+    #[inline]
+    fn traj_word(&self, slot: u64) -> usize {
+        (slot as usize * self.slot_bytes + self.header_bytes) / 8 - 1
     }
 
     #[inline]
@@ -236,6 +266,10 @@ impl Storage {
         let claim = shard.enter_append();
         let first = shard.claim(steps);
         let ring_slots = ring.steps * ring.width;
+        let slices = self.slices.as_ref();
+        if let Some((lanes, bounds)) = slices {
+            self.skip_trajectories(k, lanes, bounds, first, steps, src);
+        }
         for step in shard::steps_of(&ring, first, steps) {
             let prev = step
                 .prev
@@ -262,12 +296,65 @@ impl Storage {
                         Ordering::Release,
                     );
                 }
+                if let Some((lanes, bounds)) = slices {
+                    let word = lanes.advance(
+                        self.words(),
+                        k,
+                        lane,
+                        step.seq,
+                        bounds.key(src, step.j, lane),
+                        step.seq == shard.floor(),
+                        bounds.by_id(),
+                    );
+                    crate::sync::store_beside_rmw(
+                        &self.words()[self.traj_word(slot)],
+                        word,
+                        Ordering::Release,
+                    );
+                }
                 src.write_row(self.words(), self.row_offset(slot), step.j, lane);
                 stamp::publish(stamp, Stamp::published(step.lap, 0));
+                if let Some((lanes, _)) = slices {
+                    lanes
+                        .tail(self.words(), k, lane)
+                        .store(step.seq + 1, Ordering::Release);
+                }
             }
         }
         shard.leave_append(claim);
         first
+    }
+
+    /// A slice buffer's first duty in an append claimed at `first`: wait for the
+    /// lanes' earlier rows to have their trajectories, then give trajectories to the
+    /// steps the append claims but never writes (an append longer than the ring).
+    fn skip_trajectories(
+        &self,
+        k: usize,
+        lanes: &Lanes,
+        bounds: &Bounds,
+        first: u64,
+        steps: u64,
+        src: &Source<'_>,
+    ) {
+        let shard = &self.shards[k];
+        let ring = shard.ring();
+        for lane in 0..ring.width {
+            lanes.wait_turn(self.words(), k, lane, first);
+            for j in 0..steps.saturating_sub(ring.steps) {
+                let seq = first + j;
+                lanes.advance(
+                    self.words(),
+                    k,
+                    lane,
+                    seq,
+                    bounds.key(src, j, lane),
+                    seq == shard.floor(),
+                    bounds.by_id(),
+                );
+                lanes.tail(self.words(), k, lane).store(seq + 1, Ordering::Release);
+            }
+        }
     }
 
     /// Prefetches every cache line the slot overlaps (at most [`PREFETCH_LINES`]): a
@@ -303,6 +390,35 @@ impl Storage {
         dst: &mut Dest<'_>,
         k: usize,
     ) -> Result<(Stamp, u64), Miss> {
+        self.read_with(draw, want, dst, k, |_| ())
+    }
+
+    /// Copies the drawn row of a slice buffer into row `k` of `dst`, exactly the row of
+    /// the draw; returns its stamp, index, and trajectory word, read under the same
+    /// stamp check as the row.
+    #[inline]
+    pub(crate) fn read_slice_row(
+        &self,
+        draw: Draw,
+        dst: &mut Dest<'_>,
+        k: usize,
+    ) -> Result<(Stamp, u64, u64), Miss> {
+        let mut word = 0;
+        let (stamp, index) = self.read_with(draw, Want::Exact, dst, k, |slot| {
+            word = self.words()[self.traj_word(slot)].load(Ordering::Relaxed);
+        })?;
+        Ok((stamp, index, word))
+    }
+
+    #[inline(always)]
+    fn read_with(
+        &self,
+        draw: Draw,
+        want: Want,
+        dst: &mut Dest<'_>,
+        k: usize,
+        mut header: impl FnMut(u64),
+    ) -> Result<(Stamp, u64), Miss> {
         let ring = self.shards[draw.shard as usize].ring();
         let pos = draw.seq % ring.steps;
         let slot = ring.slot(pos, u64::from(draw.lane));
@@ -316,6 +432,7 @@ impl Storage {
             (Cmp::Greater, Want::Exact) => return Err(Miss::Gone),
             _ => {}
         }
+        header(slot);
         dst.read_row(self.words(), self.row_offset(slot), k);
         if stamp::validate(stamp, seen) {
             Ok((seen, ring.index(pos, u64::from(draw.lane))))

@@ -88,6 +88,13 @@ pub(crate) struct Dest<'a> {
 }
 
 impl Dest<'_> {
+    /// Zeroes row `k` of the destination (a slice batch's padding).
+    pub(crate) fn zero_row(&mut self, k: usize) {
+        for c in &mut self.cols {
+            c.data[k * c.bytes..][..c.bytes].fill(0);
+        }
+    }
+
     /// Copies the row at byte `row` of `words` into row `k` of the destination.
     #[inline]
     pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {

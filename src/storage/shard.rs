@@ -207,6 +207,12 @@ impl Shard {
         w.hi - self.counters.floor.load(Ordering::Acquire).min(w.hi)
     }
 
+    /// Sequence numbers below this were emptied.
+    #[inline]
+    pub(crate) fn floor(&self) -> u64 {
+        self.counters.floor.load(Ordering::Acquire)
+    }
+
     /// Forgets every row claimed so far.
     pub(crate) fn empty(&self) {
         let hi = self.counters.cursor.load(Ordering::Acquire);

@@ -1,0 +1,580 @@
+//! Slice sampling (TorchRL `SliceSampler`): windows of consecutive steps of one
+//! trajectory, with trajectory boundaries kept as rows are written.
+//!
+//! # What the storage keeps
+//!
+//! A trajectory lives in one *lane*: one environment's column of an ndim-2 storage, or
+//! one shard's ring of an ndim-1 storage. Trajectories in a lane are numbered in the
+//! order they start. For every lane the region holds a small state block and a table:
+//!
+//! ```text
+//! lane block:  | tail | count | last id | last flags | (padding to 8 words) | starts ... |
+//! ```
+//!
+//! - `tail`: every sequence number below it is published and has its trajectory;
+//! - `count`: trajectories started below `tail` (and perhaps one at `tail`);
+//! - `last id`, `last flags`: the trajectory id and end flags of row `tail - 1`;
+//! - `starts[n % steps]`: the sequence number of trajectory `n`'s first row. A lane of
+//!   `steps` slots holds at most `steps` live trajectories, so older entries are only
+//!   ever overwritten once their trajectories are gone.
+//!
+//! Every row's slot header also holds its trajectory number and its end flags (the
+//! *trajectory word*), so a reader can tell from the row itself, under the same stamp
+//! check as its payload, which trajectory it belongs to.
+//!
+//! # Writers
+//!
+//! The appender of sequence number `s` in a lane first waits for `tail == s` (with
+//! one collector per shard, as the API arranges, it never waits). It then decides from
+//! `last id` / `last flags` whether row `s` starts a trajectory, records the start in
+//! the table and `count` if so, writes the trajectory word into the header with the
+//! row, publishes the row, and stores `tail = s + 1` with Release. The next appender's
+//! Acquire load of `tail` orders all of that before its own decision.
+//!
+//! # Readers
+//!
+//! A sample reads each lane's `tail` (Acquire), then `count` (Acquire), then the live
+//! window's low end from the shard cursor. It picks a trajectory uniformly among the
+//! live ones of every lane (TorchRL's distribution), a window inside it, and reads the
+//! window's rows with the usual stamp check, requiring each row's trajectory word to
+//! name the picked trajectory. A table entry overwritten during the sample, or a row
+//! lapped by a writer, fails that check, and the whole window is drawn again: a window
+//! is never returned torn or spanning two trajectories.
+
+use rand::RngExt;
+
+use crate::dtype::DType;
+use crate::error::BuildErrorKind;
+use crate::rng::Rng;
+use crate::spec::{Key, Spec};
+use crate::storage::geometry::Geometry;
+use crate::storage::plan::Source;
+use crate::sync::{AtomicU64, Backoff, Ordering};
+
+/// Words of a lane's state block (one cache line).
+const STATE_WORDS: usize = 8;
+const TAIL: usize = 0;
+const COUNT: usize = 1;
+const LAST_ID: usize = 2;
+const LAST_FLAGS: usize = 3;
+
+/// The trajectory word of a row: its trajectory number in the low bits, its flags on
+/// top.
+pub(crate) const TRAJ_MASK: u64 = (1 << 62) - 1;
+const FLAG_DONE: u64 = 1 << 62;
+const FLAG_TRUNCATED: u64 = 1 << 63;
+
+/// Slice sampling (TorchRL `SliceSampler`): every sample is `num_slices` windows of
+/// `slice_len` consecutive steps of one trajectory each, laid out `[num_slices,
+/// slice_len]`.
+///
+/// Exactly one of [`Slice::num_slices`] and [`Slice::slice_len`] fixes the shape; the
+/// batch size must be a multiple of it. Trajectories are told apart by an integer
+/// trajectory-id field ([`Slice::traj_key`]) or by end flags ([`Slice::end_key`],
+/// `("next", "done")` by default). A trajectory is drawn uniformly among the stored
+/// ones, then a window uniformly inside it.
+///
+/// ```
+/// use replaybuf::Slice;
+/// let by_id = Slice::slice_len(32).traj_key("traj");
+/// let by_flags = Slice::num_slices(8).end_key("done").truncated_key("truncated");
+/// let loose = Slice::slice_len(16).strict_length(false).span(usize::MAX, 0);
+/// # let _ = (by_id, by_flags, loose);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub(crate) shape: SliceShape,
+    pub(crate) traj_key: Option<Key>,
+    pub(crate) end_key: Key,
+    pub(crate) truncated_key: Option<Key>,
+    pub(crate) strict_length: bool,
+    pub(crate) span: (usize, usize),
+}
+
+/// What fixes a slice batch's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SliceShape {
+    /// This many slices; their length is the batch size over it.
+    Count(usize),
+    /// Slices this long; their count is the batch size over it.
+    Len(usize),
+}
+
+impl Slice {
+    /// `n` slices per batch, each `batch_size / n` steps long.
+    pub fn num_slices(n: usize) -> Slice {
+        Slice::with_shape(SliceShape::Count(n))
+    }
+
+    /// Slices of `len` steps, `batch_size / len` of them per batch.
+    pub fn slice_len(len: usize) -> Slice {
+        Slice::with_shape(SliceShape::Len(len))
+    }
+
+    fn with_shape(shape: SliceShape) -> Slice {
+        Slice {
+            shape,
+            traj_key: None,
+            end_key: Key::from(("next", "done")),
+            truncated_key: None,
+            strict_length: true,
+            span: (0, 0),
+        }
+    }
+
+    /// Tells trajectories apart by this integer field: consecutive rows of a lane with
+    /// the same id are one trajectory. Takes precedence over the end flags.
+    pub fn traj_key(mut self, key: impl Into<Key>) -> Self {
+        self.traj_key = Some(key.into());
+        self
+    }
+
+    /// The flag (bool or integer) that ends a trajectory at its row; default
+    /// `("next", "done")`.
+    pub fn end_key(mut self, key: impl Into<Key>) -> Self {
+        self.end_key = key.into();
+        self
+    }
+
+    /// A flag (bool or integer) that also ends a trajectory (a time limit), and is
+    /// reported as truncation in sampled marks.
+    pub fn truncated_key(mut self, key: impl Into<Key>) -> Self {
+        self.truncated_key = Some(key.into());
+        self
+    }
+
+    /// With `true` (the default), trajectories shorter than a slice are never drawn,
+    /// and a sample fails if no stored trajectory is long enough. With `false`, a short
+    /// trajectory gives a shorter slice, padded, with its padding marked invalid.
+    pub fn strict_length(mut self, strict: bool) -> Self {
+        self.strict_length = strict;
+        self
+    }
+
+    /// Lets a slice start up to `left` steps before its trajectory's first step and end
+    /// up to `right` steps after its last; the part outside is cut off, so the slice
+    /// comes back shorter and padded (TorchRL's `span`). A value of `slice_len` or more
+    /// (`usize::MAX`, TorchRL's `True`) leaves at least one step in the slice.
+    pub fn span(mut self, left: usize, right: usize) -> Self {
+        self.span = (left, right);
+        self
+    }
+
+    /// `(num_slices, slice_len)` for a batch of `n` rows, if `n` divides.
+    pub(crate) fn layout(&self, n: usize) -> Option<(usize, usize)> {
+        let by = match self.shape {
+            SliceShape::Count(c) | SliceShape::Len(c) => c,
+        };
+        if by == 0 || n == 0 || n % by != 0 {
+            return None;
+        }
+        Some(match self.shape {
+            SliceShape::Count(c) => (c, n / c),
+            SliceShape::Len(l) => (n / l, l),
+        })
+    }
+
+    /// The divisor a batch size must be a multiple of.
+    pub(crate) fn divisor(&self) -> usize {
+        match self.shape {
+            SliceShape::Count(c) | SliceShape::Len(c) => c,
+        }
+    }
+
+    /// Resolves the keys against `spec`, or says which one is wrong.
+    pub(crate) fn bounds(&self, spec: &Spec) -> Result<Bounds, BuildErrorKind> {
+        if self.divisor() == 0 {
+            return Err(BuildErrorKind::Sampler {
+                reason: "num_slices and slice_len must be at least 1",
+            });
+        }
+        let flag = |key: &Key, integer_only: bool| {
+            let bad = |reason| BuildErrorKind::SliceKey {
+                key: key.clone(),
+                reason,
+            };
+            let (i, f) = spec.field(key).ok_or_else(|| bad("no such field in the spec"))?;
+            if f.elements() != 1 {
+                return Err(bad("must hold one value per row"));
+            }
+            let ok = match f.dtype() {
+                DType::Bool => !integer_only,
+                DType::F16 | DType::BF16 | DType::F32 | DType::F64 => false,
+                _ => true,
+            };
+            if !ok {
+                return Err(bad(if integer_only {
+                    "a trajectory id must be an integer field"
+                } else {
+                    "an end flag must be a bool or integer field"
+                }));
+            }
+            Ok(Scalar {
+                field: i,
+                dtype: f.dtype(),
+            })
+        };
+        let by = match &self.traj_key {
+            Some(key) => By::Id(flag(key, true)?),
+            None => By::End(flag(&self.end_key, false)?),
+        };
+        let truncated = match &self.truncated_key {
+            Some(key) => Some(flag(key, false)?),
+            None => None,
+        };
+        Ok(Bounds { by, truncated })
+    }
+}
+
+/// One scalar field of the spec, read from a caller's batch.
+#[derive(Clone, Copy, Debug)]
+struct Scalar {
+    field: usize,
+    dtype: DType,
+}
+
+impl Scalar {
+    /// The value of data row `r`, widened to 64 bits.
+    #[inline]
+    fn get(&self, src: &Source<'_>, r: usize) -> u64 {
+        let col = &src.cols[self.field];
+        let b = &col.data[r * col.bytes..][..col.bytes];
+        match self.dtype {
+            DType::Bool | DType::U8 => u64::from(b[0]),
+            DType::I8 => b[0] as i8 as i64 as u64,
+            DType::I16 => i16::from_ne_bytes([b[0], b[1]]) as i64 as u64,
+            DType::U16 => u64::from(u16::from_ne_bytes([b[0], b[1]])),
+            DType::I32 => i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64 as u64,
+            DType::U32 => u64::from(u32::from_ne_bytes(b.try_into().expect("4 bytes"))),
+            _ => u64::from_ne_bytes(b.try_into().expect("8 bytes")),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum By {
+    Id(Scalar),
+    End(Scalar),
+}
+
+/// How a slice buffer tells where trajectories end, resolved against its spec.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    by: By,
+    truncated: Option<Scalar>,
+}
+
+/// What a written row says about its trajectory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowKey {
+    id: u64,
+    /// `FLAG_DONE` and `FLAG_TRUNCATED` bits.
+    flags: u64,
+}
+
+impl Bounds {
+    /// Whether trajectories are told apart by id (else by end flags).
+    pub(crate) fn by_id(&self) -> bool {
+        matches!(self.by, By::Id(_))
+    }
+
+    /// Row (`step`, `lane`) of an extend's data.
+    #[inline]
+    pub(crate) fn key(&self, src: &Source<'_>, step: u64, lane: u64) -> RowKey {
+        let r = src.order.row(step, lane);
+        let truncated = self.truncated.is_some_and(|t| t.get(src, r) != 0);
+        let mut flags = if truncated { FLAG_TRUNCATED } else { 0 };
+        let id = match self.by {
+            By::Id(s) => s.get(src, r),
+            By::End(s) => {
+                if s.get(src, r) != 0 {
+                    flags |= FLAG_DONE;
+                }
+                0
+            }
+        };
+        RowKey { id, flags }
+    }
+}
+
+/// Where every lane's block lives in the region.
+#[derive(Clone, Debug)]
+pub(crate) struct Lanes {
+    /// Per shard: the first word of its first lane's block.
+    base: Box<[usize]>,
+    /// Per shard: ring steps (the table length of each of its lanes).
+    steps: Box<[u64]>,
+}
+
+impl Lanes {
+    /// Lane blocks for every lane of `geometry`, from word `first` on; returns them and
+    /// the words they take.
+    pub(crate) fn new(geometry: &Geometry, first: usize) -> Option<(Lanes, usize)> {
+        let mut next = first;
+        let (mut base, mut steps) = (Vec::new(), Vec::new());
+        for k in 0..geometry.shards() {
+            let ring = geometry.ring(k);
+            base.push(next);
+            steps.push(ring.steps);
+            let block = STATE_WORDS.checked_add(usize::try_from(ring.steps).ok()?)?;
+            next = next.checked_add(block.checked_mul(ring.width as usize)?)?;
+        }
+        let lanes = Lanes {
+            base: base.into(),
+            steps: steps.into(),
+        };
+        Some((lanes, next - first))
+    }
+
+    #[inline]
+    fn block(&self, k: usize, lane: u64) -> usize {
+        self.base[k] + lane as usize * (STATE_WORDS + self.steps[k] as usize)
+    }
+
+    /// The lane's `tail`.
+    #[inline]
+    pub(crate) fn tail<'w>(&self, words: &'w [AtomicU64], k: usize, lane: u64) -> &'w AtomicU64 {
+        &words[self.block(k, lane) + TAIL]
+    }
+
+    /// Waits until every sequence number of the lane below `seq` has its trajectory:
+    /// the appender of `seq` goes after the one before it.
+    pub(crate) fn wait_turn(&self, words: &[AtomicU64], k: usize, lane: u64, seq: u64) {
+        let tail = self.tail(words, k, lane);
+        let mut backoff = Backoff::new();
+        while tail.load(Ordering::Acquire) < seq {
+            backoff.snooze();
+        }
+    }
+
+    /// Gives row `seq` of the lane its trajectory (the lane's turn is the caller's) and
+    /// returns the row's trajectory word. `fresh`: no earlier row of the lane counts
+    /// (the first row ever, or the first after `empty`).
+    pub(crate) fn advance(
+        &self,
+        words: &[AtomicU64],
+        k: usize,
+        lane: u64,
+        seq: u64,
+        key: RowKey,
+        fresh: bool,
+        by_id: bool,
+    ) -> u64 {
+        let b = self.block(k, lane);
+        let count = words[b + COUNT].load(Ordering::Relaxed);
+        let last_flags = words[b + LAST_FLAGS].load(Ordering::Relaxed);
+        let new = fresh
+            || count == 0
+            || last_flags & (FLAG_DONE | FLAG_TRUNCATED) != 0
+            || (by_id && words[b + LAST_ID].load(Ordering::Relaxed) != key.id);
+        let n = if new {
+            let steps = self.steps[k];
+            words[b + STATE_WORDS + (count % steps) as usize].store(seq, Ordering::Release);
+            words[b + COUNT].store(count + 1, Ordering::Release);
+            count
+        } else {
+            count - 1
+        };
+        words[b + LAST_ID].store(key.id, Ordering::Relaxed);
+        words[b + LAST_FLAGS].store(key.flags, Ordering::Relaxed);
+        n | key.flags
+    }
+
+    /// A snapshot of lane `lane` of shard `k` whose live rows start at `lo`.
+    pub(crate) fn view(&self, words: &[AtomicU64], k: usize, lane: u64, lo: u64) -> LaneView {
+        let b = self.block(k, lane);
+        let tail = words[b + TAIL].load(Ordering::Acquire);
+        let count = words[b + COUNT].load(Ordering::Acquire);
+        let steps = self.steps[k];
+        let mut view = LaneView {
+            shard: k as u32,
+            lane: lane as u32,
+            lo,
+            tail,
+            first: count,
+            count,
+        };
+        if tail <= lo || count == 0 {
+            return view;
+        }
+        // The trajectory holding `lo`: the last start at or before it, searched among
+        // the table's entries (the older ones are gone).
+        let (mut a, mut z) = (count.saturating_sub(steps), count);
+        if self.start(words, k, lane, a) > lo {
+            view.first = a;
+            return view;
+        }
+        while z - a > 1 {
+            let mid = a + (z - a) / 2;
+            if self.start(words, k, lane, mid) <= lo {
+                a = mid;
+            } else {
+                z = mid;
+            }
+        }
+        view.first = a;
+        view
+    }
+
+    /// The first sequence number of trajectory `n` of the lane, as the table says now.
+    #[inline]
+    pub(crate) fn start(&self, words: &[AtomicU64], k: usize, lane: u64, n: u64) -> u64 {
+        let b = self.block(k, lane);
+        words[b + STATE_WORDS + (n % self.steps[k]) as usize].load(Ordering::Acquire)
+    }
+}
+
+/// One lane as a sample sees it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LaneView {
+    pub(crate) shard: u32,
+    pub(crate) lane: u32,
+    /// Live rows are `lo..tail`.
+    pub(crate) lo: u64,
+    pub(crate) tail: u64,
+    /// Trajectories `first..count` may have live rows.
+    pub(crate) first: u64,
+    pub(crate) count: u64,
+}
+
+impl LaneView {
+    pub(crate) fn trajectories(&self) -> u64 {
+        self.count - self.first
+    }
+}
+
+/// A picked window: trajectory `traj` of a lane, its live extent and the rows read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Window {
+    pub(crate) shard: u32,
+    pub(crate) lane: u32,
+    pub(crate) traj: u64,
+    /// The trajectory's first row (it may be evicted already) and its end: the next
+    /// trajectory's first row, or `None` for a trajectory still open at the tail.
+    pub(crate) start: u64,
+    pub(crate) next: Option<u64>,
+    /// The rows to read: `from..to`.
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+}
+
+/// Why a pick gave no window: the trajectory has no live row, or is shorter than a
+/// slice. Pick again.
+pub(crate) enum NoPick {
+    Again,
+}
+
+/// Picks a trajectory uniformly among `views` (whose trajectory counts add up to
+/// `total`) and a window of `len` steps inside it.
+pub(crate) fn pick(
+    lanes: &Lanes,
+    words: &[AtomicU64],
+    views: &[LaneView],
+    cumulative: &[u64],
+    cfg: &Slice,
+    len: u64,
+    rng: &mut Rng,
+) -> Result<Window, NoPick> {
+    let total = *cumulative.last().unwrap_or(&0);
+    let r = rng.random_range(0..total);
+    let i = cumulative.partition_point(|&c| c <= r);
+    let v = &views[i];
+    let before = if i == 0 { 0 } else { cumulative[i - 1] };
+    let n = v.first + (r - before);
+    let (k, lane) = (v.shard as usize, u64::from(v.lane));
+    let start = lanes.start(words, k, lane, n);
+    let next = (n + 1 < v.count).then(|| lanes.start(words, k, lane, n + 1));
+    let a = start.max(v.lo);
+    let b = next.map_or(v.tail, |x| x.min(v.tail));
+    if b <= a || (cfg.strict_length && b - a < len) {
+        return Err(NoPick::Again);
+    }
+    let cap = len.saturating_sub(1);
+    let (left, right) = (
+        (cfg.span.0 as u64).min(cap) as i128,
+        (cfg.span.1 as u64).min(cap) as i128,
+    );
+    let lowest = a as i128 - left;
+    let highest = (b as i128 - len as i128 + right).max(lowest);
+    let w0 = rng.random_range(lowest..=highest);
+    let from = w0.max(a as i128) as u64;
+    let to = (w0 + len as i128).min(b as i128) as u64;
+    Ok(Window {
+        shard: v.shard,
+        lane: v.lane,
+        traj: n,
+        start,
+        next,
+        from,
+        to,
+    })
+}
+
+/// The longest live trajectory of `views`, in rows (a full scan: only when picks keep
+/// failing).
+pub(crate) fn longest(lanes: &Lanes, words: &[AtomicU64], views: &[LaneView]) -> u64 {
+    let mut best = 0;
+    for v in views {
+        let (k, lane) = (v.shard as usize, u64::from(v.lane));
+        for n in v.first..v.count {
+            let a = lanes.start(words, k, lane, n).max(v.lo);
+            let b = if n + 1 < v.count {
+                lanes.start(words, k, lane, n + 1).min(v.tail)
+            } else {
+                v.tail
+            };
+            best = best.max(b.saturating_sub(a));
+        }
+    }
+    best
+}
+
+/// A row's marks in a slice batch (see [`crate::Batch::marks`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct Marks(u8);
+
+impl Marks {
+    const VALID: u8 = 1;
+    const START: u8 = 2;
+    const END: u8 = 4;
+    const TRUNCATED: u8 = 8;
+
+    /// The row holds data (not padding after a short slice).
+    pub fn is_valid(self) -> bool {
+        self.0 & Self::VALID != 0
+    }
+
+    /// The row is its trajectory's first step.
+    pub fn is_start(self) -> bool {
+        self.0 & Self::START != 0
+    }
+
+    /// The row is its trajectory's last step: its end flag was set, or the next row of
+    /// its lane begins another trajectory.
+    pub fn is_end(self) -> bool {
+        self.0 & Self::END != 0
+    }
+
+    /// The trajectory goes on past this row but the slice does not (the slice's last
+    /// row, unless it ends the trajectory), or the row's truncation flag was set.
+    pub fn is_truncated(self) -> bool {
+        self.0 & Self::TRUNCATED != 0
+    }
+
+    /// The marks of row `seq` of window `w`, whose trajectory word is `word`.
+    pub(crate) fn of(w: &Window, seq: u64, word: u64) -> Marks {
+        let mut m = Self::VALID;
+        if seq == w.start {
+            m |= Self::START;
+        }
+        let end = word & FLAG_DONE != 0 || w.next == Some(seq + 1);
+        if end {
+            m |= Self::END;
+        }
+        if word & FLAG_TRUNCATED != 0 || (seq + 1 == w.to && !end) {
+            m |= Self::TRUNCATED;
+        }
+        Marks(m)
+    }
+}

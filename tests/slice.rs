@@ -1,0 +1,358 @@
+//! Slice sampling: every window is consecutive steps of one trajectory, across
+//! wrap-around, on ndim-2 storage and while collectors write; the distribution and the
+//! marks; bad input.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use replaybuf::{Batch, DType, ReplayBuffer, SampleError, Slice, Spec};
+
+/// `traj` (id), `step` (within the trajectory), `done`, and `check`, a value derived
+/// from both so that a row mixed from two writes shows.
+fn spec() -> Spec {
+    Spec::builder()
+        .field("traj", DType::I64, [])
+        .field("step", DType::I64, [])
+        .field("done", DType::Bool, [])
+        .field("check", DType::F64, [2])
+        .build()
+        .unwrap()
+}
+
+fn check_of(traj: i64, step: i64) -> [f64; 2] {
+    [traj as f64 * 1000.0 + step as f64, -(traj as f64)]
+}
+
+/// Rows `(traj, step, done)` as a batch of shape `[n]`.
+fn rows(rb: &ReplayBuffer, rows: &[(i64, i64, bool)]) -> Batch {
+    shaped(rb, rows, &[rows.len()])
+}
+
+/// Rows `(traj, step, done)` as a batch of shape `shape`, row-major.
+fn shaped(rb: &ReplayBuffer, rows: &[(i64, i64, bool)], shape: &[usize]) -> Batch {
+    let mut b = rb.batch(shape);
+    let traj: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let step: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    let done: Vec<bool> = rows.iter().map(|r| r.2).collect();
+    let check: Vec<f64> = rows.iter().flat_map(|r| check_of(r.0, r.1)).collect();
+    b.set("traj", &traj).unwrap();
+    b.set("step", &step).unwrap();
+    b.set("done", &done).unwrap();
+    b.set("check", &check).unwrap();
+    b
+}
+
+/// A trajectory `id` of `len` steps, done at its last.
+fn trajectory(id: i64, len: i64) -> Vec<(i64, i64, bool)> {
+    (0..len).map(|t| (id, t, t == len - 1)).collect()
+}
+
+/// Checks every slice of `batch` (`[slices, len]`): valid rows first, then padding;
+/// valid rows whole and consecutive steps of one trajectory; marks consistent with the
+/// steps (`ends`: the trajectories whose end the buffer knows, and their lengths).
+/// Returns each slice's (traj, first step, rows).
+fn check_slices(batch: &Batch, ends: &BTreeMap<i64, i64>) -> Vec<(i64, i64, usize)> {
+    let [slices, len] = batch.shape() else {
+        panic!("a slice batch is 2-dim, got {:?}", batch.shape())
+    };
+    let (traj, step) = (
+        batch.column::<i64>("traj").unwrap(),
+        batch.column::<i64>("step").unwrap(),
+    );
+    let check = batch.column::<f64>("check").unwrap();
+    let marks = batch.marks().expect("slice batches carry marks");
+    let mut out = Vec::new();
+    for s in 0..*slices {
+        let r = s * len..(s + 1) * len;
+        let valid = marks[r.clone()].iter().take_while(|m| m.is_valid()).count();
+        assert!(valid >= 1, "slice {s} is empty");
+        assert!(marks[r.start + valid..r.end].iter().all(|m| !m.is_valid()));
+        let (t0, s0) = (traj[r.start], step[r.start]);
+        for i in 0..valid {
+            let k = r.start + i;
+            assert_eq!(traj[k], t0, "slice {s} crosses a trajectory boundary");
+            assert_eq!(step[k], s0 + i as i64, "slice {s} is not consecutive");
+            assert_eq!(&check[2 * k..2 * k + 2], &check_of(t0, step[k]), "torn row");
+            let m = marks[k];
+            assert_eq!(m.is_start(), step[k] == 0, "start mark of row {k}");
+            if let Some(&l) = ends.get(&t0) {
+                assert_eq!(m.is_end(), step[k] == l - 1, "end mark of row {k}");
+            }
+            let last = i == valid - 1;
+            assert_eq!(m.is_truncated(), last && !m.is_end(), "truncated mark of row {k}");
+        }
+        for k in r.start + valid..r.end {
+            assert_eq!(traj[k], 0, "padding is zeroed");
+            assert_eq!(batch.index()[k], u64::MAX);
+        }
+        out.push((t0, s0, valid));
+    }
+    out
+}
+
+fn buffer(capacity: usize, slice: Slice) -> ReplayBuffer {
+    ReplayBuffer::builder(spec())
+        .capacity(capacity)
+        .sampler(slice)
+        .seed(11)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn windows_stay_in_one_trajectory_across_wrap() {
+    for (slice, by_id) in [
+        (Slice::slice_len(8).traj_key("traj"), true),
+        (Slice::slice_len(8).end_key("done"), false),
+    ] {
+        let rb = buffer(1000, slice);
+        let mut lens = BTreeMap::new();
+        // Lengths 5..40 (some shorter than a slice); wraps the ring several times.
+        for id in 1..200 {
+            let len = 5 + (id * 7) % 36;
+            lens.insert(id, len);
+            rb.extend(&rows(&rb, &trajectory(id, len))).unwrap();
+        }
+        // By id, the last trajectory is still open: its end is not known.
+        let mut ends = lens.clone();
+        if by_id {
+            ends.remove(&199);
+        }
+        for _ in 0..50 {
+            let batch = rb.sample(64).unwrap();
+            for (traj, first, valid) in check_slices(&batch, &ends) {
+                assert_eq!(valid, 8, "strict slices are whole");
+                assert!(lens[&traj] >= 8, "a trajectory shorter than a slice was drawn");
+                assert!(first + 8 <= lens[&traj]);
+            }
+            // Indices are consecutive ring positions.
+            for w in batch.index().chunks(8) {
+                for p in w.windows(2) {
+                    assert_eq!(p[1], (p[0] + 1) % 1000);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_id_change_ends_a_trajectory_without_a_done_flag() {
+    let rb = buffer(100, Slice::num_slices(4).traj_key("traj"));
+    let mut data = Vec::new();
+    for id in 1..=5 {
+        data.extend((0..10).map(|t| (id, t, false)));
+    }
+    rb.extend(&rows(&rb, &data)).unwrap();
+    let lens: BTreeMap<i64, i64> = (1..=4).map(|id| (id, 10)).collect();
+    let mut seen = BTreeSet::new();
+    for _ in 0..200 {
+        let batch = rb.sample(4 * 10).unwrap();
+        for (traj, first, valid) in check_slices(&batch, &lens) {
+            assert_eq!((first, valid), (0, 10));
+            seen.insert(traj);
+        }
+    }
+    // Trajectory 5 is still open: a whole slice of it ends in truncation, not an end.
+    assert_eq!(seen, (1..=5).collect());
+}
+
+#[test]
+fn strict_length_errors_when_no_trajectory_is_long_enough() {
+    let rb = buffer(100, Slice::slice_len(16).end_key("done"));
+    assert_eq!(rb.sample(32).unwrap_err(), SampleError::Empty);
+    rb.extend(&rows(&rb, &trajectory(1, 5))).unwrap();
+    rb.extend(&rows(&rb, &trajectory(2, 9))).unwrap();
+    assert_eq!(
+        rb.sample(32).unwrap_err(),
+        SampleError::TrajectoriesTooShort {
+            slice_len: 16,
+            longest: 9
+        }
+    );
+    assert_eq!(
+        rb.sample(20).unwrap_err(),
+        SampleError::SliceBatchSize {
+            batch: 20,
+            divisor: 16
+        }
+    );
+}
+
+#[test]
+fn short_trajectories_give_padded_slices_without_strict_length() {
+    let rb = buffer(100, Slice::slice_len(16).end_key("done").strict_length(false));
+    rb.extend(&rows(&rb, &trajectory(1, 5))).unwrap();
+    rb.extend(&rows(&rb, &trajectory(2, 9))).unwrap();
+    let lens = BTreeMap::from([(1, 5), (2, 9)]);
+    let mut counts = BTreeMap::new();
+    for _ in 0..500 {
+        let batch = rb.sample(32).unwrap();
+        for (traj, first, valid) in check_slices(&batch, &lens) {
+            assert_eq!((first, valid as i64), (0, lens[&traj]));
+            *counts.entry(traj).or_insert(0) += 1;
+        }
+    }
+    // Trajectories are drawn uniformly, not by length: about 500 each.
+    assert!(counts.values().all(|&c| (400..600).contains(&c)), "{counts:?}");
+}
+
+#[test]
+fn span_lets_slices_hang_over_both_ends() {
+    let rb = buffer(
+        100,
+        Slice::slice_len(4)
+            .end_key("done")
+            .strict_length(false)
+            .span(usize::MAX, usize::MAX),
+    );
+    rb.extend(&rows(&rb, &trajectory(1, 10))).unwrap();
+    let lens = BTreeMap::from([(1, 10)]);
+    let mut firsts = BTreeSet::new();
+    let mut lengths = BTreeSet::new();
+    for _ in 0..300 {
+        let batch = rb.sample(8).unwrap();
+        for (_, first, valid) in check_slices(&batch, &lens) {
+            firsts.insert(first);
+            lengths.insert(valid);
+        }
+    }
+    // Windows start anywhere from 3 steps before the trajectory to its last step.
+    assert_eq!(firsts, (0..10).collect());
+    assert_eq!(lengths, (1..=4).collect());
+}
+
+#[test]
+fn ndim2_columns_are_trajectories_of_their_own() {
+    let envs = 4;
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64 * envs)
+        .ndim(2)
+        .envs(envs)
+        .dim_extend(0)
+        .shards(2)
+        .sampler(Slice::slice_len(6).end_key("done"))
+        .seed(3)
+        .build()
+        .unwrap();
+    let writers = [rb.writer(), rb.writer()];
+    // Environment e runs trajectories of length 7 + e; ids are unique per environment.
+    let mut lens = BTreeMap::new();
+    let mut t = [0i64; 4];
+    let mut id = [0i64; 4];
+    for _ in 0..100 {
+        for (w, group) in writers.iter().zip([0..2, 2..4]) {
+            let mut data = Vec::new();
+            for _step in 0..3 {
+                for e in group.clone() {
+                    let len = 7 + e as i64;
+                    let traj = (e as i64) * 100_000 + id[e] + 1;
+                    lens.insert(traj, len);
+                    data.push((traj, t[e], t[e] == len - 1));
+                    t[e] += 1;
+                    if t[e] == len {
+                        t[e] = 0;
+                        id[e] += 1;
+                    }
+                }
+            }
+            w.extend(&shaped(&rb, &data, &[3, 2])).unwrap();
+        }
+    }
+    for _ in 0..50 {
+        let batch = rb.sample(60).unwrap();
+        for (traj, _, valid) in check_slices(&batch, &lens) {
+            assert_eq!(valid, 6);
+            assert!(traj / 100_000 < 4);
+        }
+        // Every slice's rows are one environment's column: index % envs is constant.
+        for w in batch.index().chunks(6) {
+            assert!(w.iter().all(|&i| i % envs as u64 == w[0] % envs as u64));
+        }
+    }
+}
+
+#[test]
+fn bad_keys_and_batch_sizes_are_refused_at_build() {
+    let build = |slice: Slice| {
+        ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(slice)
+            .batch_size(32)
+            .build()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let e = build(Slice::slice_len(8)).unwrap_err();
+    assert!(e.contains("next.done") && e.contains("no such field"), "{e}");
+    let e = build(Slice::slice_len(8).traj_key("check")).unwrap_err();
+    assert!(e.contains("one value per row"), "{e}");
+    let e = build(Slice::slice_len(8).traj_key("missing")).unwrap_err();
+    assert!(e.contains("missing"), "{e}");
+    let e = build(Slice::slice_len(5).end_key("done")).unwrap_err();
+    assert!(e.contains("not a multiple"), "{e}");
+    let e = build(Slice::num_slices(0).end_key("done")).unwrap_err();
+    assert!(e.contains("at least 1"), "{e}");
+    assert!(build(Slice::num_slices(4).end_key("done")).is_ok());
+}
+
+/// The reference: every window a strict slice sampler may return, found by scanning
+/// the whole storage in ring order.
+fn reference_windows(rb: &ReplayBuffer, len: usize) -> BTreeSet<(i64, i64)> {
+    let all = rb.read_all_in_order(None);
+    let (traj, step) = (
+        all.column::<i64>("traj").unwrap().to_vec(),
+        all.column::<i64>("step").unwrap().to_vec(),
+    );
+    // Storage order starting at the oldest row (the write point).
+    let cap = rb.capacity();
+    let n = traj.len();
+    let start = if n < cap { 0 } else { (rb.write_count() as usize) % cap };
+    let order: Vec<usize> = (0..n).map(|i| (start + i) % n).collect();
+    let mut runs: Vec<Vec<(i64, i64)>> = Vec::new();
+    for &i in &order {
+        match runs.last_mut() {
+            Some(run) if run.last().unwrap().0 == traj[i] => run.push((traj[i], step[i])),
+            _ => runs.push(vec![(traj[i], step[i])]),
+        }
+    }
+    runs.iter()
+        .filter(|r| r.len() >= len)
+        .flat_map(|r| r.windows(len).map(|w| w[0]))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Against the reference scan: every sampled window is one the reference allows,
+    /// and sampling fails exactly when the reference has none.
+    #[test]
+    fn matches_a_reference_that_scans_the_storage(
+        lens in proptest::collection::vec(1i64..30, 1..40),
+        capacity in 20usize..120,
+        len in 1usize..12,
+    ) {
+        let rb = buffer(capacity, Slice::slice_len(len).traj_key("traj"));
+        for (id, &l) in lens.iter().enumerate() {
+            // Trajectories arrive in pieces of up to 7 steps.
+            let t = trajectory(id as i64 + 1, l);
+            for piece in t.chunks(7) {
+                rb.extend(&rows(&rb, piece)).unwrap();
+            }
+        }
+        let allowed = reference_windows(&rb, len);
+        match rb.sample(len * 4) {
+            Ok(batch) => {
+                prop_assert!(!allowed.is_empty());
+                let traj = batch.column::<i64>("traj").unwrap();
+                let step = batch.column::<i64>("step").unwrap();
+                for s in 0..4 {
+                    prop_assert!(allowed.contains(&(traj[s * len], step[s * len])),
+                        "window {:?} not allowed", (traj[s * len], step[s * len]));
+                }
+            }
+            Err(SampleError::TrajectoriesTooShort { .. }) => prop_assert!(allowed.is_empty()),
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+        }
+    }
+}
