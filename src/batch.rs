@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
-use crate::spec::{Field, KeyLike, Spec};
 use crate::sampler::slice::{LaneView, Marks};
+use crate::spec::{Field, KeyLike, Spec};
 use crate::storage::shard::Window;
 use crate::storage::Draw;
 

@@ -13,7 +13,7 @@ use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
-use crate::sampler::slice::{self, Lanes, LaneView, Marks, NoPick, Slice, TRAJ_MASK};
+use crate::sampler::slice::{self, LaneView, Lanes, Marks, NoPick, Slice, TRAJ_MASK};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
@@ -122,6 +122,11 @@ impl ReplayBuffer {
             Geometry::Flat { .. } => 1,
             Geometry::Grid { envs, .. } => envs as usize,
         }
+    }
+
+    /// The slice sampler's settings, if this buffer samples slices.
+    pub fn slice_sampler(&self) -> Option<&Slice> {
+        self.inner.sampler.slice()
     }
 
     /// The seed of every draw.
@@ -539,7 +544,12 @@ impl Inner {
     }
 
     /// Snapshots every lane; returns the trajectories that may have live rows.
-    fn lane_views(&self, lanes: &Lanes, views: &mut Vec<LaneView>, cumulative: &mut Vec<u64>) -> u64 {
+    fn lane_views(
+        &self,
+        lanes: &Lanes,
+        views: &mut Vec<LaneView>,
+        cumulative: &mut Vec<u64>,
+    ) -> u64 {
         let words = self.storage.words();
         views.clear();
         cumulative.clear();

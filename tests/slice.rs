@@ -79,12 +79,18 @@ fn check_slices(batch: &Batch, ends: &BTreeMap<i64, i64>) -> Vec<(i64, i64, usiz
                 assert_eq!(m.is_end(), step[k] == l - 1, "end mark of row {k}");
             }
             let last = i == valid - 1;
-            assert_eq!(m.is_truncated(), last && !m.is_end(), "truncated mark of row {k}");
+            assert_eq!(
+                m.is_truncated(),
+                last && !m.is_end(),
+                "truncated mark of row {k}"
+            );
         }
-        for k in r.start + valid..r.end {
-            assert_eq!(traj[k], 0, "padding is zeroed");
-            assert_eq!(batch.index()[k], u64::MAX);
-        }
+        let padding = r.start + valid..r.end;
+        assert!(
+            traj[padding.clone()].iter().all(|&t| t == 0),
+            "padding is zeroed"
+        );
+        assert!(batch.index()[padding].iter().all(|&i| i == u64::MAX));
         out.push((t0, s0, valid));
     }
     out
@@ -122,7 +128,10 @@ fn windows_stay_in_one_trajectory_across_wrap() {
             let batch = rb.sample(64).unwrap();
             for (traj, first, valid) in check_slices(&batch, &ends) {
                 assert_eq!(valid, 8, "strict slices are whole");
-                assert!(lens[&traj] >= 8, "a trajectory shorter than a slice was drawn");
+                assert!(
+                    lens[&traj] >= 8,
+                    "a trajectory shorter than a slice was drawn"
+                );
                 assert!(first + 8 <= lens[&traj]);
             }
             // Indices are consecutive ring positions.
@@ -180,7 +189,10 @@ fn strict_length_errors_when_no_trajectory_is_long_enough() {
 
 #[test]
 fn short_trajectories_give_padded_slices_without_strict_length() {
-    let rb = buffer(100, Slice::slice_len(16).end_key("done").strict_length(false));
+    let rb = buffer(
+        100,
+        Slice::slice_len(16).end_key("done").strict_length(false),
+    );
     rb.extend(&rows(&rb, &trajectory(1, 5))).unwrap();
     rb.extend(&rows(&rb, &trajectory(2, 9))).unwrap();
     let lens = BTreeMap::from([(1, 5), (2, 9)]);
@@ -193,7 +205,10 @@ fn short_trajectories_give_padded_slices_without_strict_length() {
         }
     }
     // Trajectories are drawn uniformly, not by length: about 500 each.
-    assert!(counts.values().all(|&c| (400..600).contains(&c)), "{counts:?}");
+    assert!(
+        counts.values().all(|&c| (400..600).contains(&c)),
+        "{counts:?}"
+    );
 }
 
 #[test]
@@ -283,7 +298,10 @@ fn bad_keys_and_batch_sizes_are_refused_at_build() {
             .map_err(|e| e.to_string())
     };
     let e = build(Slice::slice_len(8)).unwrap_err();
-    assert!(e.contains("next.done") && e.contains("no such field"), "{e}");
+    assert!(
+        e.contains("next.done") && e.contains("no such field"),
+        "{e}"
+    );
     let e = build(Slice::slice_len(8).traj_key("check")).unwrap_err();
     assert!(e.contains("one value per row"), "{e}");
     let e = build(Slice::slice_len(8).traj_key("missing")).unwrap_err();
@@ -306,7 +324,11 @@ fn reference_windows(rb: &ReplayBuffer, len: usize) -> BTreeSet<(i64, i64)> {
     // Storage order starting at the oldest row (the write point).
     let cap = rb.capacity();
     let n = traj.len();
-    let start = if n < cap { 0 } else { (rb.write_count() as usize) % cap };
+    let start = if n < cap {
+        0
+    } else {
+        (rb.write_count() as usize) % cap
+    };
     let order: Vec<usize> = (0..n).map(|i| (start + i) % n).collect();
     let mut runs: Vec<Vec<(i64, i64)>> = Vec::new();
     for &i in &order {

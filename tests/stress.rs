@@ -11,7 +11,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, Spec, TypedBuffer, WithoutReplacement};
+use replaybuf::{
+    Batch, DType, Prioritized, ReplayBuffer, Slice, Spec, TypedBuffer, WithoutReplacement,
+};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -21,6 +23,7 @@ fn spec() -> Spec {
         .field("flag", DType::Bool, [])
         .field(("next", "bytes"), DType::U8, [37])
         .field("neg", DType::I64, [])
+        .field("traj", DType::U64, [])
         .build()
         .unwrap()
 }
@@ -55,6 +58,28 @@ fn fill(batch: &mut Batch, ids: &[u64]) {
     batch.set(("next", "bytes"), &bytes).unwrap();
     let neg: Vec<i64> = ids.iter().map(|&i| -(i as i64)).collect();
     batch.set("neg", &neg).unwrap();
+    let traj: Vec<u64> = ids.iter().map(|&i| i / TRAJ_LEN).collect();
+    batch.set("traj", &traj).unwrap();
+}
+
+/// Each collector's ids run in trajectories of this many steps.
+const TRAJ_LEN: u64 = 5;
+
+/// Asserts that every slice of a slice batch is consecutive steps of one trajectory.
+fn check_windows(batch: &Batch) {
+    let &[_, len] = batch.shape() else {
+        panic!("a slice batch is [slices, len], got {:?}", batch.shape())
+    };
+    for w in batch.column::<u64>("id").unwrap().chunks(len) {
+        for p in w.windows(2) {
+            assert_eq!(p[1], p[0] + 1, "a window skips or repeats a step: {w:?}");
+        }
+        assert_eq!(
+            w[0] / TRAJ_LEN,
+            w[len - 1] / TRAJ_LEN,
+            "a window spans trajectories: {w:?}"
+        );
+    }
 }
 
 /// Asserts every row of `batch` is one whole row; returns how many were checked.
@@ -108,6 +133,7 @@ fn update_priorities(rb: &ReplayBuffer, batch: &Batch, round: u64) {
 /// with an optional in-place editor. Returns (rows written, rows checked).
 fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u64, u64) {
     let prioritized = rb.alpha().is_some();
+    let slices = rb.slice_sampler().is_some();
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
     let checked = AtomicU64::new(0);
@@ -117,7 +143,10 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
             let (writer, stop, written) = (rb.writer(), &stop, &written);
             s.spawn(move || {
                 let width = writer.envs().map_or(1, |r| r.len());
-                let mut next = (w + 1) << 40;
+                // Each environment's ids run on by one per step (ndim 2: its column).
+                let mut next: Vec<u64> = (0..width as u64)
+                    .map(|e| ((w + 1) << 40) + (e << 32))
+                    .collect();
                 let mut round = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     round += 1;
@@ -133,8 +162,10 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                         vec![t, width]
                     };
                     let mut batch = rb.batch(&shape);
-                    let ids: Vec<u64> = (next..next + batch.len() as u64).collect();
-                    next += ids.len() as u64;
+                    let ids: Vec<u64> = (0..t)
+                        .flat_map(|j| next.iter().map(move |&n| n + j as u64))
+                        .collect();
+                    next.iter_mut().for_each(|n| *n += t as u64);
                     fill(&mut batch, &ids);
                     writer.extend(&batch).unwrap();
                     written.fetch_add(ids.len() as u64, Ordering::Relaxed);
@@ -157,6 +188,9 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                             Ok(()) => {
                                 if prioritized {
                                     update_priorities(rb, &batch, round);
+                                }
+                                if slices {
+                                    check_windows(&batch);
                                 }
                                 check(&batch)
                             }
@@ -274,6 +308,37 @@ fn priorities_updated_while_collectors_write() {
         replaybuf::internals::priorities_consistent(&rb),
         "after the run, some tree entry disagrees with its children"
     );
+}
+
+#[test]
+fn slices_while_collectors_write() {
+    for (ndim, writers) in [(1, 3), (1, 2), (2, 2)] {
+        let builder = ReplayBuffer::builder(spec())
+            .shards(2)
+            .sampler(Slice::slice_len(4).traj_key("traj"))
+            .batch_size(16)
+            .seed(7);
+        let rb = match ndim {
+            1 => builder.capacity(64),
+            _ => builder.capacity(16 * 4).ndim(2).envs(4).dim_extend(0),
+        }
+        .build()
+        .unwrap();
+        // With more collectors than shards, collectors share rings, so their
+        // trajectories interleave in pieces, and a window must stay inside one piece.
+        let (written, checked) = hammer(&rb, writers, 2, false);
+        assert!(
+            written > 1000 && checked > 1000,
+            "too little happened: {written} written, {checked} checked"
+        );
+        check(&rb.read_all_in_order(None));
+        if writers == 2 {
+            // One collector per ring: whole trajectories of 5 steps are stored.
+            let batch = rb.sample(64).expect("windows of 4 exist after the run");
+            check(&batch);
+            check_windows(&batch);
+        }
+    }
 }
 
 #[test]

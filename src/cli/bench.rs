@@ -63,6 +63,9 @@ pub fn run(args: &BenchArgs) {
     if wants("mujoco-prioritized") {
         single(Workload::mujoco_prioritized(args.quick), 2000);
     }
+    if wants("mujoco-slice") {
+        single(Workload::mujoco_slice(args.quick), 2000);
+    }
     if wants("atari") {
         single(Workload::atari(args.quick), 500);
     }
@@ -122,19 +125,25 @@ fn learner_step(
 /// fill, steady extend, sample and memory of one workload.
 fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
-    let chunk = w.chunk_data(&rb, w.chunk, 1);
+    let mut chunk = w.chunk_data(&rb, w.chunk, 1);
+    let mut traj_ids = w.traj_ids();
     let writer = rb.writer();
     // Memory is measured from here: the buffer's pages are all that fill adds.
     let before = resident_bytes();
 
     let fills = w.capacity / w.chunk;
-    let extend = || {
+    let mut extend = || {
+        // A slice workload's chunk carries the stream's next trajectory ids (one i64
+        // store a row, under 1% of the extend it precedes).
+        if let Some(ids) = traj_ids.as_mut() {
+            ids.stamp(&mut chunk);
+        }
         writer.extend(&chunk).expect("extend");
     };
     emit(
         w.name,
         "fill",
-        seconds_per_op(fills, extend),
+        seconds_per_op(fills, &mut extend),
         w.chunk,
         json!({}),
     );
@@ -147,17 +156,17 @@ fn single(w: Workload, samples: usize) {
     emit(
         w.name,
         "extend",
-        seconds_per_op(steady, extend),
+        seconds_per_op(steady, &mut extend),
         w.chunk,
         json!({}),
     );
 
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
-    let mut fresh = w.prioritized.then(|| FreshPriorities::new(w.batch, 3));
+    let mut fresh = w.prioritized().then(|| FreshPriorities::new(w.batch, 3));
     let mut step = || learner_step(&mut learner, &mut batch, fresh.as_mut());
     seconds_per_op(samples / 10, &mut step);
-    let op = if w.prioritized {
+    let op = if w.prioritized() {
         "sample+update"
     } else {
         "sample"
@@ -235,7 +244,7 @@ fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Ru
                 s.spawn(move || {
                     let mut batch = learner.buffer().batch([w.batch]);
                     let mut fresh = w
-                        .prioritized
+                        .prioritized()
                         .then(|| FreshPriorities::new(w.batch, l as u64));
                     let mut lat = Vec::with_capacity(1 << 20);
                     while !stop.load(Ordering::Relaxed) {
@@ -304,7 +313,7 @@ fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
             extra["items_per_s"] = json!((run.rows_sampled as f64 / run.secs).round() as u64);
             extra["p50_us"] = json!((pct(0.50) * 100.0).round() / 100.0);
             extra["p99_us"] = json!((pct(0.99) * 100.0).round() / 100.0);
-            let op = if w.prioritized {
+            let op = if w.prioritized() {
                 "sample+update"
             } else {
                 "sample"

@@ -193,7 +193,9 @@ impl Slice {
                 key: key.clone(),
                 reason,
             };
-            let (i, f) = spec.field(key).ok_or_else(|| bad("no such field in the spec"))?;
+            let (i, f) = spec
+                .field(key)
+                .ok_or_else(|| bad("no such field in the spec"))?;
             if f.elements() != 1 {
                 return Err(bad("must hold one value per row"));
             }
@@ -267,17 +269,13 @@ pub(crate) struct Bounds {
 /// What a written row says about its trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RowKey {
-    id: u64,
+    /// The trajectory id, when trajectories are told apart by id.
+    id: Option<u64>,
     /// `FLAG_DONE` and `FLAG_TRUNCATED` bits.
     flags: u64,
 }
 
 impl Bounds {
-    /// Whether trajectories are told apart by id (else by end flags).
-    pub(crate) fn by_id(&self) -> bool {
-        matches!(self.by, By::Id(_))
-    }
-
     /// Row (`step`, `lane`) of an extend's data.
     #[inline]
     pub(crate) fn key(&self, src: &Source<'_>, step: u64, lane: u64) -> RowKey {
@@ -285,12 +283,12 @@ impl Bounds {
         let truncated = self.truncated.is_some_and(|t| t.get(src, r) != 0);
         let mut flags = if truncated { FLAG_TRUNCATED } else { 0 };
         let id = match self.by {
-            By::Id(s) => s.get(src, r),
+            By::Id(s) => Some(s.get(src, r)),
             By::End(s) => {
                 if s.get(src, r) != 0 {
                     flags |= FLAG_DONE;
                 }
-                0
+                None
             }
         };
         RowKey { id, flags }
@@ -358,7 +356,6 @@ impl Lanes {
         seq: u64,
         key: RowKey,
         fresh: bool,
-        by_id: bool,
     ) -> u64 {
         let b = self.block(k, lane);
         let count = words[b + COUNT].load(Ordering::Relaxed);
@@ -366,7 +363,9 @@ impl Lanes {
         let new = fresh
             || count == 0
             || last_flags & (FLAG_DONE | FLAG_TRUNCATED) != 0
-            || (by_id && words[b + LAST_ID].load(Ordering::Relaxed) != key.id);
+            || key
+                .id
+                .is_some_and(|id| words[b + LAST_ID].load(Ordering::Relaxed) != id);
         let n = if new {
             let steps = self.steps[k];
             words[b + STATE_WORDS + (count % steps) as usize].store(seq, Ordering::Release);
@@ -375,7 +374,7 @@ impl Lanes {
         } else {
             count - 1
         };
-        words[b + LAST_ID].store(key.id, Ordering::Relaxed);
+        words[b + LAST_ID].store(key.id.unwrap_or(0), Ordering::Relaxed);
         words[b + LAST_FLAGS].store(key.flags, Ordering::Relaxed);
         n | key.flags
     }

@@ -304,7 +304,6 @@ impl Storage {
                         step.seq,
                         bounds.key(src, step.j, lane),
                         step.seq == shard.floor(),
-                        bounds.by_id(),
                     );
                     crate::sync::store_beside_rmw(
                         &self.words()[self.traj_word(slot)],
@@ -350,9 +349,10 @@ impl Storage {
                     seq,
                     bounds.key(src, j, lane),
                     seq == shard.floor(),
-                    bounds.by_id(),
                 );
-                lanes.tail(self.words(), k, lane).store(seq + 1, Ordering::Release);
+                lanes
+                    .tail(self.words(), k, lane)
+                    .store(seq + 1, Ordering::Release);
             }
         }
     }
