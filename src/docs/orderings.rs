@@ -118,6 +118,26 @@
 //!   landed on has mass and its tag names the row the stamp shows. Otherwise it draws
 //!   again.
 //!
+//! ## 8. Trajectory slices (`sampler/slice.rs`)
+//!
+//! A slice buffer keeps, per lane (one environment's column, or one ndim-1 ring), a
+//! `tail`, a trajectory `count`, the last row's id and flags, and a table of
+//! trajectory starts; each row's header holds its trajectory word. The rules:
+//!
+//! - The appender of sequence number `s` waits until the lane's `tail` (Acquire) is
+//!   `s`: it decides after the row before it was decided and published, so lanes'
+//!   bookkeeping is written by one appender at a time, in sequence order. It writes
+//!   the table entry and `count` (Release) before publishing the row, the trajectory
+//!   word while it holds the slot (like a raw priority), and `tail = s + 1` (Release)
+//!   after W3.
+//! - A reader loads `tail`, then `count`, then table entries, all Acquire; it may see
+//!   a count or a table entry newer than its tail. It clamps every trajectory to its
+//!   live rows `lo..tail`, drops empty ones, and reads each row of a window with the
+//!   slot protocol, `Want::Exact`, loading the trajectory word between R1 and R3. A
+//!   row lapped since the pick, or one whose trajectory word names another trajectory
+//!   (a table entry overwritten under the pick: entries only grow), fails the window,
+//!   which is picked again whole.
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
@@ -129,7 +149,9 @@
 //!   makes these fail. For priorities: a descent racing an update on a 4-leaf tree, a
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
 //!   through the public API while a collector laps the ring, and two sibling updates
-//!   under one min entry (which fails without the refresh's verification).
+//!   under one min entry (which fails without the refresh's verification). For
+//!   slices: a window read racing a collector that laps it, and two collectors sharing
+//!   a lane (which fails if an appender does not wait for its turn).
 //! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
 //!   rings, every field derived from one counter, and learners updating priorities
 //!   with the trees checked exact afterwards; also run by `scripts/sanitize` under
