@@ -13,7 +13,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use rand::RngExt;
 use rand_xoshiro::Xoshiro256PlusPlus;
-use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec, SpecBuilder};
 
 /// Rows of both buffers.
 pub const CAPACITY: usize = 200_000;
@@ -24,16 +24,19 @@ pub const SAMPLE_ROWS: usize = 256;
 /// The seed of every draw.
 pub const SEED: u64 = 7;
 
-/// The mujoco transition of WORKLOADS.md: 165 payload bytes in 168-byte rows.
-pub fn mujoco_spec() -> Spec {
+/// The mujoco fields of WORKLOADS.md, for a spec to add to.
+pub fn mujoco_fields() -> SpecBuilder {
     Spec::builder()
         .field("obs", DType::F32, [17])
         .field("action", DType::F32, [6])
         .field("reward", DType::F32, [1])
         .field("next_obs", DType::F32, [17])
         .field("done", DType::Bool, [1])
-        .build()
-        .expect("the mujoco spec is valid")
+}
+
+/// The mujoco transition of WORKLOADS.md: 165 payload bytes in 168-byte rows.
+pub fn mujoco_spec() -> Spec {
+    mujoco_fields().build().expect("the mujoco spec is valid")
 }
 
 /// A chunk of `rows` mujoco transitions with distinct values in every float.
