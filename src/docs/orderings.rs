@@ -124,12 +124,12 @@
 //! `tail`, a trajectory `count`, the last row's id and flags, and a table of
 //! trajectory starts; each row's header holds its trajectory word. The rules:
 //!
-//! - The appender of sequence number `s` waits until the lane's `tail` (Acquire) is
-//!   `s`: it decides after the row before it was decided and published, so lanes'
-//!   bookkeeping is written by one appender at a time, in sequence order. It writes
-//!   the table entry and `count` (Release) before publishing the row, the trajectory
-//!   word while it holds the slot (like a raw priority), and `tail = s + 1` (Release)
-//!   after W3.
+//! - An append whose first row is `s` waits until each lane's `tail` (Acquire) is
+//!   `s`: it decides after the rows before it were decided and published, so a lane's
+//!   bookkeeping is written by one appender at a time, in sequence order. It writes a
+//!   new trajectory's table entry before publishing its first row, each row's
+//!   trajectory word while it holds the slot (like a raw priority), and after its
+//!   last W3 stores `count` and then `tail = s + steps`, both Release.
 //! - A reader loads `tail`, then `count`, then table entries, all Acquire; it may see
 //!   a count or a table entry newer than its tail. It clamps every trajectory to its
 //!   live rows `lo..tail`, drops empty ones, and reads each row of a window with the

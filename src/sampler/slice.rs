@@ -24,12 +24,15 @@
 //!
 //! # Writers
 //!
-//! The appender of sequence number `s` in a lane first waits for `tail == s` (with
-//! one collector per shard, as the API arranges, it never waits). It then decides from
-//! `last id` / `last flags` whether row `s` starts a trajectory, records the start in
-//! the table and `count` if so, writes the trajectory word into the header with the
-//! row, publishes the row, and stores `tail = s + 1` with Release. The next appender's
-//! Acquire load of `tail` orders all of that before its own decision.
+//! An append whose first row is `s` first waits for each of its lanes' `tail == s`
+//! (with one collector per shard, as the API arranges, it never waits), and takes
+//! the lane's state into registers (a [`Turn`]). For each row it decides from the last
+//! id and flags whether the row starts a trajectory, records the start in the table if
+//! so, and writes the trajectory word into the header with the row before publishing
+//! it. When all its rows are published it stores the state back, `count` with
+//! Release, and last `tail = s + steps` with Release. The next append's Acquire load
+//! of `tail` orders all of that before its own decisions; a sample sees the append's
+//! rows from then on.
 //!
 //! # Readers
 //!
@@ -329,54 +332,22 @@ impl Lanes {
         self.base[k] + lane as usize * (STATE_WORDS + self.steps[k] as usize)
     }
 
-    /// The lane's `tail`.
-    #[inline]
-    pub(crate) fn tail<'w>(&self, words: &'w [AtomicU64], k: usize, lane: u64) -> &'w AtomicU64 {
-        &words[self.block(k, lane) + TAIL]
-    }
-
-    /// Waits until every sequence number of the lane below `seq` has its trajectory:
-    /// the appender of `seq` goes after the one before it.
-    pub(crate) fn wait_turn(&self, words: &[AtomicU64], k: usize, lane: u64, seq: u64) {
-        let tail = self.tail(words, k, lane);
+    /// Takes the lane's turn for an append whose first row is `seq`: waits until every
+    /// row before it has its trajectory (the appender of `seq` goes after the one
+    /// before it), then reads the lane's state.
+    pub(crate) fn begin(&self, words: &[AtomicU64], k: usize, lane: u64, seq: u64) -> Turn {
+        let b = self.block(k, lane);
         let mut backoff = Backoff::new();
-        while tail.load(Ordering::Acquire) < seq {
+        while words[b + TAIL].load(Ordering::Acquire) < seq {
             backoff.snooze();
         }
-    }
-
-    /// Gives row `seq` of the lane its trajectory (the lane's turn is the caller's) and
-    /// returns the row's trajectory word. `fresh`: no earlier row of the lane counts
-    /// (the first row ever, or the first after `empty`).
-    pub(crate) fn advance(
-        &self,
-        words: &[AtomicU64],
-        k: usize,
-        lane: u64,
-        seq: u64,
-        key: RowKey,
-        fresh: bool,
-    ) -> u64 {
-        let b = self.block(k, lane);
-        let count = words[b + COUNT].load(Ordering::Relaxed);
-        let last_flags = words[b + LAST_FLAGS].load(Ordering::Relaxed);
-        let new = fresh
-            || count == 0
-            || last_flags & (FLAG_DONE | FLAG_TRUNCATED) != 0
-            || key
-                .id
-                .is_some_and(|id| words[b + LAST_ID].load(Ordering::Relaxed) != id);
-        let n = if new {
-            let steps = self.steps[k];
-            words[b + STATE_WORDS + (count % steps) as usize].store(seq, Ordering::Release);
-            words[b + COUNT].store(count + 1, Ordering::Release);
-            count
-        } else {
-            count - 1
-        };
-        words[b + LAST_ID].store(key.id.unwrap_or(0), Ordering::Relaxed);
-        words[b + LAST_FLAGS].store(key.flags, Ordering::Relaxed);
-        n | key.flags
+        Turn {
+            block: b,
+            table_len: self.steps[k],
+            count: words[b + COUNT].load(Ordering::Relaxed),
+            last_id: words[b + LAST_ID].load(Ordering::Relaxed),
+            last_flags: words[b + LAST_FLAGS].load(Ordering::Relaxed),
+        }
     }
 
     /// A snapshot of lane `lane` of shard `k` whose live rows start at `lo`.
@@ -420,6 +391,54 @@ impl Lanes {
     pub(crate) fn start(&self, words: &[AtomicU64], k: usize, lane: u64, n: u64) -> u64 {
         let b = self.block(k, lane);
         words[b + STATE_WORDS + (n % self.steps[k]) as usize].load(Ordering::Acquire)
+    }
+}
+
+/// A lane's bookkeeping while one append holds its turn: kept in registers, and
+/// stored back by [`Turn::finish`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Turn {
+    block: usize,
+    table_len: u64,
+    count: u64,
+    last_id: u64,
+    last_flags: u64,
+}
+
+impl Turn {
+    /// Gives row `seq` its trajectory and returns the row's trajectory word. `fresh`:
+    /// no earlier row of the lane counts (the first row after `empty`).
+    #[inline]
+    pub(crate) fn advance(
+        &mut self,
+        words: &[AtomicU64],
+        seq: u64,
+        key: RowKey,
+        fresh: bool,
+    ) -> u64 {
+        let new = fresh
+            || self.count == 0
+            || self.last_flags & (FLAG_DONE | FLAG_TRUNCATED) != 0
+            || key.id.is_some_and(|id| id != self.last_id);
+        if new {
+            let entry = self.block + STATE_WORDS + (self.count % self.table_len) as usize;
+            words[entry].store(seq, Ordering::Release);
+            self.count += 1;
+        }
+        self.last_id = key.id.unwrap_or(0);
+        self.last_flags = key.flags;
+        (self.count - 1) | key.flags
+    }
+
+    /// Ends the turn: every row below `tail` is published and has its trajectory.
+    /// The state goes back first, then `tail` (Release) hands the turn on and shows
+    /// the rows to samples.
+    pub(crate) fn finish(self, words: &[AtomicU64], tail: u64) {
+        let b = self.block;
+        words[b + LAST_ID].store(self.last_id, Ordering::Relaxed);
+        words[b + LAST_FLAGS].store(self.last_flags, Ordering::Relaxed);
+        words[b + COUNT].store(self.count, Ordering::Release);
+        words[b + TAIL].store(tail, Ordering::Release);
     }
 }
 

@@ -35,7 +35,7 @@ use stamp::{lap_cmp, Prev, Stamp};
 use atomic_copy::Intent;
 
 use crate::region::Region;
-use crate::sampler::slice::{Bounds, Lanes};
+use crate::sampler::slice::{Bounds, Lanes, Turn};
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
@@ -266,10 +266,15 @@ impl Storage {
         let claim = shard.enter_append();
         let first = shard.claim(steps);
         let ring_slots = ring.steps * ring.width;
-        let slices = self.slices.as_ref();
-        if let Some((lanes, bounds)) = slices {
-            self.skip_trajectories(k, lanes, bounds, first, steps, src);
-        }
+        // A slice buffer's lanes: their turns, taken before any row is written.
+        let mut turns: SmallVec<[Turn; 8]> = SmallVec::new();
+        let slices = self.slices.as_ref().map(|(lanes, bounds)| {
+            let fresh_from = shard.floor();
+            turns.extend((0..ring.width).map(|lane| lanes.begin(self.words(), k, lane, first)));
+            let skipped = steps.saturating_sub(ring.steps);
+            self.skip_trajectories(&mut turns, bounds, first, skipped, src, fresh_from);
+            (bounds, fresh_from)
+        });
         for step in shard::steps_of(&ring, first, steps) {
             let prev = step
                 .prev
@@ -296,14 +301,12 @@ impl Storage {
                         Ordering::Release,
                     );
                 }
-                if let Some((lanes, bounds)) = slices {
-                    let word = lanes.advance(
+                if let Some((bounds, fresh_from)) = slices {
+                    let word = turns[lane as usize].advance(
                         self.words(),
-                        k,
-                        lane,
                         step.seq,
                         bounds.key(src, step.j, lane),
-                        step.seq == shard.floor(),
+                        step.seq == fresh_from,
                     );
                     crate::sync::store_beside_rmw(
                         &self.words()[self.traj_word(slot)],
@@ -313,46 +316,31 @@ impl Storage {
                 }
                 src.write_row(self.words(), self.row_offset(slot), step.j, lane);
                 stamp::publish(stamp, Stamp::published(step.lap, 0));
-                if let Some((lanes, _)) = slices {
-                    lanes
-                        .tail(self.words(), k, lane)
-                        .store(step.seq + 1, Ordering::Release);
-                }
             }
+        }
+        for turn in turns {
+            turn.finish(self.words(), first + steps);
         }
         shard.leave_append(claim);
         first
     }
 
-    /// A slice buffer's first duty in an append claimed at `first`: wait for the
-    /// lanes' earlier rows to have their trajectories, then give trajectories to the
-    /// steps the append claims but never writes (an append longer than the ring).
+    /// Gives trajectories to the first `skipped` steps of an append claimed at
+    /// `first`, which it claims but never writes (an append longer than the ring
+    /// writes only its last `ring.steps`).
     fn skip_trajectories(
         &self,
-        k: usize,
-        lanes: &Lanes,
+        turns: &mut [Turn],
         bounds: &Bounds,
         first: u64,
-        steps: u64,
+        skipped: u64,
         src: &Source<'_>,
+        fresh_from: u64,
     ) {
-        let shard = &self.shards[k];
-        let ring = shard.ring();
-        for lane in 0..ring.width {
-            lanes.wait_turn(self.words(), k, lane, first);
-            for j in 0..steps.saturating_sub(ring.steps) {
-                let seq = first + j;
-                lanes.advance(
-                    self.words(),
-                    k,
-                    lane,
-                    seq,
-                    bounds.key(src, j, lane),
-                    seq == shard.floor(),
-                );
-                lanes
-                    .tail(self.words(), k, lane)
-                    .store(seq + 1, Ordering::Release);
+        for (lane, turn) in turns.iter_mut().enumerate() {
+            for j in 0..skipped {
+                let key = bounds.key(src, j, lane as u64);
+                turn.advance(self.words(), first + j, key, first + j == fresh_from);
             }
         }
     }
