@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
-use crate::sampler::slice::{LaneView, Marks};
+use crate::sampler::slice::{LaneView, Marks, Window as SliceWindow};
 use crate::spec::{Field, KeyLike, Spec};
 use crate::storage::shard::Window;
 use crate::storage::Draw;
@@ -53,6 +53,8 @@ pub(crate) struct Scratch {
     /// Slice sampling: every lane's snapshot, and their running trajectory counts.
     pub(crate) lanes: Vec<LaneView>,
     pub(crate) cumulative: Vec<u64>,
+    /// Slice sampling: the batch's windows.
+    pub(crate) slices: Vec<SliceWindow>,
 }
 
 /// The parts of a batch the sampling path fills, borrowed apart.

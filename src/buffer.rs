@@ -493,7 +493,9 @@ impl Inner {
     }
 
     /// Samples `n` rows as windows of one trajectory each into `batch`, shaped
-    /// `[num_slices, slice_len]` (see `sampler/slice.rs`).
+    /// `[num_slices, slice_len]` (see `sampler/slice.rs`). Every window is picked
+    /// first and its first rows prefetched, so that the windows' memory misses overlap;
+    /// then each is read, and one that does not read whole is picked again.
     fn sample_slices(
         &self,
         cfg: &Slice,
@@ -517,10 +519,31 @@ impl Inner {
             let Scratch {
                 lanes: views,
                 cumulative,
+                slices: windows,
                 ..
             } = &mut scratch;
-            if self.lane_views(lanes, views, cumulative) == 0 {
+            let mut picker = Picker {
+                buffer: self,
+                cfg,
+                lanes,
+                views,
+                cumulative,
+                len: len as u64,
+                failures: 0,
+                backoff: Backoff::new(),
+            };
+            if picker.refresh() == 0 {
                 return Err(SampleError::Empty);
+            }
+            windows.clear();
+            for _ in 0..slices {
+                windows.push(picker.pick(rng)?);
+            }
+            for w in windows.iter() {
+                let rows = (w.to - w.from).min(SLICE_PREFETCH_ROWS);
+                for seq in w.from..w.from + rows {
+                    self.storage.prefetch(w.draw(seq));
+                }
             }
             batch.reshape_for_slices(slices, len);
             let parts = batch.parts_mut();
@@ -534,8 +557,12 @@ impl Inner {
                 generation: parts.generation,
                 marks,
             };
-            for s in 0..slices {
-                self.read_one_slice(cfg, lanes, views, cumulative, rng, len, s, &mut out)?;
+            for (s, &first_pick) in windows.iter().enumerate() {
+                let mut w = first_pick;
+                while !self.read_window(&w, s * len, len, &mut out) {
+                    picker.failures += 1;
+                    w = picker.pick(rng)?;
+                }
             }
             Ok(())
         })();
@@ -543,121 +570,41 @@ impl Inner {
         result
     }
 
-    /// Snapshots every lane; returns the trajectories that may have live rows.
-    fn lane_views(
+    /// Reads window `w` into rows `first..first + len` of `out`, padding after its
+    /// rows; `false` if a row was lapped or belongs to another trajectory (a table
+    /// entry overwritten under the pick).
+    fn read_window(
         &self,
-        lanes: &Lanes,
-        views: &mut Vec<LaneView>,
-        cumulative: &mut Vec<u64>,
-    ) -> u64 {
-        let words = self.storage.words();
-        views.clear();
-        cumulative.clear();
-        let mut total = 0;
-        for (k, shard) in self.storage.shards().iter().enumerate() {
-            let lo = shard.window().lo;
-            for lane in 0..shard.ring().width {
-                let v = lanes.view(words, k, lane, lo);
-                total += v.trajectories();
-                views.push(v);
-                cumulative.push(total);
-            }
-        }
-        total
-    }
-
-    /// Picks and reads slice `s` into rows `s * len..` of `out`, picking again until a
-    /// window reads whole.
-    #[allow(clippy::too_many_arguments)]
-    fn read_one_slice(
-        &self,
-        cfg: &Slice,
-        lanes: &Lanes,
-        views: &mut Vec<LaneView>,
-        cumulative: &mut Vec<u64>,
-        rng: &mut Rng,
+        w: &slice::Window,
+        first: usize,
         len: usize,
-        s: usize,
         out: &mut SliceOut<'_, '_>,
-    ) -> Result<(), SampleError> {
-        let storage = &self.storage;
-        let words = storage.words();
-        let mut failures = 0u32;
-        let mut backoff = Backoff::new();
-        loop {
-            if failures > 0 && failures % SLICE_REFRESH_AFTER == 0 {
-                // The writers have moved on, or the picks keep landing on trajectories
-                // too short: look at the lanes afresh, and give up if none can serve.
-                backoff.snooze();
-                if self.lane_views(lanes, views, cumulative) == 0 {
-                    return Err(SampleError::Empty);
-                }
-                if cfg.strict_length {
-                    let longest = slice::longest(lanes, words, views);
-                    if longest < len as u64 {
-                        return Err(SampleError::TrajectoriesTooShort {
-                            slice_len: len,
-                            longest,
-                        });
-                    }
-                }
-            }
-            if failures >= MAX_SLICE_ATTEMPTS {
-                return Err(SampleError::Starved { attempts: failures });
-            }
-            let w = match slice::pick(lanes, words, views, cumulative, cfg, len as u64, rng) {
-                Ok(w) => w,
-                Err(NoPick::Again) => {
-                    failures += 1;
-                    continue;
+    ) -> bool {
+        let rows = (w.to - w.from) as usize;
+        for i in 0..rows {
+            let (seq, k) = (w.from + i as u64, first + i);
+            let read = loop {
+                match self.storage.read_slice_row(w.draw(seq), out.dest, k) {
+                    Err(Miss::Torn) => continue,
+                    other => break other,
                 }
             };
-            let rows = (w.to - w.from) as usize;
-            let first = s * len;
-            let draw = |seq| Draw {
-                shard: w.shard,
-                lane: w.lane,
-                seq,
-                ..Draw::default()
-            };
-            for i in 0..rows.min(SLICE_PREFETCH_ROWS) {
-                storage.prefetch(draw(w.from + i as u64));
-            }
-            let mut whole = true;
-            for i in 0..rows {
-                let seq = w.from + i as u64;
-                let k = first + i;
-                let read = loop {
-                    match storage.read_slice_row(draw(seq), out.dest, k) {
-                        Err(Miss::Torn) => continue,
-                        other => break other,
-                    }
-                };
-                match read {
-                    Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
-                        out.index[k] = index;
-                        out.generation[k] = stamp.generation();
-                        out.marks[k] = Marks::of(&w, seq, word);
-                    }
-                    // Lapped, or the table entry was overwritten under the pick.
-                    _ => {
-                        whole = false;
-                        break;
-                    }
+            match read {
+                Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
+                    out.index[k] = index;
+                    out.generation[k] = stamp.generation();
+                    out.marks[k] = Marks::of(w, seq, word);
                 }
+                _ => return false,
             }
-            if !whole {
-                failures += 1;
-                continue;
-            }
-            for k in first + rows..first + len {
-                out.dest.zero_row(k);
-                out.index[k] = u64::MAX;
-                out.generation[k] = 0;
-                out.marks[k] = Marks::default();
-            }
-            return Ok(());
         }
+        for k in first + rows..first + len {
+            out.dest.zero_row(k);
+            out.index[k] = u64::MAX;
+            out.generation[k] = 0;
+            out.marks[k] = Marks::default();
+        }
+        true
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
@@ -865,7 +812,82 @@ const SLICE_REFRESH_AFTER: u32 = 64;
 /// Picks that fail in a row before a slice sample gives up.
 const MAX_SLICE_ATTEMPTS: u32 = 1 << 20;
 /// Rows of a window prefetched before its copy starts.
-const SLICE_PREFETCH_ROWS: usize = 8;
+const SLICE_PREFETCH_ROWS: u64 = 8;
+
+/// A slice sample's picks: the lanes as last seen, and the failures so far.
+struct Picker<'a> {
+    buffer: &'a Inner,
+    cfg: &'a Slice,
+    lanes: &'a Lanes,
+    views: &'a mut Vec<LaneView>,
+    cumulative: &'a mut Vec<u64>,
+    len: u64,
+    /// Picks and reads that failed in this sample.
+    failures: u32,
+    backoff: Backoff,
+}
+
+impl Picker<'_> {
+    /// Snapshots every lane; returns the trajectories that may have live rows.
+    fn refresh(&mut self) -> u64 {
+        let words = self.buffer.storage.words();
+        self.views.clear();
+        self.cumulative.clear();
+        let mut total = 0;
+        for (k, shard) in self.buffer.storage.shards().iter().enumerate() {
+            let lo = shard.window().lo;
+            for lane in 0..shard.ring().width {
+                let v = self.lanes.view(words, k, lane, lo);
+                total += v.trajectories();
+                self.views.push(v);
+                self.cumulative.push(total);
+            }
+        }
+        total
+    }
+
+    /// A window of a trajectory drawn uniformly, picking again while picks land on
+    /// trajectories with no live row or (strict) too short.
+    fn pick(&mut self, rng: &mut Rng) -> Result<slice::Window, SampleError> {
+        let words = self.buffer.storage.words();
+        loop {
+            if self.failures > 0 && self.failures % SLICE_REFRESH_AFTER == 0 {
+                // The writers have moved on, or the picks keep landing on trajectories
+                // too short: look at the lanes afresh, and give up if none can serve.
+                self.backoff.snooze();
+                if self.refresh() == 0 {
+                    return Err(SampleError::Empty);
+                }
+                if self.cfg.strict_length {
+                    let longest = slice::longest(self.lanes, words, self.views);
+                    if longest < self.len {
+                        return Err(SampleError::TrajectoriesTooShort {
+                            slice_len: self.len as usize,
+                            longest,
+                        });
+                    }
+                }
+            }
+            if self.failures >= MAX_SLICE_ATTEMPTS {
+                return Err(SampleError::Starved {
+                    attempts: self.failures,
+                });
+            }
+            match slice::pick(
+                self.lanes,
+                words,
+                self.views,
+                self.cumulative,
+                self.cfg,
+                self.len,
+                rng,
+            ) {
+                Ok(w) => return Ok(w),
+                Err(NoPick::Again) => self.failures += 1,
+            }
+        }
+    }
+}
 
 /// Where a slice sample's rows go.
 struct SliceOut<'a, 'd> {

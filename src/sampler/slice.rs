@@ -52,6 +52,7 @@ use crate::rng::Rng;
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::Source;
+use crate::storage::Draw;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
 /// Words of a lane's state block (one cache line).
@@ -474,6 +475,19 @@ pub(crate) struct Window {
     /// The rows to read: `from..to`.
     pub(crate) from: u64,
     pub(crate) to: u64,
+}
+
+impl Window {
+    /// Row `seq` of the window's lane, as a draw.
+    #[inline]
+    pub(crate) fn draw(&self, seq: u64) -> Draw {
+        Draw {
+            shard: self.shard,
+            lane: self.lane,
+            seq,
+            ..Draw::default()
+        }
+    }
 }
 
 /// Why a pick gave no window: the trajectory has no live row, or is shorter than a
