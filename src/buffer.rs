@@ -14,6 +14,7 @@ use crate::learner::Learner;
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::{self, LaneView, Lanes, Marks, NoPick, Slice, TRAJ_MASK};
+use crate::sampler::without_replacement::Epochs;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
@@ -466,7 +467,7 @@ impl Inner {
         n: usize,
         batch: &mut Batch,
     ) -> Result<(), SampleError> {
-        if let Some(slice) = self.sampler.slice() {
+        if let Some(slice) = self.sampler.slice_state() {
             return self.sample_slices(slice, rng, n, batch);
         }
         // The batch may list the same fields in another order: pair them by key.
@@ -498,11 +499,12 @@ impl Inner {
     /// then each is read, and one that does not read whole is picked again.
     fn sample_slices(
         &self,
-        cfg: &Slice,
+        state: &slice::State,
         rng: &mut Rng,
         n: usize,
         batch: &mut Batch,
     ) -> Result<(), SampleError> {
+        let cfg = &state.cfg;
         let (slices, len) = cfg.layout(n).ok_or(SampleError::SliceBatchSize {
             batch: n,
             divisor: cfg.divisor(),
@@ -532,10 +534,13 @@ impl Inner {
                 failures: 0,
                 backoff: Backoff::new(),
             };
+            windows.clear();
+            if let Some(epochs) = &state.epochs {
+                return self.read_epoch_slices(epochs, picker, windows, slices, batch, &map);
+            }
             if picker.refresh() == 0 {
                 return Err(SampleError::Empty);
             }
-            windows.clear();
             for _ in 0..slices {
                 windows.push(picker.pick(rng)?);
             }
@@ -568,6 +573,81 @@ impl Inner {
         })();
         *batch.scratch_mut() = scratch;
         result
+    }
+
+    /// The without-replacement slice sample: the open epoch's next `slices` windows
+    /// (see [`Slice::without_replacement`]), each read once; a window whose rows were
+    /// replaced since the epoch began is skipped for the epoch's next one.
+    fn read_epoch_slices(
+        &self,
+        epochs: &Epochs<slice::Window>,
+        mut picker: Picker<'_>,
+        windows: &mut Vec<slice::Window>,
+        slices: usize,
+        batch: &mut Batch,
+        map: &[usize],
+    ) -> Result<(), SampleError> {
+        let (len, strict) = (picker.len, picker.cfg.strict_length);
+        let in_rows = |e| match e {
+            SampleError::NotEnough {
+                requested,
+                available,
+            } => SampleError::NotEnough {
+                requested: requested * len as usize,
+                available: available * len as usize,
+            },
+            e => e,
+        };
+        epochs
+            .take(
+                slices,
+                |out| {
+                    picker.refresh();
+                    let words = self.storage.words();
+                    slice::epoch_windows(picker.lanes, words, picker.views, len, strict, out);
+                },
+                windows,
+            )
+            .map_err(in_rows)?;
+        for w in windows.iter() {
+            for seq in w.from..w.from + (w.to - w.from).min(SLICE_PREFETCH_ROWS) {
+                self.storage.prefetch(w.draw(seq));
+            }
+        }
+        let len = len as usize;
+        batch.reshape_for_slices(slices, len);
+        let parts = batch.parts_mut();
+        let marks = parts
+            .marks
+            .expect("replaybuf internal error: a slice batch without marks");
+        let mut dest = dest_for(self.storage.spec(), map, parts.columns);
+        let mut out = SliceOut {
+            dest: &mut dest,
+            index: parts.index,
+            generation: parts.generation,
+            marks,
+        };
+        let mut read = 0;
+        let mut next = 0;
+        while read < slices {
+            if next == windows.len() {
+                // A window was skipped: the epoch's next one stands in, if any is left.
+                if !epochs.take_more(1, windows) {
+                    break;
+                }
+            }
+            if self.read_window(&windows[next], read * len, len, &mut out) {
+                read += 1;
+            }
+            next += 1;
+        }
+        drop(dest);
+        let drop_last = epochs.drop_last();
+        if read == 0 || (drop_last && read < slices) {
+            return Err(SampleError::EpochEnd);
+        }
+        batch.reshape_for_slices(read, len);
+        Ok(())
     }
 
     /// Reads window `w` into rows `first..first + len` of `out`, padding after its

@@ -1,6 +1,8 @@
 //! Slice sampling: every window is consecutive steps of one trajectory, across
 //! wrap-around, on ndim-2 storage and while collectors write; the distribution and the
-//! marks; bad input.
+//! marks; bad input; epochs without replacement.
+// The loom facade rule (atomics only in src/sync.rs) is for the library.
+#![allow(clippy::disallowed_types)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -377,4 +379,140 @@ proptest! {
             Err(e) => prop_assert!(false, "unexpected {e}"),
         }
     }
+}
+
+/// A sampled slice: its trajectory, first step, and rows.
+type SliceSeen = (i64, i64, usize);
+
+/// Every window an epoch hands out, as (traj, first step, rows), sampling `n` rows at
+/// a time until the epoch ends; also the batch shapes seen.
+fn drain_epoch(rb: &ReplayBuffer, n: usize) -> (Vec<SliceSeen>, Vec<Vec<usize>>) {
+    let (mut windows, mut shapes) = (Vec::new(), Vec::new());
+    loop {
+        match rb.sample(n) {
+            Ok(batch) => {
+                shapes.push(batch.shape().to_vec());
+                windows.extend(check_slices(&batch, &BTreeMap::new()));
+            }
+            Err(SampleError::EpochEnd) => return (windows, shapes),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+}
+
+/// Trajectories 1..=5 of lengths 10, 7, 4, 12, 3 in one ring.
+fn epoch_buffer(slice: Slice) -> (ReplayBuffer, BTreeMap<i64, i64>) {
+    let rb = buffer(100, slice);
+    let lens = BTreeMap::from([(1, 10), (2, 7), (3, 4), (4, 12), (5, 3)]);
+    for (&id, &len) in &lens {
+        rb.extend(&rows(&rb, &trajectory(id, len))).unwrap();
+    }
+    (rb, lens)
+}
+
+/// The windows of 4 steps an epoch must cover: every trajectory cut from its start.
+fn expected_windows(lens: &BTreeMap<i64, i64>, strict: bool) -> BTreeSet<(i64, i64, usize)> {
+    let mut out = BTreeSet::new();
+    for (&id, &len) in lens {
+        let mut from = 0;
+        while from < len && (!strict || len - from >= 4) {
+            out.insert((id, from, (len - from).min(4) as usize));
+            from += 4;
+        }
+    }
+    out
+}
+
+#[test]
+fn without_replacement_visits_every_window_once_per_epoch() {
+    use replaybuf::WithoutReplacement;
+    for strict in [true, false] {
+        let epochs = WithoutReplacement::new();
+        let slice = Slice::slice_len(4)
+            .end_key("done")
+            .strict_length(strict)
+            .without_replacement(epochs);
+        let (rb, lens) = epoch_buffer(slice);
+        let want = expected_windows(&lens, strict);
+        for _epoch in 0..3 {
+            let (got, shapes) = drain_epoch(&rb, 8);
+            let set: BTreeSet<_> = got.iter().copied().collect();
+            assert_eq!(set.len(), got.len(), "a window came twice in one epoch");
+            assert_eq!(set, want, "strict {strict}");
+            // Two windows a batch; the last batch is short when the count is odd.
+            let full = want.len() / 2;
+            assert!(shapes[..full].iter().all(|s| s == &[2, 4]));
+            if want.len() % 2 == 1 {
+                assert_eq!(shapes.last().unwrap(), &[1, 4]);
+            }
+        }
+    }
+}
+
+#[test]
+fn without_replacement_drop_last_and_storage_order() {
+    use replaybuf::WithoutReplacement;
+    let epochs = WithoutReplacement::new().drop_last(true).shuffle(false);
+    let slice = Slice::slice_len(4)
+        .end_key("done")
+        .without_replacement(epochs);
+    let (rb, lens) = epoch_buffer(slice);
+    let want = expected_windows(&lens, true); // 2 + 1 + 1 + 3 = 7 windows
+    assert_eq!(want.len(), 7);
+    let (got, shapes) = drain_epoch(&rb, 8);
+    // Three full batches; the seventh window is dropped with the short batch.
+    assert_eq!(shapes, vec![vec![2, 4]; 3]);
+    // Unshuffled: trajectory by trajectory, in the order they were written.
+    let ordered: Vec<_> = want.iter().copied().collect();
+    assert_eq!(got, ordered[..6]);
+    // Emptying ends the epoch; an empty buffer has none to start.
+    rb.empty();
+    assert_eq!(rb.sample(8).unwrap_err(), SampleError::Empty);
+}
+
+#[test]
+fn learners_share_one_epoch_of_windows() {
+    use replaybuf::WithoutReplacement;
+    use std::sync::atomic::Ordering::SeqCst;
+    let slice = Slice::slice_len(4)
+        .end_key("done")
+        .without_replacement(WithoutReplacement::new());
+    let rb = buffer(4000, slice);
+    let mut lens = BTreeMap::new();
+    for id in 1..300 {
+        let len = 4 + id % 13;
+        lens.insert(id, len);
+        rb.extend(&rows(&rb, &trajectory(id, len))).unwrap();
+    }
+    let want = expected_windows(&lens, true);
+    // Exactly the calls one epoch serves (3 windows each, the last short): a call
+    // past it would start the next epoch.
+    let calls = std::sync::atomic::AtomicUsize::new(want.len().div_ceil(3));
+    let got: Vec<(i64, i64, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (mut learner, calls) = (rb.learner(), &calls);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    let turn = || {
+                        calls
+                            .fetch_update(SeqCst, SeqCst, |c| c.checked_sub(1))
+                            .is_ok()
+                    };
+                    while turn() {
+                        let b = learner.sample(12).expect("the epoch has windows left");
+                        mine.extend(check_slices(&b, &BTreeMap::new()));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let set: BTreeSet<_> = got.iter().copied().collect();
+    assert_eq!(set.len(), got.len(), "two learners got the same window");
+    assert_eq!(set, want);
 }

@@ -13,7 +13,7 @@
 pub(crate) mod prioritized;
 pub(crate) mod slice;
 mod uniform;
-mod without_replacement;
+pub(crate) mod without_replacement;
 
 pub use prioritized::{Prioritized, Reduction};
 pub use slice::{Marks, Slice};
@@ -84,7 +84,7 @@ pub(crate) enum Engine {
     Uniform,
     WithoutReplacement(without_replacement::Epochs),
     Prioritized(prioritized::State),
-    Slice(Slice),
+    Slice(slice::State),
 }
 
 impl Engine {
@@ -95,12 +95,17 @@ impl Engine {
                 Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
             Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p)),
-            Sampler::Slice(s) => Engine::Slice(s),
+            Sampler::Slice(s) => Engine::Slice(slice::State::new(s, seed)),
         }
     }
 
-    /// The slice sampler's configuration, if this is one.
+    /// The slice sampler's settings, if this is one.
     pub(crate) fn slice(&self) -> Option<&Slice> {
+        self.slice_state().map(|s| &s.cfg)
+    }
+
+    /// The slice sampler's state, if this is one.
+    pub(crate) fn slice_state(&self) -> Option<&slice::State> {
         match self {
             Engine::Slice(s) => Some(s),
             _ => None,
@@ -118,8 +123,13 @@ impl Engine {
     /// Forgets the running state that refers to stored rows (after `empty`): the open
     /// without-replacement epoch ends.
     pub(crate) fn reset(&self) {
-        if let Engine::WithoutReplacement(epochs) = self {
-            epochs.close();
+        match self {
+            Engine::WithoutReplacement(epochs) => epochs.close(),
+            Engine::Slice(slice::State {
+                epochs: Some(epochs),
+                ..
+            }) => epochs.close(),
+            _ => {}
         }
     }
 

@@ -49,6 +49,7 @@ use rand::RngExt;
 use crate::dtype::DType;
 use crate::error::BuildErrorKind;
 use crate::rng::Rng;
+use crate::sampler::without_replacement::{Epochs, WithoutReplacement};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::Source;
@@ -93,6 +94,7 @@ pub struct Slice {
     pub(crate) truncated_key: Option<Key>,
     pub(crate) strict_length: bool,
     pub(crate) span: (usize, usize),
+    pub(crate) without_replacement: Option<WithoutReplacement>,
 }
 
 /// What fixes a slice batch's shape.
@@ -123,6 +125,7 @@ impl Slice {
             truncated_key: None,
             strict_length: true,
             span: (0, 0),
+            without_replacement: None,
         }
     }
 
@@ -161,6 +164,20 @@ impl Slice {
     /// (`usize::MAX`, TorchRL's `True`) leaves at least one step in the slice.
     pub fn span(mut self, left: usize, right: usize) -> Self {
         self.span = (left, right);
+        self
+    }
+
+    /// Samples without replacement (TorchRL `SliceSamplerWithoutReplacement`): an
+    /// epoch cuts every trajectory stored when it begins into consecutive windows of
+    /// `slice_len` steps (with `strict_length`, a shorter remainder is left out;
+    /// without, it is a padded slice), and hands each window out once, shuffled or in
+    /// lane order, to all learners together. A window whose rows collectors have
+    /// replaced since the epoch began is skipped. When the windows run out (with
+    /// `drop_last`, when fewer than `num_slices` are left) the sample gets
+    /// [`SampleError::EpochEnd`](crate::SampleError::EpochEnd) and the next one starts
+    /// a new epoch; otherwise the last batch has fewer slices. `span` does not apply.
+    pub fn without_replacement(mut self, epochs: WithoutReplacement) -> Self {
+        self.without_replacement = Some(epochs);
         self
     }
 
@@ -540,6 +557,58 @@ pub(crate) fn pick(
         from,
         to,
     })
+}
+
+/// A slice sampler's running state: its settings, and its epochs when it samples
+/// without replacement.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) cfg: Slice,
+    pub(crate) epochs: Option<Epochs<Window>>,
+}
+
+impl State {
+    pub(crate) fn new(cfg: Slice, seed: u64) -> State {
+        State {
+            epochs: cfg.without_replacement.map(|w| Epochs::new(w, seed)),
+            cfg,
+        }
+    }
+}
+
+/// Every window of an epoch: each live trajectory of `views` cut into consecutive
+/// windows of `len` steps, lane after lane; a shorter remainder only when not
+/// `strict`.
+pub(crate) fn epoch_windows(
+    lanes: &Lanes,
+    words: &[AtomicU64],
+    views: &[LaneView],
+    len: u64,
+    strict: bool,
+    out: &mut Vec<Window>,
+) {
+    for v in views {
+        let (k, lane) = (v.shard as usize, u64::from(v.lane));
+        for n in v.first..v.count {
+            let start = lanes.start(words, k, lane, n);
+            let next = (n + 1 < v.count).then(|| lanes.start(words, k, lane, n + 1));
+            let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+            let mut from = a;
+            while from < b && (!strict || b - from >= len) {
+                let to = (from + len).min(b);
+                out.push(Window {
+                    shard: v.shard,
+                    lane: v.lane,
+                    traj: n,
+                    start,
+                    next,
+                    from,
+                    to,
+                });
+                from = to;
+            }
+        }
+    }
 }
 
 /// The longest live trajectory of `views`, in rows (a full scan: only when picks keep

@@ -28,8 +28,8 @@ use crate::sync::{Arc, ArcCell, AtomicBool, AtomicU64, Mutex, Ordering};
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WithoutReplacement {
-    drop_last: bool,
-    shuffle: bool,
+    pub(crate) drop_last: bool,
+    pub(crate) shuffle: bool,
 }
 
 impl Default for WithoutReplacement {
@@ -61,10 +61,11 @@ impl WithoutReplacement {
     }
 }
 
-/// One epoch: the rows live when it began, in the order to visit them.
+/// One epoch: the items (rows, or a slice sampler's windows) live when it began, in
+/// the order to visit them.
 #[derive(Debug)]
-struct Epoch {
-    draws: Vec<Draw>,
+struct Epoch<T> {
+    items: Vec<T>,
     /// The next unvisited entry.
     next: AtomicU64,
     /// Set by the sample that ran out; the next sample starts a new epoch.
@@ -102,18 +103,30 @@ fn live_in_index_order(shards: &[Shard], windows: &[Window], out: &mut Vec<Draw>
     }
 }
 
-/// The epochs of one buffer.
+/// The epochs of one buffer, over rows (`Draw`s) or any other items.
 #[derive(Debug)]
-pub(crate) struct Epochs {
+pub(crate) struct Epochs<T = Draw> {
     config: WithoutReplacement,
     seed: u64,
-    current: ArcCell<Epoch>,
+    current: ArcCell<Epoch<T>>,
     /// Epochs started so far; held while starting one.
     turnover: Mutex<u64>,
 }
 
-impl Epochs {
-    pub(super) fn new(config: WithoutReplacement, seed: u64) -> Epochs {
+impl Epochs<Draw> {
+    pub(super) fn draw(
+        &self,
+        shards: &[Shard],
+        windows: &[Window],
+        n: usize,
+        out: &mut Vec<Draw>,
+    ) -> Result<(), SampleError> {
+        self.take(n, |draws| live_in_index_order(shards, windows, draws), out)
+    }
+}
+
+impl<T: Clone> Epochs<T> {
+    pub(crate) fn new(config: WithoutReplacement, seed: u64) -> Epochs<T> {
         Epochs {
             config,
             seed,
@@ -122,19 +135,20 @@ impl Epochs {
         }
     }
 
-    pub(super) fn draw(
+    /// Appends the open epoch's next `n` items to `out` (fewer at its end, unless
+    /// `drop_last`), starting an epoch over what `collect` lists when none is open.
+    pub(crate) fn take(
         &self,
-        shards: &[Shard],
-        windows: &[Window],
         n: usize,
-        out: &mut Vec<Draw>,
+        collect: impl FnOnce(&mut Vec<T>),
+        out: &mut Vec<T>,
     ) -> Result<(), SampleError> {
         let n = n as u64;
         let epoch = match self.current.load() {
             Some(e) if !e.closed.load(Ordering::Acquire) => e,
-            _ => self.start(shards, windows, n)?,
+            _ => self.start(collect, n)?,
         };
-        let rows = epoch.draws.len() as u64;
+        let rows = epoch.items.len() as u64;
         if n > rows {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
@@ -148,48 +162,74 @@ impl Epochs {
             return Err(SampleError::EpochEnd);
         }
         let end = start + n.min(left);
-        out.extend_from_slice(&epoch.draws[start as usize..end as usize]);
+        out.extend_from_slice(&epoch.items[start as usize..end as usize]);
         Ok(())
     }
 
+    /// Appends the open epoch's next `n` items (fewer at its end) to `out`; `false`
+    /// if none is open or it has none left. Neither starts nor ends an epoch: the
+    /// sample that next finds it empty ends it.
+    pub(crate) fn take_more(&self, n: usize, out: &mut Vec<T>) -> bool {
+        let Some(epoch) = self
+            .current
+            .load()
+            .filter(|e| !e.closed.load(Ordering::Acquire))
+        else {
+            return false;
+        };
+        let rows = epoch.items.len() as u64;
+        let start = epoch.next.fetch_add(n as u64, Ordering::AcqRel);
+        let end = (start + n as u64).min(rows);
+        if start >= end {
+            return false;
+        }
+        out.extend_from_slice(&epoch.items[start as usize..end as usize]);
+        true
+    }
+
+    /// Whether an epoch ends rather than give a short last batch.
+    pub(crate) fn drop_last(&self) -> bool {
+        self.config.drop_last
+    }
+
     /// Ends the open epoch, if any; the next sample starts a new one.
-    pub(super) fn close(&self) {
+    pub(crate) fn close(&self) {
         if let Some(epoch) = self.current.load() {
             epoch.closed.store(true, Ordering::Release);
         }
     }
 
-    /// Starts the next epoch over the live rows (unless another learner just did).
+    /// Starts the next epoch over the items `collect` lists (unless another learner
+    /// just did).
     fn start(
         &self,
-        shards: &[Shard],
-        windows: &[Window],
+        collect: impl FnOnce(&mut Vec<T>),
         n: u64,
-    ) -> Result<Arc<Epoch>, SampleError> {
+    ) -> Result<Arc<Epoch<T>>, SampleError> {
         let mut started = self.turnover.lock();
         if let Some(e) = self.current.load() {
             if !e.closed.load(Ordering::Acquire) {
                 return Ok(e);
             }
         }
-        let mut draws = Vec::new();
-        live_in_index_order(shards, windows, &mut draws);
-        if draws.is_empty() {
+        let mut items = Vec::new();
+        collect(&mut items);
+        if items.is_empty() {
             return Err(SampleError::Empty);
         }
-        if n > draws.len() as u64 {
+        if n > items.len() as u64 {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
-                available: draws.len(),
+                available: items.len(),
             });
         }
         if self.config.shuffle {
             let mut rng: Rng = rng::stream(self.seed, rng::Stream::Epoch(*started));
-            draws.shuffle(&mut rng);
+            items.shuffle(&mut rng);
         }
         *started += 1;
         let epoch = Arc::new(Epoch {
-            draws,
+            items,
             next: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
