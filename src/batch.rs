@@ -282,9 +282,13 @@ impl Batch {
 
     /// Turns this batch into a slice batch of shape `[slices, len]` (see
     /// [`Batch::reshape_for_sample`]), with marks.
-    pub(crate) fn reshape_for_slices(&mut self, slices: usize, len: usize) {
+    pub(crate) fn reshape_for_slices(&mut self, slices: usize, len: usize, weighted: bool) {
         let rows = slices * len;
-        self.weight = None;
+        match (&mut self.weight, weighted) {
+            (Some(w), true) => w.resize(rows, 0.0),
+            (w, true) => *w = Some(vec![0.0; rows]),
+            (w, false) => *w = None,
+        }
         match &mut self.marks {
             Some(m) => m.resize(rows, Marks::default()),
             m => *m = Some(vec![Marks::default(); rows]),

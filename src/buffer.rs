@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use rand::RngExt;
+
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
@@ -13,13 +15,15 @@ use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
-use crate::sampler::slice::{self, LaneView, Lanes, Marks, NoPick, Slice, TRAJ_MASK};
+use crate::sampler::slice::{
+    self, LaneView, Lanes, Marks, NoPick, Slice, SlicePriority, TRAJ_MASK,
+};
 use crate::sampler::without_replacement::Epochs;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
-use crate::storage::shard::Shard;
+use crate::storage::shard::{Shard, Window as ShardWindow};
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::{AtomicU64, Backoff, Ordering};
@@ -522,8 +526,21 @@ impl Inner {
                 lanes: views,
                 cumulative,
                 slices: windows,
+                windows: shard_windows,
                 ..
             } = &mut scratch;
+            let trees = self.storage.trees();
+            let prio = state.priorities.as_ref().map(|p| Prio {
+                state: p,
+                over: cfg
+                    .prioritized
+                    .map_or(SlicePriority::Start, |(_, over)| over),
+                min: trees.iter().map(Tree::min).min().unwrap_or(u64::MAX),
+                masses: Masses::new(&trees),
+                trees: &trees,
+                shard_windows,
+                first_view: SmallVec::new(),
+            });
             let mut picker = Picker {
                 buffer: self,
                 cfg,
@@ -533,6 +550,7 @@ impl Inner {
                 len: len as u64,
                 failures: 0,
                 backoff: Backoff::new(),
+                prio,
             };
             windows.clear();
             if let Some(epochs) = &state.epochs {
@@ -550,7 +568,7 @@ impl Inner {
                     self.storage.prefetch(w.draw(seq));
                 }
             }
-            batch.reshape_for_slices(slices, len);
+            batch.reshape_for_slices(slices, len, picker.prio.is_some());
             let parts = batch.parts_mut();
             let marks = parts
                 .marks
@@ -561,6 +579,7 @@ impl Inner {
                 index: parts.index,
                 generation: parts.generation,
                 marks,
+                weight: parts.weight,
             };
             for (s, &first_pick) in windows.iter().enumerate() {
                 let mut w = first_pick;
@@ -615,7 +634,7 @@ impl Inner {
             }
         }
         let len = len as usize;
-        batch.reshape_for_slices(slices, len);
+        batch.reshape_for_slices(slices, len, false);
         let parts = batch.parts_mut();
         let marks = parts
             .marks
@@ -626,6 +645,7 @@ impl Inner {
             index: parts.index,
             generation: parts.generation,
             marks,
+            weight: None,
         };
         let mut read = 0;
         let mut next = 0;
@@ -646,7 +666,7 @@ impl Inner {
         if read == 0 || (drop_last && read < slices) {
             return Err(SampleError::EpochEnd);
         }
-        batch.reshape_for_slices(read, len);
+        batch.reshape_for_slices(read, len, false);
         Ok(())
     }
 
@@ -670,6 +690,13 @@ impl Inner {
                 }
             };
             match read {
+                // A prioritized slice's drawn row must be the one its leaf's mass is for.
+                Ok((stamp, _, _))
+                    if w.drawn
+                        .is_some_and(|(at, tag)| at == seq && stamp.lap() as u16 != tag) =>
+                {
+                    return false
+                }
                 Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
                     out.index[k] = index;
                     out.generation[k] = stamp.generation();
@@ -683,6 +710,10 @@ impl Inner {
             out.index[k] = u64::MAX;
             out.generation[k] = 0;
             out.marks[k] = Marks::default();
+        }
+        if let Some(weight) = out.weight.as_deref_mut() {
+            weight[first..first + rows].fill(w.weight);
+            weight[first + rows..first + len].fill(0.0);
         }
         true
     }
@@ -905,6 +936,21 @@ struct Picker<'a> {
     /// Picks and reads that failed in this sample.
     failures: u32,
     backoff: Backoff,
+    /// A prioritized slice sampler's trees, as this sample sees them.
+    prio: Option<Prio<'a>>,
+}
+
+/// What a prioritized slice sample draws from.
+struct Prio<'a> {
+    state: &'a prioritized::State,
+    over: SlicePriority,
+    trees: &'a [Tree<'a>],
+    masses: Masses,
+    /// The smallest mass stored, read before the draws (the weights' normaliser).
+    min: u64,
+    shard_windows: &'a mut Vec<ShardWindow>,
+    /// The index in `views` of each shard's first lane.
+    first_view: SmallVec<[usize; 8]>,
 }
 
 impl Picker<'_> {
@@ -914,8 +960,16 @@ impl Picker<'_> {
         self.views.clear();
         self.cumulative.clear();
         let mut total = 0;
+        if let Some(p) = &mut self.prio {
+            self.buffer.storage.windows(p.shard_windows);
+            p.masses = Masses::new(p.trees);
+            p.first_view.clear();
+        }
         for (k, shard) in self.buffer.storage.shards().iter().enumerate() {
             let lo = shard.window().lo;
+            if let Some(p) = &mut self.prio {
+                p.first_view.push(self.views.len());
+            }
             for lane in 0..shard.ring().width {
                 let v = self.lanes.view(words, k, lane, lo);
                 total += v.trajectories();
@@ -953,19 +1007,82 @@ impl Picker<'_> {
                     attempts: self.failures,
                 });
             }
-            match slice::pick(
-                self.lanes,
-                words,
-                self.views,
-                self.cumulative,
-                self.cfg,
-                self.len,
-                rng,
-            ) {
+            let picked = match &self.prio {
+                Some(p) => self.pick_by_priority(p, rng),
+                None => slice::pick(
+                    self.lanes,
+                    words,
+                    self.views,
+                    self.cumulative,
+                    self.cfg,
+                    self.len,
+                    rng,
+                ),
+            };
+            match picked {
                 Ok(w) => return Ok(w),
                 Err(NoPick::Again) => self.failures += 1,
             }
         }
+    }
+}
+
+impl Picker<'_> {
+    /// A prioritized pick: a row drawn by mass, then the window it starts (or one
+    /// holding it); a row no window can serve is drawn again.
+    fn pick_by_priority(&self, p: &Prio<'_>, rng: &mut Rng) -> Result<slice::Window, NoPick> {
+        let storage = &self.buffer.storage;
+        let words = storage.words();
+        let d = prioritized::redraw(p.trees, storage.shards(), p.shard_windows, &p.masses, rng)
+            .filter(|d| d.mass > 0)
+            .ok_or(NoPick::Again)?;
+        let (k, lane, seq) = (d.shard as usize, u64::from(d.lane), d.seq);
+        let v = self.views[p.first_view[k] + d.lane as usize];
+        let n = self
+            .lanes
+            .trajectory_of(words, &v, seq)
+            .ok_or(NoPick::Again)?;
+        let start = self.lanes.start(words, k, lane, n);
+        let next = (n + 1 < v.count).then(|| self.lanes.start(words, k, lane, n + 1));
+        let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+        if seq < a || seq >= b || (self.cfg.strict_length && b - a < self.len) {
+            return Err(NoPick::Again);
+        }
+        let (from, to) = match p.over {
+            SlicePriority::Start => {
+                let to = (seq + self.len).min(b);
+                if self.cfg.strict_length && to - seq < self.len {
+                    return Err(NoPick::Again);
+                }
+                (seq, to)
+            }
+            SlicePriority::Window => {
+                let len = self.len.min(b - a);
+                let lowest = (seq + 1).saturating_sub(len).max(a);
+                let from = rng.random_range(lowest..=seq.min(b - len));
+                (from, from + len)
+            }
+        };
+        let mass = match p.over {
+            SlicePriority::Start => d.mass,
+            SlicePriority::Window => {
+                let (tree, ring) = (&p.trees[k], storage.shards()[k].ring());
+                let leaf = |s: u64| ((s % ring.steps) * ring.width + lane) as usize;
+                let sum: u64 = (from..to).map(|s| tree.leaf(leaf(s)).value()).sum();
+                (sum / (to - from)).max(1)
+            }
+        };
+        Ok(slice::Window {
+            shard: d.shard,
+            lane: d.lane,
+            traj: n,
+            start,
+            next,
+            from,
+            to,
+            drawn: Some((seq, d.tag)),
+            weight: p.state.weight(mass, p.min.min(mass)),
+        })
     }
 }
 
@@ -975,6 +1092,7 @@ struct SliceOut<'a, 'd> {
     index: &'a mut [u64],
     generation: &'a mut [u64],
     marks: &'a mut [Marks],
+    weight: Option<&'a mut [f32]>,
 }
 
 /// Rows checked for an extend, ready to append.

@@ -133,8 +133,13 @@ impl ReplayBufferBuilder {
         let WritePolicy::RoundRobin = self.writer;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
-        let trees = match &self.sampler {
-            Sampler::Prioritized(p) => {
+        let priorities = match &self.sampler {
+            Sampler::Prioritized(p) => Some(p),
+            Sampler::Slice(slice) => slice.prioritized.as_ref().map(|(p, _)| p),
+            _ => None,
+        };
+        let trees = match priorities {
+            Some(p) => {
                 if let Some(reason) = p.check(self.capacity) {
                     return err(BuildErrorKind::Sampler { reason });
                 }

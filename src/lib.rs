@@ -69,7 +69,9 @@ pub use error::{
 };
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
-pub use sampler::{Marks, Prioritized, Reduction, Sampler, Slice, Uniform, WithoutReplacement};
+pub use sampler::{
+    Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+};
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use trajectories::{
     split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,

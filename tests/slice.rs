@@ -516,3 +516,114 @@ fn learners_share_one_epoch_of_windows() {
     assert_eq!(set.len(), got.len(), "two learners got the same window");
     assert_eq!(set, want);
 }
+
+/// A prioritized slice buffer holding trajectories 1..=3 of 12 steps, with row `i`'s
+/// priority `prio(i)`; alpha 1 and beta 1, so masses are priorities.
+fn prioritized_buffer(over: replaybuf::SlicePriority, prio: impl Fn(u64) -> f64) -> ReplayBuffer {
+    use replaybuf::Prioritized;
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(
+            Slice::slice_len(4)
+                .end_key("done")
+                .prioritized(Prioritized::new(1.0, 1.0).eps(0.0), over),
+        )
+        .seed(5)
+        .build()
+        .unwrap();
+    for id in 1..=3 {
+        rb.extend(&rows(&rb, &trajectory(id, 12))).unwrap();
+    }
+    let all = rb.read_all_in_order(None);
+    let priorities: Vec<f64> = all.index().iter().map(|&i| prio(i)).collect();
+    let done = rb
+        .update_priority(all.index(), all.generations(), &priorities)
+        .unwrap();
+    assert_eq!(done.applied, 36);
+    rb
+}
+
+#[test]
+fn prioritized_slices_start_in_proportion_to_priority() {
+    // Row i (trajectory i / 12 + 1, step i % 12) has priority 1 + i % 5.
+    let prio = |i: u64| 1.0 + (i % 5) as f64;
+    let rb = prioritized_buffer(replaybuf::SlicePriority::Start, prio);
+    // Valid starts: steps 0..=8 of each trajectory; P(start i) = p_i / sum.
+    let starts: Vec<u64> = (0..3u64)
+        .flat_map(|t| (0..9).map(move |s| t * 12 + s))
+        .collect();
+    let total: f64 = starts.iter().map(|&i| prio(i)).sum();
+    let mut counts = BTreeMap::new();
+    let draws = 20_000;
+    for _ in 0..draws / 4 {
+        let batch = rb.sample(16).unwrap();
+        check_slices(&batch, &BTreeMap::new());
+        let weight = batch.weight().expect("prioritized slices are weighted");
+        for (s, w) in batch.index().chunks(4).enumerate() {
+            *counts.entry(w[0]).or_insert(0u32) += 1;
+            // Every row carries the slice's weight: (min / p_start)^beta, min = 1.
+            let want = (1.0 / prio(w[0])) as f32;
+            assert!(weight[s * 4..s * 4 + 4]
+                .iter()
+                .all(|&x| (x - want).abs() < 1e-5));
+        }
+    }
+    assert!(
+        counts.keys().all(|i| starts.contains(i)),
+        "a slice started too late"
+    );
+    // Chi-square over the 27 valid starts (26 degrees of freedom; 1e-3 critical
+    // value 54.05), with a fixed seed.
+    let chi2: f64 = starts
+        .iter()
+        .map(|&i| {
+            let expected = draws as f64 * prio(i) / total;
+            let seen = f64::from(*counts.get(&i).unwrap_or(&0));
+            (seen - expected).powi(2) / expected
+        })
+        .sum();
+    assert!(chi2 < 54.05, "chi-square {chi2}");
+}
+
+#[test]
+fn prioritized_windows_hold_the_heavy_row() {
+    // One row, step 6 of trajectory 2 (index 18), outweighs the rest 1000 to 1.
+    let rb = prioritized_buffer(replaybuf::SlicePriority::Window, |i| {
+        if i == 18 {
+            1000.0
+        } else {
+            1e-3
+        }
+    });
+    let batch = rb.sample(400).unwrap();
+    check_slices(&batch, &BTreeMap::new());
+    let holding = batch.index().chunks(4).filter(|w| w.contains(&18)).count();
+    assert!(
+        holding >= 95,
+        "only {holding} of 100 windows hold the heavy row"
+    );
+    // The windows holding it start anywhere from step 3 to step 6.
+    let firsts: BTreeSet<u64> = batch
+        .index()
+        .chunks(4)
+        .filter(|w| w.contains(&18))
+        .map(|w| w[0])
+        .collect();
+    assert_eq!(firsts, (15..=18).collect());
+}
+
+#[test]
+fn prioritized_and_without_replacement_do_not_mix() {
+    use replaybuf::{Prioritized, SlicePriority, WithoutReplacement};
+    let e = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(
+            Slice::slice_len(4)
+                .end_key("done")
+                .prioritized(Prioritized::new(0.6, 0.4), SlicePriority::Start)
+                .without_replacement(WithoutReplacement::new()),
+        )
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("not both"), "{e}");
+}

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use replaybuf::{
-    Batch, DType, Prioritized, ReplayBuffer, Slice, Spec, TypedBuffer, WithoutReplacement,
+    Batch, DType, Prioritized, ReplayBuffer, Slice, SlicePriority, Spec, TypedBuffer,
+    WithoutReplacement,
 };
 
 fn spec() -> Spec {
@@ -312,11 +313,25 @@ fn priorities_updated_while_collectors_write() {
 
 #[test]
 fn slices_while_collectors_write() {
-    for (ndim, writers, epochs) in [(1, 3, false), (1, 2, false), (2, 2, false), (1, 2, true)] {
+    enum Mode {
+        Uniform,
+        Epochs,
+        Prioritized,
+    }
+    for (ndim, writers, mode) in [
+        (1, 3, Mode::Uniform),
+        (1, 2, Mode::Uniform),
+        (2, 2, Mode::Uniform),
+        (1, 2, Mode::Epochs),
+        (2, 2, Mode::Prioritized),
+    ] {
         let slice = Slice::slice_len(4).traj_key("traj");
-        let slice = match epochs {
-            true => slice.without_replacement(WithoutReplacement::new()),
-            false => slice,
+        let slice = match mode {
+            Mode::Uniform => slice,
+            Mode::Epochs => slice.without_replacement(WithoutReplacement::new()),
+            Mode::Prioritized => {
+                slice.prioritized(Prioritized::new(0.7, 0.5), SlicePriority::Window)
+            }
         };
         let builder = ReplayBuffer::builder(spec())
             .shards(2)
@@ -337,6 +352,9 @@ fn slices_while_collectors_write() {
             "too little happened: {written} written, {checked} checked"
         );
         check(&rb.read_all_in_order(None));
+        if matches!(mode, Mode::Prioritized) {
+            assert!(replaybuf::internals::priorities_consistent(&rb));
+        }
         if writers == 2 {
             // One collector per ring: whole trajectories of 5 steps are stored.
             // An epoch may have just run out: the next sample starts another.

@@ -16,7 +16,7 @@ mod uniform;
 pub(crate) mod without_replacement;
 
 pub use prioritized::{Prioritized, Reduction};
-pub use slice::{Marks, Slice};
+pub use slice::{Marks, Slice, SlicePriority};
 pub use without_replacement::WithoutReplacement;
 
 use crate::error::SampleError;
@@ -112,10 +112,14 @@ impl Engine {
         }
     }
 
-    /// The prioritized sampler's state, if this is one.
+    /// The priorities' state of a prioritized sampler, slices included.
     pub(crate) fn prioritized(&self) -> Option<&prioritized::State> {
         match self {
             Engine::Prioritized(state) => Some(state),
+            Engine::Slice(slice::State {
+                priorities: Some(state),
+                ..
+            }) => Some(state),
             _ => None,
         }
     }

@@ -49,6 +49,7 @@ use rand::RngExt;
 use crate::dtype::DType;
 use crate::error::BuildErrorKind;
 use crate::rng::Rng;
+use crate::sampler::prioritized::{self, Prioritized};
 use crate::sampler::without_replacement::{Epochs, WithoutReplacement};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
@@ -86,7 +87,7 @@ const FLAG_TRUNCATED: u64 = 1 << 63;
 /// let loose = Slice::slice_len(16).strict_length(false).span(usize::MAX, 0);
 /// # let _ = (by_id, by_flags, loose);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Slice {
     pub(crate) shape: SliceShape,
     pub(crate) traj_key: Option<Key>,
@@ -95,6 +96,21 @@ pub struct Slice {
     pub(crate) strict_length: bool,
     pub(crate) span: (usize, usize),
     pub(crate) without_replacement: Option<WithoutReplacement>,
+    pub(crate) prioritized: Option<(Prioritized, SlicePriority)>,
+}
+
+/// Which rows' priorities decide how likely a slice is (see [`Slice::prioritized`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SlicePriority {
+    /// A slice is drawn in proportion to its first row's priority, among the rows a
+    /// slice can start at (TorchRL's `PrioritizedSliceSampler`).
+    #[default]
+    Start,
+    /// A row is drawn in proportion to its priority and the slice is one of the
+    /// windows holding it, uniformly: a slice's chance is the mean of its rows'
+    /// priorities (exactly so away from trajectory ends, where fewer windows hold a
+    /// row).
+    Window,
 }
 
 /// What fixes a slice batch's shape.
@@ -126,6 +142,7 @@ impl Slice {
             strict_length: true,
             span: (0, 0),
             without_replacement: None,
+            prioritized: None,
         }
     }
 
@@ -181,6 +198,19 @@ impl Slice {
         self
     }
 
+    /// Draws slices by priority (TorchRL `PrioritizedSliceSampler`), on the concurrent
+    /// sum-trees of a prioritized buffer: every row has a priority, set, updated and
+    /// weighted as with [`Prioritized`](crate::Prioritized), and `over` says which rows
+    /// of a slice count. A draw that lands on a row no slice can start at (with
+    /// `strict_length`, too near its trajectory's end) is drawn again: the trees are
+    /// never changed by sampling. Every row of a slice carries the slice's importance
+    /// weight: its first row's for [`SlicePriority::Start`], the mean of its rows'
+    /// masses for [`SlicePriority::Window`]. Not with `without_replacement`.
+    pub fn prioritized(mut self, priorities: Prioritized, over: SlicePriority) -> Self {
+        self.prioritized = Some((priorities, over));
+        self
+    }
+
     /// `(num_slices, slice_len)` for a batch of `n` rows, if `n` divides.
     pub(crate) fn layout(&self, n: usize) -> Option<(usize, usize)> {
         let by = match self.shape {
@@ -207,6 +237,11 @@ impl Slice {
         if self.divisor() == 0 {
             return Err(BuildErrorKind::Sampler {
                 reason: "num_slices and slice_len must be at least 1",
+            });
+        }
+        if self.prioritized.is_some() && self.without_replacement.is_some() {
+            return Err(BuildErrorKind::Sampler {
+                reason: "a slice sampler is prioritized or without replacement, not both",
             });
         }
         let flag = |key: &Key, integer_only: bool| {
@@ -404,6 +439,24 @@ impl Lanes {
         view
     }
 
+    /// The trajectory of lane view `v` holding row `seq`, if any may.
+    pub(crate) fn trajectory_of(&self, words: &[AtomicU64], v: &LaneView, seq: u64) -> Option<u64> {
+        let (k, lane) = (v.shard as usize, u64::from(v.lane));
+        let (mut a, mut z) = (v.first, v.count);
+        if a == z || self.start(words, k, lane, a) > seq {
+            return None;
+        }
+        while z - a > 1 {
+            let mid = a + (z - a) / 2;
+            if self.start(words, k, lane, mid) <= seq {
+                a = mid;
+            } else {
+                z = mid;
+            }
+        }
+        Some(a)
+    }
+
     /// The first sequence number of trajectory `n` of the lane, as the table says now.
     #[inline]
     pub(crate) fn start(&self, words: &[AtomicU64], k: usize, lane: u64, n: u64) -> u64 {
@@ -492,6 +545,11 @@ pub(crate) struct Window {
     /// The rows to read: `from..to`.
     pub(crate) from: u64,
     pub(crate) to: u64,
+    /// A prioritized slice: the row its draw landed on, and the tag its leaf had (the
+    /// row must still be of that lap).
+    pub(crate) drawn: Option<(u64, u16)>,
+    /// The importance weight of every row (1 unless prioritized).
+    pub(crate) weight: f32,
 }
 
 impl Window {
@@ -556,6 +614,8 @@ pub(crate) fn pick(
         next,
         from,
         to,
+        drawn: None,
+        weight: 1.0,
     })
 }
 
@@ -565,12 +625,14 @@ pub(crate) fn pick(
 pub(crate) struct State {
     pub(crate) cfg: Slice,
     pub(crate) epochs: Option<Epochs<Window>>,
+    pub(crate) priorities: Option<prioritized::State>,
 }
 
 impl State {
     pub(crate) fn new(cfg: Slice, seed: u64) -> State {
         State {
             epochs: cfg.without_replacement.map(|w| Epochs::new(w, seed)),
+            priorities: cfg.prioritized.map(|(p, _)| prioritized::State::new(p)),
             cfg,
         }
     }
@@ -604,6 +666,8 @@ pub(crate) fn epoch_windows(
                     next,
                     from,
                     to,
+                    drawn: None,
+                    weight: 1.0,
                 });
                 from = to;
             }
