@@ -6,7 +6,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use replaybuf::{DType, ReplayBuffer, Spec, TypedBatch, TypedBuffer};
+use replaybuf::{
+    DType, Prioritized, ReplayBuffer, Slice, SlicePriority, Spec, TypedBatch, TypedBuffer,
+};
 
 struct Counting;
 
@@ -114,4 +116,41 @@ fn sample_into_allocates_nothing_once_warm() {
         allocations_in(|| (0..500).for_each(|_| typed.sample_into(&mut out).unwrap())),
         0
     );
+}
+
+#[test]
+fn slice_sample_into_allocates_nothing_once_warm() {
+    let spec = Spec::builder()
+        .field("obs", DType::F32, [17])
+        .field("traj", DType::I64, [])
+        .build()
+        .unwrap();
+    for sampler in [
+        Slice::num_slices(8).traj_key("traj"),
+        Slice::num_slices(8)
+            .traj_key("traj")
+            .prioritized(Prioritized::new(0.6, 0.4), SlicePriority::Start),
+    ] {
+        let rb = ReplayBuffer::builder(spec.clone())
+            .capacity(10_000)
+            .sampler(sampler)
+            .batch_size(256)
+            .seed(3)
+            .build()
+            .unwrap();
+        let mut chunk = rb.batch([1000]);
+        let ids: Vec<i64> = (0..1000).map(|i| i / 200).collect();
+        chunk.set("traj", &ids).unwrap();
+        for _ in 0..5 {
+            rb.extend(&chunk).unwrap();
+        }
+        let mut batch = rb.batch([256]);
+        rb.sample_into(&mut batch).unwrap();
+        let n = allocations_in(|| {
+            for _ in 0..1000 {
+                rb.sample_into(&mut batch).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "a slice sample_into allocated {n} times");
+    }
 }
