@@ -8,7 +8,8 @@
 //! - [`Uniform`]: with replacement, every live row equally likely.
 //! - [`WithoutReplacement`]: epochs over the rows live when the epoch began.
 //! - [`Prioritized`]: in proportion to priority, on the concurrent segment trees.
-//! - [`Slice`]: windows of consecutive steps of one trajectory.
+//! - [`Slice`]: windows of consecutive steps of one trajectory, with replacement,
+//!   without (in epochs), or by priority.
 
 pub(crate) mod prioritized;
 pub(crate) mod slice;

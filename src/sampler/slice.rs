@@ -43,6 +43,17 @@
 //! name the picked trajectory. A table entry overwritten during the sample, or a row
 //! lapped by a writer, fails that check, and the whole window is drawn again: a window
 //! is never returned torn or spanning two trajectories.
+//!
+//! # Without replacement, and by priority
+//!
+//! Without replacement, an epoch lists every window once when it begins (each live
+//! trajectory cut into consecutive windows) and learners share it through the epochs
+//! of `without_replacement.rs`; a listed window whose rows were lapped since fails the
+//! same checks and is skipped for the next one. By priority, a row is drawn from the
+//! concurrent trees of a prioritized buffer, its trajectory found by a binary search
+//! of its lane's table, and the window built from it; a draw no window can serve is
+//! drawn again (the trees are never written by a sample), and the read also requires
+//! the drawn row to be of the lap its leaf's tag names.
 
 use rand::RngExt;
 
