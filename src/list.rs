@@ -106,10 +106,11 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
         let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
-        if matches!(self.sampler, Sampler::Prioritized(_)) {
+        if matches!(self.sampler, Sampler::Prioritized(_) | Sampler::Slice(_)) {
             return Err(BuildError::new(BuildErrorKind::Sampler {
                 reason: "a list storage samples uniformly or without replacement; \
-                         prioritized sampling needs a row storage (ReplayBuffer or TypedBuffer)",
+                         prioritized sampling needs a row storage (ReplayBuffer or \
+                         TypedBuffer), and slice sampling a ReplayBuffer with the keys",
             }));
         }
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);

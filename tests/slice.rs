@@ -627,3 +627,20 @@ fn prioritized_and_without_replacement_do_not_mix() {
         .unwrap_err();
     assert!(e.to_string().contains("not both"), "{e}");
 }
+
+#[test]
+fn other_faces_refuse_slices_with_a_clear_error() {
+    let e = replaybuf::ListBuffer::<String>::builder()
+        .capacity(10)
+        .sampler(Slice::slice_len(2))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("slice sampling"), "{e}");
+    // A typed buffer's rows have no fields to tell trajectories by.
+    let e = replaybuf::TypedBuffer::<[u64; 2]>::builder()
+        .capacity(10)
+        .sampler(Slice::slice_len(2).traj_key("traj"))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("no such field"), "{e}");
+}
