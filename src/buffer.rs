@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use rand::RngExt;
 
-use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use crate::batch::{Batch, Column, Scratch};
@@ -22,11 +21,12 @@ use crate::sampler::without_replacement::Epochs;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
+use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::{Shard, Window as ShardWindow};
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
-use crate::sync::{AtomicU64, Backoff, Ordering};
+use crate::sync::{Backoff, Ordering};
 use crate::writer::{Writer, Written};
 
 /// What every handle of one buffer shares.
@@ -35,14 +35,6 @@ pub(crate) struct Inner {
     pub(crate) storage: Storage,
     pub(crate) sampler: Engine,
     seed: u64,
-    /// Samples drawn through `ReplayBuffer::sample*`: each gets its own stream.
-    pub(crate) calls: CachePadded<AtomicU64>,
-    /// Round-robin shard choice for `ReplayBuffer::extend` with several shards.
-    next_shard: CachePadded<AtomicU64>,
-    /// Writer handles handed out (handle `k` writes shard `k % shards`).
-    writers: AtomicU64,
-    /// Learner handles handed out (each gets its own stream).
-    learners: AtomicU64,
     pub(crate) batch_size: Option<usize>,
     dim_extend: usize,
     /// The spec field holding priorities (`priority_key`), by position.
@@ -153,13 +145,21 @@ impl ReplayBuffer {
     /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
     /// its shard's environments and extends them with `[t, group]` batches.
     pub fn writer(&self) -> Writer {
-        let k = self.inner.writers.fetch_add(1, Ordering::Relaxed);
+        let k = self
+            .inner
+            .storage
+            .global(Global::Writers)
+            .fetch_add(1, Ordering::Relaxed);
         Writer::new(self.clone(), (k % self.shards() as u64) as usize)
     }
 
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
-        let k = self.inner.learners.fetch_add(1, Ordering::Relaxed);
+        let k = self
+            .inner
+            .storage
+            .global(Global::Learners)
+            .fetch_add(1, Ordering::Relaxed);
         Learner::new(
             self.clone(),
             rng::stream(self.inner.seed, rng::Stream::Learner(k)),
@@ -204,7 +204,12 @@ impl ReplayBuffer {
         if s == 1 || self.inner.sampler.slice().is_some() {
             0
         } else {
-            (self.inner.next_shard.fetch_add(1, Ordering::Relaxed) % s) as usize
+            (self
+                .inner
+                .storage
+                .global(Global::NextShard)
+                .fetch_add(1, Ordering::Relaxed)
+                % s) as usize
         }
     }
 
@@ -214,7 +219,11 @@ impl ReplayBuffer {
     }
 
     fn call_rng(&self) -> Rng {
-        let call = self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        let call = self
+            .inner
+            .storage
+            .global(Global::Calls)
+            .fetch_add(1, Ordering::Relaxed);
         rng::stream(self.inner.seed, rng::Stream::Call(call))
     }
 
@@ -283,6 +292,7 @@ impl ReplayBuffer {
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
     /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
+        let _inside = self.inner.storage.enter_update();
         self.inner.storage.empty();
         self.inner.sampler.reset();
         self.inner.clear_emptied();
@@ -303,10 +313,6 @@ impl Inner {
             storage,
             sampler,
             seed,
-            calls: CachePadded::new(AtomicU64::new(0)),
-            next_shard: CachePadded::new(AtomicU64::new(0)),
-            writers: AtomicU64::new(0),
-            learners: AtomicU64::new(0),
             batch_size,
             dim_extend,
         }
@@ -664,6 +670,8 @@ impl Inner {
         drop(dest);
         let drop_last = epochs.drop_last();
         if read == 0 || (drop_last && read < slices) {
+            // The windows ran out under this sample: the epoch is over.
+            epochs.close_exhausted();
             return Err(SampleError::EpochEnd);
         }
         batch.reshape_for_slices(read, len, false);

@@ -190,10 +190,12 @@ impl ReplayBufferBuilder {
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let storage = Storage::new(self.spec, geometry, trees, slices)
             .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        let engine = Engine::new(self.sampler, seed, storage.globals());
+        engine.initialize();
         Ok(ReplayBuffer {
             inner: Arc::new(Inner::new(
                 storage,
-                Engine::new(self.sampler, seed),
+                engine,
                 seed,
                 self.batch_size,
                 dim_extend,

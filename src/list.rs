@@ -8,15 +8,16 @@
 //! appenders' predecessor order are the row storage's; only the slot differs. Slower
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
 
-use crossbeam_utils::CachePadded;
-
 use crate::builder;
 use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
+use crate::region::Block;
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
 use crate::storage::geometry::Geometry;
+use crate::storage::layout::Global;
 use crate::storage::plan::RowOrder;
 use crate::storage::shard::{self, Shard, Window};
+use crate::storage::shards_only;
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
@@ -36,8 +37,8 @@ struct ListInner<T> {
     slots: Box<[ArcCell<Entry<T>>]>,
     sampler: Engine,
     seed: u64,
-    calls: CachePadded<AtomicU64>,
-    next_shard: CachePadded<AtomicU64>,
+    /// The globals of the shards' region: the call and round-robin counters.
+    globals: Block,
 }
 
 /// A replay buffer of arbitrary values.
@@ -114,17 +115,16 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
             }));
         }
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let (shards, globals) =
+            shards_only(&geometry).map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
         Ok(ListBuffer {
             inner: Arc::new(ListInner {
-                shards: (0..geometry.shards())
-                    .map(|k| Shard::new(geometry.ring(k)))
-                    .collect(),
+                shards,
                 geometry,
                 slots: (0..self.capacity).map(|_| ArcCell::empty()).collect(),
-                sampler: Engine::new(self.sampler, seed),
+                sampler: Engine::new(self.sampler, seed, globals.clone()),
                 seed,
-                calls: CachePadded::new(AtomicU64::new(0)),
-                next_shard: CachePadded::new(AtomicU64::new(0)),
+                globals,
             }),
         })
     }
@@ -208,7 +208,10 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let k = if inner.shards.len() == 1 {
             0
         } else {
-            (inner.next_shard.fetch_add(1, Ordering::Relaxed) % inner.shards.len() as u64) as usize
+            (inner
+                .global(Global::NextShard)
+                .fetch_add(1, Ordering::Relaxed)
+                % inner.shards.len() as u64) as usize
         };
         let shard = &inner.shards[k];
         let ring = *shard.ring();
@@ -238,7 +241,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
     /// Samples `n` values (clones).
     pub fn sample(&self, n: usize) -> Result<ListBatch<T>, SampleError> {
         let inner = &self.inner;
-        let call = inner.calls.fetch_add(1, Ordering::Relaxed);
+        let call = inner.global(Global::Calls).fetch_add(1, Ordering::Relaxed);
         let mut rng: Rng = rng::stream(inner.seed, rng::Stream::Call(call));
         let mut windows: Vec<Window> = inner.shards.iter().map(Shard::window).collect();
         let mut draws = Vec::with_capacity(n);
@@ -309,6 +312,12 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             s.empty();
         }
         self.inner.sampler.reset();
+    }
+}
+
+impl<T> ListInner<T> {
+    fn global(&self, g: Global) -> &AtomicU64 {
+        self.globals.word(g.offset())
     }
 }
 

@@ -177,6 +177,7 @@ impl Inner {
                 }
             }
         }
+        let _inside = self.storage.enter_update();
         for (tree, rows) in trees.iter().zip(&by_shard) {
             let mut applied = vec![false; rows.len()];
             state.update(tree, rows, &mut applied);
@@ -357,6 +358,7 @@ impl ReplayBuffer {
     /// over the trees, so a cold-path call. Samples and updates may run meanwhile.
     pub fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
         let state = self.inner.prioritized()?;
+        let _inside = self.inner.storage.enter_update();
         state.set_alpha(alpha)?;
         for tree in self.inner.storage.trees() {
             state.remass(&tree);

@@ -63,6 +63,16 @@ mod imp {
         pub fn swap(&self, v: u64, order: Ordering) -> u64 {
             self.0.swap(v, order)
         }
+        /// As `std::sync::atomic::AtomicU64::fetch_or`.
+        #[inline]
+        pub fn fetch_or(&self, v: u64, order: Ordering) -> u64 {
+            self.0.fetch_or(v, order)
+        }
+        /// As `std::sync::atomic::AtomicU64::fetch_and`.
+        #[inline]
+        pub fn fetch_and(&self, v: u64, order: Ordering) -> u64 {
+            self.0.fetch_and(v, order)
+        }
         /// As `std::sync::atomic::AtomicU64::fetch_max`.
         #[inline]
         pub fn fetch_max(&self, v: u64, order: Ordering) -> u64 {

@@ -15,6 +15,7 @@ use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleErr
 use crate::rng::{self, Rng};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
+use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::sync::Ordering;
 use crate::writer::Written;
@@ -250,7 +251,10 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
 
     fn call_rng(&self) -> Rng {
         let inner = &self.buffer.inner;
-        let call = inner.calls.fetch_add(1, Ordering::Relaxed);
+        let call = inner
+            .storage
+            .global(Global::Calls)
+            .fetch_add(1, Ordering::Relaxed);
         rng::stream(self.buffer.seed(), rng::Stream::Call(call))
     }
 

@@ -471,6 +471,29 @@ fn without_replacement_drop_last_and_storage_order() {
 }
 
 #[test]
+fn an_epoch_whose_windows_were_all_overwritten_ends_once() {
+    use replaybuf::WithoutReplacement;
+    let slice = Slice::slice_len(4)
+        .end_key("done")
+        .without_replacement(WithoutReplacement::new().shuffle(false));
+    let (rb, _) = epoch_buffer(slice);
+    // Open an epoch and take its first window, then overwrite every row it listed.
+    rb.sample(4).unwrap();
+    for id in 10..20 {
+        rb.extend(&rows(&rb, &trajectory(id, 10))).unwrap();
+    }
+    // Every window left in the epoch is stale: this sample ends the epoch...
+    assert_eq!(rb.sample(4).unwrap_err(), SampleError::EpochEnd);
+    // ...and the next starts a new one over the new trajectories, not the old one again.
+    let batch = rb.sample(4).expect("a new epoch over the new rows");
+    let windows = check_slices(&batch, &BTreeMap::new());
+    assert!(
+        windows.iter().all(|&(traj, _, _)| traj >= 10),
+        "{windows:?}"
+    );
+}
+
+#[test]
 fn learners_share_one_epoch_of_windows() {
     use replaybuf::WithoutReplacement;
     use std::sync::atomic::Ordering::SeqCst;

@@ -21,6 +21,7 @@ pub use slice::{Marks, Slice, SlicePriority};
 pub use without_replacement::WithoutReplacement;
 
 use crate::error::SampleError;
+use crate::region::Block;
 use crate::rng::Rng;
 use crate::storage::shard::{Shard, Window};
 use crate::storage::{Draw, Miss, Want};
@@ -89,14 +90,22 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(sampler: Sampler, seed: u64) -> Engine {
+    /// The engine of `sampler`, whose shared state lives in the region's `globals`.
+    pub(crate) fn new(sampler: Sampler, seed: u64, globals: Block) -> Engine {
         match sampler {
             Sampler::Uniform(_) => Engine::Uniform,
             Sampler::WithoutReplacement(w) => {
                 Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
-            Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p)),
-            Sampler::Slice(s) => Engine::Slice(slice::State::new(s, seed)),
+            Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p, globals)),
+            Sampler::Slice(s) => Engine::Slice(slice::State::new(s, seed, globals)),
+        }
+    }
+
+    /// Writes the engine's initial shared state into a new region.
+    pub(crate) fn initialize(&self) {
+        if let Some(state) = self.prioritized() {
+            state.initialize();
         }
     }
 

@@ -16,7 +16,9 @@
 use rand::RngExt;
 
 use crate::error::PriorityError;
+use crate::region::Block;
 use crate::rng::Rng;
+use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
 use crate::sumtree::tree::Tree;
@@ -134,16 +136,15 @@ impl Prioritized {
 /// The priority every new row gets before any update: TorchRL's initial maximum.
 const INITIAL_PRIORITY: f64 = 1.0;
 
-/// A prioritized sampler with its running state.
+/// A prioritized sampler with its running state, which lives in the storage's region
+/// (so that every process of a shared buffer, and a checkpoint, sees the same):
+/// `Global::Alpha` and `Global::Beta` as `f64` bits, and `Global::MaxSeen`, the
+/// largest priority seen (non-negative `f64` bits order like the floats).
 #[derive(Debug)]
 pub(crate) struct State {
-    alpha: AtomicU64,
-    beta: AtomicU64,
-    eps: f64,
+    globals: Block,
+    config: Prioritized,
     pub(crate) reduction: Reduction,
-    within_buffer: bool,
-    /// The largest priority seen (non-negative `f64` bits order like the floats).
-    max_seen: AtomicU64,
 }
 
 /// Checks a priority: finite and not negative.
@@ -152,23 +153,42 @@ pub(crate) fn valid(p: f64) -> bool {
 }
 
 impl State {
-    pub(crate) fn new(config: Prioritized) -> State {
+    /// The state of `config` over the region's `globals`, which [`State::initialize`]
+    /// fills in a new region.
+    pub(crate) fn new(config: Prioritized, globals: Block) -> State {
         State {
-            alpha: AtomicU64::new(config.alpha.to_bits()),
-            beta: AtomicU64::new(config.beta.to_bits()),
-            eps: config.eps,
+            globals,
             reduction: config.reduction,
-            within_buffer: config.max_priority_within_buffer,
-            max_seen: AtomicU64::new(INITIAL_PRIORITY.to_bits()),
+            config,
         }
     }
 
+    /// Writes the configured alpha and beta and the initial maximum into a new region.
+    pub(crate) fn initialize(&self) {
+        self.word(Global::Alpha)
+            .store(self.config.alpha.to_bits(), Ordering::SeqCst);
+        self.word(Global::Beta)
+            .store(self.config.beta.to_bits(), Ordering::Relaxed);
+        self.word(Global::MaxSeen)
+            .store(INITIAL_PRIORITY.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The settings the sampler was built with (alpha and beta as built, not as set).
+    pub(crate) fn config(&self) -> &Prioritized {
+        &self.config
+    }
+
+    #[inline]
+    fn word(&self, g: Global) -> &AtomicU64 {
+        self.globals.word(g.offset())
+    }
+
     pub(crate) fn alpha(&self) -> f64 {
-        f64::from_bits(self.alpha.load(Ordering::SeqCst))
+        f64::from_bits(self.word(Global::Alpha).load(Ordering::SeqCst))
     }
 
     pub(crate) fn beta(&self) -> f64 {
-        f64::from_bits(self.beta.load(Ordering::Relaxed))
+        f64::from_bits(self.word(Global::Beta).load(Ordering::Relaxed))
     }
 
     pub(crate) fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
@@ -178,7 +198,8 @@ impl State {
                 value: beta,
             });
         }
-        self.beta.store(beta.to_bits(), Ordering::Relaxed);
+        self.word(Global::Beta)
+            .store(beta.to_bits(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -190,26 +211,28 @@ impl State {
                 value: alpha,
             });
         }
-        self.alpha.store(alpha.to_bits(), Ordering::SeqCst);
+        self.word(Global::Alpha)
+            .store(alpha.to_bits(), Ordering::SeqCst);
         Ok(())
     }
 
     /// The fixed-point mass of priority `p` under `alpha`, computed in `f32` (TorchRL's
     /// precision; its relative error, about 1e-7, is below the fixed point's).
     pub(crate) fn mass(&self, p: f64, alpha: f64, max: u64) -> u64 {
-        let x = (p + self.eps) as f32;
+        let x = (p + self.config.eps) as f32;
         to_fixed(f64::from(x.powf(alpha as f32)), max)
     }
 
     /// Records `p` as seen (for the priority of later new rows).
     pub(crate) fn saw(&self, p: f64) {
-        self.max_seen.fetch_max(p.to_bits(), Ordering::Relaxed);
+        self.word(Global::MaxSeen)
+            .fetch_max(p.to_bits(), Ordering::Relaxed);
     }
 
     /// The priority of new rows: the largest seen, or the largest stored now.
     pub(crate) fn new_row_priority(&self, trees: &[Tree<'_>]) -> f64 {
-        if !self.within_buffer {
-            return f64::from_bits(self.max_seen.load(Ordering::Relaxed));
+        if !self.config.max_priority_within_buffer {
+            return f64::from_bits(self.word(Global::MaxSeen).load(Ordering::Relaxed));
         }
         trees
             .iter()

@@ -59,6 +59,7 @@ use rand::RngExt;
 
 use crate::dtype::DType;
 use crate::error::BuildErrorKind;
+use crate::region::Block;
 use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Prioritized};
 use crate::sampler::without_replacement::{Epochs, WithoutReplacement};
@@ -640,10 +641,12 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(cfg: Slice, seed: u64) -> State {
+    pub(crate) fn new(cfg: Slice, seed: u64, globals: Block) -> State {
         State {
             epochs: cfg.without_replacement.map(|w| Epochs::new(w, seed)),
-            priorities: cfg.prioritized.map(|(p, _)| prioritized::State::new(p)),
+            priorities: cfg
+                .prioritized
+                .map(|(p, _)| prioritized::State::new(p, globals)),
             cfg,
         }
     }

@@ -192,6 +192,18 @@ impl<T: Clone> Epochs<T> {
         self.config.drop_last
     }
 
+    /// Ends the open epoch if it has nothing left to hand out: for a sample that
+    /// returns [`SampleError::EpochEnd`] after its items all failed to read, so that
+    /// the next sample starts a new epoch rather than find this one empty again. An
+    /// epoch another learner started meanwhile, with items left, stays open.
+    pub(crate) fn close_exhausted(&self) {
+        if let Some(epoch) = self.current.load() {
+            if epoch.next.load(Ordering::Acquire) >= epoch.items.len() as u64 {
+                epoch.closed.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// Ends the open epoch, if any; the next sample starts a new one.
     pub(crate) fn close(&self) {
         if let Some(epoch) = self.current.load() {

@@ -18,7 +18,9 @@
 //! - `plan.rs`: which bytes of a caller's data go to which bytes of a row.
 
 pub mod atomic_copy;
+pub(crate) mod freeze;
 pub(crate) mod geometry;
+pub(crate) mod layout;
 pub(crate) mod plan;
 pub(crate) mod shard;
 pub mod stamp;
@@ -34,12 +36,13 @@ use stamp::{lap_cmp, Prev, Stamp};
 
 use atomic_copy::Intent;
 
-use crate::region::Region;
+use crate::region::{Block, Region};
 use crate::sampler::slice::{Bounds, Lanes, Turn};
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
 use crate::sync::{AtomicU64, Ordering};
+use layout::{Global, Layout, ShardWord};
 use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
@@ -107,7 +110,8 @@ pub(crate) enum Raws<'a> {
 
 #[derive(Debug)]
 pub(crate) struct Storage {
-    region: Region,
+    region: Arc<Region>,
+    layout: Layout,
     shards: Box<[Shard]>,
     geometry: Geometry,
     spec: Arc<Spec>,
@@ -126,62 +130,33 @@ pub(crate) struct Storage {
 impl Storage {
     /// A storage of `spec` rows shaped by `geometry`, with a tree block per shard when
     /// `trees` is given (`Some(true)`: with a max tree), and lane blocks for slice
-    /// sampling when `slices` is.
+    /// sampling when `slices` is, on the heap.
     pub(crate) fn new(
         spec: Arc<Spec>,
         geometry: Geometry,
         trees: Option<bool>,
         slices: Option<Bounds>,
     ) -> io::Result<Storage> {
-        let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
-        let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
-        let header_bytes = 8 + 8 * usize::from(with_trees) + 8 * usize::from(slices.is_some());
-        let slot_bytes = header_bytes + spec.row_bytes();
-        let mut words = usize::try_from(geometry.capacity())
-            .ok()
-            .and_then(|c| c.checked_mul(slot_bytes / 8))
-            .ok_or_else(too_large)?;
-        let mut layouts = Vec::new();
-        if with_trees {
-            for k in 0..geometry.shards() {
-                let ring = geometry.ring(k);
-                // Raw priorities sit in the slots, after the stamps (`raw_word`).
-                let raws = (
-                    ring.first_slot as usize * slot_bytes / 8 + 1,
-                    slot_bytes / 8,
-                );
-                let layout = TreeLayout::new(
-                    (ring.steps * ring.width) as usize,
-                    words,
-                    with_max,
-                    Some(raws),
-                );
-                words = words.checked_add(layout.words()).ok_or_else(too_large)?;
-                layouts.push(layout);
-            }
-        }
-        let slices = match slices {
-            Some(bounds) => {
-                let (lanes, taken) = Lanes::new(&geometry, words).ok_or_else(too_large)?;
-                words = words.checked_add(taken).ok_or_else(too_large)?;
-                Some((lanes, bounds))
-            }
-            None => None,
-        };
-        let region = Region::heap(words)?;
-        let shards = (0..geometry.shards())
-            .map(|k| Shard::new(geometry.ring(k)))
-            .collect();
-        Ok(Storage {
-            region,
-            shards,
-            geometry,
-            spec,
-            slot_bytes,
-            header_bytes,
-            trees: layouts.into_boxed_slice(),
-            slices,
-        })
+        let parts = Parts::new(spec, geometry, trees, slices, 0, 0)?;
+        let region = Arc::new(Region::heap(parts.layout.words)?);
+        Ok(parts.into_storage(region))
+    }
+
+    /// The region's layout.
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Global `g` of the region.
+    #[inline]
+    pub(crate) fn global(&self, g: Global) -> &AtomicU64 {
+        &self.words()[self.layout.global(g)]
+    }
+
+    /// The block of the region's globals, for the structures beside the storage.
+    pub(crate) fn globals(&self) -> Block {
+        let at = self.layout.global(Global::Calls);
+        Block::new(&self.region, at, self.layout.procs_at - at)
     }
 
     /// The lane blocks of a slice buffer.
@@ -224,26 +199,32 @@ impl Storage {
         self.region.words()
     }
 
+    /// The first word of slot `slot`: its stamp.
+    #[inline]
+    fn slot_word(&self, slot: u64) -> usize {
+        self.layout.slots_at + slot as usize * (self.slot_bytes / 8)
+    }
+
     #[inline]
     fn stamp(&self, slot: u64) -> &AtomicU64 {
-        &self.words()[slot as usize * (self.slot_bytes / 8)]
+        &self.words()[self.slot_word(slot)]
     }
 
     /// The word of the slot's raw priority (a buffer with trees).
     #[inline]
     fn raw_word(&self, slot: u64) -> usize {
-        slot as usize * (self.slot_bytes / 8) + 1
+        self.slot_word(slot) + 1
     }
 
     /// The word of the slot's trajectory word (a slice buffer): the header's last.
     #[inline]
     fn traj_word(&self, slot: u64) -> usize {
-        (slot as usize * self.slot_bytes + self.header_bytes) / 8 - 1
+        self.slot_word(slot) + self.header_bytes / 8 - 1
     }
 
     #[inline]
     fn row_offset(&self, slot: u64) -> usize {
-        slot as usize * self.slot_bytes + self.header_bytes
+        self.slot_word(slot) * 8 + self.header_bytes
     }
 
     /// Appends `steps` steps of rows from `src` to shard `k`; returns the first
@@ -349,7 +330,7 @@ impl Storage {
     /// 176-byte slot starting 48 bytes into a line spans four.
     #[inline]
     fn prefetch_slot(&self, slot: u64, intent: Intent) {
-        let start = slot as usize * self.slot_bytes;
+        let start = self.slot_word(slot) * 8;
         let first = start / LINE_BYTES;
         let last = (start + self.slot_bytes - 1) / LINE_BYTES;
         for line in (first..=last).take(PREFETCH_LINES) {
@@ -482,6 +463,137 @@ impl Storage {
     pub(crate) fn empty(&self) {
         for s in self.shards.iter() {
             s.empty();
+        }
+    }
+}
+
+/// The shards of `geometry` over a region of their own holding nothing but their
+/// blocks and the globals, which it returns too: for the list storage, which keeps
+/// its values outside any region.
+pub(crate) fn shards_only(geometry: &Geometry) -> io::Result<(Box<[Shard]>, Block)> {
+    let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
+    let layout = Layout::new(
+        0,
+        geometry.shards() as usize,
+        0,
+        0,
+        0,
+        |_, _| Some(0),
+        |_| Some(0),
+    )
+    .ok_or_else(too_large)?;
+    let region = Arc::new(Region::heap(layout.words)?);
+    let shards = (0..geometry.shards())
+        .map(|k| {
+            let at = layout.shard_word(k as usize, ShardWord::Cursor);
+            Shard::new(
+                geometry.ring(k),
+                Block::new(&region, at, layout::SHARD_WORDS),
+            )
+        })
+        .collect();
+    let at = layout.global(Global::Calls);
+    Ok((shards, Block::new(&region, at, layout.procs_at - at)))
+}
+
+/// What a storage is made of, laid out before its region exists: the region's size
+/// comes from here, and the storage is then assembled over whichever region a backing
+/// gives.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub(crate) layout: Layout,
+    spec: Arc<Spec>,
+    geometry: Geometry,
+    slot_bytes: usize,
+    header_bytes: usize,
+    trees: Vec<TreeLayout>,
+    slices: Option<(Lanes, Bounds)>,
+}
+
+impl Parts {
+    /// Lays out a storage (see [`Storage::new`]) with `meta_bytes` of meta and
+    /// `procs` process-table entries.
+    pub(crate) fn new(
+        spec: Arc<Spec>,
+        geometry: Geometry,
+        trees: Option<bool>,
+        slices: Option<Bounds>,
+        meta_bytes: usize,
+        procs: usize,
+    ) -> io::Result<Parts> {
+        let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
+        let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
+        let header_bytes = 8 + 8 * usize::from(with_trees) + 8 * usize::from(slices.is_some());
+        let slot_bytes = header_bytes + spec.row_bytes();
+        let capacity = usize::try_from(geometry.capacity()).map_err(|_| too_large())?;
+        let mut tree_layouts = Vec::new();
+        let mut lanes = None;
+        let layout = Layout::new(
+            meta_bytes,
+            geometry.shards() as usize,
+            procs,
+            capacity,
+            slot_bytes / 8,
+            |slots_at, at| {
+                if !with_trees {
+                    return Some(0);
+                }
+                // Raw priorities sit in the slots, after the stamps (`raw_word`).
+                let mut next = at;
+                for k in 0..geometry.shards() {
+                    let ring = geometry.ring(k);
+                    let first_slot = usize::try_from(ring.first_slot).ok()?;
+                    let raws = (slots_at + first_slot * (slot_bytes / 8) + 1, slot_bytes / 8);
+                    let leaves = usize::try_from(ring.steps * ring.width).ok()?;
+                    let tree = TreeLayout::new(leaves, next, with_max, Some(raws));
+                    next = next.checked_add(tree.words())?;
+                    tree_layouts.push(tree);
+                }
+                Some(next - at)
+            },
+            |at| {
+                if slices.is_none() {
+                    return Some(0);
+                }
+                let (l, taken) = Lanes::new(&geometry, at)?;
+                lanes = Some(l);
+                Some(taken)
+            },
+        )
+        .ok_or_else(too_large)?;
+        Ok(Parts {
+            layout,
+            spec,
+            geometry,
+            slot_bytes,
+            header_bytes,
+            trees: tree_layouts,
+            slices: lanes.zip(slices),
+        })
+    }
+
+    /// The storage over `region`, which is at least `layout.words` long.
+    pub(crate) fn into_storage(self, region: Arc<Region>) -> Storage {
+        let layout = self.layout;
+        let shards = (0..self.geometry.shards())
+            .map(|k| {
+                let at = layout.shard_word(k as usize, ShardWord::Cursor);
+                Shard::new(
+                    self.geometry.ring(k),
+                    Block::new(&region, at, layout::SHARD_WORDS),
+                )
+            })
+            .collect();
+        Storage {
+            region,
+            layout,
+            shards,
+            geometry: self.geometry,
+            spec: self.spec,
+            slot_bytes: self.slot_bytes,
+            header_bytes: self.header_bytes,
+            trees: self.trees.into_boxed_slice(),
+            slices: self.slices,
         }
     }
 }

@@ -10,13 +10,23 @@
 //! in-place rewrite, `write_all`) can race them for a slot. The `occupancy` word keeps
 //! the two apart without a lock on the appenders' path:
 //!
-//! - an appender adds 1 to the low half; if the high half (editors) was non-zero it
-//!   takes the 1 back and claims its slots by compare-exchange instead;
-//! - an editor adds 1 to the high half, then waits until the low half is zero: plain
+//! - an appender adds 1 to the plain count; if an editor was inside, it moves its unit
+//!   to the exchange count and claims its slots by compare-exchange instead;
+//! - an editor adds 1 to the editor count, then waits until the plain count is zero: plain
 //!   appenders already inside finish their one `extend`, later ones see the editor.
 //!
 //! Both sides read-modify-write the same word, so its modification order decides who
 //! came first: either the appender sees the editor, or the editor sees the appender.
+//!
+//! # Freezing
+//!
+//! A checkpoint needs the shard still: no row, cursor or lane changing while it is
+//! copied. A freezer sets the word's `FROZEN` bit, then waits until nobody is inside:
+//! plain appenders, editors, and the appenders that claim by compare-exchange (which
+//! count themselves apart, since editors must not wait for them). An appender or
+//! editor that finds the bit set takes its unit back and waits for the thaw. The same
+//! modification-order argument applies: either a newcomer sees the bit, or the freezer
+//! sees the newcomer and waits for it to leave.
 //!
 //! # Memory ordering
 //!
@@ -25,15 +35,26 @@
 //! cursor (`empty`), and loaded with Acquire before it (`window`), so a reader never
 //! sees a floor above the cursor it then reads.
 
-use crossbeam_utils::CachePadded;
-
 use super::geometry::Ring;
+use super::layout::ShardWord;
 use super::stamp::Claim;
+use crate::region::Block;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
-const APPENDER: u64 = 1;
-const EDITOR: u64 = 1 << 32;
-const APPENDERS_MASK: u64 = EDITOR - 1;
+/// The occupancy word (`ShardWord::Occupancy`):
+///
+/// ```text
+///  63       62           48 47               32 31                 0
+/// +--------+---------------+-------------------+-------------------+
+/// | FROZEN | editors (15)  | exchange apps (16) | plain apps (32)   |
+/// +--------+---------------+-------------------+-------------------+
+/// ```
+const PLAIN: u64 = 1;
+const PLAIN_MASK: u64 = (1 << 32) - 1;
+const EXCHANGE: u64 = 1 << 32;
+const EDITOR: u64 = 1 << 48;
+const EDITORS_MASK: u64 = ((1 << 15) - 1) << 48;
+const FROZEN: u64 = 1 << 63;
 
 /// The live part of a shard's ring: sequence numbers `lo..hi`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,16 +110,6 @@ impl Positions {
         let seq = self.last.checked_sub(back)?;
         (seq >= self.lo).then_some(seq)
     }
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    /// Sequence numbers claimed so far: the next appender starts here. Only grows.
-    cursor: AtomicU64,
-    /// Rows with `seq < floor` were emptied. Only grows; never above `cursor`.
-    floor: AtomicU64,
-    /// Low 32 bits: plain appenders inside. High 32 bits: editors inside.
-    occupancy: AtomicU64,
 }
 
 /// One step of an append: where step `j` of the claim goes, and which row must be in
@@ -161,16 +172,36 @@ fn step(ring: &Ring, first: u64, j: u64) -> Step {
 /// One shard of a storage.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    counters: CachePadded<Counters>,
+    /// The shard's block in the region (`layout::ShardWord`), of which:
+    /// - `Cursor`: sequence numbers claimed so far: the next appender starts here.
+    ///   Only grows.
+    /// - `Floor`: rows with `seq < floor` were emptied. Only grows; never above the
+    ///   cursor.
+    /// - `Occupancy`: low 32 bits: plain appenders inside; high 32 bits: editors
+    ///   inside.
+    block: Block,
     ring: Ring,
 }
 
 impl Shard {
-    pub(crate) fn new(ring: Ring) -> Shard {
-        Shard {
-            counters: CachePadded::new(Counters::default()),
-            ring,
-        }
+    /// The shard of `ring` whose words are `block` (a shard block of the region).
+    pub(crate) fn new(ring: Ring, block: Block) -> Shard {
+        Shard { block, ring }
+    }
+
+    #[inline]
+    fn cursor(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Cursor as usize)
+    }
+
+    #[inline]
+    fn floor_word(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Floor as usize)
+    }
+
+    #[inline]
+    fn occupancy(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Occupancy as usize)
     }
 
     pub(crate) fn ring(&self) -> &Ring {
@@ -180,15 +211,15 @@ impl Shard {
     /// Claims `steps` sequence numbers; returns the first.
     #[inline]
     pub(crate) fn claim(&self, steps: u64) -> u64 {
-        self.counters.cursor.fetch_add(steps, Ordering::Relaxed)
+        self.cursor().fetch_add(steps, Ordering::Relaxed)
     }
 
     /// The live window: the last `ring.steps` claimed sequence numbers at most, none
     /// below the floor.
     #[inline]
     pub(crate) fn window(&self) -> Window {
-        let floor = self.counters.floor.load(Ordering::Acquire);
-        let hi = self.counters.cursor.load(Ordering::Relaxed);
+        let floor = self.floor_word().load(Ordering::Acquire);
+        let hi = self.cursor().load(Ordering::Relaxed);
         Window {
             lo: floor.max(hi.saturating_sub(self.ring.steps)),
             hi,
@@ -204,55 +235,104 @@ impl Shard {
     /// Sequence numbers claimed since the last `empty` (or ever).
     pub(crate) fn written(&self) -> u64 {
         let w = self.window();
-        w.hi - self.counters.floor.load(Ordering::Acquire).min(w.hi)
+        w.hi - self.floor_word().load(Ordering::Acquire).min(w.hi)
     }
 
     /// Sequence numbers below this were emptied.
     #[inline]
     pub(crate) fn floor(&self) -> u64 {
-        self.counters.floor.load(Ordering::Acquire)
+        self.floor_word().load(Ordering::Acquire)
     }
 
     /// Forgets every row claimed so far.
     pub(crate) fn empty(&self) {
-        let hi = self.counters.cursor.load(Ordering::Acquire);
-        self.counters.floor.fetch_max(hi, Ordering::Release);
+        let hi = self.cursor().load(Ordering::Acquire);
+        self.floor_word().fetch_max(hi, Ordering::Release);
     }
 
     /// Enters the shard as an appender; pass the claim to [`Shard::leave_append`].
+    /// Waits while the shard is frozen.
     #[inline]
     pub(crate) fn enter_append(&self) -> Claim {
-        let before = self
-            .counters
-            .occupancy
-            .fetch_add(APPENDER, Ordering::AcqRel);
-        if before & !APPENDERS_MASK == 0 {
-            Claim::Plain
-        } else {
-            self.counters
-                .occupancy
-                .fetch_sub(APPENDER, Ordering::Release);
-            Claim::Exchange
+        loop {
+            let before = self.occupancy().fetch_add(PLAIN, Ordering::AcqRel);
+            if before & (EDITORS_MASK | FROZEN) == 0 {
+                return Claim::Plain;
+            }
+            if before & FROZEN == 0 {
+                // An editor is inside: count this appender among those claiming by
+                // compare-exchange, which editors do not wait for (a freeze does).
+                self.occupancy()
+                    .fetch_add(EXCHANGE.wrapping_sub(PLAIN), Ordering::AcqRel);
+                return Claim::Exchange;
+            }
+            self.occupancy().fetch_sub(PLAIN, Ordering::Release);
+            self.wait_thawed();
         }
     }
 
     #[inline]
     pub(crate) fn leave_append(&self, claim: Claim) {
-        if claim == Claim::Plain {
-            self.counters
-                .occupancy
-                .fetch_sub(APPENDER, Ordering::Release);
-        }
+        let unit = match claim {
+            Claim::Plain => PLAIN,
+            Claim::Exchange => EXCHANGE,
+        };
+        self.occupancy().fetch_sub(unit, Ordering::Release);
     }
 
     /// Enters the shard as an editor, waiting for plain appenders inside to leave.
+    /// Waits while the shard is frozen.
     pub(crate) fn enter_edit(&self) -> EditGuard<'_> {
-        self.counters.occupancy.fetch_add(EDITOR, Ordering::AcqRel);
+        loop {
+            let before = self.occupancy().fetch_add(EDITOR, Ordering::AcqRel);
+            if before & FROZEN == 0 {
+                break;
+            }
+            self.occupancy().fetch_sub(EDITOR, Ordering::Release);
+            self.wait_thawed();
+        }
         let mut backoff = Backoff::new();
-        while self.counters.occupancy.load(Ordering::Acquire) & APPENDERS_MASK != 0 {
+        while self.occupancy().load(Ordering::Acquire) & PLAIN_MASK != 0 {
             backoff.snooze();
         }
         EditGuard { shard: self }
+    }
+
+    /// Freezes the shard: waits for every appender and editor inside to leave, and
+    /// keeps new ones waiting until the guard drops. One freezer at a time (the
+    /// storage's freeze orders them).
+    pub(crate) fn freeze(&self) -> FreezeGuard<'_> {
+        let before = self.occupancy().fetch_or(FROZEN, Ordering::AcqRel);
+        assert!(
+            before & FROZEN == 0,
+            "replaybuf internal error: a shard frozen twice"
+        );
+        let mut backoff = Backoff::new();
+        while self.occupancy().load(Ordering::Acquire) & !FROZEN != 0 {
+            backoff.snooze();
+        }
+        FreezeGuard { shard: self }
+    }
+
+    /// Waits until no freeze holds the shard.
+    fn wait_thawed(&self) {
+        let mut backoff = Backoff::new();
+        while self.occupancy().load(Ordering::Acquire) & FROZEN != 0 {
+            backoff.snooze();
+        }
+    }
+}
+
+/// A freezer's hold on a shard; thawing is dropping it.
+pub(crate) struct FreezeGuard<'a> {
+    shard: &'a Shard,
+}
+
+impl Drop for FreezeGuard<'_> {
+    fn drop(&mut self) {
+        // SYNC POINT: pairs with the Acquire loads of waiting appenders and editors:
+        // whatever the freezer wrote happens before their writes.
+        self.shard.occupancy().fetch_and(!FROZEN, Ordering::Release);
     }
 }
 
@@ -263,9 +343,6 @@ pub(crate) struct EditGuard<'a> {
 
 impl Drop for EditGuard<'_> {
     fn drop(&mut self) {
-        self.shard
-            .counters
-            .occupancy
-            .fetch_sub(EDITOR, Ordering::Release);
+        self.shard.occupancy().fetch_sub(EDITOR, Ordering::Release);
     }
 }

@@ -1,0 +1,272 @@
+//! Where everything of one storage lives in its region, in words.
+//!
+//! A storage keeps all of its state in one region, not only its rows: the cursors,
+//! the prioritized sampler's settings and running maximum, the counters that hand out
+//! random streams and shards. So a region is the whole buffer, and the same bytes
+//! work on every backing: the heap, a file (persistent storage), or named shared
+//! memory that several processes map at once.
+//!
+//! ```text
+//! | header | meta | shard blocks | globals | process table | slots ... | trees | lanes |
+//! ```
+//!
+//! - **header** (`HEADER_WORDS`): magic, format version, layout hash, readiness, sizes
+//!   (see [`Header`]). A process that maps a region checks these before anything else.
+//! - **meta**: the buffer's configuration as JSON, so that another process can attach
+//!   to a shared region by name alone (empty on the heap).
+//! - **shard blocks**: one per shard, `SHARD_WORDS` each (two cache lines, so that
+//!   collectors on different shards share none): cursor, floor, occupancy, and the
+//!   shared-mode writer lease.
+//! - **globals**: counters and settings every handle shares, each contended word on a
+//!   line of its own ([`Global`]).
+//! - **process table**: in shared mode, one line per attached process.
+//! - **slots**: from a page boundary on, `slot_words` each (see `storage/mod.rs`).
+//! - **trees** and **lanes**: the prioritized and slice samplers' blocks, each section
+//!   starting on a cache line, so that a section copied from one region to another
+//!   (a checkpoint loaded into a buffer on another backing) keeps its inner layout.
+//!
+//! Under loom the header and blocks shrink to a word a field: every region word is a
+//! model-checked atomic there, and lines mean nothing.
+
+use crate::sync::AtomicU64;
+
+/// Words of a cache line, or 1 under loom.
+const LINE: usize = if cfg!(replaybuf_loom) { 1 } else { 8 };
+/// Slots start on a page (4 KiB) boundary.
+const SLOTS_ALIGN_WORDS: usize = if cfg!(replaybuf_loom) { 1 } else { 512 };
+
+/// `b"RPLYBUF\0"`: the first word of every region.
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPLYBUF\0");
+/// The version of this layout; a region of another version is refused.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+/// Header words of a region.
+pub(crate) const HEADER_WORDS: usize = 16;
+
+/// The header's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Header {
+    /// [`MAGIC`].
+    Magic = 0,
+    /// [`FORMAT_VERSION`].
+    Version = 1,
+    /// A hash of everything that decides the region's layout (see `checkpoint/meta.rs`).
+    LayoutHash = 2,
+    /// [`READY`] once the creator has laid out every word; zero before.
+    State = 3,
+    /// Words in the region.
+    Words = 4,
+    /// Bytes of the meta JSON.
+    MetaBytes = 5,
+    /// Pid of the process that created the region.
+    CreatorPid = 6,
+}
+
+/// [`Header::State`] of a region whose creator finished laying it out.
+pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
+
+/// Words of one shard block.
+pub(crate) const SHARD_WORDS: usize = 2 * LINE;
+
+/// A shard block's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum ShardWord {
+    /// Sequence numbers claimed so far.
+    Cursor = 0,
+    /// Rows below it were emptied.
+    Floor = 1,
+    /// Appenders and editors inside (see `shard.rs`).
+    Occupancy = 2,
+    /// Shared mode: the process slot holding the writer lease, plus one (0: none).
+    Lease = 3,
+    /// Shared mode: rows claimed below it by a writer that died may be left half
+    /// written; the next lap's writer takes their slots over.
+    Abandoned = 4,
+}
+
+/// The globals' words: each contended one on its own line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Global {
+    /// Samples drawn through `ReplayBuffer::sample`: each gets a random stream.
+    Calls,
+    /// Round-robin shard choice of buffer-level extends.
+    NextShard,
+    /// Writer handles handed out.
+    Writers,
+    /// Learner handles handed out.
+    Learners,
+    /// Prioritized sampling: alpha, as `f64` bits.
+    Alpha,
+    /// Prioritized sampling: beta, as `f64` bits.
+    Beta,
+    /// Prioritized sampling: the largest priority seen, as `f64` bits.
+    MaxSeen,
+    /// Priority updaters inside, and the freeze bit (see `storage/freeze.rs`).
+    Updaters,
+}
+
+impl Global {
+    /// The word's offset in the globals block.
+    pub(crate) fn offset(self) -> usize {
+        match self {
+            Global::Calls => 0,
+            Global::NextShard => LINE,
+            Global::Writers => 2 * LINE,
+            Global::Learners => 2 * LINE + 1,
+            Global::Alpha => 3 * LINE,
+            Global::Beta => 3 * LINE + 1,
+            Global::MaxSeen => 4 * LINE,
+            Global::Updaters => 5 * LINE,
+        }
+    }
+}
+
+/// Words of the globals block.
+const GLOBAL_WORDS: usize = 6 * LINE;
+
+/// Words of one process-table entry (shared mode).
+pub(crate) const PROC_WORDS: usize = LINE;
+
+/// Where each part of a storage's region lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) meta_at: usize,
+    pub(crate) meta_bytes: usize,
+    shards_at: usize,
+    shards: usize,
+    globals_at: usize,
+    pub(crate) procs_at: usize,
+    pub(crate) procs: usize,
+    pub(crate) slots_at: usize,
+    pub(crate) slot_words: usize,
+    pub(crate) capacity: usize,
+    /// Where the tree blocks begin (their own layouts place each shard's).
+    pub(crate) trees_at: usize,
+    /// Where the lane blocks begin.
+    pub(crate) lanes_at: usize,
+    pub(crate) words: usize,
+}
+
+/// The sections of a region that a checkpoint stores, in region order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Section {
+    /// Shard blocks and globals.
+    Control,
+    /// Every slot: stamps, headers and rows.
+    Slots,
+    /// Tree blocks.
+    Trees,
+    /// Lane blocks.
+    Lanes,
+}
+
+impl Layout {
+    /// The layout of a region with `meta_bytes` of meta, `shards` shards, `procs`
+    /// process-table entries and `capacity` slots of `slot_words` words; the trees
+    /// and lanes take the words their own layouts ask for: `trees` is given where the
+    /// slots and the trees start, `lanes` where the lanes start, and each returns the
+    /// words it takes. `None` if the region would not fit the address space.
+    pub(crate) fn new(
+        meta_bytes: usize,
+        shards: usize,
+        procs: usize,
+        capacity: usize,
+        slot_words: usize,
+        trees: impl FnOnce(usize, usize) -> Option<usize>,
+        lanes: impl FnOnce(usize) -> Option<usize>,
+    ) -> Option<Layout> {
+        let meta_at = HEADER_WORDS;
+        let shards_at = align(meta_at + meta_bytes.div_ceil(8), LINE)?;
+        let globals_at = shards_at.checked_add(shards.checked_mul(SHARD_WORDS)?)?;
+        let procs_at = globals_at + GLOBAL_WORDS;
+        let slots_at = align(
+            procs_at.checked_add(procs.checked_mul(PROC_WORDS)?)?,
+            SLOTS_ALIGN_WORDS,
+        )?;
+        let slots_end = slots_at.checked_add(capacity.checked_mul(slot_words)?)?;
+        let trees_at = align(slots_end, LINE)?;
+        let lanes_at = align(trees_at.checked_add(trees(slots_at, trees_at)?)?, LINE)?;
+        let words = lanes_at.checked_add(lanes(lanes_at)?)?;
+        // The region is addressed in bytes too.
+        words.checked_mul(8).filter(|&b| b <= isize::MAX as usize)?;
+        Some(Layout {
+            meta_at,
+            meta_bytes,
+            shards_at,
+            shards,
+            globals_at,
+            procs_at,
+            procs,
+            slots_at,
+            slot_words,
+            capacity,
+            trees_at,
+            lanes_at,
+            words,
+        })
+    }
+
+    /// The word of `w` in shard `k`'s block.
+    #[inline]
+    pub(crate) fn shard_word(&self, k: usize, w: ShardWord) -> usize {
+        debug_assert!(k < self.shards);
+        self.shards_at + k * SHARD_WORDS + w as usize
+    }
+
+    /// The word of global `g`.
+    #[inline]
+    pub(crate) fn global(&self, g: Global) -> usize {
+        self.globals_at + g.offset()
+    }
+
+    /// The words of section `s`.
+    pub(crate) fn section(&self, s: Section) -> std::ops::Range<usize> {
+        match s {
+            Section::Control => self.shards_at..self.procs_at,
+            Section::Slots => self.slots_at..self.slots_at + self.capacity * self.slot_words,
+            Section::Trees => self.trees_at..self.lanes_at,
+            Section::Lanes => self.lanes_at..self.words,
+        }
+    }
+}
+
+/// `x` rounded up to a multiple of `to`.
+fn align(x: usize, to: usize) -> Option<usize> {
+    Some(x.checked_add(to - 1)? / to * to)
+}
+
+/// Reads header word `h` of a region.
+pub(crate) fn header(words: &[AtomicU64], h: Header) -> u64 {
+    words[h as usize].load(crate::sync::Ordering::Acquire)
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_start_where_they_should_and_do_not_overlap() {
+        let l = Layout::new(100, 4, 2, 1000, 22, |_, _| Some(333), |_| Some(77)).unwrap();
+        assert_eq!(l.meta_at, HEADER_WORDS);
+        assert!(l.shards_at >= l.meta_at + 13 && l.shards_at % LINE == 0);
+        assert_eq!(l.slots_at % SLOTS_ALIGN_WORDS, 0);
+        assert!(l.slots_at >= l.procs_at + 2 * PROC_WORDS);
+        assert_eq!(l.trees_at % LINE, 0);
+        assert_eq!(l.lanes_at % LINE, 0);
+        assert!(l.lanes_at >= l.trees_at + 333);
+        assert_eq!(l.words, l.lanes_at + 77);
+        let words: Vec<usize> = (0..4)
+            .flat_map(|k| {
+                [ShardWord::Cursor, ShardWord::Floor, ShardWord::Occupancy]
+                    .map(|w| l.shard_word(k, w))
+            })
+            .collect();
+        let mut sorted = words.clone();
+        sorted.dedup();
+        assert_eq!(words, sorted);
+        assert!(l.global(Global::Updaters) < l.procs_at);
+        assert!(Layout::new(0, 1, 0, usize::MAX / 4, 8, |_, _| Some(0), |_| Some(0)).is_none());
+    }
+}
