@@ -18,17 +18,17 @@ pub const MAX_SHARDS: usize = 1024;
 /// Builds a [`ReplayBuffer`]; [`ReplayBufferBuilder::build`] validates every choice.
 #[derive(Clone, Debug)]
 pub struct ReplayBufferBuilder {
-    spec: Arc<Spec>,
-    capacity: usize,
-    shards: usize,
-    ndim: usize,
-    envs: Option<usize>,
-    dim_extend: Option<usize>,
-    batch_size: Option<usize>,
-    seed: Option<u64>,
-    sampler: Sampler,
-    writer: WritePolicy,
-    priority_key: Option<Key>,
+    pub(crate) spec: Arc<Spec>,
+    pub(crate) capacity: usize,
+    pub(crate) shards: usize,
+    pub(crate) ndim: usize,
+    pub(crate) envs: Option<usize>,
+    pub(crate) dim_extend: Option<usize>,
+    pub(crate) batch_size: Option<usize>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) sampler: Sampler,
+    pub(crate) writer: WritePolicy,
+    pub(crate) priority_key: Option<Key>,
 }
 
 impl ReplayBufferBuilder {

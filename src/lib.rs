@@ -43,6 +43,7 @@ pub mod docs;
 mod batch;
 mod buffer;
 mod builder;
+mod checkpoint;
 mod dtype;
 mod error;
 mod learner;

@@ -66,8 +66,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block.
-pub(crate) const SHARD_WORDS: usize = 2 * LINE;
+/// Words of one shard block: two cache lines, or its five words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 5 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +88,7 @@ pub(crate) enum ShardWord {
 
 /// The globals' words: each contended one on its own line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
 pub(crate) enum Global {
     /// Samples drawn through `ReplayBuffer::sample`: each gets a random stream.
     Calls,
@@ -108,23 +109,43 @@ pub(crate) enum Global {
 }
 
 impl Global {
-    /// The word's offset in the globals block.
+    const ALL: [Global; 8] = [
+        Global::Calls,
+        Global::NextShard,
+        Global::Writers,
+        Global::Learners,
+        Global::Alpha,
+        Global::Beta,
+        Global::MaxSeen,
+        Global::Updaters,
+    ];
+
+    /// The word's offset in the globals block: (cache line, word in it), or just its
+    /// place in the list under loom.
     pub(crate) fn offset(self) -> usize {
-        match self {
-            Global::Calls => 0,
-            Global::NextShard => LINE,
-            Global::Writers => 2 * LINE,
-            Global::Learners => 2 * LINE + 1,
-            Global::Alpha => 3 * LINE,
-            Global::Beta => 3 * LINE + 1,
-            Global::MaxSeen => 4 * LINE,
-            Global::Updaters => 5 * LINE,
+        if cfg!(replaybuf_loom) {
+            return self as usize;
         }
+        let (line, word) = match self {
+            Global::Calls => (0, 0),
+            Global::NextShard => (1, 0),
+            Global::Writers => (2, 0),
+            Global::Learners => (2, 1),
+            Global::Alpha => (3, 0),
+            Global::Beta => (3, 1),
+            Global::MaxSeen => (4, 0),
+            Global::Updaters => (5, 0),
+        };
+        line * LINE + word
     }
 }
 
 /// Words of the globals block.
-const GLOBAL_WORDS: usize = 6 * LINE;
+const GLOBAL_WORDS: usize = if cfg!(replaybuf_loom) {
+    Global::ALL.len()
+} else {
+    6 * LINE
+};
 
 /// Words of one process-table entry (shared mode).
 pub(crate) const PROC_WORDS: usize = LINE;
@@ -266,7 +287,10 @@ mod tests {
         let mut sorted = words.clone();
         sorted.dedup();
         assert_eq!(words, sorted);
-        assert!(l.global(Global::Updaters) < l.procs_at);
+        let globals: std::collections::BTreeSet<usize> =
+            Global::ALL.iter().map(|&g| l.global(g)).collect();
+        assert_eq!(globals.len(), Global::ALL.len(), "two globals share a word");
+        assert!(globals.iter().all(|&w| w >= l.globals_at && w < l.procs_at));
         assert!(Layout::new(0, 1, 0, usize::MAX / 4, 8, |_, _| Some(0), |_| Some(0)).is_none());
     }
 }

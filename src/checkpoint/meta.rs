@@ -1,0 +1,470 @@
+//! A buffer's configuration as data: what a checkpoint's `meta.json` and a shared
+//! region's meta section record, so that a buffer can be rebuilt, or attached to,
+//! without the code that built it.
+//!
+//! These types mirror the builder's choices field by field rather than deriving
+//! serde on the public types, so that the on-disk format changes only when
+//! [`FORMAT_VERSION`](crate::storage::layout::FORMAT_VERSION) does.
+//!
+//! The **layout hash** condenses what decides how a region's words are laid out and
+//! read: the spec, the storage's shape, the sampler (without alpha and beta, which
+//! live in the region and change at run time) and the priority field. Two buffers
+//! with one layout hash can share a region or trade checkpoints; a seed, batch size or
+//! `dim_extend` may differ.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::builder::ReplayBufferBuilder;
+use crate::dtype::DType;
+use crate::sampler::slice::SliceShape;
+use crate::sampler::{
+    Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+};
+use crate::error::SpecError;
+use crate::spec::{Key, Spec};
+use crate::writer::WritePolicy;
+
+/// Everything a buffer was built with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Config {
+    pub(crate) spec: Vec<FieldMeta>,
+    pub(crate) capacity: usize,
+    pub(crate) shards: usize,
+    pub(crate) ndim: usize,
+    pub(crate) envs: Option<usize>,
+    pub(crate) dim_extend: usize,
+    pub(crate) batch_size: Option<usize>,
+    pub(crate) seed: u64,
+    pub(crate) sampler: SamplerMeta,
+    pub(crate) writer: WriterMeta,
+    pub(crate) priority_key: Option<Vec<String>>,
+}
+
+/// One field of the spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FieldMeta {
+    pub(crate) key: Vec<String>,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+}
+
+/// The sampler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum SamplerMeta {
+    Uniform,
+    WithoutReplacement {
+        drop_last: bool,
+        shuffle: bool,
+    },
+    Prioritized(PrioritizedMeta),
+    Slice {
+        num_slices: Option<usize>,
+        slice_len: Option<usize>,
+        traj_key: Option<Vec<String>>,
+        end_key: Vec<String>,
+        truncated_key: Option<Vec<String>>,
+        strict_length: bool,
+        span: (usize, usize),
+        without_replacement: Option<(bool, bool)>,
+        prioritized: Option<(PrioritizedMeta, SlicePriorityMeta)>,
+    },
+}
+
+/// A prioritized sampler's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PrioritizedMeta {
+    pub(crate) alpha: f64,
+    pub(crate) beta: f64,
+    pub(crate) eps: f64,
+    pub(crate) max_capacity: Option<usize>,
+    pub(crate) reduction: ReductionMeta,
+    pub(crate) max_priority_within_buffer: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ReductionMeta {
+    Max,
+    Min,
+    Mean,
+    Median,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SlicePriorityMeta {
+    Start,
+    Window,
+}
+
+/// The write policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum WriterMeta {
+    RoundRobin,
+}
+
+fn key_meta(key: &Key) -> Vec<String> {
+    key.components().map(str::to_owned).collect()
+}
+
+fn key_of(parts: &[String]) -> Key {
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    Key::from(&parts[..])
+}
+
+impl PrioritizedMeta {
+    fn of(p: &Prioritized) -> PrioritizedMeta {
+        PrioritizedMeta {
+            alpha: p.alpha,
+            beta: p.beta,
+            eps: p.eps,
+            max_capacity: p.max_capacity,
+            reduction: match p.reduction {
+                Reduction::Max => ReductionMeta::Max,
+                Reduction::Min => ReductionMeta::Min,
+                Reduction::Mean => ReductionMeta::Mean,
+                Reduction::Median => ReductionMeta::Median,
+            },
+            max_priority_within_buffer: p.max_priority_within_buffer,
+        }
+    }
+
+    fn sampler(&self) -> Prioritized {
+        Prioritized {
+            alpha: self.alpha,
+            beta: self.beta,
+            eps: self.eps,
+            max_capacity: self.max_capacity,
+            reduction: match self.reduction {
+                ReductionMeta::Max => Reduction::Max,
+                ReductionMeta::Min => Reduction::Min,
+                ReductionMeta::Mean => Reduction::Mean,
+                ReductionMeta::Median => Reduction::Median,
+            },
+            max_priority_within_buffer: self.max_priority_within_buffer,
+        }
+    }
+}
+
+impl SamplerMeta {
+    fn of(sampler: &Sampler) -> SamplerMeta {
+        match sampler {
+            Sampler::Uniform(_) => SamplerMeta::Uniform,
+            Sampler::WithoutReplacement(w) => SamplerMeta::WithoutReplacement {
+                drop_last: w.drop_last,
+                shuffle: w.shuffle,
+            },
+            Sampler::Prioritized(p) => SamplerMeta::Prioritized(PrioritizedMeta::of(p)),
+            Sampler::Slice(s) => {
+                let (num_slices, slice_len) = match s.shape {
+                    SliceShape::Count(n) => (Some(n), None),
+                    SliceShape::Len(l) => (None, Some(l)),
+                };
+                SamplerMeta::Slice {
+                    num_slices,
+                    slice_len,
+                    traj_key: s.traj_key.as_ref().map(key_meta),
+                    end_key: key_meta(&s.end_key),
+                    truncated_key: s.truncated_key.as_ref().map(key_meta),
+                    strict_length: s.strict_length,
+                    span: s.span,
+                    without_replacement: s.without_replacement.map(|w| (w.drop_last, w.shuffle)),
+                    prioritized: s.prioritized.as_ref().map(|(p, over)| {
+                        let over = match over {
+                            SlicePriority::Start => SlicePriorityMeta::Start,
+                            SlicePriority::Window => SlicePriorityMeta::Window,
+                        };
+                        (PrioritizedMeta::of(p), over)
+                    }),
+                }
+            }
+        }
+    }
+
+    /// The sampler, or `None` if the record is inconsistent (a slice shape given both
+    /// ways or neither).
+    fn sampler(&self) -> Option<Sampler> {
+        let epochs = |(drop_last, shuffle): (bool, bool)| {
+            WithoutReplacement::new()
+                .drop_last(drop_last)
+                .shuffle(shuffle)
+        };
+        Some(match self {
+            SamplerMeta::Uniform => Sampler::Uniform(Uniform),
+            SamplerMeta::WithoutReplacement { drop_last, shuffle } => {
+                Sampler::WithoutReplacement(epochs((*drop_last, *shuffle)))
+            }
+            SamplerMeta::Prioritized(p) => Sampler::Prioritized(p.sampler()),
+            SamplerMeta::Slice {
+                num_slices,
+                slice_len,
+                traj_key,
+                end_key,
+                truncated_key,
+                strict_length,
+                span,
+                without_replacement,
+                prioritized,
+            } => {
+                let mut s = match (num_slices, slice_len) {
+                    (Some(n), None) => Slice::num_slices(*n),
+                    (None, Some(l)) => Slice::slice_len(*l),
+                    _ => return None,
+                };
+                s = s
+                    .end_key(key_of(end_key))
+                    .strict_length(*strict_length)
+                    .span(span.0, span.1);
+                if let Some(k) = traj_key {
+                    s = s.traj_key(key_of(k));
+                }
+                if let Some(k) = truncated_key {
+                    s = s.truncated_key(key_of(k));
+                }
+                if let Some(w) = without_replacement {
+                    s = s.without_replacement(epochs(*w));
+                }
+                if let Some((p, over)) = prioritized {
+                    let over = match over {
+                        SlicePriorityMeta::Start => SlicePriority::Start,
+                        SlicePriorityMeta::Window => SlicePriority::Window,
+                    };
+                    s = s.prioritized(p.sampler(), over);
+                }
+                Sampler::Slice(s)
+            }
+        })
+    }
+
+    /// The same settings with alpha and beta left out: they live in the region.
+    fn without_runtime(&self) -> SamplerMeta {
+        let mut s = self.clone();
+        let clear = |p: &mut PrioritizedMeta| {
+            p.alpha = 0.0;
+            p.beta = 0.0;
+        };
+        match &mut s {
+            SamplerMeta::Prioritized(p) => clear(p),
+            SamplerMeta::Slice {
+                prioritized: Some((p, _)),
+                ..
+            } => clear(p),
+            _ => {}
+        }
+        s
+    }
+}
+
+/// Why a recorded configuration cannot be turned back into a builder.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ConfigError {
+    Spec(SpecError),
+    Sampler,
+}
+
+impl Config {
+    /// The configuration of `builder`, built with `seed`.
+    pub(crate) fn of(builder: &ReplayBufferBuilder, seed: u64) -> Config {
+        Config {
+            spec: builder
+                .spec
+                .fields()
+                .iter()
+                .map(|f| FieldMeta {
+                    key: key_meta(f.key()),
+                    dtype: f.dtype(),
+                    shape: f.shape().to_vec(),
+                })
+                .collect(),
+            capacity: builder.capacity,
+            shards: builder.shards,
+            ndim: builder.ndim,
+            envs: builder.envs,
+            dim_extend: builder.dim_extend.unwrap_or(builder.ndim.saturating_sub(1)),
+            batch_size: builder.batch_size,
+            seed,
+            sampler: SamplerMeta::of(&builder.sampler),
+            writer: match builder.writer {
+                WritePolicy::RoundRobin => WriterMeta::RoundRobin,
+            },
+            priority_key: builder.priority_key.as_ref().map(key_meta),
+        }
+    }
+
+    /// The spec.
+    pub(crate) fn spec(&self) -> Result<Spec, SpecError> {
+        self.spec
+            .iter()
+            .fold(Spec::builder(), |b, f| {
+                b.field(key_of(&f.key), f.dtype, &f.shape)
+            })
+            .build()
+    }
+
+    /// A builder that builds this configuration again (the builder checks it).
+    pub(crate) fn builder(&self) -> Result<ReplayBufferBuilder, ConfigError> {
+        let spec = self.spec().map_err(ConfigError::Spec)?;
+        let mut b = ReplayBufferBuilder::new(Arc::new(spec))
+            .capacity(self.capacity)
+            .shards(self.shards)
+            .ndim(self.ndim)
+            .dim_extend(self.dim_extend)
+            .seed(self.seed)
+            .sampler(self.sampler.sampler().ok_or(ConfigError::Sampler)?)
+            .writer(match self.writer {
+                WriterMeta::RoundRobin => WritePolicy::RoundRobin,
+            });
+        if let Some(envs) = self.envs {
+            b = b.envs(envs);
+        }
+        if let Some(n) = self.batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(k) = &self.priority_key {
+            b = b.priority_key(key_of(k));
+        }
+        Ok(b)
+    }
+
+    /// The hash of everything that decides the region's layout (see the module docs).
+    pub(crate) fn layout_hash(&self) -> u64 {
+        #[derive(Serialize)]
+        struct LayoutKey<'a> {
+            spec: &'a [FieldMeta],
+            capacity: usize,
+            shards: usize,
+            ndim: usize,
+            envs: Option<usize>,
+            sampler: SamplerMeta,
+            priority_key: &'a Option<Vec<String>>,
+        }
+        let key = LayoutKey {
+            spec: &self.spec,
+            capacity: self.capacity,
+            shards: self.shards,
+            ndim: self.ndim,
+            envs: self.envs,
+            sampler: self.sampler.without_runtime(),
+            priority_key: &self.priority_key,
+        };
+        let bytes = serde_json::to_vec(&key).expect("a layout key always serialises");
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
+    /// What differs between this configuration's layout and `other`'s, in words, for
+    /// an error message; `None` if the layouts agree.
+    pub(crate) fn layout_difference(&self, other: &Config) -> Option<String> {
+        if self.layout_hash() == other.layout_hash() {
+            return None;
+        }
+        let mut diffs = Vec::new();
+        if self.spec != other.spec {
+            diffs.push("the spec".to_owned());
+        }
+        for (what, a, b) in [
+            ("capacity", self.capacity, other.capacity),
+            ("shards", self.shards, other.shards),
+            ("ndim", self.ndim, other.ndim),
+            ("envs", self.envs.unwrap_or(0), other.envs.unwrap_or(0)),
+        ] {
+            if a != b {
+                diffs.push(format!("{what} {a} vs {b}"));
+            }
+        }
+        if self.sampler.without_runtime() != other.sampler.without_runtime() {
+            diffs.push("the sampler".to_owned());
+        }
+        if self.priority_key != other.priority_key {
+            diffs.push("the priority key".to_owned());
+        }
+        Some(diffs.join(", "))
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn spec() -> Arc<Spec> {
+        Arc::new(
+            Spec::builder()
+                .field("obs", DType::F32, [3])
+                .field(("next", "done"), DType::Bool, [])
+                .field("traj", DType::I64, [])
+                .field("td", DType::F32, [2])
+                .build()
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn every_sampler_round_trips_through_json() {
+        let p = Prioritized::new(0.6, 0.4)
+            .eps(1e-3)
+            .max_capacity(1000)
+            .reduction(Reduction::Median)
+            .max_priority_within_buffer(true);
+        let samplers: Vec<Sampler> = vec![
+            Uniform.into(),
+            WithoutReplacement::new().drop_last(true).shuffle(false).into(),
+            p.into(),
+            Slice::num_slices(4).traj_key("traj").span(1, 2).into(),
+            Slice::slice_len(8)
+                .truncated_key(("next", "done"))
+                .strict_length(false)
+                .without_replacement(WithoutReplacement::new())
+                .into(),
+            Slice::slice_len(8)
+                .traj_key("traj")
+                .prioritized(p, SlicePriority::Window)
+                .into(),
+        ];
+        for sampler in samplers {
+            let builder = ReplayBufferBuilder::new(spec())
+                .capacity(64)
+                .shards(2)
+                .batch_size(16)
+                .sampler(sampler.clone())
+                .priority_key("td");
+            let config = Config::of(&builder, 7);
+            let json = serde_json::to_string(&config).unwrap();
+            let back: Config = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, config);
+            assert_eq!(back.sampler.sampler(), Some(sampler));
+            assert_eq!(Config::of(&back.builder().unwrap(), 7), config);
+        }
+    }
+
+    #[test]
+    fn the_layout_hash_ignores_run_time_settings_only() {
+        let base = ReplayBufferBuilder::new(spec())
+            .capacity(64)
+            .sampler(Prioritized::new(0.6, 0.4));
+        let config = Config::of(&base, 1);
+        let same = Config::of(
+            &base
+                .clone()
+                .sampler(Prioritized::new(0.9, 0.1))
+                .batch_size(8),
+            2,
+        );
+        assert_eq!(config.layout_hash(), same.layout_hash());
+        assert_eq!(config.layout_difference(&same), None);
+        let other = Config::of(&base.clone().capacity(128), 1);
+        assert_ne!(config.layout_hash(), other.layout_hash());
+        assert_eq!(
+            config.layout_difference(&other).unwrap(),
+            "capacity 64 vs 128"
+        );
+        let eps = Config::of(&base.sampler(Prioritized::new(0.6, 0.4).eps(0.1)), 1);
+        assert_eq!(config.layout_difference(&eps).unwrap(), "the sampler");
+    }
+}

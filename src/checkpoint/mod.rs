@@ -1,0 +1,3 @@
+//! Checkpoints: a buffer's whole state saved to a directory and loaded back.
+
+pub(crate) mod meta;
