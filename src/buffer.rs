@@ -10,6 +10,8 @@ use smallvec::SmallVec;
 
 use crate::batch::{Batch, Column, Scratch};
 use crate::builder::ReplayBufferBuilder;
+use crate::checkpoint::error::PersistError;
+use crate::checkpoint::meta::Config;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::rng::{self, Rng};
@@ -32,6 +34,8 @@ use crate::writer::{Writer, Written};
 /// What every handle of one buffer shares.
 #[derive(Debug)]
 pub(crate) struct Inner {
+    /// What the buffer was built with (its seed resolved): for checkpoints.
+    pub(crate) config: Config,
     pub(crate) storage: Storage,
     pub(crate) sampler: Engine,
     seed: u64,
@@ -289,6 +293,13 @@ impl ReplayBuffer {
         self.inner.write_all(data, end)
     }
 
+    /// Writes a file-backed storage's changes through to its file and the disk
+    /// (`msync` and `fsync`); nothing for other storages. A file-backed buffer's rows
+    /// outlive its process without this; it guards against the machine going down.
+    pub fn flush(&self) -> Result<(), PersistError> {
+        self.inner.storage.flush()
+    }
+
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
     /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
@@ -301,6 +312,7 @@ impl ReplayBuffer {
 
 impl Inner {
     pub(crate) fn new(
+        config: Config,
         storage: Storage,
         sampler: Engine,
         seed: u64,
@@ -309,6 +321,7 @@ impl Inner {
         priority_field: Option<usize>,
     ) -> Inner {
         Inner {
+            config,
             priority_field,
             storage,
             sampler,

@@ -1,15 +1,18 @@
 //! [`ReplayBufferBuilder`]: every choice of a buffer, validated before any memory is
 //! reserved.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::buffer::{Inner, ReplayBuffer};
+use crate::checkpoint::memmap;
+use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::sampler::{Engine, Sampler};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
-use crate::storage::Storage;
+use crate::storage::{Parts, Storage};
 use crate::writer::WritePolicy;
 
 /// The most shards a storage may have.
@@ -29,6 +32,8 @@ pub struct ReplayBufferBuilder {
     pub(crate) sampler: Sampler,
     pub(crate) writer: WritePolicy,
     pub(crate) priority_key: Option<Key>,
+    pub(crate) memmap: Option<PathBuf>,
+    pub(crate) existsok: bool,
 }
 
 impl ReplayBufferBuilder {
@@ -45,6 +50,8 @@ impl ReplayBufferBuilder {
             sampler: Sampler::default(),
             writer: WritePolicy::RoundRobin,
             priority_key: None,
+            memmap: None,
+            existsok: false,
         }
     }
 
@@ -109,6 +116,27 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// Keeps the storage in files under `dir` (TorchRL's `LazyMemmapStorage`): the
+    /// rows, stamps, cursors, trees and trajectory tables live in `dir/storage.bin`,
+    /// mapped into memory, and `dir/meta.json` records this configuration. The file
+    /// grows on disk only as rows are written, and the buffer outlives the process: a
+    /// later `build` with [`existsok`](Self::existsok) reopens it with its contents.
+    /// A directory that already holds a buffer is refused otherwise.
+    pub fn memmap(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.memmap = Some(dir.into());
+        self
+    }
+
+    /// Opens the buffer a [`memmap`](Self::memmap) directory already holds instead of
+    /// refusing it (TorchRL's `existsok`). Its layout (spec, capacity, shards, ndim,
+    /// sampler, priority key) must be this builder's; without an explicit
+    /// [`seed`](Self::seed) it keeps its own, and its random streams go on where they
+    /// stopped.
+    pub fn existsok(mut self, existsok: bool) -> Self {
+        self.existsok = existsok;
+        self
+    }
+
     /// The write policy (default round robin).
     pub fn writer(mut self, writer: WritePolicy) -> Self {
         self.writer = writer;
@@ -163,7 +191,7 @@ impl ReplayBufferBuilder {
             }
             _ => None,
         };
-        let priority_field = match self.priority_key {
+        let priority_field = match &self.priority_key {
             None => None,
             Some(key) => {
                 let reason = |reason| {
@@ -187,13 +215,35 @@ impl ReplayBufferBuilder {
                 Some(i)
             }
         };
-        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let storage = Storage::new(self.spec, geometry, trees, slices)
-            .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let mut config = Config::of(&self, seed);
+        let (storage, fresh) = match &self.memmap {
+            None => (
+                Storage::new(self.spec.clone(), geometry, trees, slices)
+                    .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
+                true,
+            ),
+            Some(dir) => {
+                let opened = memmap::open(dir, &config, self.existsok, |meta| {
+                    Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0)
+                })
+                .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
+                if !opened.fresh && self.seed.is_none() {
+                    seed = opened.seed;
+                    config.seed = seed;
+                }
+                (opened.storage, opened.fresh)
+            }
+        };
         let engine = Engine::new(self.sampler, seed, storage.globals());
-        engine.initialize();
+        if fresh {
+            engine.initialize();
+        } else {
+            storage.recover(engine.prioritized());
+        }
         Ok(ReplayBuffer {
             inner: Arc::new(Inner::new(
+                config,
                 storage,
                 engine,
                 seed,

@@ -68,6 +68,7 @@ pub(crate) enum BuildErrorKind {
     SliceBatchSize { batch_size: usize, divisor: usize },
     Spec(SpecError),
     Region(io::Error),
+    Persist(crate::checkpoint::error::PersistError),
 }
 
 impl BuildError {
@@ -125,6 +126,7 @@ impl fmt::Display for BuildError {
             ),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
+            Persist(e) => write!(f, "{e}"),
         }
     }
 }
@@ -134,6 +136,7 @@ impl std::error::Error for BuildError {
         match &self.kind {
             BuildErrorKind::Region(e) => Some(e),
             BuildErrorKind::Spec(e) => Some(e),
+            BuildErrorKind::Persist(e) => Some(e),
             _ => None,
         }
     }

@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::builder::ReplayBufferBuilder;
 use crate::dtype::DType;
+use crate::error::SpecError;
 use crate::sampler::slice::SliceShape;
 use crate::sampler::{
     Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
-use crate::error::SpecError;
 use crate::spec::{Key, Spec};
 use crate::writer::WritePolicy;
 
@@ -414,7 +414,10 @@ mod tests {
             .max_priority_within_buffer(true);
         let samplers: Vec<Sampler> = vec![
             Uniform.into(),
-            WithoutReplacement::new().drop_last(true).shuffle(false).into(),
+            WithoutReplacement::new()
+                .drop_last(true)
+                .shuffle(false)
+                .into(),
             p.into(),
             Slice::num_slices(4).traj_key("traj").span(1, 2).into(),
             Slice::slice_len(8)

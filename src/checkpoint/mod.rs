@@ -1,3 +1,7 @@
-//! Checkpoints: a buffer's whole state saved to a directory and loaded back.
+//! Persistence: file-backed storage, checkpoints, offline datasets.
 
+pub(crate) mod dir;
+pub(crate) mod dump;
+pub(crate) mod error;
+pub(crate) mod memmap;
 pub(crate) mod meta;

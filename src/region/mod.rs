@@ -7,13 +7,82 @@
 //! know which backing they run on. The heap backing is the one loom checks: under
 //! `replaybuf_loom` it is a boxed slice of loom atomics instead of a mapping.
 
+#[cfg(not(replaybuf_loom))]
+mod file;
 mod heap;
 
+use std::io;
 use std::sync::Arc;
 
-pub(crate) use heap::Region;
+#[cfg(not(replaybuf_loom))]
+pub(crate) use file::Access;
 
 use crate::sync::AtomicU64;
+
+/// What memory backs a region.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// An anonymous mapping (or, under loom, a boxed slice).
+    Heap,
+    /// A mapped file, kept open.
+    #[cfg(not(replaybuf_loom))]
+    File(std::fs::File),
+}
+
+/// A zeroed region of atomic words.
+#[derive(Debug)]
+pub(crate) struct Region {
+    /// The mapping. Only ever accessed through [`Region::words`] and raw pointers taken
+    /// from those words; no `&[u8]` to it is ever created, since other threads (and,
+    /// for shared backings, other processes) write it.
+    #[cfg(not(replaybuf_loom))]
+    map: memmap2::MmapRaw,
+    #[cfg(replaybuf_loom)]
+    words: Box<[AtomicU64]>,
+    len: usize,
+    backing: Backing,
+}
+
+/// Bytes of `len` words, if the address space has them.
+#[cfg(not(replaybuf_loom))]
+fn bytes_of(len: usize) -> io::Result<usize> {
+    len.checked_mul(8)
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "region size overflows"))
+}
+
+impl Region {
+    /// A region over `map`, which is at least `len` words long and page aligned.
+    #[cfg(not(replaybuf_loom))]
+    fn mapped(map: memmap2::MmapRaw, len: usize, backing: Backing) -> Region {
+        debug_assert!(map.len() >= len * 8);
+        Region { map, len, backing }
+    }
+
+    /// The region as atomic words.
+    #[cfg(not(replaybuf_loom))]
+    #[inline]
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        // SAFETY: (1) the mapping is page aligned and at least `len * 8` bytes long, so
+        // it holds `len` properly aligned u64-sized cells; (2) `AtomicU64` has the size
+        // and alignment of `u64` and every bit pattern is valid, including the zeroes a
+        // fresh mapping reads as; (3) the mapping lives as long as `self`, and all
+        // access to it goes through these atomics or the atomic row copy, never
+        // through a plain reference to the bytes.
+        unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().cast::<AtomicU64>(), self.len) }
+    }
+
+    #[cfg(replaybuf_loom)]
+    #[inline]
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        &self.words
+    }
+
+    /// Bytes of memory this region has reserved (not all of it resident).
+    pub(crate) fn reserved_bytes(&self) -> usize {
+        self.len * 8
+    }
+}
 
 /// A run of words of a shared region: what the structures beside a region (a shard's
 /// cursor block, the sampler's settings) hold to reach their words. Keeps the region

@@ -415,6 +415,41 @@ impl Lanes {
         }
     }
 
+    /// Closes lane `lane` of shard `k` after its writers died (`storage/recover.rs`;
+    /// the caller has the region to itself): rows `tail..cursor` were claimed, and
+    /// perhaps partly written, by an append that never finished its turn.
+    ///
+    /// That append recorded the start of every trajectory it began before writing the
+    /// trajectory's first row, so the table already holds the starts of the
+    /// trajectories its published rows name (`word_of(seq)`: the trajectory word of
+    /// row `seq` if it is published): they count. The lane's tail moves to `cursor`,
+    /// and the next row begins a new trajectory. Rows left half written stay
+    /// unpublished; a window over them fails its read and is drawn again, until the
+    /// ring laps them.
+    pub(crate) fn recover(
+        &self,
+        words: &[AtomicU64],
+        k: usize,
+        lane: u64,
+        cursor: u64,
+        word_of: impl Fn(u64) -> Option<u64>,
+    ) {
+        let b = self.block(k, lane);
+        let tail = words[b + TAIL].load(Ordering::Acquire);
+        if tail >= cursor {
+            return;
+        }
+        let mut count = words[b + COUNT].load(Ordering::Acquire);
+        for seq in tail.max(cursor.saturating_sub(self.steps[k]))..cursor {
+            if let Some(word) = word_of(seq) {
+                count = count.max((word & TRAJ_MASK) + 1);
+            }
+        }
+        words[b + COUNT].store(count, Ordering::Release);
+        words[b + LAST_FLAGS].store(FLAG_DONE, Ordering::Relaxed);
+        words[b + TAIL].store(cursor, Ordering::Release);
+    }
+
     /// A snapshot of lane `lane` of shard `k` whose live rows start at `lo`.
     pub(crate) fn view(&self, words: &[AtomicU64], k: usize, lane: u64, lo: u64) -> LaneView {
         let b = self.block(k, lane);

@@ -28,7 +28,7 @@
 //! Under loom the header and blocks shrink to a word a field: every region word is a
 //! model-checked atomic there, and lines mean nothing.
 
-use crate::sync::AtomicU64;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Words of a cache line, or 1 under loom.
 const LINE: usize = if cfg!(replaybuf_loom) { 1 } else { 8 };
@@ -260,7 +260,113 @@ fn align(x: usize, to: usize) -> Option<usize> {
 
 /// Reads header word `h` of a region.
 pub(crate) fn header(words: &[AtomicU64], h: Header) -> u64 {
-    words[h as usize].load(crate::sync::Ordering::Acquire)
+    words[h as usize].load(Ordering::Acquire)
+}
+
+/// Writes a new region's header and meta, then marks it ready: the last store, with
+/// Release, so that a process that sees `READY` (Acquire) sees every word before it.
+pub(crate) fn write_header(words: &[AtomicU64], layout: &Layout, layout_hash: u64, meta: &[u8]) {
+    assert!(
+        meta.len() <= layout.meta_bytes,
+        "replaybuf internal error: meta larger than its section"
+    );
+    let set = |h: Header, v: u64| words[h as usize].store(v, Ordering::Relaxed);
+    set(Header::Magic, MAGIC);
+    set(Header::Version, FORMAT_VERSION);
+    set(Header::LayoutHash, layout_hash);
+    set(Header::Words, layout.words as u64);
+    set(Header::MetaBytes, meta.len() as u64);
+    set(Header::CreatorPid, u64::from(std::process::id()));
+    crate::storage::atomic_copy::store(words, layout.meta_at * 8, meta);
+    // SYNC POINT: pairs with the Acquire load of `State` in `read_header`.
+    words[Header::State as usize].store(READY, Ordering::Release);
+}
+
+/// What a region's header says, read by a process about to use it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HeaderInfo {
+    pub(crate) layout_hash: u64,
+    pub(crate) words: u64,
+    pub(crate) creator_pid: u64,
+    /// The meta JSON.
+    pub(crate) meta: Vec<u8>,
+}
+
+/// Why a region's header was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HeaderProblem {
+    /// Too short to hold a header.
+    TooShort { words: usize },
+    /// Not a replaybuf region.
+    Magic { found: u64 },
+    /// Another format version.
+    Version { found: u64 },
+    /// Its creator has not finished laying it out (or died doing so).
+    NotReady,
+    /// Its header names a size other than the region's, or meta past its end.
+    Size { header: u64, region: usize },
+}
+
+impl std::fmt::Display for HeaderProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderProblem::TooShort { words } => {
+                write!(f, "{} bytes is too short for a replaybuf header", words * 8)
+            }
+            HeaderProblem::Magic { found } => write!(
+                f,
+                "not a replaybuf region (magic {found:#018x}, expected {MAGIC:#018x})"
+            ),
+            HeaderProblem::Version { found } => write!(
+                f,
+                "format version {found}, but this build reads version {FORMAT_VERSION}"
+            ),
+            HeaderProblem::NotReady => f.write_str(
+                "its creator has not finished initialising it (still starting, or died \
+                 while creating it)",
+            ),
+            HeaderProblem::Size { header, region } => write!(
+                f,
+                "its header says {header} words but the region holds {region}"
+            ),
+        }
+    }
+}
+
+/// Reads and checks a region's header.
+pub(crate) fn read_header(words: &[AtomicU64]) -> Result<HeaderInfo, HeaderProblem> {
+    if words.len() < HEADER_WORDS {
+        return Err(HeaderProblem::TooShort { words: words.len() });
+    }
+    let magic = header(words, Header::Magic);
+    if magic != MAGIC {
+        return Err(HeaderProblem::Magic { found: magic });
+    }
+    let version = header(words, Header::Version);
+    if version != FORMAT_VERSION {
+        return Err(HeaderProblem::Version { found: version });
+    }
+    // SYNC POINT: pairs with the Release store of `State` in `write_header`.
+    if header(words, Header::State) != READY {
+        return Err(HeaderProblem::NotReady);
+    }
+    let total = header(words, Header::Words);
+    let meta_bytes = header(words, Header::MetaBytes);
+    let meta_end = (HEADER_WORDS as u64 * 8).checked_add(meta_bytes);
+    if total != words.len() as u64 || meta_end.is_none_or(|e| e > total * 8) {
+        return Err(HeaderProblem::Size {
+            header: total,
+            region: words.len(),
+        });
+    }
+    let mut meta = vec![0; meta_bytes as usize];
+    crate::storage::atomic_copy::load(words, HEADER_WORDS * 8, &mut meta);
+    Ok(HeaderInfo {
+        layout_hash: header(words, Header::LayoutHash),
+        words: total,
+        creator_pid: header(words, Header::CreatorPid),
+        meta,
+    })
 }
 
 #[cfg(all(test, not(replaybuf_loom)))]
@@ -292,5 +398,33 @@ mod tests {
         assert_eq!(globals.len(), Global::ALL.len(), "two globals share a word");
         assert!(globals.iter().all(|&w| w >= l.globals_at && w < l.procs_at));
         assert!(Layout::new(0, 1, 0, usize::MAX / 4, 8, |_, _| Some(0), |_| Some(0)).is_none());
+    }
+
+    #[test]
+    fn a_written_header_reads_back_and_damage_is_named() {
+        let meta = br#"{"hello":"world"}"#;
+        let l = Layout::new(meta.len(), 1, 0, 4, 2, |_, _| Some(0), |_| Some(0)).unwrap();
+        let words: Vec<AtomicU64> = (0..l.words).map(|_| AtomicU64::new(0)).collect();
+        assert_eq!(read_header(&words), Err(HeaderProblem::Magic { found: 0 }));
+        write_header(&words, &l, 0xabc, meta);
+        let info = read_header(&words).unwrap();
+        assert_eq!(info.layout_hash, 0xabc);
+        assert_eq!(info.meta, meta);
+        assert_eq!(info.words, l.words as u64);
+        assert!(read_header(&words[..l.words - 1]).is_err());
+        words[Header::Version as usize].store(99, Ordering::Relaxed);
+        assert_eq!(
+            read_header(&words),
+            Err(HeaderProblem::Version { found: 99 })
+        );
+        words[Header::Version as usize].store(FORMAT_VERSION, Ordering::Relaxed);
+        words[Header::State as usize].store(0, Ordering::Relaxed);
+        assert_eq!(read_header(&words), Err(HeaderProblem::NotReady));
+        words[Header::State as usize].store(READY, Ordering::Relaxed);
+        words[Header::MetaBytes as usize].store(u64::MAX, Ordering::Relaxed);
+        assert!(matches!(
+            read_header(&words),
+            Err(HeaderProblem::Size { .. })
+        ));
     }
 }

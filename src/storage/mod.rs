@@ -22,6 +22,7 @@ pub(crate) mod freeze;
 pub(crate) mod geometry;
 pub(crate) mod layout;
 pub(crate) mod plan;
+pub(crate) mod recover;
 pub(crate) mod shard;
 pub mod stamp;
 
@@ -142,6 +143,18 @@ impl Storage {
         Ok(parts.into_storage(region))
     }
 
+    /// Writes a file-backed region's changes to its file and the disk.
+    pub(crate) fn flush(&self) -> Result<(), crate::PersistError> {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(_file) = self.region.file() {
+            return self
+                .region
+                .flush()
+                .map_err(|e| crate::PersistError::io(std::path::Path::new("storage.bin"), e));
+        }
+        Ok(())
+    }
+
     /// The region's layout.
     pub(crate) fn layout(&self) -> &Layout {
         &self.layout
@@ -246,6 +259,8 @@ impl Storage {
         let ring = *shard.ring();
         let claim = shard.enter_append();
         let first = shard.claim(steps);
+        // Rows claimed below this by writers that died: their slots are taken over.
+        let abandoned = shard.abandoned().load(Ordering::Acquire);
         let ring_slots = ring.steps * ring.width;
         // A slice buffer's lanes: their turns, taken before any row is written.
         let mut turns: SmallVec<[Turn; 8]> = SmallVec::new();
@@ -257,9 +272,11 @@ impl Storage {
             (bounds, fresh_from)
         });
         for step in shard::steps_of(&ring, first, steps) {
-            let prev = step
-                .prev
-                .map_or(Prev::Empty, |p| Prev::Lap((p / ring.steps) as u32));
+            let prev = match step.prev {
+                None => Prev::Empty,
+                Some(p) if p < abandoned => Prev::Abandoned,
+                Some(p) => Prev::Lap((p / ring.steps) as u32),
+            };
             for lane in 0..ring.width {
                 let slot = ring.slot(step.pos, lane);
                 // The slot `APPEND_AHEAD_SLOTS` on, wrapping (no division: a row's worth

@@ -199,8 +199,15 @@ impl Shard {
         self.block.word(ShardWord::Floor as usize)
     }
 
+    /// Sequence numbers below it were claimed by writers that may have died (see
+    /// `storage/recover.rs`).
     #[inline]
-    fn occupancy(&self) -> &AtomicU64 {
+    pub(crate) fn abandoned(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Abandoned as usize)
+    }
+
+    #[inline]
+    pub(crate) fn occupancy(&self) -> &AtomicU64 {
         self.block.word(ShardWord::Occupancy as usize)
     }
 

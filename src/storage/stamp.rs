@@ -110,6 +110,11 @@ impl Stamp {
         Stamp::new(lap, edit, true)
     }
 
+    /// The stamp whose word is `bits`.
+    pub(crate) fn from_bits(bits: u64) -> Stamp {
+        Stamp(bits)
+    }
+
     /// The row's lap (wrapping).
     pub fn lap(self) -> u32 {
         (self.0 >> LAP_SHIFT) as u32
@@ -186,6 +191,9 @@ pub enum Prev {
     Empty,
     /// The published row of this lap (any edit count).
     Lap(u32),
+    /// Whatever the slot holds: its previous writer died, perhaps halfway through the
+    /// row (see `storage/recover.rs`), and nobody else can be inside it.
+    Abandoned,
 }
 
 impl Prev {
@@ -193,6 +201,7 @@ impl Prev {
         match self {
             Prev::Empty => s == Stamp::EMPTY,
             Prev::Lap(lap) => s.is_published() && s.lap() == lap,
+            Prev::Abandoned => true,
         }
     }
 }

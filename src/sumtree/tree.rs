@@ -601,6 +601,37 @@ impl<'a> Tree<'a> {
         Some(j)
     }
 
+    /// Sets every leaf to `leaf_of(i)` and recomputes every entry of the three trees
+    /// from them, with plain stores: for a tree nobody else touches (a region being
+    /// recovered or loaded).
+    pub(crate) fn rebuild(&self, leaf_of: impl Fn(usize) -> Leaf) {
+        for i in 0..self.layout.leaves {
+            self.leaf_atomic(i)
+                .store(leaf_of(i).bits(), Ordering::Relaxed);
+        }
+        for level in 1..=self.layout.top() {
+            for j in 0..self.layout.size(level) {
+                let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
+                let sum = children
+                    .map(|c| {
+                        if level == 1 {
+                            self.leaf(c).value()
+                        } else {
+                            self.entry(Kind::Sum, level - 1, c).load(Ordering::Relaxed)
+                        }
+                    })
+                    .fold(0u64, u64::wrapping_add);
+                self.entry(Kind::Sum, level, j)
+                    .store(sum, Ordering::Relaxed);
+                for &kind in self.layout.extrema() {
+                    let v = self.recompute(kind, level, j);
+                    self.entry(kind, level, j)
+                        .store(Self::encode(kind, v), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Whether every entry of the three trees equals what its children give now.
     pub(crate) fn is_consistent(&self) -> bool {
         (1..=self.layout.top()).all(|level| {

@@ -1,0 +1,143 @@
+//! A directory that holds a buffer: its `meta.json`, and how files in it are written
+//! so that a crash never leaves a half-written file under a name that is read.
+//!
+//! Two kinds of directory share the format: a file-backed storage (`storage.bin`, the
+//! region itself, mapped) and a checkpoint (`dumps`: one file per region section,
+//! named by generation). `meta.json` says which, and is always written last, to a
+//! temporary name, flushed, then renamed into place: whatever it names is complete.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{IoAt, Kind, PersistError};
+use super::meta::Config;
+use crate::storage::layout::FORMAT_VERSION;
+
+/// The `format` field of every `meta.json`.
+pub(crate) const FORMAT: &str = "replaybuf";
+/// The metadata file of a buffer directory.
+pub(crate) const META: &str = "meta.json";
+/// The region file of a file-backed storage.
+pub(crate) const STORAGE: &str = "storage.bin";
+
+/// What a directory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DirKind {
+    /// A file-backed storage: `storage.bin` is the live region.
+    Memmap,
+    /// A checkpoint written by `dumps`.
+    Checkpoint,
+}
+
+/// A buffer directory's `meta.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DirMeta {
+    pub(crate) format: String,
+    pub(crate) version: u64,
+    pub(crate) kind: DirKind,
+    pub(crate) layout_hash: u64,
+    pub(crate) config: Config,
+    /// A checkpoint's files and state (absent for a file-backed storage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint: Option<super::dump::CheckpointMeta>,
+}
+
+impl DirMeta {
+    pub(crate) fn new(kind: DirKind, config: Config) -> DirMeta {
+        DirMeta {
+            format: FORMAT.to_owned(),
+            version: FORMAT_VERSION,
+            kind,
+            layout_hash: config.layout_hash(),
+            config,
+            checkpoint: None,
+        }
+    }
+
+    /// Parses a `meta.json`, checking its format and version before its fields, so that
+    /// a file of a newer version is reported as such rather than as damaged.
+    pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<DirMeta, PersistError> {
+        let corrupt = |why: String| PersistError::new(path, Kind::Corrupt(why));
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+        if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+            return Err(PersistError::new(
+                path,
+                Kind::NotOurs("its meta.json has no `\"format\": \"replaybuf\"`".to_owned()),
+            ));
+        }
+        match value.get("version").and_then(|v| v.as_u64()) {
+            Some(FORMAT_VERSION) => {}
+            Some(found) => {
+                return Err(PersistError::new(
+                    path,
+                    Kind::Version {
+                        found,
+                        expected: FORMAT_VERSION,
+                    },
+                ))
+            }
+            None => return Err(corrupt("meta.json has no version".to_owned())),
+        }
+        let meta: DirMeta =
+            serde_json::from_value(value).map_err(|e| corrupt(format!("meta.json: {e}")))?;
+        if meta.layout_hash != meta.config.layout_hash() {
+            return Err(corrupt(
+                "meta.json's layout hash does not match its configuration".to_owned(),
+            ));
+        }
+        Ok(meta)
+    }
+
+    /// Reads `dir/meta.json`; [`Kind::Missing`] if there is none.
+    pub(crate) fn read(dir: &Path) -> Result<DirMeta, PersistError> {
+        let path = dir.join(META);
+        match fs::read(&path) {
+            Ok(bytes) => DirMeta::parse(&path, &bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(PersistError::new(dir, Kind::Missing))
+            }
+            Err(e) => Err(PersistError::io(&path, e)),
+        }
+    }
+
+    /// Writes `dir/meta.json` crash-safely (see [`write_atomic`]).
+    pub(crate) fn write(&self, dir: &Path) -> Result<(), PersistError> {
+        let json = serde_json::to_vec_pretty(self).expect("a meta always serialises");
+        write_atomic(dir, META, &json)
+    }
+}
+
+/// Writes `dir/name` so that a crash leaves either the old file or the new one: the
+/// bytes go to a temporary name, are flushed to disk, renamed into place, and the
+/// directory is flushed so that the rename itself is durable.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PersistError> {
+    let tmp = temp_name(dir, name);
+    let mut file = File::create(&tmp).at(&tmp)?;
+    file.write_all(bytes).at(&tmp)?;
+    file.sync_all().at(&tmp)?;
+    drop(file);
+    let path = dir.join(name);
+    fs::rename(&tmp, &path).at(&path)?;
+    sync_dir(dir)
+}
+
+/// A temporary name beside `dir/name`, unique to this process and call.
+pub(crate) fn temp_name(dir: &Path, name: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64 as Counter, Ordering};
+    #[allow(clippy::disallowed_types)] // a name counter, not part of any protocol
+    static NEXT: Counter = Counter::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()))
+}
+
+/// Flushes a directory's entries (new names, renames) to disk.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), PersistError> {
+    let d = OpenOptions::new().read(true).open(dir).at(dir)?;
+    d.sync_all().at(dir)
+}

@@ -1,0 +1,160 @@
+//! [`PersistError`]: why a buffer could not be saved, loaded, or opened from disk or
+//! shared memory. It always names the file (or region) and the problem.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a checkpoint, a file-backed storage or a shared region could not be used.
+///
+/// Nothing changed when this is returned: a failed `dumps` leaves the previous
+/// checkpoint in place, a failed `loads` leaves the buffer as it was.
+#[derive(Debug)]
+pub struct PersistError {
+    path: PathBuf,
+    kind: Kind,
+    source: Option<io::Error>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Kind {
+    /// Reading, writing or mapping failed (see `source`).
+    Io,
+    /// The directory or region already holds a buffer and `existsok` was not given.
+    Exists,
+    /// There is no buffer there.
+    Missing,
+    /// Another process holds the storage.
+    InUse,
+    /// Not a replaybuf checkpoint or region.
+    NotOurs(String),
+    /// Another format version.
+    Version { found: u64, expected: u64 },
+    /// Shorter or longer than its metadata says.
+    Length { expected: u64, found: u64 },
+    /// Its checksum does not match.
+    Checksum { expected: u64, found: u64 },
+    /// Damaged or inconsistent contents.
+    Corrupt(String),
+    /// A buffer of another layout (spec, capacity, shards, sampler).
+    Mismatch(String),
+    /// The buffer has other handles (or processes) that a load would pull the rows
+    /// from under.
+    Busy(&'static str),
+    /// The operation does not apply to this buffer.
+    Unsupported(&'static str),
+    /// A save or load hook failed.
+    Hook(String),
+}
+
+impl PersistError {
+    pub(crate) fn new(path: impl AsRef<Path>, kind: Kind) -> PersistError {
+        PersistError {
+            path: path.as_ref().to_path_buf(),
+            kind,
+            source: None,
+        }
+    }
+
+    pub(crate) fn io(path: impl AsRef<Path>, source: io::Error) -> PersistError {
+        PersistError {
+            path: path.as_ref().to_path_buf(),
+            kind: Kind::Io,
+            source: Some(source),
+        }
+    }
+
+    /// The file, directory or region the problem is in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a buffer already existed where a new one was to be created.
+    pub fn is_exists(&self) -> bool {
+        matches!(self.kind, Kind::Exists)
+    }
+
+    /// Whether the stored buffer has another layout than the one asked for (spec,
+    /// capacity, shards, ndim, sampler or priority key).
+    pub fn is_mismatch(&self) -> bool {
+        matches!(self.kind, Kind::Mismatch(_))
+    }
+
+    /// Whether the data is damaged: truncated, failing its checksum, or inconsistent.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Length { .. } | Kind::Checksum { .. } | Kind::Corrupt(_) | Kind::NotOurs(_)
+        )
+    }
+
+    /// Whether the data is of another format version.
+    pub fn is_version(&self) -> bool {
+        matches!(self.kind, Kind::Version { .. })
+    }
+
+    /// Whether nothing was there to open.
+    pub fn is_missing(&self) -> bool {
+        matches!(self.kind, Kind::Missing)
+    }
+
+    /// Whether another process holds the storage.
+    pub fn is_in_use(&self) -> bool {
+        matches!(self.kind, Kind::InUse)
+    }
+}
+
+impl fmt::Display for PersistError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = self.path.display();
+        match &self.kind {
+            Kind::Io => write!(f, "{p}: I/O failed"),
+            Kind::Exists => write!(
+                f,
+                "{p} already holds a buffer; pass existsok(true) to open it, or choose \
+                 another place"
+            ),
+            Kind::Missing => write!(f, "{p}: no buffer there"),
+            Kind::InUse => write!(f, "{p} is in use by another process"),
+            Kind::NotOurs(why) => write!(f, "{p}: not a replaybuf buffer: {why}"),
+            Kind::Version { found, expected } => write!(
+                f,
+                "{p}: format version {found}, but this build reads version {expected}"
+            ),
+            Kind::Length { expected, found } => write!(
+                f,
+                "{p}: {found} bytes, but the checkpoint says {expected} (truncated or \
+                 overwritten)"
+            ),
+            Kind::Checksum { expected, found } => write!(
+                f,
+                "{p}: checksum {found:016x} does not match the recorded {expected:016x} \
+                 (the file is damaged)"
+            ),
+            Kind::Corrupt(why) => write!(f, "{p}: damaged: {why}"),
+            Kind::Mismatch(what) => write!(f, "{p}: a buffer of another layout ({what})"),
+            Kind::Busy(why) => write!(f, "{p}: {why}"),
+            Kind::Unsupported(why) => write!(f, "{p}: {why}"),
+            Kind::Hook(why) => write!(f, "{p}: a hook failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for PersistError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// `path` attached to an I/O error.
+pub(crate) trait IoAt<T> {
+    fn at(self, path: &Path) -> Result<T, PersistError>;
+}
+
+impl<T> IoAt<T> for io::Result<T> {
+    fn at(self, path: &Path) -> Result<T, PersistError> {
+        self.map_err(|e| PersistError::io(path, e))
+    }
+}

@@ -1,0 +1,180 @@
+//! File-backed storage (TorchRL's `LazyMemmapStorage`): the region is `storage.bin`
+//! under a directory, mapped into memory, and `meta.json` beside it records the
+//! configuration. Rows, stamps, cursors, trees and lanes all live in the region, so a
+//! buffer reopened from its directory comes back with its contents.
+//!
+//! - A directory that already holds a buffer is refused unless the caller asks to
+//!   reopen it (`existsok`); then its configuration must lay out the same region.
+//! - A new buffer's file is created afresh (any leftover of an unfinished creation is
+//!   replaced), so it never shows another buffer's rows.
+//! - The file is locked while open: a second process cannot map it (an offline
+//!   dataset maps it read-only, under a shared lock).
+//! - A buffer reopened after its process died is recovered (`storage/recover.rs`).
+
+use std::fs::{self, TryLockError};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::dir::{DirKind, DirMeta, META, STORAGE};
+use super::error::{IoAt, Kind, PersistError};
+use super::meta::Config;
+use crate::region::{Access, Region};
+use crate::storage::layout::{self, HeaderProblem};
+use crate::storage::{Parts, Storage};
+
+/// A file-backed storage, whether it was created now, and its seed (the one it was
+/// created with, for a reopened storage).
+pub(crate) struct Opened {
+    pub(crate) storage: Storage,
+    pub(crate) fresh: bool,
+    pub(crate) seed: u64,
+}
+
+/// Opens the file-backed storage of `config` under `dir`, creating it unless one is
+/// there (then reopening it if `existsok`). `parts` lays the storage out, given the
+/// bytes of meta the region must hold.
+pub(crate) fn open(
+    dir: &Path,
+    config: &Config,
+    existsok: bool,
+    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
+) -> Result<Opened, PersistError> {
+    fs::create_dir_all(dir).at(dir)?;
+    let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
+        .expect("a meta always serialises");
+    let parts = parts(meta_json.len()).at(dir)?;
+    match DirMeta::read(dir) {
+        Ok(found) => {
+            if !existsok {
+                return Err(PersistError::new(dir, Kind::Exists));
+            }
+            reopen(dir, config, &found, parts, Access::Write).map(|storage| Opened {
+                storage,
+                fresh: false,
+                seed: found.config.seed,
+            })
+        }
+        Err(e) if e.is_missing() => create(dir, config, &meta_json, parts).map(|storage| Opened {
+            storage,
+            fresh: true,
+            seed: config.seed,
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Maps the storage of a directory whose `meta.json` is `found`, checking it holds a
+/// region of `config`'s layout.
+pub(crate) fn reopen(
+    dir: &Path,
+    config: &Config,
+    found: &DirMeta,
+    parts: Parts,
+    access: Access,
+) -> Result<Storage, PersistError> {
+    if found.kind != DirKind::Memmap {
+        return Err(PersistError::new(
+            dir,
+            Kind::Unsupported(
+                "this directory holds a checkpoint written by `dumps`; load it with \
+                 `ReplayBuffer::load` or `loads`",
+            ),
+        ));
+    }
+    if let Some(what) = config.layout_difference(&found.config) {
+        return Err(PersistError::new(dir, Kind::Mismatch(what)));
+    }
+    let path = dir.join(STORAGE);
+    let region = match Region::open_file(&path, access) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(PersistError::new(&path, Kind::Missing))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Err(PersistError::new(&path, Kind::Corrupt(e.to_string())))
+        }
+        Err(e) => return Err(PersistError::io(&path, e)),
+    };
+    lock(&region, &path, access)?;
+    let info = layout::read_header(region.words()).map_err(|p| header_error(&path, p))?;
+    if info.layout_hash != found.layout_hash {
+        return Err(PersistError::new(
+            &path,
+            Kind::Corrupt(format!(
+                "its layout hash {:016x} is not the one {META} records ({:016x})",
+                info.layout_hash, found.layout_hash
+            )),
+        ));
+    }
+    if info.words != parts.layout.words as u64 {
+        return Err(PersistError::new(
+            &path,
+            Kind::Length {
+                expected: parts.layout.words as u64 * 8,
+                found: info.words * 8,
+            },
+        ));
+    }
+    Ok(parts.into_storage(Arc::new(region)))
+}
+
+/// Creates a new file-backed storage: the region first, then `meta.json`, which
+/// makes it a buffer.
+fn create(
+    dir: &Path,
+    config: &Config,
+    meta_json: &[u8],
+    parts: Parts,
+) -> Result<Storage, PersistError> {
+    let path = dir.join(STORAGE);
+    // Left by a creation that never wrote its meta: not a buffer, replace it.
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(PersistError::io(&path, e)),
+    }
+    let region = Region::create_file(&path, parts.layout.words).at(&path)?;
+    lock(&region, &path, Access::Write)?;
+    layout::write_header(
+        region.words(),
+        &parts.layout,
+        config.layout_hash(),
+        meta_json,
+    );
+    region.flush().at(&path)?;
+    let storage = parts.into_storage(Arc::new(region));
+    DirMeta::new(DirKind::Memmap, config.clone()).write(dir)?;
+    Ok(storage)
+}
+
+/// Locks the region's file for as long as it is open: exclusively to write it, shared
+/// to read a copy of it.
+fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError> {
+    let file = region
+        .file()
+        .expect("replaybuf internal error: a file region without its file");
+    let locked = match access {
+        Access::Write => file.try_lock(),
+        Access::Copy => file.try_lock_shared(),
+    };
+    match locked {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(PersistError::new(path, Kind::InUse)),
+        Err(TryLockError::Error(e)) => Err(PersistError::io(path, e)),
+    }
+}
+
+/// A header problem as a persistence error.
+pub(crate) fn header_error(path: &Path, problem: HeaderProblem) -> PersistError {
+    match problem {
+        HeaderProblem::Version { found } => PersistError::new(
+            path,
+            Kind::Version {
+                found,
+                expected: layout::FORMAT_VERSION,
+            },
+        ),
+        HeaderProblem::Magic { .. } => PersistError::new(path, Kind::NotOurs(problem.to_string())),
+        other => PersistError::new(path, Kind::Corrupt(other.to_string())),
+    }
+}

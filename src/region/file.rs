@@ -1,0 +1,97 @@
+//! The file backing: a file mapped into memory, for storage that outlives the process
+//! (TorchRL's `LazyMemmapStorage`) and for read-only datasets.
+//!
+//! A new file is created at its full length without writing it: the file system keeps
+//! it sparse, so it reads as zeroes and takes disk space only as rows are written,
+//! and a new buffer never sees another buffer's rows.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+use super::{Backing, Region};
+
+/// How an existing file is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Shared and writable: writes reach the file.
+    Write,
+    /// Private copy-on-write: the process may write its own copy of a page (counters
+    /// that sampling moves), and the file never changes.
+    Copy,
+}
+
+impl Region {
+    /// A new file at `path` of `len` zero words, mapped shared and writable. Fails if
+    /// the file exists.
+    pub(crate) fn create_file(path: &Path, len: usize) -> io::Result<Region> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        file.set_len(super::bytes_of(len)? as u64)?;
+        Region::map_file(file, len, Access::Write)
+    }
+
+    /// The existing file at `path`, mapped as `access` says; its length must be a whole
+    /// number of words.
+    pub(crate) fn open_file(path: &Path, access: Access) -> io::Result<Region> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(access == Access::Write)
+            .open(path)?;
+        let bytes = file.metadata()?.len();
+        if bytes % 8 != 0 || bytes == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is {bytes} bytes long, not a whole number of words",
+                    path.display()
+                ),
+            ));
+        }
+        let len = usize::try_from(bytes / 8)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "file too large to map"))?;
+        Region::map_file(file, len, access)
+    }
+
+    fn map_file(file: File, len: usize, access: Access) -> io::Result<Region> {
+        let mut options = memmap2::MmapOptions::new();
+        options.len(super::bytes_of(len)?);
+        let map = match access {
+            Access::Write => options.map_raw(&file)?,
+            Access::Copy => {
+                // SAFETY: the mapping is private, so no other process's writes to the
+                // file can change it under the crate's feet... except through pages
+                // not yet copied: a file changed while mapped would show through. The
+                // datasets mapped this way are checkpoints the caller opens read-only,
+                // and every word is read through atomics and validated by stamps, so a
+                // change shows as torn rows that are redrawn, never as undefined
+                // behaviour.
+                let map = unsafe { options.map_copy(&file)? };
+                memmap2::MmapRaw::from(map)
+            }
+        };
+        Ok(Region::mapped(map, len, Backing::File(file)))
+    }
+
+    /// Writes the region's dirty pages to its file (nothing for other backings).
+    pub(crate) fn flush(&self) -> io::Result<()> {
+        match &self.backing {
+            Backing::File(file) => {
+                self.map.flush()?;
+                file.sync_all()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The file behind the region, if it has one.
+    pub(crate) fn file(&self) -> Option<&File> {
+        match &self.backing {
+            Backing::File(file) => Some(file),
+            _ => None,
+        }
+    }
+}

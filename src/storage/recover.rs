@@ -1,0 +1,89 @@
+//! Recovery: making a region usable again after every writer of it died, or after its
+//! words were copied in from a checkpoint. The caller has the region to itself: no
+//! other thread or process uses it until this returns.
+//!
+//! A writer that dies (a process killed during `extend`, a crash with a file-backed
+//! storage open) can leave behind:
+//!
+//! - its units in a shard's occupancy word, or in the updaters' count, which a later
+//!   editor or freezer would wait for forever: they go back to zero;
+//! - slots marked as being written, half written, or claimed and never started: the
+//!   shard's `Abandoned` word moves up to its cursor, so that the next lap's writer of
+//!   any slot claimed before takes it over whatever state it is in
+//!   ([`Prev::Abandoned`](super::stamp::Prev)); readers skip such a slot meanwhile,
+//!   as they skip any row that is not published;
+//! - tree leaves and sums that disagree (a priority update or a new row's leaf that
+//!   stopped halfway): every leaf is recomputed from its slot's raw priority (or
+//!   emptied, if its row is not live and published) and the trees rebuilt;
+//! - a slice lane whose tail lags its cursor: closed (see `Lanes::recover`).
+
+use super::stamp::Stamp;
+use super::Storage;
+use crate::sampler::prioritized;
+use crate::storage::layout::Global;
+use crate::sumtree::Leaf;
+use crate::sync::Ordering;
+
+/// What a recovery found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Recovered {
+    /// Slots found marked as being written.
+    pub(crate) torn: u64,
+}
+
+impl Storage {
+    /// Recovers the region (see the module docs). `priorities` is the prioritized
+    /// sampler's state, for a buffer with trees.
+    pub(crate) fn recover(&self, priorities: Option<&prioritized::State>) -> Recovered {
+        let mut found = Recovered::default();
+        self.global(Global::Updaters).store(0, Ordering::Release);
+        for shard in self.shards() {
+            shard.occupancy().store(0, Ordering::Release);
+            let window = shard.window();
+            shard.abandoned().store(window.hi, Ordering::Release);
+            let ring = shard.ring();
+            for slot in ring.first_slot..ring.first_slot + ring.steps * ring.width {
+                if Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire)).is_writing() {
+                    found.torn += 1;
+                }
+            }
+        }
+        if let Some(state) = priorities {
+            let alpha = state.alpha();
+            for (k, (shard, tree)) in self.shards().iter().zip(self.trees()).enumerate() {
+                let ring = *shard.ring();
+                let positions = shard.window().positions(ring.steps);
+                let max = tree.layout().value_max;
+                tree.rebuild(|leaf| {
+                    let pos = leaf as u64 / ring.width;
+                    let stamp = self.stamp_of(k, leaf as u64);
+                    let live = positions
+                        .seq_at(pos)
+                        .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+                    let raw = tree.raw(leaf, stamp.lap() as u16);
+                    match raw {
+                        Some(p) if live && stamp.is_published() => {
+                            Leaf::new(stamp.lap(), state.mass(p, alpha, max))
+                        }
+                        _ => Leaf::EMPTY,
+                    }
+                });
+            }
+        }
+        if let Some(lanes) = self.lanes() {
+            for (k, shard) in self.shards().iter().enumerate() {
+                let ring = *shard.ring();
+                let cursor = shard.window().hi;
+                for lane in 0..ring.width {
+                    lanes.recover(self.words(), k, lane, cursor, |seq| {
+                        let slot = ring.slot(seq % ring.steps, lane);
+                        let stamp = Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire));
+                        (stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32)
+                            .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
+                    });
+                }
+            }
+        }
+        found
+    }
+}

@@ -1,0 +1,171 @@
+//! File-backed storage: a buffer in files under a directory, reopened with its contents.
+
+use replaybuf::{DType, Prioritized, ReplayBuffer, Spec};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("obs", DType::F32, [3])
+        .build()
+        .unwrap()
+}
+
+fn chunk(rb: &ReplayBuffer, ids: std::ops::Range<u64>) -> replaybuf::Batch {
+    let mut b = rb.batch([(ids.end - ids.start) as usize]);
+    let id: Vec<u64> = ids.clone().collect();
+    let obs: Vec<f32> = ids.flat_map(|i| [i as f32, -(i as f32), 0.5]).collect();
+    b.set("id", &id).unwrap();
+    b.set("obs", &obs).unwrap();
+    b
+}
+
+fn ids(b: &replaybuf::Batch) -> Vec<u64> {
+    let id = b.column::<u64>("id").unwrap();
+    let obs = b.column::<f32>("obs").unwrap();
+    for (k, &i) in id.iter().enumerate() {
+        assert_eq!(
+            &obs[3 * k..3 * k + 3],
+            &[i as f32, -(i as f32), 0.5],
+            "row {i} torn"
+        );
+    }
+    id.to_vec()
+}
+
+#[test]
+fn a_buffer_comes_back_with_its_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rb");
+    let (first, sampled) = {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(100)
+            .shards(2)
+            .memmap(&path)
+            .seed(5)
+            .build()
+            .unwrap();
+        rb.extend(&chunk(&rb, 0..70)).unwrap();
+        rb.extend(&chunk(&rb, 70..130)).unwrap();
+        let first = ids(&rb.read_all_in_order(None));
+        // What the buffer would sample next, from a clone of its state.
+        (first, rb.len())
+    };
+    assert!(path.join("storage.bin").exists() && path.join("meta.json").exists());
+    let again = ReplayBuffer::builder(spec())
+        .capacity(100)
+        .shards(2)
+        .memmap(&path)
+        .existsok(true)
+        .build()
+        .unwrap();
+    assert_eq!(again.len(), sampled);
+    assert_eq!(again.seed(), 5, "a reopened buffer keeps its seed");
+    assert_eq!(ids(&again.read_all_in_order(None)), first);
+    // Writing goes on where it stopped: the round robin's next shard is 0 (which held
+    // 20..70), and its FIFO eviction continues.
+    again.extend(&chunk(&again, 130..140)).unwrap();
+    let now = ids(&again.read_all_in_order(None));
+    assert_eq!(now.len(), 100);
+    assert!(now.contains(&139) && !now.contains(&25) && now.contains(&30));
+    ids(&again.sample(64).unwrap());
+}
+
+#[test]
+fn an_existing_buffer_is_refused_without_existsok_and_a_mismatch_always() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |capacity: usize, existsok: bool| {
+        ReplayBuffer::builder(spec())
+            .capacity(capacity)
+            .memmap(dir.path())
+            .existsok(existsok)
+            .build()
+    };
+    let rb = build(64, false).unwrap();
+    rb.extend(&chunk(&rb, 0..10)).unwrap();
+    drop(rb);
+    let e = build(64, false).unwrap_err();
+    assert!(e.to_string().contains("already holds a buffer"), "{e}");
+    let e = build(128, true).unwrap_err();
+    assert!(e.to_string().contains("capacity 128 vs 64"), "{e}");
+    let other_spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+    let e = ReplayBuffer::builder(other_spec)
+        .capacity(64)
+        .memmap(dir.path())
+        .existsok(true)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("the spec"), "{e}");
+    // The buffer is untouched by the refusals.
+    assert_eq!(build(64, true).unwrap().len(), 10);
+}
+
+#[test]
+fn a_second_process_or_handle_cannot_map_an_open_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = || {
+        ReplayBuffer::builder(spec())
+            .capacity(64)
+            .memmap(dir.path())
+            .existsok(true)
+            .build()
+    };
+    let rb = build().unwrap();
+    let e = build().unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    drop(rb);
+    build().unwrap();
+}
+
+#[test]
+fn a_fresh_buffer_never_sees_stale_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    // An unfinished creation left a storage file with rows but no meta.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .memmap(dir.path())
+        .build()
+        .unwrap();
+    rb.extend(&chunk(&rb, 0..64)).unwrap();
+    drop(rb);
+    std::fs::remove_file(dir.path().join("meta.json")).unwrap();
+    let fresh = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .memmap(dir.path())
+        .build()
+        .unwrap();
+    assert_eq!(fresh.len(), 0);
+    assert!(fresh.read_all_in_order(None).is_empty());
+}
+
+#[test]
+fn prioritized_state_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = || {
+        ReplayBuffer::builder(spec())
+            .capacity(64)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .memmap(dir.path())
+            .existsok(true)
+            .seed(1)
+            .build()
+            .unwrap()
+    };
+    let rb = build();
+    let written = rb.extend(&chunk(&rb, 0..64)).unwrap();
+    let idx: Vec<u64> = written.iter().collect();
+    let gens: Vec<u64> = (0..64).map(|r| written.generation(r)).collect();
+    let prios: Vec<f64> = (0..64).map(|i| 0.1 + i as f64).collect();
+    rb.update_priority(&idx, &gens, &prios).unwrap();
+    rb.set_beta(0.9).unwrap();
+    let next = rb.sample(32).unwrap();
+    drop(rb);
+    let rb = build();
+    assert_eq!(rb.beta(), Some(0.9));
+    let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+    assert!(close(rb.priority(10), 10.1));
+    assert!(replaybuf::internals::priorities_consistent(&rb));
+    // New rows enter at the largest priority seen before the reopen.
+    rb.extend(&chunk(&rb, 64..65)).unwrap();
+    assert!(close(rb.priority(0), 63.1));
+    drop(next);
+}
