@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use crate::batch::{Batch, Column, Scratch};
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::error::PersistError;
+use crate::checkpoint::hooks::Hooks;
 use crate::checkpoint::meta::Config;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
@@ -36,9 +37,11 @@ use crate::writer::{Writer, Written};
 pub(crate) struct Inner {
     /// What the buffer was built with (its seed resolved): for checkpoints.
     pub(crate) config: Config,
+    /// Save and load hooks of checkpoints.
+    pub(crate) hooks: Hooks,
     pub(crate) storage: Storage,
     pub(crate) sampler: Engine,
-    seed: u64,
+    pub(crate) seed: u64,
     pub(crate) batch_size: Option<usize>,
     dim_extend: usize,
     /// The spec field holding priorities (`priority_key`), by position.
@@ -322,6 +325,7 @@ impl Inner {
     ) -> Inner {
         Inner {
             config,
+            hooks: Hooks::default(),
             priority_field,
             storage,
             sampler,
@@ -341,7 +345,11 @@ impl Inner {
 
     /// The copy plan of `batch`'s columns for this storage's rows, or `None` if the
     /// batch has another spec.
-    fn source<'a>(&self, batch: &'a Batch, order: RowOrder) -> Result<Source<'a>, DataError> {
+    pub(crate) fn source<'a>(
+        &self,
+        batch: &'a Batch,
+        order: RowOrder,
+    ) -> Result<Source<'a>, DataError> {
         let spec = self.storage.spec();
         let map = batch.columns_for(spec)?;
         let cols = spec
@@ -1142,7 +1150,7 @@ pub(crate) struct Weigh<'a> {
 
 /// The copy plan from rows of `spec` into a batch's columns: field `i` of `spec` goes
 /// to column `map[i]` (see `Batch::columns_for`).
-fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]) -> Dest<'a> {
+pub(crate) fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]) -> Dest<'a> {
     let mut columns: SmallVec<[Option<&'a mut Column>; 8]> = columns.iter_mut().map(Some).collect();
     Dest {
         cols: spec

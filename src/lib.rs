@@ -64,7 +64,9 @@ mod writer;
 pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
+pub use checkpoint::dump::{DumpOptions, Progress};
 pub use checkpoint::error::PersistError;
+pub use checkpoint::hooks::HookResult;
 pub use dtype::{DType, Element};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,

@@ -3,6 +3,7 @@
 //! one field, so no per-field work happens on either side.
 
 use std::marker::PhantomData;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -11,6 +12,8 @@ use smallvec::smallvec;
 use crate::batch::Scratch;
 use crate::buffer::{Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
+use crate::checkpoint::dump::DumpOptions;
+use crate::checkpoint::error::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::Sampler;
@@ -83,6 +86,16 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         batch_size(usize),
         /// See [`ReplayBufferBuilder::seed`].
         seed(u64),
+        /// See [`ReplayBufferBuilder::existsok`].
+        existsok(bool),
+    }
+
+    /// See [`ReplayBufferBuilder::memmap`].
+    pub fn memmap(self, dir: impl Into<std::path::PathBuf>) -> Self {
+        TypedBuilder {
+            inner: self.inner.memmap(dir),
+            _rows: PhantomData,
+        }
     }
 
     /// See [`ReplayBufferBuilder::sampler`].
@@ -172,6 +185,46 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
             inner: ReplayBuffer::builder(Arc::new(spec)),
             _rows: PhantomData,
         }
+    }
+
+    /// See [`ReplayBuffer::dumps`].
+    pub fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.buffer.dumps(dir)
+    }
+
+    /// See [`ReplayBuffer::dumps_with`].
+    pub fn dumps_with(
+        &self,
+        dir: impl AsRef<Path>,
+        options: &DumpOptions,
+    ) -> Result<(), PersistError> {
+        self.buffer.dumps_with(dir, options)
+    }
+
+    /// See [`ReplayBuffer::load`]; the checkpoint must be of a buffer of `T`s (of
+    /// `T`'s size).
+    pub fn load(dir: impl AsRef<Path>) -> Result<TypedBuffer<T>, PersistError> {
+        let buffer = ReplayBuffer::load(dir.as_ref())?;
+        let want = Spec::opaque(std::mem::size_of::<T>())
+            .expect("a Pod type smaller than isize::MAX lays out as one field");
+        if !buffer.spec().same_fields(&want) {
+            return Err(PersistError::new(
+                dir.as_ref(),
+                crate::checkpoint::error::Kind::Mismatch(format!(
+                    "not a buffer of {}-byte rows",
+                    std::mem::size_of::<T>()
+                )),
+            ));
+        }
+        Ok(TypedBuffer {
+            buffer,
+            _rows: PhantomData,
+        })
+    }
+
+    /// See [`ReplayBuffer::loads`].
+    pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.buffer.loads(dir)
     }
 
     /// The untyped buffer underneath (one `u8` field named `row`).

@@ -1,10 +1,677 @@
-//! `dumps` and `loads`: a buffer's whole state to a directory and back.
+//! `dumps`: a buffer's whole state written to a directory, crash-safely.
+//!
+//! # The checkpoint
+//!
+//! ```text
+//! dir/meta.json            format, version, configuration, layout hash, and for
+//!                          each file below its size and xxh3 checksum
+//! dir/control.G.bin        the shard blocks and globals: cursors, floors, the
+//!                          prioritized sampler's alpha/beta/max, the random-stream
+//!                          counters
+//! dir/slots.G.bin          every slot: stamp, header words, row
+//! dir/trees.G.bin          the sum/min/max trees (prioritized samplers)
+//! dir/lanes.G.bin          the trajectory tables (slice samplers)
+//! dir/epochs.G.bin         the open without-replacement epoch (`epochs.rs`)
+//! ```
+//!
+//! `G` is the checkpoint's generation. A dump writes generation `G + 1` beside the
+//! files of `G`, flushes them, and only then replaces `meta.json` (temporary name,
+//! flush, rename, flush the directory). A process killed at any point therefore
+//! leaves a `meta.json` that names complete files: the old checkpoint until the
+//! rename, the new one after. The old generation's files are removed last.
+//!
+//! In the compact format (TorchRL's `TED2Flat`), a row's next observation is left out
+//! when it equals the observation of the row after it in the same lane, byte for
+//! byte: `slots.G.bin` holds rows without that field, `omit.G.bin` one bit per slot
+//! (set: left out), and `kept.G.bin` the values that were kept.
+//!
+//! While the region is copied the storage is frozen (`storage/freeze.rs`): collectors
+//! and priority updates wait, learners go on sampling. The files are flushed after the
+//! thaw.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::dir::{self, DirKind, DirMeta};
+use super::epochs;
+use super::error::{IoAt, Kind, PersistError};
+use super::hooks;
+use crate::batch::Batch;
+use crate::buffer::{dest_for, Inner, ReplayBuffer};
+use crate::sampler::Engine;
+use crate::spec::Key;
+use crate::storage::layout::Section;
+use crate::storage::stamp::Stamp;
+use crate::storage::{atomic_copy, Storage};
+
+/// Bytes moved per read or write call.
+pub(crate) const CHUNK_BYTES: usize = 8 << 20;
+/// A dump or load that runs longer than this shows a progress bar (with
+/// [`Progress::Auto`]).
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+
+/// When a dump or load shows a progress bar on standard error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// Once it has run for a second.
+    #[default]
+    Auto,
+    /// From the start.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// How a checkpoint is written (see [`ReplayBuffer::dumps_with`]).
+#[derive(Clone, Debug, Default)]
+pub struct DumpOptions {
+    pub(crate) compact: Option<(Key, Key)>,
+    pub(crate) progress: Progress,
+}
+
+impl DumpOptions {
+    /// The default: every row as stored, a progress bar after a second.
+    pub fn new() -> DumpOptions {
+        DumpOptions::default()
+    }
+
+    /// The compact trajectory format (TorchRL's `TED2Flat` / `Flat2TED`): a row's
+    /// `next_obs` is stored only where it differs from the following step's `obs` in
+    /// the same lane (an episode's end, a lapped ring). Loading puts it back. The two
+    /// fields must have one dtype and shape.
+    pub fn compact(mut self, obs: impl Into<Key>, next_obs: impl Into<Key>) -> DumpOptions {
+        self.compact = Some((obs.into(), next_obs.into()));
+        self
+    }
+
+    /// When to show a progress bar.
+    pub fn progress(mut self, progress: Progress) -> DumpOptions {
+        self.progress = progress;
+        self
+    }
+}
 
 /// What a checkpoint's `meta.json` records beyond the configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CheckpointMeta {
     pub(crate) generation: u64,
+    pub(crate) created_unix_ms: u64,
+    pub(crate) files: Vec<FileMeta>,
+    /// The compact format's (obs, next obs) keys.
+    pub(crate) compact: Option<(Vec<String>, Vec<String>)>,
+    /// Save hooks the rows went through.
+    pub(crate) save_hooks: usize,
+    pub(crate) rows: u64,
+    pub(crate) write_count: u64,
+}
+
+/// One file of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileMeta {
+    pub(crate) part: Part,
+    pub(crate) name: String,
+    pub(crate) bytes: u64,
+    pub(crate) xxh3: u64,
+}
+
+/// What a checkpoint file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Part {
+    Control,
+    Slots,
+    Omit,
+    Kept,
+    Trees,
+    Lanes,
+    Epochs,
+}
+
+impl Part {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Part::Control => "control",
+            Part::Slots => "slots",
+            Part::Omit => "omit",
+            Part::Kept => "kept",
+            Part::Trees => "trees",
+            Part::Lanes => "lanes",
+            Part::Epochs => "epochs",
+        }
+    }
+
+    /// The file of this part in generation `g`.
+    pub(crate) fn file(self, g: u64) -> String {
+        format!("{}.{g}.bin", self.name())
+    }
+}
+
+/// A progress bar that shows itself when asked, or once the work is slow.
+pub(crate) struct Meter {
+    mode: Progress,
+    started: Instant,
+    total: u64,
+    done: u64,
+    bar: Option<indicatif::ProgressBar>,
+    what: &'static str,
+}
+
+impl Meter {
+    pub(crate) fn new(mode: Progress, total: u64, what: &'static str) -> Meter {
+        let mut m = Meter {
+            mode,
+            started: Instant::now(),
+            total,
+            done: 0,
+            bar: None,
+            what,
+        };
+        if mode == Progress::Always {
+            m.show();
+        }
+        m
+    }
+
+    fn show(&mut self) {
+        let bar = indicatif::ProgressBar::new(self.total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(self.what);
+        bar.set_position(self.done);
+        self.bar = Some(bar);
+    }
+
+    pub(crate) fn add(&mut self, bytes: u64) {
+        self.done += bytes;
+        if self.bar.is_none()
+            && self.mode == Progress::Auto
+            && self.started.elapsed() >= PROGRESS_AFTER
+        {
+            self.show();
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.done);
+        }
+    }
+
+    pub(crate) fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish();
+        }
+    }
+}
+
+/// A checkpoint file being written: its bytes are hashed as they go.
+struct Sink {
+    part: Part,
+    name: String,
+    path: PathBuf,
+    file: File,
+    hasher: Xxh3,
+    bytes: u64,
+}
+
+impl Sink {
+    fn create(dir: &Path, part: Part, g: u64) -> Result<Sink, PersistError> {
+        let name = part.file(g);
+        let path = dir.join(&name);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .at(&path)?;
+        Ok(Sink {
+            part,
+            name,
+            path,
+            file,
+            hasher: Xxh3::new(),
+            bytes: 0,
+        })
+    }
+
+    fn put(&mut self, buf: &[u8], meter: &mut Meter) -> Result<(), PersistError> {
+        self.file.write_all(buf).at(&self.path)?;
+        self.hasher.update(buf);
+        self.bytes += buf.len() as u64;
+        meter.add(buf.len() as u64);
+        Ok(())
+    }
+
+    /// The file's record, and the file to flush.
+    fn close(self) -> (FileMeta, File, PathBuf) {
+        let meta = FileMeta {
+            part: self.part,
+            name: self.name,
+            bytes: self.bytes,
+            xxh3: self.hasher.digest(),
+        };
+        (meta, self.file, self.path)
+    }
+}
+
+/// The files of a dump in progress, removed if it fails.
+struct Written {
+    sinks: Vec<(FileMeta, File, PathBuf)>,
+}
+
+impl Written {
+    fn discard(self) {
+        for (_, _, path) in self.sinks {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Copies words `range` of the region into `sink`, a chunk at a time.
+fn copy_words(
+    storage: &Storage,
+    range: std::ops::Range<usize>,
+    sink: &mut Sink,
+    buf: &mut Vec<u8>,
+    meter: &mut Meter,
+) -> Result<(), PersistError> {
+    let (mut at, end) = (range.start * 8, range.end * 8);
+    while at < end {
+        let n = (end - at).min(CHUNK_BYTES);
+        buf.resize(n, 0);
+        atomic_copy::load(storage.words(), at, buf);
+        sink.put(buf, meter)?;
+        at += n;
+    }
+    Ok(())
+}
+
+impl ReplayBuffer {
+    /// Saves the buffer's whole state under `dir` (TorchRL's `dumps`): rows, stamps
+    /// and cursors, the sampler's trees, trajectory tables and open epoch, the random
+    /// streams' counters, and the configuration, each file with its checksum. Loading
+    /// it ([`ReplayBuffer::load`], [`ReplayBuffer::loads`]) gives a buffer that samples
+    /// what this one would sample next.
+    ///
+    /// Crash-safe: a process killed during a dump leaves the previous checkpoint in
+    /// `dir` loadable (see the format in the crate's `checkpoint` module docs). Safe
+    /// while other threads use the buffer: collectors and priority updates wait while
+    /// the region is copied, learners keep sampling.
+    pub fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.dumps_with(dir, &DumpOptions::new())
+    }
+
+    /// [`dumps`](Self::dumps) with options: the compact trajectory format, progress.
+    pub fn dumps_with(
+        &self,
+        dir: impl AsRef<Path>,
+        options: &DumpOptions,
+    ) -> Result<(), PersistError> {
+        dump(&self.inner, dir.as_ref(), options)
+    }
+
+    /// Adds a save hook (TorchRL's `register_save_hook`): every later dump passes the
+    /// rows it writes through `hook`, a chunk of stored rows at a time in storage
+    /// order, and stores what the hooks leave; the buffer itself is not changed. Hooks
+    /// run in the order they were added; one that fails fails the dump.
+    pub fn register_save_hook(
+        &self,
+        hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
+    ) {
+        self.inner.hooks.add_save(std::sync::Arc::new(hook));
+    }
+
+    /// Adds a load hook (TorchRL's `register_load_hook`): every later load passes the
+    /// rows it read through `hook`, as save hooks do, before they become the buffer's.
+    pub fn register_load_hook(
+        &self,
+        hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
+    ) {
+        self.inner.hooks.add_load(std::sync::Arc::new(hook));
+    }
+}
+
+/// The compact format's two fields: (obs, next obs), with their offsets in a row and
+/// their length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CompactFields {
+    pub(crate) obs: usize,
+    pub(crate) next: usize,
+    pub(crate) bytes: usize,
+}
+
+impl CompactFields {
+    /// The fields `(obs, next)` of `spec`, or why they cannot be compacted.
+    pub(crate) fn of(spec: &crate::Spec, obs: &Key, next: &Key) -> Result<CompactFields, String> {
+        let field = |k: &Key| {
+            spec.field(k)
+                .map(|(_, f)| f)
+                .ok_or_else(|| format!("compact format: no field `{k}` in the spec"))
+        };
+        let (o, n) = (field(obs)?, field(next)?);
+        if o.dtype() != n.dtype() || o.shape() != n.shape() || obs == next {
+            return Err(format!(
+                "compact format: `{obs}` and `{next}` must be two fields of one dtype and shape"
+            ));
+        }
+        Ok(CompactFields {
+            obs: o.offset(),
+            next: n.offset(),
+            bytes: n.bytes(),
+        })
+    }
+}
+
+fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<(), PersistError> {
+    fs::create_dir_all(dir).at(dir)?;
+    let previous = match DirMeta::read(dir) {
+        Ok(m) if m.kind == DirKind::Memmap => {
+            return Err(PersistError::new(
+                dir,
+                Kind::Unsupported("this directory holds a file-backed storage, not a checkpoint"),
+            ))
+        }
+        Ok(m) => m.checkpoint.map(|c| (c.generation, c.files)),
+        // A damaged or missing meta names no checkpoint worth keeping.
+        Err(e) if e.is_missing() || e.is_corrupt() || e.is_version() => None,
+        Err(e) => return Err(e),
+    };
+    let storage = &inner.storage;
+    let spec = storage.spec();
+    let compact = match &options.compact {
+        None => None,
+        Some((obs, next)) => Some(
+            CompactFields::of(spec, obs, next)
+                .map_err(|why| PersistError::new(dir, Kind::Unsupported(leak(why))))?,
+        ),
+    };
+    let save_hooks = inner.hooks.save();
+    if compact.is_some() && !save_hooks.is_empty() {
+        return Err(PersistError::new(
+            dir,
+            Kind::Unsupported("the compact format and save hooks do not combine"),
+        ));
+    }
+    let g = previous.as_ref().map_or(1, |(g, _)| g + 1);
+    remove_generation(dir, g);
+    let layout = storage.layout();
+    let mut meter = Meter::new(options.progress, layout.words as u64 * 8, "dumps");
+    let mut written = Written { sinks: Vec::new() };
+    let frozen = storage.freeze();
+    let result = write_sections(
+        inner,
+        dir,
+        g,
+        compact,
+        &save_hooks,
+        &mut meter,
+        &mut written,
+    );
+    let (rows, write_count) = (storage.len(), storage.write_count());
+    drop(frozen);
+    if let Err(e) = result {
+        written.discard();
+        return Err(e);
+    }
+    // The data is copied; flush it while collectors carry on.
+    for (_, file, path) in &written.sinks {
+        if let Err(e) = file.sync_all() {
+            let err = PersistError::io(path, e);
+            written.discard();
+            return Err(err);
+        }
+    }
+    meter.finish();
+    let mut meta = DirMeta::new(DirKind::Checkpoint, inner.config.clone());
+    meta.checkpoint = Some(CheckpointMeta {
+        generation: g,
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        files: written.sinks.iter().map(|(m, _, _)| m.clone()).collect(),
+        compact: options.compact.as_ref().map(|(o, n)| {
+            (
+                o.components().map(str::to_owned).collect(),
+                n.components().map(str::to_owned).collect(),
+            )
+        }),
+        save_hooks: save_hooks.len(),
+        rows,
+        write_count,
+    });
+    dir::sync_dir(dir)?;
+    if let Err(e) = meta.write(dir) {
+        written.discard();
+        return Err(e);
+    }
+    // The new checkpoint stands: the old generation's files go.
+    if let Some((old, files)) = previous {
+        for f in files {
+            let _ = fs::remove_file(dir.join(f.name));
+        }
+        remove_generation(dir, old);
+    }
+    Ok(())
+}
+
+/// A message that lives as long as the error holding it (errors carry `&'static str`
+/// reasons; a dump's few formatted ones are leaked, which is bounded by the calls).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// Removes any file of generation `g` (left by a dump that died before its meta).
+fn remove_generation(dir: &Path, g: u64) {
+    for part in [
+        Part::Control,
+        Part::Slots,
+        Part::Omit,
+        Part::Kept,
+        Part::Trees,
+        Part::Lanes,
+        Part::Epochs,
+    ] {
+        let _ = fs::remove_file(dir.join(part.file(g)));
+    }
+}
+
+/// Writes every section of a frozen storage as generation `g`.
+fn write_sections(
+    inner: &Inner,
+    dir: &Path,
+    g: u64,
+    compact: Option<CompactFields>,
+    save_hooks: &[hooks::Hook],
+    meter: &mut Meter,
+    written: &mut Written,
+) -> Result<(), PersistError> {
+    let storage = &inner.storage;
+    let layout = storage.layout();
+    let mut buf = Vec::with_capacity(CHUNK_BYTES);
+    let mut section = |part: Part, written: &mut Written, meter: &mut Meter, s: Section| {
+        let range = layout.section(s);
+        if range.is_empty() {
+            return Ok(());
+        }
+        let mut sink = Sink::create(dir, part, g)?;
+        copy_words(storage, range, &mut sink, &mut buf, meter)?;
+        written.sinks.push(sink.close());
+        Ok::<(), PersistError>(())
+    };
+    section(Part::Control, written, meter, Section::Control)?;
+    section(Part::Trees, written, meter, Section::Trees)?;
+    section(Part::Lanes, written, meter, Section::Lanes)?;
+    match (compact, save_hooks.is_empty()) {
+        (Some(fields), _) => write_compact(storage, fields, dir, g, meter, written)?,
+        (None, false) => write_hooked(storage, save_hooks, dir, g, meter, written)?,
+        (None, true) => section(Part::Slots, written, meter, Section::Slots)?,
+    }
+    if let Some(bytes) = encode_epochs(&inner.sampler) {
+        let mut sink = Sink::create(dir, Part::Epochs, g)?;
+        sink.put(&bytes, meter)?;
+        written.sinks.push(sink.close());
+    }
+    Ok(())
+}
+
+/// The epochs file of the sampler's open epoch, if it samples without replacement.
+pub(crate) fn encode_epochs(engine: &Engine) -> Option<Vec<u8>> {
+    match engine {
+        Engine::WithoutReplacement(e) => Some(epochs::encode(&e.state())),
+        Engine::Slice(crate::sampler::slice::State {
+            epochs: Some(e), ..
+        }) => Some(epochs::encode(&e.state())),
+        _ => None,
+    }
+}
+
+/// Every slot's bytes through the save hooks: the rows of each chunk of written
+/// slots go through the hooks as one batch, and are stored as the hooks leave them.
+fn write_hooked(
+    storage: &Storage,
+    save_hooks: &[hooks::Hook],
+    dir: &Path,
+    g: u64,
+    meter: &mut Meter,
+    written: &mut Written,
+) -> Result<(), PersistError> {
+    let (slot_bytes, header) = (storage.slot_bytes(), storage.header_bytes());
+    let capacity = storage.geometry().capacity();
+    let chunk = (CHUNK_BYTES / slot_bytes).max(1) as u64;
+    let mut sink = Sink::create(dir, Part::Slots, g)?;
+    let mut out = vec![0u8; chunk as usize * slot_bytes];
+    let mut batch = Batch::zeros(storage.spec().clone(), [0]);
+    let mut rows: Vec<u64> = Vec::new();
+    let mut first = 0;
+    while first < capacity {
+        let n = chunk.min(capacity - first);
+        let bytes = &mut out[..n as usize * slot_bytes];
+        atomic_copy::load(storage.words(), storage.slot_offset(first), bytes);
+        rows.clear();
+        rows.extend((first..first + n).filter(|&s| storage.stamp_at(s).is_written()));
+        with_rows(storage, &rows, &mut batch, |batch| {
+            hooks::run(save_hooks, batch).map_err(|why| PersistError::new(dir, Kind::Hook(why)))
+        })?;
+        // The hooked rows go back over the copied ones.
+        for (k, &slot) in rows.iter().enumerate() {
+            let at = (slot - first) as usize * slot_bytes + header;
+            for (f, col) in storage.spec().fields().iter().zip(batch.columns()) {
+                bytes[at + f.offset()..][..f.bytes()]
+                    .copy_from_slice(&col.as_bytes()[k * f.bytes()..][..f.bytes()]);
+            }
+        }
+        sink.put(bytes, meter)?;
+        first += n;
+    }
+    written.sinks.push(sink.close());
+    Ok(())
+}
+
+/// Reads the rows of `slots` into `batch` (shaped `[slots.len()]`), runs `f` on it.
+pub(crate) fn with_rows<T>(
+    storage: &Storage,
+    slots: &[u64],
+    batch: &mut Batch,
+    f: impl FnOnce(&mut Batch) -> T,
+) -> T {
+    *batch = Batch::zeros(storage.spec().clone(), [slots.len()]);
+    let identity: Vec<usize> = (0..storage.spec().fields().len()).collect();
+    {
+        let parts = batch.parts_mut();
+        let mut dest = dest_for(storage.spec(), &identity, parts.columns);
+        for (k, &slot) in slots.iter().enumerate() {
+            dest.read_row(storage.words(), storage.row_offset_of(slot), k);
+        }
+    }
+    f(batch)
+}
+
+/// The compact format: slots without the next-observation field, a bitmap of the
+/// slots whose next observation is the next row's observation, and the others' values.
+fn write_compact(
+    storage: &Storage,
+    fields: CompactFields,
+    dir: &Path,
+    g: u64,
+    meter: &mut Meter,
+    written: &mut Written,
+) -> Result<(), PersistError> {
+    let (slot_bytes, header) = (storage.slot_bytes(), storage.header_bytes());
+    let stripped = slot_bytes - fields.bytes;
+    let next_at = header + fields.next;
+    let capacity = storage.geometry().capacity();
+    let mut slots = Sink::create(dir, Part::Slots, g)?;
+    let mut kept = Sink::create(dir, Part::Kept, g)?;
+    let mut omit = vec![0u8; (capacity as usize).div_ceil(8)];
+    let (mut row, mut succ) = (vec![0u8; slot_bytes], vec![0u8; fields.bytes]);
+    let mut out = Vec::with_capacity(CHUNK_BYTES + slot_bytes);
+    let mut kept_out = Vec::with_capacity(CHUNK_BYTES + fields.bytes);
+    for (k, shard) in storage.shards().iter().enumerate() {
+        let ring = *shard.ring();
+        for pos in 0..ring.steps {
+            for lane in 0..ring.width {
+                let slot = ring.slot(pos, lane);
+                atomic_copy::load(storage.words(), storage.slot_offset(slot), &mut row);
+                let omitted = successor(storage, k, pos, lane).is_some_and(|next| {
+                    atomic_copy::load(
+                        storage.words(),
+                        storage.row_offset_of(next) + fields.obs,
+                        &mut succ,
+                    );
+                    row[next_at..next_at + fields.bytes] == succ[..]
+                });
+                out.extend_from_slice(&row[..next_at]);
+                out.extend_from_slice(&row[next_at + fields.bytes..]);
+                if omitted {
+                    omit[slot as usize / 8] |= 1 << (slot % 8);
+                } else {
+                    kept_out.extend_from_slice(&row[next_at..next_at + fields.bytes]);
+                }
+                if out.len() >= CHUNK_BYTES {
+                    slots.put(&out, meter)?;
+                    out.clear();
+                }
+                if kept_out.len() >= CHUNK_BYTES {
+                    kept.put(&kept_out, meter)?;
+                    kept_out.clear();
+                }
+            }
+        }
+    }
+    debug_assert_eq!(
+        stripped * capacity as usize,
+        slots.bytes as usize + out.len()
+    );
+    slots.put(&out, meter)?;
+    kept.put(&kept_out, meter)?;
+    written.sinks.push(slots.close());
+    written.sinks.push(kept.close());
+    let mut sink = Sink::create(dir, Part::Omit, g)?;
+    sink.put(&omit, meter)?;
+    written.sinks.push(sink.close());
+    Ok(())
+}
+
+/// The slot of the row after the one at (`pos`, `lane`) of shard `k` in its lane, if
+/// both rows are published and the second is the first's successor (one sequence
+/// number later).
+pub(crate) fn successor(storage: &Storage, k: usize, pos: u64, lane: u64) -> Option<u64> {
+    let ring = *storage.shards()[k].ring();
+    let here = storage.stamp_at(ring.slot(pos, lane));
+    if !here.is_published() {
+        return None;
+    }
+    let seq = u64::from(here.lap()) * ring.steps + pos;
+    let next_seq = seq + 1;
+    let next = ring.slot(next_seq % ring.steps, lane);
+    let there: Stamp = storage.stamp_at(next);
+    (there.is_published() && there.lap() == (next_seq / ring.steps) as u32).then_some(next)
 }

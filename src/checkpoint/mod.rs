@@ -2,6 +2,9 @@
 
 pub(crate) mod dir;
 pub(crate) mod dump;
+pub(crate) mod epochs;
 pub(crate) mod error;
+pub(crate) mod hooks;
+pub(crate) mod load;
 pub(crate) mod memmap;
 pub(crate) mod meta;

@@ -436,6 +436,10 @@ impl Lanes {
     ) {
         let b = self.block(k, lane);
         let tail = words[b + TAIL].load(Ordering::Acquire);
+        if tail > cursor {
+            // A damaged region: no row past the cursor exists.
+            words[b + TAIL].store(cursor, Ordering::Release);
+        }
         if tail >= cursor {
             return;
         }
@@ -580,7 +584,7 @@ impl LaneView {
 }
 
 /// A picked window: trajectory `traj` of a lane, its live extent and the rows read.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Window {
     pub(crate) shard: u32,
     pub(crate) lane: u32,

@@ -103,6 +103,23 @@ fn live_in_index_order(shards: &[Shard], windows: &[Window], out: &mut Vec<Draw>
     }
 }
 
+/// What a checkpoint keeps of a buffer's epochs.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct EpochState<T> {
+    /// Epochs begun so far (the next one's shuffle stream).
+    pub(crate) started: u64,
+    pub(crate) open: Option<OpenEpoch<T>>,
+}
+
+/// The epoch open when a checkpoint was taken.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct OpenEpoch<T> {
+    pub(crate) items: Vec<T>,
+    /// Items handed out.
+    pub(crate) next: u64,
+    pub(crate) closed: bool,
+}
+
 /// The epochs of one buffer, over rows (`Draw`s) or any other items.
 #[derive(Debug)]
 pub(crate) struct Epochs<T = Draw> {
@@ -185,6 +202,30 @@ impl<T: Clone> Epochs<T> {
         }
         out.extend_from_slice(&epoch.items[start as usize..end as usize]);
         true
+    }
+
+    /// The epochs' state, for a checkpoint: how many began, and the open one.
+    pub(crate) fn state(&self) -> EpochState<T> {
+        let started = *self.turnover.lock();
+        let open = self.current.load().map(|e| OpenEpoch {
+            items: e.items.clone(),
+            next: e.next.load(Ordering::Acquire).min(e.items.len() as u64),
+            closed: e.closed.load(Ordering::Acquire),
+        });
+        EpochState { started, open }
+    }
+
+    /// Puts back a state [`Epochs::state`] gave.
+    pub(crate) fn restore(&self, state: EpochState<T>) {
+        let mut started = self.turnover.lock();
+        *started = state.started;
+        self.current.store(state.open.map(|o| {
+            Arc::new(Epoch {
+                items: o.items,
+                next: AtomicU64::new(o.next),
+                closed: AtomicBool::new(o.closed),
+            })
+        }));
     }
 
     /// Whether an epoch ends rather than give a short last batch.

@@ -155,6 +155,14 @@ impl Storage {
         Ok(())
     }
 
+    /// Whether the region is a file (a file-backed storage).
+    pub(crate) fn is_file_backed(&self) -> bool {
+        #[cfg(not(replaybuf_loom))]
+        return self.region.file().is_some();
+        #[cfg(replaybuf_loom)]
+        false
+    }
+
     /// The region's layout.
     pub(crate) fn layout(&self) -> &Layout {
         &self.layout
@@ -210,6 +218,32 @@ impl Storage {
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
         self.region.words()
+    }
+
+    /// Bytes of one slot: its header and row.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Bytes of a slot's header: the stamp, and the raw priority and trajectory word
+    /// when the sampler keeps them.
+    pub(crate) fn header_bytes(&self) -> usize {
+        self.header_bytes
+    }
+
+    /// The byte of the region where slot `slot` starts.
+    pub(crate) fn slot_offset(&self, slot: u64) -> usize {
+        self.slot_word(slot) * 8
+    }
+
+    /// The byte of the region where slot `slot`'s row starts.
+    pub(crate) fn row_offset_of(&self, slot: u64) -> usize {
+        self.row_offset(slot)
+    }
+
+    /// Slot `slot`'s stamp, as it is now.
+    pub(crate) fn stamp_at(&self, slot: u64) -> Stamp {
+        stamp::begin_read(self.stamp(slot))
     }
 
     /// The first word of slot `slot`: its stamp.

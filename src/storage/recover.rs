@@ -39,6 +39,7 @@ impl Storage {
         self.global(Global::Updaters).store(0, Ordering::Release);
         for shard in self.shards() {
             shard.occupancy().store(0, Ordering::Release);
+            shard.sanitize();
             let window = shard.window();
             shard.abandoned().store(window.hi, Ordering::Release);
             let ring = shard.ring();
@@ -62,7 +63,7 @@ impl Storage {
                         .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
                     let raw = tree.raw(leaf, stamp.lap() as u16);
                     match raw {
-                        Some(p) if live && stamp.is_published() => {
+                        Some(p) if live && stamp.is_published() && prioritized::valid(p) => {
                             Leaf::new(stamp.lap(), state.mass(p, alpha, max))
                         }
                         _ => Leaf::EMPTY,

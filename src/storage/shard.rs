@@ -251,6 +251,15 @@ impl Shard {
         self.floor_word().load(Ordering::Acquire)
     }
 
+    /// Puts a floor above the cursor (a damaged region) back at the cursor, so that
+    /// windows stay ordered. For a region nobody else uses.
+    pub(crate) fn sanitize(&self) {
+        let hi = self.cursor().load(Ordering::Acquire);
+        if self.floor_word().load(Ordering::Acquire) > hi {
+            self.floor_word().store(hi, Ordering::Release);
+        }
+    }
+
     /// Forgets every row claimed so far.
     pub(crate) fn empty(&self) {
         let hi = self.cursor().load(Ordering::Acquire);

@@ -1,0 +1,477 @@
+//! `load` and `loads`: a checkpoint written by `dumps` read back into a buffer.
+//!
+//! Every file is checked before its bytes count: its length against `meta.json`, its
+//! xxh3 checksum once read, its size against the layout the configuration gives, and
+//! the epochs file item by item against the storage's geometry. A load into a new
+//! region (every heap buffer) reads each file once and drops the region if anything
+//! is wrong; a load into a file-backed buffer checks every file first, then writes.
+//! Either way a refused checkpoint leaves the buffer as it was.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::dir::{DirKind, DirMeta};
+use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part, Progress};
+use super::epochs;
+use super::error::{IoAt, Kind, PersistError};
+use super::hooks;
+use crate::batch::Batch;
+use crate::buffer::{Inner, ReplayBuffer};
+use crate::sampler::slice::Window;
+use crate::sampler::Engine;
+use crate::spec::Key;
+use crate::storage::layout::Section;
+use crate::storage::{atomic_copy, Draw, Storage};
+
+impl ReplayBuffer {
+    /// A buffer rebuilt from a checkpoint that [`dumps`](Self::dumps) wrote (TorchRL's
+    /// `loads` on a fresh buffer): same configuration, on the heap, with every row,
+    /// priority, trajectory table, open epoch and random-stream position of the buffer
+    /// that was saved. Its `sample` calls then draw what the saved buffer's would
+    /// have drawn next.
+    ///
+    /// A damaged, truncated or unreadable checkpoint is refused with an error naming
+    /// the file and the problem.
+    pub fn load(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
+        let dir = dir.as_ref();
+        let (meta, checkpoint) = read_meta(dir)?;
+        let rb = build(dir, &meta)?;
+        read_into(&rb.inner, dir, &checkpoint, false, Progress::Auto)?;
+        Ok(rb)
+    }
+
+    /// Loads a checkpoint into this buffer (TorchRL's `loads`): its rows, sampler
+    /// state and random streams replace this buffer's, and its seed becomes this
+    /// buffer's; load hooks run on the rows. The checkpoint must be of this buffer's
+    /// layout (spec, capacity, shards, ndim, sampler, priority key), and no other
+    /// handle of this buffer may exist (writers, learners, clones): they would see
+    /// their rows replaced under them.
+    ///
+    /// On any error the buffer is left as it was.
+    pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        let dir = dir.as_ref();
+        let (meta, checkpoint) = read_meta(dir)?;
+        if let Some(what) = self.inner.config.layout_difference(&meta.config) {
+            return Err(PersistError::new(dir, Kind::Mismatch(what)));
+        }
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            PersistError::new(
+                dir,
+                Kind::Busy(
+                    "this buffer has other handles (writers, learners or clones); load \
+                     into a buffer no other handle uses, or build one with \
+                     ReplayBuffer::load",
+                ),
+            )
+        })?;
+        if inner.storage.is_file_backed() {
+            // The region is the file: check everything before writing anything.
+            read_into(inner, dir, &checkpoint, true, Progress::Auto)?;
+            inner.seed = meta.config.seed;
+            inner.config.seed = meta.config.seed;
+            return Ok(());
+        }
+        let fresh = build(dir, &meta)?;
+        let mut fresh = Arc::try_unwrap(fresh.inner)
+            .expect("replaybuf internal error: a new buffer already shared");
+        // The hooks belong to this buffer: the fresh one reads with them.
+        std::mem::swap(&mut fresh.hooks, &mut inner.hooks);
+        let read = read_into(&fresh, dir, &checkpoint, false, Progress::Auto);
+        std::mem::swap(&mut fresh.hooks, &mut inner.hooks);
+        read?;
+        std::mem::swap(&mut inner.storage, &mut fresh.storage);
+        std::mem::swap(&mut inner.sampler, &mut fresh.sampler);
+        inner.seed = meta.config.seed;
+        inner.config.seed = meta.config.seed;
+        Ok(())
+    }
+}
+
+/// A checkpoint directory's meta.
+fn read_meta(dir: &Path) -> Result<(DirMeta, CheckpointMeta), PersistError> {
+    let meta = DirMeta::read(dir)?;
+    if meta.kind != DirKind::Checkpoint {
+        return Err(PersistError::new(
+            dir,
+            Kind::Unsupported(
+                "this directory holds a file-backed storage; open it with \
+                 `ReplayBuffer::builder(..).memmap(dir).existsok(true)` or \
+                 `ReplayBuffer::open_dataset`",
+            ),
+        ));
+    }
+    let checkpoint = meta.checkpoint.clone().ok_or_else(|| {
+        PersistError::new(
+            dir,
+            Kind::Corrupt("meta.json of a checkpoint lists no files".to_owned()),
+        )
+    })?;
+    Ok((meta, checkpoint))
+}
+
+/// A new heap buffer of the checkpoint's configuration.
+fn build(dir: &Path, meta: &DirMeta) -> Result<ReplayBuffer, PersistError> {
+    let refused =
+        |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
+    meta.config
+        .builder()
+        .map_err(|e| refused(format!("{e:?}")))?
+        .build()
+        .map_err(|e| refused(e.to_string()))
+}
+
+/// One checkpoint file, opened and checked against its record.
+struct Source {
+    path: std::path::PathBuf,
+    file: File,
+    hasher: Xxh3,
+    record: FileMeta,
+}
+
+impl Source {
+    fn open(dir: &Path, record: &FileMeta, expected: Option<u64>) -> Result<Source, PersistError> {
+        if record.name.contains(['/', '\\']) || record.name.starts_with('.') {
+            return Err(PersistError::new(
+                dir,
+                Kind::Corrupt(format!(
+                    "meta.json names a file outside it: {:?}",
+                    record.name
+                )),
+            ));
+        }
+        let path = dir.join(&record.name);
+        if let Some(expected) = expected.filter(|&e| e != record.bytes) {
+            return Err(PersistError::new(
+                &path,
+                Kind::Corrupt(format!(
+                    "meta.json says {} bytes, but this buffer's layout needs {expected}",
+                    record.bytes
+                )),
+            ));
+        }
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PersistError::new(&path, Kind::Missing))
+            }
+            Err(e) => return Err(PersistError::io(&path, e)),
+        };
+        let found = file.metadata().at(&path)?.len();
+        if found != record.bytes {
+            return Err(PersistError::new(
+                &path,
+                Kind::Length {
+                    expected: record.bytes,
+                    found,
+                },
+            ));
+        }
+        Ok(Source {
+            path,
+            file,
+            hasher: Xxh3::new(),
+            record: record.clone(),
+        })
+    }
+
+    /// Reads the file a chunk at a time, handing each to `f` with its offset.
+    fn stream(
+        mut self,
+        meter: &mut Meter,
+        buf: &mut Vec<u8>,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), PersistError>,
+    ) -> Result<(), PersistError> {
+        let mut at = 0;
+        while at < self.record.bytes {
+            let n = (self.record.bytes - at).min(dump::CHUNK_BYTES as u64) as usize;
+            buf.resize(n, 0);
+            self.file.read_exact(buf).at(&self.path)?;
+            self.hasher.update(buf);
+            f(at, buf)?;
+            meter.add(n as u64);
+            at += n as u64;
+        }
+        let found = self.hasher.digest();
+        if found != self.record.xxh3 {
+            return Err(PersistError::new(
+                &self.path,
+                Kind::Checksum {
+                    expected: self.record.xxh3,
+                    found,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    /// The whole file, checked.
+    fn read_all(self, meter: &mut Meter) -> Result<Vec<u8>, PersistError> {
+        let mut all = Vec::with_capacity(self.record.bytes as usize);
+        let mut buf = Vec::new();
+        self.stream(meter, &mut buf, |_, chunk| {
+            all.extend_from_slice(chunk);
+            Ok(())
+        })?;
+        Ok(all)
+    }
+}
+
+/// The record of `part`, if the checkpoint has one.
+fn record(checkpoint: &CheckpointMeta, part: Part) -> Option<&FileMeta> {
+    checkpoint.files.iter().find(|f| f.part == part)
+}
+
+/// Reads a checkpoint into `inner`'s storage and sampler. With `verify_first`, every
+/// file is read and checked once before any byte is written.
+fn read_into(
+    inner: &Inner,
+    dir: &Path,
+    checkpoint: &CheckpointMeta,
+    verify_first: bool,
+    progress: Progress,
+) -> Result<(), PersistError> {
+    let storage = &inner.storage;
+    let layout = storage.layout();
+    let total: u64 = checkpoint.files.iter().map(|f| f.bytes).sum();
+    let mut meter = Meter::new(progress, total * (1 + u64::from(verify_first)), "loads");
+    let missing = |part: Part| {
+        PersistError::new(
+            dir,
+            Kind::Corrupt(format!("meta.json lists no {} file", part.name())),
+        )
+    };
+    let compact = match &checkpoint.compact {
+        None => None,
+        Some((obs, next)) => {
+            let key =
+                |k: &Vec<String>| Key::from(&k.iter().map(String::as_str).collect::<Vec<_>>()[..]);
+            Some(
+                CompactFields::of(storage.spec(), &key(obs), &key(next))
+                    .map_err(|why| PersistError::new(dir, Kind::Corrupt(why)))?,
+            )
+        }
+    };
+    let slots_bytes = |c: Option<CompactFields>| {
+        let per = storage.slot_bytes() - c.map_or(0, |c| c.bytes);
+        per as u64 * storage.geometry().capacity()
+    };
+    // What every part must hold, by the layout.
+    let mut plan: Vec<(Part, Option<u64>)> = vec![
+        (
+            Part::Control,
+            Some(layout.section(Section::Control).len() as u64 * 8),
+        ),
+        (Part::Slots, Some(slots_bytes(compact))),
+    ];
+    for (part, section) in [(Part::Trees, Section::Trees), (Part::Lanes, Section::Lanes)] {
+        let words = layout.section(section).len() as u64;
+        if words > 0 {
+            plan.push((part, Some(words * 8)));
+        }
+    }
+    if compact.is_some() {
+        plan.push((Part::Omit, Some(storage.geometry().capacity().div_ceil(8))));
+        plan.push((Part::Kept, None));
+    }
+    if dump::encode_epochs(&inner.sampler).is_some() && record(checkpoint, Part::Epochs).is_some() {
+        plan.push((Part::Epochs, None));
+    }
+    if let Some(extra) = checkpoint
+        .files
+        .iter()
+        .find(|f| !plan.iter().any(|(p, _)| *p == f.part))
+    {
+        return Err(PersistError::new(
+            dir,
+            Kind::Corrupt(format!(
+                "meta.json lists a {} file that a buffer of this layout has no use for",
+                extra.part.name()
+            )),
+        ));
+    }
+    let mut buf = Vec::with_capacity(dump::CHUNK_BYTES);
+    if verify_first {
+        for &(part, expected) in &plan {
+            let rec = record(checkpoint, part).ok_or_else(|| missing(part))?;
+            Source::open(dir, rec, expected)?.stream(&mut meter, &mut buf, |_, _| Ok(()))?;
+        }
+    }
+    let mut omit = Vec::new();
+    let mut kept = Vec::new();
+    let mut epochs_file = None;
+    for &(part, expected) in &plan {
+        let rec = record(checkpoint, part).ok_or_else(|| missing(part))?;
+        let src = Source::open(dir, rec, expected)?;
+        let region_at = |s: Section| layout.section(s).start * 8;
+        match part {
+            Part::Control | Part::Trees | Part::Lanes => {
+                let section = match part {
+                    Part::Control => Section::Control,
+                    Part::Trees => Section::Trees,
+                    _ => Section::Lanes,
+                };
+                let base = region_at(section);
+                src.stream(&mut meter, &mut buf, |at, chunk| {
+                    atomic_copy::store(storage.words(), base + at as usize, chunk);
+                    Ok(())
+                })?;
+            }
+            Part::Slots => match compact {
+                None => {
+                    let base = region_at(Section::Slots);
+                    src.stream(&mut meter, &mut buf, |at, chunk| {
+                        atomic_copy::store(storage.words(), base + at as usize, chunk);
+                        Ok(())
+                    })?;
+                }
+                Some(fields) => read_stripped(storage, fields, src, &mut meter, &mut buf)?,
+            },
+            Part::Omit => omit = src.read_all(&mut meter)?,
+            Part::Kept => kept = src.read_all(&mut meter)?,
+            Part::Epochs => epochs_file = Some(src.read_all(&mut meter)?),
+        }
+    }
+    if let Some(fields) = compact {
+        fill_next(storage, fields, &omit, &kept)
+            .map_err(|why| PersistError::new(dir, Kind::Corrupt(why)))?;
+    }
+    if let Some(bytes) = epochs_file {
+        restore_epochs(&inner.sampler, storage, &bytes).map_err(|why| {
+            PersistError::new(
+                dir.join(Part::Epochs.file(checkpoint.generation)),
+                Kind::Corrupt(why),
+            )
+        })?;
+    }
+    let load_hooks = inner.hooks.load();
+    if !load_hooks.is_empty() {
+        run_load_hooks(storage, &load_hooks)
+            .map_err(|why| PersistError::new(dir, Kind::Hook(why)))?;
+    }
+    storage.recover(inner.sampler.prioritized());
+    meter.finish();
+    Ok(())
+}
+
+/// Slots without the next-observation field, spread back into their slots.
+fn read_stripped(
+    storage: &Storage,
+    fields: CompactFields,
+    src: Source,
+    meter: &mut Meter,
+    buf: &mut Vec<u8>,
+) -> Result<(), PersistError> {
+    let slot_bytes = storage.slot_bytes();
+    let stripped = slot_bytes - fields.bytes;
+    let next_at = storage.header_bytes() + fields.next;
+    let mut partial: Vec<u8> = Vec::with_capacity(stripped);
+    let mut slot = 0u64;
+    src.stream(meter, buf, |_, chunk| {
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let take = (stripped - partial.len()).min(rest.len());
+            partial.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if partial.len() == stripped {
+                let at = storage.slot_offset(slot);
+                atomic_copy::store(storage.words(), at, &partial[..next_at]);
+                atomic_copy::store(
+                    storage.words(),
+                    at + next_at + fields.bytes,
+                    &partial[next_at..],
+                );
+                partial.clear();
+                slot += 1;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Puts back every slot's next observation: the next row's observation where the
+/// bitmap says it was left out, the kept values elsewhere.
+fn fill_next(
+    storage: &Storage,
+    fields: CompactFields,
+    omit: &[u8],
+    kept: &[u8],
+) -> Result<(), String> {
+    let mut kept = kept.chunks_exact(fields.bytes);
+    let mut value = vec![0u8; fields.bytes];
+    for (k, shard) in storage.shards().iter().enumerate() {
+        let ring = *shard.ring();
+        for pos in 0..ring.steps {
+            for lane in 0..ring.width {
+                let slot = ring.slot(pos, lane);
+                let at = storage.row_offset_of(slot) + fields.next;
+                if omit[slot as usize / 8] & (1 << (slot % 8)) != 0 {
+                    let next = dump::successor(storage, k, pos, lane).ok_or_else(|| {
+                        format!(
+                            "slot {slot}'s next observation was left out, but no row follows it"
+                        )
+                    })?;
+                    atomic_copy::load(
+                        storage.words(),
+                        storage.row_offset_of(next) + fields.obs,
+                        &mut value,
+                    );
+                    atomic_copy::store(storage.words(), at, &value);
+                } else {
+                    let v = kept
+                        .next()
+                        .ok_or("the kept values run out before the slots")?;
+                    atomic_copy::store(storage.words(), at, v);
+                }
+            }
+        }
+    }
+    if kept.next().is_some() || !kept.remainder().is_empty() {
+        return Err("more kept values than slots that keep one".to_owned());
+    }
+    Ok(())
+}
+
+/// Puts the checkpoint's epochs into the sampler.
+fn restore_epochs(engine: &Engine, storage: &Storage, bytes: &[u8]) -> Result<(), String> {
+    let geometry = storage.geometry();
+    match engine {
+        Engine::WithoutReplacement(e) => e.restore(epochs::decode::<Draw>(bytes, geometry)?),
+        Engine::Slice(crate::sampler::slice::State {
+            epochs: Some(e), ..
+        }) => e.restore(epochs::decode::<Window>(bytes, geometry)?),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Runs the load hooks over every written slot's row, a chunk at a time, and stores
+/// the rows they leave.
+fn run_load_hooks(storage: &Storage, load_hooks: &[hooks::Hook]) -> Result<(), String> {
+    let capacity = storage.geometry().capacity();
+    let chunk = (dump::CHUNK_BYTES / storage.slot_bytes()).max(1) as u64;
+    let mut batch = Batch::zeros(storage.spec().clone(), [0]);
+    let mut rows = Vec::new();
+    let mut first = 0;
+    while first < capacity {
+        let n = chunk.min(capacity - first);
+        rows.clear();
+        rows.extend((first..first + n).filter(|&s| storage.stamp_at(s).is_written()));
+        dump::with_rows(storage, &rows, &mut batch, |b| hooks::run(load_hooks, b))?;
+        for (k, &slot) in rows.iter().enumerate() {
+            let at = storage.row_offset_of(slot);
+            for (f, col) in storage.spec().fields().iter().zip(batch.columns()) {
+                atomic_copy::store(
+                    storage.words(),
+                    at + f.offset(),
+                    &col.as_bytes()[k * f.bytes()..][..f.bytes()],
+                );
+            }
+        }
+        first += n;
+    }
+    Ok(())
+}

@@ -1,0 +1,526 @@
+//! Checkpoints: `dumps` then `load`/`loads` gives back every row and the sampler's
+//! state, for every storage and sampler; damaged checkpoints are refused by name.
+
+use std::path::Path;
+
+use replaybuf::{
+    Batch, DType, DumpOptions, Prioritized, ReplayBuffer, ReplayBufferBuilder, SampleError, Slice,
+    SlicePriority, Spec, TypedBuffer, WithoutReplacement,
+};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("traj", DType::I64, [])
+        .field("obs", DType::F32, [3])
+        .field(("next", "obs"), DType::F32, [3])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap()
+}
+
+/// `n` rows of `envs` environments from step `t0`: trajectories of 7 steps per env,
+/// `next.obs` the following step's `obs`. Shape `[n]` or `[n, envs]`.
+fn rows(rb: &ReplayBuffer, t0: u64, n: usize, envs: usize) -> Batch {
+    let shape: Vec<usize> = if rb.ndim() == 2 {
+        vec![n, envs]
+    } else {
+        vec![n]
+    };
+    let mut b = rb.batch(&shape);
+    let (mut id, mut traj, mut obs, mut next, mut done) = (vec![], vec![], vec![], vec![], vec![]);
+    for t in t0..t0 + n as u64 {
+        for e in 0..envs as u64 {
+            let o = |t: u64| [t as f32, e as f32, (t % 7) as f32];
+            id.push(t * 100 + e);
+            traj.push((t / 7 * 100 + e) as i64);
+            obs.extend(o(t));
+            next.extend(o(t + 1));
+            done.push(t % 7 == 6);
+        }
+    }
+    b.set("id", &id).unwrap();
+    b.set("traj", &traj).unwrap();
+    b.set("obs", &obs).unwrap();
+    b.set(("next", "obs"), &next).unwrap();
+    b.set("done", &done).unwrap();
+    b
+}
+
+fn fill(rb: &ReplayBuffer, steps: usize) {
+    let envs = rb.envs();
+    let mut t = 0;
+    while t < steps {
+        let n = 13.min(steps - t);
+        rb.extend(&rows(rb, t as u64, n, envs)).unwrap();
+        t += n;
+    }
+}
+
+fn ids(b: &Batch) -> Vec<u64> {
+    b.column::<u64>("id").unwrap().to_vec()
+}
+
+fn same_batches(a: &Batch, b: &Batch) {
+    assert_eq!(a.shape(), b.shape());
+    assert_eq!(ids(a), ids(b));
+    assert_eq!(a.index(), b.index());
+    assert_eq!(
+        a.column::<f32>(("next", "obs")).unwrap(),
+        b.column::<f32>(("next", "obs")).unwrap()
+    );
+    assert_eq!(a.weight(), b.weight());
+}
+
+fn builders() -> Vec<(&'static str, ReplayBufferBuilder)> {
+    let base = || ReplayBuffer::builder(spec()).seed(21).batch_size(16);
+    let slice = || Slice::slice_len(4).traj_key("traj");
+    vec![
+        ("uniform", base().capacity(100)),
+        ("uniform, 2 shards", base().capacity(100).shards(2)),
+        (
+            "uniform, ndim 2",
+            base()
+                .capacity(25 * 4)
+                .ndim(2)
+                .envs(4)
+                .dim_extend(0)
+                .shards(2),
+        ),
+        (
+            "without replacement",
+            base().capacity(100).sampler(WithoutReplacement::new()),
+        ),
+        (
+            "prioritized",
+            base()
+                .capacity(100)
+                .shards(2)
+                .sampler(Prioritized::new(0.7, 0.5)),
+        ),
+        ("slices", base().capacity(100).sampler(slice())),
+        (
+            "slices, ndim 2",
+            base()
+                .capacity(25 * 4)
+                .ndim(2)
+                .envs(4)
+                .dim_extend(0)
+                .sampler(slice()),
+        ),
+        (
+            "slices without replacement",
+            base()
+                .capacity(100)
+                .sampler(slice().without_replacement(WithoutReplacement::new())),
+        ),
+        (
+            "prioritized slices",
+            base()
+                .capacity(100)
+                .sampler(slice().prioritized(Prioritized::new(0.7, 0.5), SlicePriority::Start)),
+        ),
+    ]
+}
+
+/// Does things to the buffer that change every kind of state.
+fn exercise(rb: &ReplayBuffer) {
+    fill(rb, 130);
+    let b = rb.sample(16).unwrap();
+    if rb.alpha().is_some() {
+        let p: Vec<f64> = (0..b.len()).map(|i| 0.5 + i as f64).collect();
+        rb.update_priority(b.index(), b.generations(), &p).unwrap();
+        rb.set_beta(0.8).unwrap();
+    }
+    rb.sample(16).unwrap();
+}
+
+fn check_round_trip(name: &str, rb: &ReplayBuffer, dir: &Path) {
+    rb.dumps(dir).unwrap();
+    let loaded = ReplayBuffer::load(dir).unwrap();
+    assert_eq!(loaded.len(), rb.len(), "{name}");
+    assert_eq!(loaded.write_count(), rb.write_count(), "{name}");
+    assert_eq!(loaded.seed(), rb.seed(), "{name}");
+    assert_eq!(loaded.beta(), rb.beta(), "{name}");
+    let (a, b) = (rb.read_all_in_order(None), loaded.read_all_in_order(None));
+    assert_eq!(ids(&a), ids(&b), "{name}");
+    assert_eq!(a.generations(), b.generations(), "{name}");
+    for i in 0..rb.capacity() as u64 {
+        assert_eq!(
+            rb.priority(i),
+            loaded.priority(i),
+            "{name}: priority of {i}"
+        );
+    }
+    // The next samples are the ones the original draws next.
+    for _ in 0..3 {
+        match (rb.sample(16), loaded.sample(16)) {
+            (Ok(x), Ok(y)) => same_batches(&x, &y),
+            (x, y) => assert_eq!(x.err(), y.err(), "{name}"),
+        }
+    }
+    // And both go on alike.
+    fill(rb, 20);
+    fill(&loaded, 20);
+    same_batches(&rb.sample(16).unwrap(), &loaded.sample(16).unwrap());
+}
+
+#[test]
+fn every_storage_and_sampler_round_trips() {
+    for (name, builder) in builders() {
+        let dir = tempfile::tempdir().unwrap();
+        let rb = builder.build().unwrap();
+        exercise(&rb);
+        check_round_trip(name, &rb, dir.path());
+    }
+}
+
+#[test]
+fn an_open_epoch_goes_on_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(WithoutReplacement::new())
+        .seed(3)
+        .build()
+        .unwrap();
+    fill(&rb, 64);
+    let mut seen: Vec<u64> = ids(&rb.sample(20).unwrap());
+    rb.dumps(dir.path()).unwrap();
+    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    seen.extend(ids(&loaded.sample(20).unwrap()));
+    seen.extend(ids(&loaded.sample(20).unwrap()));
+    seen.extend(ids(&loaded.sample(20).unwrap()));
+    assert_eq!(loaded.sample(20).unwrap_err(), SampleError::EpochEnd);
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        64,
+        "the loaded epoch hands out each remaining row once"
+    );
+}
+
+#[test]
+fn file_backed_buffers_dump_and_load_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ck) = (dir.path().join("store"), dir.path().join("ck"));
+    let build = |path: &Path| {
+        ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .memmap(path)
+            .seed(9)
+            .build()
+            .unwrap()
+    };
+    let rb = build(&store);
+    exercise(&rb);
+    check_round_trip("file-backed", &rb, &ck);
+    // And a checkpoint loads into a file-backed buffer of the same layout.
+    let mut other = build(&dir.path().join("other"));
+    other.loads(&ck).unwrap();
+    let saved = ReplayBuffer::load(&ck).unwrap();
+    assert_eq!(
+        ids(&other.read_all_in_order(None)),
+        ids(&saved.read_all_in_order(None))
+    );
+    same_batches(&other.sample(16).unwrap(), &saved.sample(16).unwrap());
+}
+
+#[test]
+fn loads_replaces_the_contents_of_an_unshared_buffer_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(50)
+        .seed(1)
+        .build()
+        .unwrap();
+    fill(&rb, 40);
+    rb.dumps(dir.path()).unwrap();
+    let mut other = ReplayBuffer::builder(spec())
+        .capacity(50)
+        .seed(2)
+        .build()
+        .unwrap();
+    fill(&other, 5);
+    let handle = other.clone();
+    let e = other.loads(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("other handles"), "{e}");
+    drop(handle);
+    other.loads(dir.path()).unwrap();
+    assert_eq!(other.len(), 40);
+    assert_eq!(other.seed(), 1);
+    // Another layout is refused and changes nothing.
+    let mut small = ReplayBuffer::builder(spec()).capacity(49).build().unwrap();
+    fill(&small, 3);
+    let e = small.loads(dir.path()).unwrap_err();
+    assert!(
+        e.is_mismatch() && e.to_string().contains("capacity 49 vs 50"),
+        "{e}"
+    );
+    assert_eq!(small.len(), 3);
+}
+
+#[test]
+fn the_compact_format_stores_each_observation_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, builder) in builders() {
+        let rb = builder.build().unwrap();
+        exercise(&rb);
+        let (full, compact) = (
+            dir.path().join(format!("{name}-full")),
+            dir.path().join(format!("{name}-compact")),
+        );
+        rb.dumps(&full).unwrap();
+        rb.dumps_with(
+            &compact,
+            &DumpOptions::new().compact("obs", ("next", "obs")),
+        )
+        .unwrap();
+        let size = |d: &Path| -> u64 {
+            std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum()
+        };
+        // Most rows' next observation (12 bytes of a row) was left out.
+        assert!(
+            size(&compact) + 6 * rb.capacity() as u64 <= size(&full),
+            "{name}: {} vs {}",
+            size(&compact),
+            size(&full)
+        );
+        let loaded = ReplayBuffer::load(&compact).unwrap();
+        let (a, b) = (rb.read_all_in_order(None), loaded.read_all_in_order(None));
+        assert_eq!(
+            a.column::<f32>(("next", "obs")).unwrap(),
+            b.column::<f32>(("next", "obs")).unwrap(),
+            "{name}"
+        );
+        assert_eq!(ids(&a), ids(&b), "{name}");
+        same_batches(&rb.sample(16).unwrap(), &loaded.sample(16).unwrap());
+    }
+    let rb = ReplayBuffer::builder(spec()).capacity(10).build().unwrap();
+    let e = rb
+        .dumps_with(
+            dir.path().join("bad"),
+            &DumpOptions::new().compact("obs", "done"),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("one dtype and shape"), "{e}");
+}
+
+#[test]
+fn save_and_load_hooks_see_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rb = ReplayBuffer::builder(spec())
+        .capacity(40)
+        .seed(4)
+        .build()
+        .unwrap();
+    fill(&rb, 30);
+    let before = rb.read_all_in_order(None);
+    // Saved negated; the buffer itself is not touched.
+    rb.register_save_hook(|b| {
+        for x in b.column_mut::<f32>("obs")? {
+            *x = -*x;
+        }
+        Ok(())
+    });
+    rb.dumps(dir.path()).unwrap();
+    assert_eq!(
+        rb.read_all_in_order(None).column::<f32>("obs").unwrap(),
+        before.column::<f32>("obs").unwrap()
+    );
+    // Without a load hook the negated rows come back...
+    let raw = ReplayBuffer::load(dir.path()).unwrap();
+    let negated: Vec<f32> = before
+        .column::<f32>("obs")
+        .unwrap()
+        .iter()
+        .map(|x| -x)
+        .collect();
+    assert_eq!(
+        raw.read_all_in_order(None).column::<f32>("obs").unwrap(),
+        &negated[..]
+    );
+    // ...and a load hook undoes them.
+    rb.register_load_hook(|b| {
+        for x in b.column_mut::<f32>("obs")? {
+            *x = -*x;
+        }
+        Ok(())
+    });
+    rb.empty();
+    rb.loads(dir.path()).unwrap();
+    assert_eq!(
+        rb.read_all_in_order(None).column::<f32>("obs").unwrap(),
+        before.column::<f32>("obs").unwrap()
+    );
+    // A failing hook fails the dump, and leaves the previous checkpoint.
+    rb.register_save_hook(|_| Err("refused".into()));
+    let e = rb.dumps(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert_eq!(ReplayBuffer::load(dir.path()).unwrap().len(), 30);
+}
+
+#[test]
+fn typed_buffers_round_trip() {
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Step {
+        obs: [f32; 4],
+        action: u32,
+        reward: f32,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rb = TypedBuffer::<Step>::builder()
+        .capacity(32)
+        .seed(8)
+        .build()
+        .unwrap();
+    let steps: Vec<Step> = (0..50)
+        .map(|i| Step {
+            obs: [i as f32; 4],
+            action: i,
+            reward: 0.5,
+        })
+        .collect();
+    rb.extend(&steps).unwrap();
+    rb.dumps(dir.path()).unwrap();
+    let loaded = TypedBuffer::<Step>::load(dir.path()).unwrap();
+    assert_eq!(loaded.len(), 32);
+    assert_eq!(
+        rb.sample(8).unwrap().rows(),
+        loaded.sample(8).unwrap().rows()
+    );
+}
+
+mod damage {
+    use super::*;
+
+    fn checkpoint(dir: &Path) -> ReplayBuffer {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .seed(5)
+            .build()
+            .unwrap();
+        exercise(&rb);
+        rb.dumps(dir).unwrap();
+        rb
+    }
+
+    fn file(dir: &Path, part: &str) -> std::path::PathBuf {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(&format!("{part}."))
+            })
+            .unwrap()
+    }
+
+    fn refused(dir: &Path) -> replaybuf::PersistError {
+        let e = ReplayBuffer::load(dir).unwrap_err();
+        // And a buffer given it keeps its own rows.
+        let mut other = ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .build()
+            .unwrap();
+        fill(&other, 7);
+        assert!(other.loads(dir).is_err());
+        assert_eq!(other.len(), 7);
+        e
+    }
+
+    #[test]
+    fn a_truncated_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path());
+        let slots = file(dir.path(), "slots");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&slots)
+            .unwrap();
+        f.set_len(f.metadata().unwrap().len() - 100).unwrap();
+        let e = refused(dir.path());
+        assert!(e.is_corrupt() && e.path() == slots, "{e}");
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_its_checksum() {
+        for part in ["control", "slots", "trees"] {
+            let dir = tempfile::tempdir().unwrap();
+            checkpoint(dir.path());
+            let path = file(dir.path(), part);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x10;
+            std::fs::write(&path, bytes).unwrap();
+            let e = refused(dir.path());
+            assert!(e.is_corrupt() && e.path() == path, "{part}: {e}");
+            assert!(e.to_string().contains("checksum"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path());
+        let trees = file(dir.path(), "trees");
+        std::fs::remove_file(&trees).unwrap();
+        let e = refused(dir.path());
+        assert!(e.is_missing() && e.path() == trees, "{e}");
+    }
+
+    #[test]
+    fn another_version_or_garbage_meta_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path());
+        let meta = dir.path().join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        std::fs::write(&meta, text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+        let e = refused(dir.path());
+        assert!(
+            e.is_version() && e.to_string().contains("version 99"),
+            "{e}"
+        );
+        std::fs::write(&meta, &text[..text.len() / 2]).unwrap();
+        let e = refused(dir.path());
+        assert!(e.is_corrupt() && e.to_string().contains("meta.json"), "{e}");
+        std::fs::write(
+            &meta,
+            text.replace("\"capacity\": 100", "\"capacity\": 101"),
+        )
+        .unwrap();
+        let e = refused(dir.path());
+        assert!(
+            e.is_corrupt() && e.to_string().contains("layout hash"),
+            "{e}"
+        );
+        std::fs::remove_file(&meta).unwrap();
+        assert!(refused(dir.path()).is_missing());
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_spec_is_a_mismatch() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path());
+        let other = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        let mut rb = ReplayBuffer::builder(other)
+            .capacity(100)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .build()
+            .unwrap();
+        let e = rb.loads(dir.path()).unwrap_err();
+        assert!(e.is_mismatch() && e.to_string().contains("the spec"), "{e}");
+    }
+}
