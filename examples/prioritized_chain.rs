@@ -71,7 +71,7 @@ impl Walk {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        let action = usize::from(self.rng % 10 != 0);
+        let action = usize::from(!self.rng.is_multiple_of(10));
         let next = if action == 1 { self.state + 1 } else { 0 };
         let done = next == STATES - 1;
         let step = Step {

@@ -1022,7 +1022,7 @@ impl Picker<'_> {
     fn pick(&mut self, rng: &mut Rng) -> Result<slice::Window, SampleError> {
         let words = self.buffer.storage.words();
         loop {
-            if self.failures > 0 && self.failures % SLICE_REFRESH_AFTER == 0 {
+            if self.failures > 0 && self.failures.is_multiple_of(SLICE_REFRESH_AFTER) {
                 // The writers have moved on, or the picks keep landing on trajectories
                 // too short: look at the lanes afresh, and give up if none can serve.
                 self.backoff.snooze();

@@ -34,6 +34,9 @@ pub struct ReplayBufferBuilder {
     pub(crate) priority_key: Option<Key>,
     pub(crate) memmap: Option<PathBuf>,
     pub(crate) existsok: bool,
+    /// Map the memmap directory's existing storage as a private copy: the file is
+    /// never written (an offline dataset).
+    pub(crate) private_copy: bool,
 }
 
 impl ReplayBufferBuilder {
@@ -52,6 +55,7 @@ impl ReplayBufferBuilder {
             priority_key: None,
             memmap: None,
             existsok: false,
+            private_copy: false,
         }
     }
 
@@ -224,9 +228,12 @@ impl ReplayBufferBuilder {
                 true,
             ),
             Some(dir) => {
-                let opened = memmap::open(dir, &config, self.existsok, |meta| {
-                    Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0)
-                })
+                let parts = |meta| Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
+                let opened = if self.private_copy {
+                    memmap::open_copy(dir, &config, parts)
+                } else {
+                    memmap::open(dir, &config, self.existsok, parts)
+                }
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 if !opened.fresh && self.seed.is_none() {
                     seed = opened.seed;
@@ -275,7 +282,7 @@ pub(crate) fn geometry(
         (1, None) => capacity,
         (1, Some(_)) => return err(BuildErrorKind::EnvsWithoutNdim2),
         (2, None) => return err(BuildErrorKind::EnvsRequired),
-        (2, Some(envs)) if envs == 0 || capacity % envs != 0 => {
+        (2, Some(envs)) if envs == 0 || !capacity.is_multiple_of(envs) => {
             return err(BuildErrorKind::EnvsDoNotDivide { capacity, envs })
         }
         (2, Some(envs)) => envs,

@@ -76,6 +76,14 @@ impl BuildError {
         Self { kind }
     }
 
+    /// The persistence error underneath, if that is what this is.
+    pub(crate) fn into_persist(self) -> Result<crate::PersistError, BuildError> {
+        match self.kind {
+            BuildErrorKind::Persist(p) => Ok(p),
+            kind => Err(BuildError { kind }),
+        }
+    }
+
     /// Whether the capacity was zero.
     pub fn is_zero_capacity(&self) -> bool {
         matches!(self.kind, BuildErrorKind::ZeroCapacity)

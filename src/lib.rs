@@ -67,6 +67,7 @@ pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use checkpoint::dump::{DumpOptions, Progress};
 pub use checkpoint::error::PersistError;
 pub use checkpoint::hooks::HookResult;
+pub use checkpoint::inspect::{inspect, Inspection};
 pub use dtype::{DType, Element};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,

@@ -1,5 +1,5 @@
 //! The `replaybuf` command: a collector/learner demonstration (default), the
-//! WORKLOADS.md benchmark (`bench`).
+//! WORKLOADS.md benchmark (`bench`), and a look into a checkpoint (`inspect`).
 // The loom facade rule (atomics only in src/sync.rs) is for the library; this binary
 // uses std's threads and counters directly.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods, missing_docs)]
@@ -51,6 +51,12 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
         configs: Vec<(usize, usize)>,
     },
+    /// Describe a checkpoint or file-backed storage directory: spec, sizes, fill,
+    /// priorities, and whether every file's checksum holds (exit status 1 if not).
+    Inspect {
+        /// The directory.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn parse_config(s: &str) -> Result<(usize, usize), String> {
@@ -71,6 +77,18 @@ fn main() {
             capacity: cli.capacity,
             batch: cli.batch,
         }),
+        Some(Command::Inspect { dir }) => match replaybuf::inspect(&dir) {
+            Ok(found) => {
+                println!("{found}");
+                if !found.is_whole() {
+                    std::process::exit(1);
+                }
+            }
+            Err(e) => {
+                eprintln!("replaybuf inspect: {e}");
+                std::process::exit(2);
+            }
+        },
         Some(Command::Bench {
             quick,
             workload,

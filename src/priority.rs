@@ -131,7 +131,7 @@ impl Inner {
                 Err(lengths)
             };
         }
-        if priority.is_empty() || priority.len() % index.len() != 0 {
+        if priority.is_empty() || !priority.len().is_multiple_of(index.len()) {
             return Err(lengths);
         }
         if let Some(position) = priority.iter().position(|&p| !prioritized::valid(p)) {

@@ -284,7 +284,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
             }
             _ => {
                 let envs = self.buffer.envs();
-                if items.len() % envs != 0 {
+                if !items.len().is_multiple_of(envs) {
                     return Err(DataError::BatchShape {
                         expected: "a multiple of envs values for an ndim-2 storage",
                         found: vec![items.len()],

@@ -41,7 +41,10 @@ fn buffer() -> ReplayBuffer {
 fn extend(rb: &ReplayBuffer, i: u64) {
     let mut b = rb.batch([CHUNK]);
     let ids: Vec<u64> = (i * CHUNK as u64..(i + 1) * CHUNK as u64).collect();
-    let payload: Vec<f32> = ids.iter().flat_map(|&id| (0..40).map(move |k| (id * 40 + k) as f32)).collect();
+    let payload: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| (0..40).map(move |k| (id * 40 + k) as f32))
+        .collect();
     b.set("id", &ids).unwrap();
     b.set("payload", &payload).unwrap();
     rb.extend(&b).unwrap();
@@ -72,7 +75,10 @@ fn check_checkpoint(dir: &Path) -> u64 {
         extend(&want, i);
     }
     let (got, want) = (rb.read_all_in_order(None), want.read_all_in_order(None));
-    assert_eq!(got.column::<u64>("id").unwrap(), want.column::<u64>("id").unwrap());
+    assert_eq!(
+        got.column::<u64>("id").unwrap(),
+        want.column::<u64>("id").unwrap()
+    );
     assert_eq!(
         got.column::<f32>("payload").unwrap(),
         want.column::<f32>("payload").unwrap()
@@ -89,7 +95,13 @@ fn a_killed_dump_leaves_the_previous_checkpoint() {
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..RUNS {
         let mut child = Command::new(&exe)
-            .args(["--exact", "dumping_child", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "dumping_child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env("REPLAYBUF_CRASH_DIR", dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -152,7 +152,7 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                 while !stop.load(Ordering::Relaxed) {
                     round += 1;
                     // Mostly short extends; every 16th one is longer than a shard.
-                    let t = if round % 16 == 0 {
+                    let t = if round.is_multiple_of(16) {
                         70
                     } else {
                         (round % 9 + 1) as usize

@@ -129,11 +129,8 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), P
 
 /// A temporary name beside `dir/name`, unique to this process and call.
 pub(crate) fn temp_name(dir: &Path, name: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64 as Counter, Ordering};
-    #[allow(clippy::disallowed_types)] // a name counter, not part of any protocol
-    static NEXT: Counter = Counter::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()))
+    let nonce = crate::sync::entropy_seed();
+    dir.join(format!(".{name}.tmp-{}-{nonce:016x}", std::process::id()))
 }
 
 /// Flushes a directory's entries (new names, renames) to disk.

@@ -63,6 +63,26 @@ pub(crate) fn open(
     }
 }
 
+/// Maps the storage under `dir` as a private copy (an offline dataset, an inspection):
+/// the process may change its pages (recovery, the counters sampling moves) but the
+/// file never changes, and any number of processes may do this at once, though none
+/// while a process has the storage open for writing.
+pub(crate) fn open_copy(
+    dir: &Path,
+    config: &Config,
+    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
+) -> Result<Opened, PersistError> {
+    let found = DirMeta::read(dir)?;
+    let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
+        .expect("a meta always serialises");
+    let parts = parts(meta_json.len()).at(dir)?;
+    reopen(dir, config, &found, parts, Access::Copy).map(|storage| Opened {
+        storage,
+        fresh: false,
+        seed: found.config.seed,
+    })
+}
+
 /// Maps the storage of a directory whose `meta.json` is `found`, checking it holds a
 /// region of `config`'s layout.
 pub(crate) fn reopen(

@@ -239,7 +239,7 @@ pub(crate) fn read_draws(
             }
             match (&mut on_miss, miss) {
                 (OnMiss::Redraw(redraw), _) => {
-                    let refresh = misses % REFRESH_AFTER_MISSES == 0;
+                    let refresh = misses.is_multiple_of(REFRESH_AFTER_MISSES);
                     if refresh {
                         backoff.snooze();
                     }

@@ -173,11 +173,6 @@ impl State {
             .store(INITIAL_PRIORITY.to_bits(), Ordering::Relaxed);
     }
 
-    /// The settings the sampler was built with (alpha and beta as built, not as set).
-    pub(crate) fn config(&self) -> &Prioritized {
-        &self.config
-    }
-
     #[inline]
     fn word(&self, g: Global) -> &AtomicU64 {
         self.globals.word(g.offset())

@@ -228,7 +228,7 @@ impl Slice {
         let by = match self.shape {
             SliceShape::Count(c) | SliceShape::Len(c) => c,
         };
-        if by == 0 || n == 0 || n % by != 0 {
+        if by == 0 || n == 0 || !n.is_multiple_of(by) {
             return None;
         }
         Some(match self.shape {

@@ -79,11 +79,9 @@ pub(crate) enum ShardWord {
     Floor = 1,
     /// Appenders and editors inside (see `shard.rs`).
     Occupancy = 2,
-    /// Shared mode: the process slot holding the writer lease, plus one (0: none).
-    Lease = 3,
-    /// Shared mode: rows claimed below it by a writer that died may be left half
-    /// written; the next lap's writer takes their slots over.
-    Abandoned = 4,
+    /// Rows claimed below it by a writer that died may be left half written; the next
+    /// lap's writer takes their slots over (`storage/recover.rs`).
+    Abandoned = 3,
 }
 
 /// The globals' words: each contended one on its own line.
@@ -377,7 +375,7 @@ mod tests {
     fn sections_start_where_they_should_and_do_not_overlap() {
         let l = Layout::new(100, 4, 2, 1000, 22, |_, _| Some(333), |_| Some(77)).unwrap();
         assert_eq!(l.meta_at, HEADER_WORDS);
-        assert!(l.shards_at >= l.meta_at + 13 && l.shards_at % LINE == 0);
+        assert!(l.shards_at >= l.meta_at + 13 && l.shards_at.is_multiple_of(LINE));
         assert_eq!(l.slots_at % SLOTS_ALIGN_WORDS, 0);
         assert!(l.slots_at >= l.procs_at + 2 * PROC_WORDS);
         assert_eq!(l.trees_at % LINE, 0);
