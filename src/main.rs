@@ -42,8 +42,12 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only this workload.
-        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "atari", "concurrent", "concurrent-prioritized"])]
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "atari", "concurrent", "concurrent-prioritized", "persist"])]
         workload: Option<String>,
+        /// Where the persist workload writes its files (default: the temporary
+        /// directory). It runs only when named: `--workload persist`.
+        #[arg(long)]
+        scratch: Option<std::path::PathBuf>,
         /// Seconds each concurrent configuration runs.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
@@ -94,11 +98,13 @@ fn main() {
             workload,
             seconds,
             configs,
+            scratch,
         }) => cli::bench::run(&cli::bench::BenchArgs {
             quick,
             workload,
             seconds: if quick { seconds.min(1.0) } else { seconds },
             configs,
+            scratch,
         }),
     }
 }

@@ -16,6 +16,8 @@ pub struct BenchArgs {
     pub seconds: f64,
     /// (writers, learners) pairs for the concurrent workload; empty: the defaults.
     pub configs: Vec<(usize, usize)>,
+    /// Where the persist workload writes (default: the temporary directory).
+    pub scratch: Option<std::path::PathBuf>,
 }
 
 const SYSTEM: &str = "replaybuf";
@@ -68,6 +70,9 @@ pub fn run(args: &BenchArgs) {
     }
     if wants("atari") {
         single(Workload::atari(args.quick), 500);
+    }
+    if args.workload.as_deref() == Some("persist") {
+        super::persist::run(args.quick, args.scratch.as_deref());
     }
     if wants("concurrent") {
         concurrent(args, Workload::mujoco(args.quick), "concurrent");

@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod demo;
+pub mod persist;
 pub mod sim;
 pub mod workloads;
