@@ -223,8 +223,14 @@ impl ReplayBufferBuilder {
         let mut config = Config::of(&self, seed);
         let (storage, fresh) = match &self.memmap {
             None => (
-                Storage::new(self.spec.clone(), geometry, trees, slices)
-                    .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
+                Storage::new(
+                    self.spec.clone(),
+                    geometry,
+                    trees,
+                    slices,
+                    config.layout_hash(),
+                )
+                .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
                 true,
             ),
             Some(dir) => {

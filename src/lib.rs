@@ -109,6 +109,36 @@ pub mod internals {
         let trees = rb.inner.storage.trees();
         trees.first().map(|t| (t.leaf(i), t.raw_tagged(i)))
     }
+    /// What a frozen storage looks like (see `storage/freeze.rs`): taken while the
+    /// storage is frozen, so no writer can be inside.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct FrozenView {
+        /// Sequence numbers claimed, over all shards.
+        pub claimed: u64,
+        /// Slots holding a published row.
+        pub published: u64,
+        /// Slots marked as being written.
+        pub writing: u64,
+        /// Whether every tree entry equals what its children give.
+        pub trees_consistent: bool,
+    }
+    /// Freezes the buffer's storage, looks at it, and thaws it.
+    pub fn frozen_view(rb: &crate::ReplayBuffer) -> FrozenView {
+        let storage = &rb.inner.storage;
+        let _frozen = storage.freeze();
+        let mut view = FrozenView {
+            claimed: storage.shards().iter().map(|s| s.window().hi).sum(),
+            published: 0,
+            writing: 0,
+            trees_consistent: storage.trees().iter().all(|t| t.is_consistent()),
+        };
+        for slot in 0..storage.geometry().capacity() {
+            let stamp = storage.stamp_at(slot);
+            view.published += u64::from(stamp.is_published());
+            view.writing += u64::from(stamp.is_writing());
+        }
+        view
+    }
     /// The slot protocol of `storage/stamp.rs`.
     pub mod stamp {
         pub use crate::storage::stamp::{

@@ -17,6 +17,7 @@ pub struct PersistError {
 }
 
 #[derive(Debug)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))] // no files under loom
 pub(crate) enum Kind {
     /// Reading, writing or mapping failed (see `source`).
     Io,

@@ -11,16 +11,44 @@
 //!   dataset maps it read-only, under a shared lock).
 //! - A buffer reopened after its process died is recovered (`storage/recover.rs`).
 
-use std::fs::{self, TryLockError};
 use std::path::Path;
-use std::sync::Arc;
 
-use super::dir::{DirKind, DirMeta, META, STORAGE};
-use super::error::{IoAt, Kind, PersistError};
+use super::error::PersistError;
 use super::meta::Config;
-use crate::region::{Access, Region};
-use crate::storage::layout::{self, HeaderProblem};
 use crate::storage::{Parts, Storage};
+#[cfg(not(replaybuf_loom))]
+use {
+    super::dir::{DirKind, DirMeta, META, STORAGE},
+    super::error::{IoAt, Kind},
+    crate::region::{Access, Region},
+    crate::storage::layout::{self, HeaderProblem},
+    std::fs::{self, TryLockError},
+    std::sync::Arc,
+};
+
+/// Under loom there are no files: every region is a boxed slice of model atomics.
+#[cfg(replaybuf_loom)]
+pub(crate) fn open(
+    dir: &Path,
+    _: &Config,
+    _: bool,
+    _: impl FnOnce(usize) -> std::io::Result<Parts>,
+) -> Result<Opened, PersistError> {
+    Err(PersistError::new(
+        dir,
+        super::error::Kind::Unsupported("file-backed storage is not built under loom"),
+    ))
+}
+
+/// Under loom there are no files (see [`open`]).
+#[cfg(replaybuf_loom)]
+pub(crate) fn open_copy(
+    dir: &Path,
+    config: &Config,
+    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
+) -> Result<Opened, PersistError> {
+    open(dir, config, false, parts)
+}
 
 /// A file-backed storage, whether it was created now, and its seed (the one it was
 /// created with, for a reopened storage).
@@ -30,6 +58,7 @@ pub(crate) struct Opened {
     pub(crate) seed: u64,
 }
 
+#[cfg(not(replaybuf_loom))]
 /// Opens the file-backed storage of `config` under `dir`, creating it unless one is
 /// there (then reopening it if `existsok`). `parts` lays the storage out, given the
 /// bytes of meta the region must hold.
@@ -63,6 +92,7 @@ pub(crate) fn open(
     }
 }
 
+#[cfg(not(replaybuf_loom))]
 /// Maps the storage under `dir` as a private copy (an offline dataset, an inspection):
 /// the process may change its pages (recovery, the counters sampling moves) but the
 /// file never changes, and any number of processes may do this at once, though none
@@ -83,6 +113,7 @@ pub(crate) fn open_copy(
     })
 }
 
+#[cfg(not(replaybuf_loom))]
 /// Maps the storage of a directory whose `meta.json` is `found`, checking it holds a
 /// region of `config`'s layout.
 pub(crate) fn reopen(
@@ -138,6 +169,7 @@ pub(crate) fn reopen(
     Ok(parts.into_storage(Arc::new(region)))
 }
 
+#[cfg(not(replaybuf_loom))]
 /// Creates a new file-backed storage: the region first, then `meta.json`, which
 /// makes it a buffer.
 fn create(
@@ -167,6 +199,7 @@ fn create(
     Ok(storage)
 }
 
+#[cfg(not(replaybuf_loom))]
 /// Locks the region's file for as long as it is open: exclusively to write it, shared
 /// to read a copy of it.
 fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError> {
@@ -184,6 +217,7 @@ fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError
     }
 }
 
+#[cfg(not(replaybuf_loom))]
 /// A header problem as a persistence error.
 pub(crate) fn header_error(path: &Path, problem: HeaderProblem) -> PersistError {
     match problem {

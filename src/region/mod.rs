@@ -11,6 +11,7 @@
 mod file;
 mod heap;
 
+#[cfg(not(replaybuf_loom))]
 use std::io;
 use std::sync::Arc;
 
@@ -40,6 +41,7 @@ pub(crate) struct Region {
     #[cfg(replaybuf_loom)]
     words: Box<[AtomicU64]>,
     len: usize,
+    #[cfg_attr(replaybuf_loom, allow(dead_code))]
     backing: Backing,
 }
 

@@ -282,6 +282,7 @@ pub(crate) fn write_header(words: &[AtomicU64], layout: &Layout, layout_hash: u6
 
 /// What a region's header says, read by a process about to use it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))] // read only from files
 pub(crate) struct HeaderInfo {
     pub(crate) layout_hash: u64,
     pub(crate) words: u64,
@@ -292,6 +293,7 @@ pub(crate) struct HeaderInfo {
 
 /// Why a region's header was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))] // read only from files
 pub(crate) enum HeaderProblem {
     /// Too short to hold a header.
     TooShort { words: usize },
@@ -332,6 +334,7 @@ impl std::fmt::Display for HeaderProblem {
 }
 
 /// Reads and checks a region's header.
+#[cfg_attr(replaybuf_loom, allow(dead_code))] // read only from files
 pub(crate) fn read_header(words: &[AtomicU64]) -> Result<HeaderInfo, HeaderProblem> {
     if words.len() < HEADER_WORDS {
         return Err(HeaderProblem::TooShort { words: words.len() });

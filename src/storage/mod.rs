@@ -131,15 +131,17 @@ pub(crate) struct Storage {
 impl Storage {
     /// A storage of `spec` rows shaped by `geometry`, with a tree block per shard when
     /// `trees` is given (`Some(true)`: with a max tree), and lane blocks for slice
-    /// sampling when `slices` is, on the heap.
+    /// sampling when `slices` is, on the heap; its header records `layout_hash`.
     pub(crate) fn new(
         spec: Arc<Spec>,
         geometry: Geometry,
         trees: Option<bool>,
         slices: Option<Bounds>,
+        layout_hash: u64,
     ) -> io::Result<Storage> {
         let parts = Parts::new(spec, geometry, trees, slices, 0, 0)?;
         let region = Arc::new(Region::heap(parts.layout.words)?);
+        layout::write_header(region.words(), &parts.layout, layout_hash, &[]);
         Ok(parts.into_storage(region))
     }
 
