@@ -10,6 +10,8 @@
 #[cfg(not(replaybuf_loom))]
 mod file;
 mod heap;
+#[cfg(not(replaybuf_loom))]
+pub(crate) mod shared;
 
 #[cfg(not(replaybuf_loom))]
 use std::io;
@@ -28,6 +30,12 @@ pub(crate) enum Backing {
     /// A mapped file, kept open.
     #[cfg(not(replaybuf_loom))]
     File(std::fs::File),
+    /// A named shared-memory object.
+    #[cfg(not(replaybuf_loom))]
+    Shared {
+        _file: std::fs::File,
+        object: String,
+    },
 }
 
 /// A zeroed region of atomic words.

@@ -3,7 +3,7 @@
 //!
 //! Three kinds of thread write a region: appenders and editors, which each shard's
 //! occupancy word counts and a freeze waits out (`shard.rs`), and updaters (priority
-//! updates, `set_alpha`, `empty`), which the globals' `Updaters` word counts the same
+//! updates, `set_alpha`, `empty`), which the storage's `updaters` word counts the same
 //! way here:
 //!
 //! ```text
@@ -18,6 +18,13 @@
 //! the same word, so either the updater sees the freezer or the freezer sees the
 //! updater. Readers never stop: a sample during a freeze reads rows that do not change.
 //!
+//! The occupancy words live in the region, so a freeze holds the appenders of every
+//! process that maps it. The updaters' word is the process's own: a process that dies
+//! inside an update must not leave a count that no freeze can ever wait out. Updates
+//! from other processes may therefore change the trees while a shared region is
+//! copied; a checkpoint's trees are rebuilt from its raw priorities when it is loaded
+//! (`recover.rs`), so what loads is consistent either way.
+//!
 //! # Memory ordering
 //!
 //! The thaw (`fetch_and` with Release) pairs with the Acquire load of a waiter, and a
@@ -29,7 +36,6 @@ use smallvec::SmallVec;
 
 use super::shard::FreezeGuard as ShardFreeze;
 use super::Storage;
-use crate::storage::layout::Global;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
 const FROZEN: u64 = 1 << 63;
@@ -62,7 +68,7 @@ impl Storage {
     /// Enters as an updater (a priority update, `set_alpha`, `empty`), waiting while
     /// the storage is frozen.
     pub(crate) fn enter_update(&self) -> Inside<'_> {
-        let word = self.global(Global::Updaters);
+        let word = &*self.updaters;
         loop {
             if word.fetch_add(1, Ordering::AcqRel) & FROZEN == 0 {
                 return Inside { word };
@@ -80,7 +86,7 @@ impl Storage {
     /// turns: the one that sets the updaters' `FROZEN` bit goes first, the others wait
     /// for it to thaw.
     pub(crate) fn freeze(&self) -> Frozen<'_> {
-        let updaters = self.global(Global::Updaters);
+        let updaters = &*self.updaters;
         while updaters.fetch_or(FROZEN, Ordering::AcqRel) & FROZEN != 0 {
             let mut backoff = Backoff::new();
             while updaters.load(Ordering::Acquire) & FROZEN != 0 {

@@ -66,8 +66,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block: two cache lines, or its five words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 5 } else { 2 * LINE };
+/// Words of one shard block: two cache lines, or its six words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 6 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +82,11 @@ pub(crate) enum ShardWord {
     /// Rows claimed below it by a writer that died may be left half written; the next
     /// lap's writer takes their slots over (`storage/recover.rs`).
     Abandoned = 3,
+    /// Shared mode: the process holding the shard's writer lease (a `Holder`, 0:
+    /// none). Only that process appends to the shard.
+    Lease = 4,
+    /// Shared mode: the process whose freeze holds the shard (0: none or unknown).
+    Freezer = 5,
 }
 
 /// The globals' words: each contended one on its own line.
@@ -102,12 +107,10 @@ pub(crate) enum Global {
     Beta,
     /// Prioritized sampling: the largest priority seen, as `f64` bits.
     MaxSeen,
-    /// Priority updaters inside, and the freeze bit (see `storage/freeze.rs`).
-    Updaters,
 }
 
 impl Global {
-    const ALL: [Global; 8] = [
+    const ALL: [Global; 7] = [
         Global::Calls,
         Global::NextShard,
         Global::Writers,
@@ -115,7 +118,6 @@ impl Global {
         Global::Alpha,
         Global::Beta,
         Global::MaxSeen,
-        Global::Updaters,
     ];
 
     /// The word's offset in the globals block: (cache line, word in it), or just its
@@ -132,7 +134,6 @@ impl Global {
             Global::Alpha => (3, 0),
             Global::Beta => (3, 1),
             Global::MaxSeen => (4, 0),
-            Global::Updaters => (5, 0),
         };
         line * LINE + word
     }
@@ -142,7 +143,7 @@ impl Global {
 const GLOBAL_WORDS: usize = if cfg!(replaybuf_loom) {
     Global::ALL.len()
 } else {
-    6 * LINE
+    5 * LINE
 };
 
 /// Words of one process-table entry (shared mode).

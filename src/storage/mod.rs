@@ -44,6 +44,7 @@ use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
 use crate::sync::{AtomicU64, Ordering};
 use layout::{Global, Layout, ShardWord};
+use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
@@ -112,6 +113,8 @@ pub(crate) enum Raws<'a> {
 #[derive(Debug)]
 pub(crate) struct Storage {
     region: Arc<Region>,
+    /// This process's updaters and the freeze bit (`freeze.rs`).
+    updaters: CachePadded<AtomicU64>,
     layout: Layout,
     shards: Box<[Shard]>,
     geometry: Geometry,
@@ -639,6 +642,7 @@ impl Parts {
             .collect();
         Storage {
             region,
+            updaters: CachePadded::new(AtomicU64::new(0)),
             layout,
             shards,
             geometry: self.geometry,

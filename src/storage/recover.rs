@@ -20,7 +20,6 @@
 use super::stamp::Stamp;
 use super::Storage;
 use crate::sampler::prioritized;
-use crate::storage::layout::Global;
 use crate::sumtree::Leaf;
 use crate::sync::Ordering;
 
@@ -36,7 +35,6 @@ impl Storage {
     /// sampler's state, for a buffer with trees.
     pub(crate) fn recover(&self, priorities: Option<&prioritized::State>) -> Recovered {
         let mut found = Recovered::default();
-        self.global(Global::Updaters).store(0, Ordering::Release);
         for shard in self.shards() {
             shard.occupancy().store(0, Ordering::Release);
             shard.sanitize();
