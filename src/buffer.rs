@@ -13,6 +13,7 @@ use crate::batch::{Batch, Column, Scratch};
 use crate::builder::ReplayBufferBuilder;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
+use crate::policy::{Admit, Policy};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::{
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     dim_extend: usize,
     /// The spec field holding priorities (`priority_key`), by position.
     pub(crate) priority_field: Option<usize>,
+    /// The write policy and its state: every write passes its gate (`policy.rs`).
+    pub(crate) policy: Policy,
 }
 
 /// A replay buffer: many collectors extend it while many learners sample it, with no
@@ -190,7 +193,11 @@ impl ReplayBuffer {
         if one_row {
             inner.check_one_row(batch)?;
         }
-        let rows = inner.prepare(None, batch)?;
+        let batch = match inner.admit(None, batch)? {
+            Admit::Append(batch) => batch,
+            Admit::Placed(written) => return Ok(written),
+        };
+        let rows = inner.prepare(None, &batch)?;
         let shard = match inner.storage.geometry() {
             Geometry::Flat { .. } => Some(self.pick_shard()),
             Geometry::Grid { .. } => None,
@@ -309,6 +316,7 @@ impl Inner {
             learners: AtomicU64::new(0),
             batch_size,
             dim_extend,
+            policy: Policy::RoundRobin,
         }
     }
 
@@ -405,13 +413,17 @@ impl Inner {
     /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
     /// every shard (`None`, ndim 2 only).
     pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
-        let rows = self.prepare(shard, batch)?;
+        let batch = match self.admit(shard, batch)? {
+            Admit::Append(batch) => batch,
+            Admit::Placed(written) => return Ok(written),
+        };
+        let rows = self.prepare(shard, &batch)?;
         Ok(self.append(shard, &rows))
     }
 
     /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns what
     /// `append` needs: its steps, copy plan, and the priorities of its priority field.
-    fn prepare<'a>(
+    pub(crate) fn prepare<'a>(
         &self,
         shard: Option<usize>,
         batch: &'a Batch,
@@ -888,6 +900,7 @@ impl Inner {
     }
 
     fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+        let data = &*self.admit_rewrite(data)?;
         let storage = &self.storage;
         let rows = data.len() as u64;
         let end = end.map_or(rows, |e| e as u64);

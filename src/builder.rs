@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
+use crate::policy::Policy;
 use crate::sampler::{Engine, Sampler};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
@@ -130,7 +131,6 @@ impl ReplayBufferBuilder {
         if self.batch_size == Some(0) {
             return err(BuildErrorKind::ZeroBatchSize);
         }
-        let WritePolicy::RoundRobin = self.writer;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
         let priorities = match &self.sampler {
@@ -190,15 +190,17 @@ impl ReplayBufferBuilder {
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let storage = Storage::new(self.spec, geometry, trees, slices)
             .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        let mut inner = Inner::new(
+            storage,
+            Engine::new(self.sampler, seed),
+            seed,
+            self.batch_size,
+            dim_extend,
+            priority_field,
+        );
+        inner.policy = Policy::new(self.writer);
         Ok(ReplayBuffer {
-            inner: Arc::new(Inner::new(
-                storage,
-                Engine::new(self.sampler, seed),
-                seed,
-                self.batch_size,
-                dim_extend,
-                priority_field,
-            )),
+            inner: Arc::new(inner),
         })
     }
 }

@@ -53,21 +53,47 @@ pub struct BuildError {
 #[derive(Debug)]
 pub(crate) enum BuildErrorKind {
     ZeroCapacity,
-    ShardsNotPowerOfTwo { shards: usize },
-    TooManyShards { shards: usize, limit: usize },
-    Ndim { ndim: usize },
+    ShardsNotPowerOfTwo {
+        shards: usize,
+    },
+    TooManyShards {
+        shards: usize,
+        limit: usize,
+    },
+    Ndim {
+        ndim: usize,
+    },
     EnvsRequired,
     EnvsWithoutNdim2,
-    EnvsDoNotDivide { capacity: usize, envs: usize },
-    DimExtend { dim_extend: usize, ndim: usize },
+    EnvsDoNotDivide {
+        capacity: usize,
+        envs: usize,
+    },
+    DimExtend {
+        dim_extend: usize,
+        ndim: usize,
+    },
     ZeroBatchSize,
     ZeroSizedRow,
-    Sampler { reason: &'static str },
-    PriorityKey { key: Key, reason: &'static str },
-    SliceKey { key: Key, reason: &'static str },
-    SliceBatchSize { batch_size: usize, divisor: usize },
+    Sampler {
+        reason: &'static str,
+    },
+    PriorityKey {
+        key: Key,
+        reason: &'static str,
+    },
+    SliceKey {
+        key: Key,
+        reason: &'static str,
+    },
+    SliceBatchSize {
+        batch_size: usize,
+        divisor: usize,
+    },
     Spec(SpecError),
     Region(io::Error),
+    /// The rows given to `build_from` do not fit the buffer.
+    Rows(DataError),
 }
 
 impl BuildError {
@@ -125,6 +151,7 @@ impl fmt::Display for BuildError {
             ),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
+            Rows(e) => write!(f, "the initial rows do not fit the buffer: {e}"),
         }
     }
 }
@@ -134,6 +161,7 @@ impl std::error::Error for BuildError {
         match &self.kind {
             BuildErrorKind::Region(e) => Some(e),
             BuildErrorKind::Spec(e) => Some(e),
+            BuildErrorKind::Rows(e) => Some(e),
             _ => None,
         }
     }
@@ -205,6 +233,9 @@ pub enum DataError {
         /// The field.
         key: Key,
     },
+    /// The buffer is read-only ([`WritePolicy::Immutable`](crate::WritePolicy::Immutable)).
+    #[error("the buffer is immutable (a read-only dataset): nothing was written")]
+    Immutable,
     /// The priority field of a row holds a NaN, infinite or negative value.
     #[error(
         "priority field `{key}` of row {row} is {value}; priorities must be finite and at least 0"

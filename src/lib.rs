@@ -47,6 +47,7 @@ mod dtype;
 mod error;
 mod learner;
 mod list;
+mod policy;
 mod priority;
 pub mod reference;
 mod region;

@@ -11,7 +11,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::builder;
-use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
 use crate::storage::geometry::Geometry;
@@ -20,7 +20,7 @@ use crate::storage::shard::{self, Shard, Window};
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
-use crate::writer::Written;
+use crate::writer::{WritePolicy, Written};
 
 /// A stored value and the sequence number it was written at.
 #[derive(Debug)]
@@ -38,6 +38,8 @@ struct ListInner<T> {
     seed: u64,
     calls: CachePadded<AtomicU64>,
     next_shard: CachePadded<AtomicU64>,
+    /// A read-only dataset: `push` and `extend` are refused.
+    immutable: bool,
 }
 
 /// A replay buffer of arbitrary values.
@@ -47,7 +49,7 @@ struct ListInner<T> {
 ///
 /// let rb = ListBuffer::<String>::builder().capacity(3).seed(0).build()?;
 /// for word in ["a", "b", "c", "d"] {
-///     rb.push(word.to_string());
+///     rb.push(word.to_string())?;
 /// }
 /// assert_eq!(rb.len(), 3);
 /// assert_eq!(rb.get(0)?, "d"); // "a" was evicted, FIFO
@@ -75,6 +77,7 @@ pub struct ListBuilder<T> {
     shards: usize,
     seed: Option<u64>,
     sampler: Sampler,
+    writer: WritePolicy,
     _items: std::marker::PhantomData<fn(T) -> T>,
 }
 
@@ -103,6 +106,24 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
         self
     }
 
+    /// The write policy: round robin (default) or immutable. A list's values have no
+    /// field to rank by, so a max-value writer is refused.
+    pub fn writer(mut self, writer: WritePolicy) -> Self {
+        self.writer = writer;
+        self
+    }
+
+    /// Builds the buffer and writes `values` into it before any handle exists, past the
+    /// write policy, as `extend` would: how an immutable list dataset gets its values.
+    pub fn build_from(
+        self,
+        values: impl IntoIterator<Item = T>,
+    ) -> Result<ListBuffer<T>, BuildError> {
+        let rb = self.build()?;
+        rb.append(values);
+        Ok(rb)
+    }
+
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
         let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
@@ -113,6 +134,10 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                          TypedBuffer), and slice sampling a ReplayBuffer with the keys",
             }));
         }
+        let immutable = match self.writer {
+            WritePolicy::RoundRobin => false,
+            WritePolicy::Immutable => true,
+        };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         Ok(ListBuffer {
             inner: Arc::new(ListInner {
@@ -125,6 +150,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                 seed,
                 calls: CachePadded::new(AtomicU64::new(0)),
                 next_shard: CachePadded::new(AtomicU64::new(0)),
+                immutable,
             }),
         })
     }
@@ -168,6 +194,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             shards: 1,
             seed: None,
             sampler: Sampler::default(),
+            writer: WritePolicy::RoundRobin,
             _items: std::marker::PhantomData,
         }
     }
@@ -196,13 +223,23 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         self.inner.shards.iter().map(Shard::written).sum()
     }
 
-    /// Adds one value and returns its index.
-    pub fn push(&self, value: T) -> u64 {
-        self.extend(std::iter::once(value)).index(0)
+    /// Adds one value and returns its index. Refused with [`DataError::Immutable`] by
+    /// an immutable buffer.
+    pub fn push(&self, value: T) -> Result<u64, DataError> {
+        Ok(self.extend(std::iter::once(value))?.index(0))
     }
 
-    /// Appends values to one shard (round robin across calls).
-    pub fn extend(&self, values: impl IntoIterator<Item = T>) -> Written {
+    /// Appends values to one shard (round robin across calls). Refused with
+    /// [`DataError::Immutable`] by an immutable buffer.
+    pub fn extend(&self, values: impl IntoIterator<Item = T>) -> Result<Written, DataError> {
+        if self.inner.immutable {
+            return Err(DataError::Immutable);
+        }
+        Ok(self.append(values))
+    }
+
+    /// Appends past the write policy.
+    fn append(&self, values: impl IntoIterator<Item = T>) -> Written {
         let values: Vec<T> = values.into_iter().collect();
         let inner = &self.inner;
         let k = if inner.shards.len() == 1 {

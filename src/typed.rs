@@ -17,7 +17,7 @@ use crate::sampler::Sampler;
 use crate::spec::Spec;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::sync::Ordering;
-use crate::writer::Written;
+use crate::writer::{WritePolicy, Written};
 
 /// A replay buffer of `T`s.
 ///
@@ -82,6 +82,9 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         batch_size(usize),
         /// See [`ReplayBufferBuilder::seed`].
         seed(u64),
+        /// See [`ReplayBufferBuilder::writer`]: round robin or immutable (a typed row
+        /// has no field to rank by).
+        writer(WritePolicy),
     }
 
     /// See [`ReplayBufferBuilder::sampler`].
@@ -101,6 +104,16 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
             buffer: self.inner.build()?,
             _rows: PhantomData,
         })
+    }
+
+    /// Builds the buffer and writes `items` into it before any handle exists, past the
+    /// write policy, as [`TypedBuffer::extend`] would: how an immutable typed dataset
+    /// gets its rows (see [`ReplayBufferBuilder::build_from`]).
+    pub fn build_from(self, items: &[T]) -> Result<TypedBuffer<T>, BuildError> {
+        let rb = self.build()?;
+        rb.append(items)
+            .map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
+        Ok(rb)
     }
 }
 
@@ -217,6 +230,12 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Appends values: any number for ndim 1 (one shard, round robin across calls);
     /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
     pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
+        self.buffer.inner.admit_typed()?;
+        self.append(items)
+    }
+
+    /// Appends past the write policy's gate.
+    fn append(&self, items: &[T]) -> Result<Written, DataError> {
         let inner = &self.buffer.inner;
         match inner.storage.geometry().ndim() {
             1 => {

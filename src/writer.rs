@@ -12,13 +12,18 @@ use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
 
 /// How rows enter the storage.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WritePolicy {
     /// Append at the ring's cursor, evicting the oldest row of the shard (TorchRL
     /// `RoundRobinWriter`).
     #[default]
     RoundRobin,
+    /// A read-only dataset (TorchRL `ImmutableDatasetWriter`): every write (`add`,
+    /// `extend`, a [`Writer`]'s, `write_all`, the typed and list faces') is refused with
+    /// [`DataError::Immutable`] and changes nothing. Its rows come from
+    /// [`ReplayBufferBuilder::build_from`](crate::ReplayBufferBuilder::build_from).
+    Immutable,
 }
 
 /// Where the rows of one `extend` went. Rows are numbered as in the extended batch.
