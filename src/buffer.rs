@@ -290,9 +290,11 @@ impl ReplayBuffer {
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
     /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
-        self.inner.storage.empty();
-        self.inner.sampler.reset();
-        self.inner.clear_emptied();
+        self.inner.policy.emptying(|| {
+            self.inner.storage.empty();
+            self.inner.sampler.reset();
+            self.inner.clear_emptied();
+        });
     }
 }
 
@@ -900,7 +902,8 @@ impl Inner {
     }
 
     fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
-        let data = &*self.admit_rewrite(data)?;
+        let rewrite = self.admit_rewrite(data)?;
+        let data = &*rewrite.data;
         let storage = &self.storage;
         let rows = data.len() as u64;
         let end = end.map_or(rows, |e| e as u64);
@@ -931,6 +934,8 @@ impl Inner {
             // A row emptied after the check above has nothing to rewrite: skip it.
             let _ = storage.edit(d, &src, i as u64);
         }
+        drop(src);
+        rewrite.finish(self, end);
         Ok(())
     }
 }

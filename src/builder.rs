@@ -116,6 +116,11 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// The write policy chosen so far.
+    pub(crate) fn write_policy(&self) -> &WritePolicy {
+        &self.writer
+    }
+
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
@@ -131,6 +136,13 @@ impl ReplayBufferBuilder {
         if self.batch_size == Some(0) {
             return err(BuildErrorKind::ZeroBatchSize);
         }
+        let policy = Policy::new(
+            self.writer,
+            &self.spec,
+            self.ndim,
+            &self.sampler,
+            self.capacity,
+        )?;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
         let priorities = match &self.sampler {
@@ -198,7 +210,7 @@ impl ReplayBufferBuilder {
             dim_extend,
             priority_field,
         );
-        inner.policy = Policy::new(self.writer);
+        inner.policy = policy;
         Ok(ReplayBuffer {
             inner: Arc::new(inner),
         })

@@ -53,46 +53,23 @@ pub struct BuildError {
 #[derive(Debug)]
 pub(crate) enum BuildErrorKind {
     ZeroCapacity,
-    ShardsNotPowerOfTwo {
-        shards: usize,
-    },
-    TooManyShards {
-        shards: usize,
-        limit: usize,
-    },
-    Ndim {
-        ndim: usize,
-    },
+    ShardsNotPowerOfTwo { shards: usize },
+    TooManyShards { shards: usize, limit: usize },
+    Ndim { ndim: usize },
     EnvsRequired,
     EnvsWithoutNdim2,
-    EnvsDoNotDivide {
-        capacity: usize,
-        envs: usize,
-    },
-    DimExtend {
-        dim_extend: usize,
-        ndim: usize,
-    },
+    EnvsDoNotDivide { capacity: usize, envs: usize },
+    DimExtend { dim_extend: usize, ndim: usize },
     ZeroBatchSize,
     ZeroSizedRow,
-    Sampler {
-        reason: &'static str,
-    },
-    PriorityKey {
-        key: Key,
-        reason: &'static str,
-    },
-    SliceKey {
-        key: Key,
-        reason: &'static str,
-    },
-    SliceBatchSize {
-        batch_size: usize,
-        divisor: usize,
-    },
+    Sampler { reason: &'static str },
+    PriorityKey { key: Key, reason: &'static str },
+    SliceKey { key: Key, reason: &'static str },
+    SliceBatchSize { batch_size: usize, divisor: usize },
+    Writer { reason: &'static str },
+    RankKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
-    /// The rows given to `build_from` do not fit the buffer.
     Rows(DataError),
 }
 
@@ -149,6 +126,8 @@ impl fmt::Display for BuildError {
                 "batch_size {batch_size} is not a multiple of the slice sampler's {divisor} \
                  (num_slices or slice_len)"
             ),
+            Writer { reason } => write!(f, "write policy: {reason}"),
+            RankKey { key, reason } => write!(f, "max-value writer's rank key `{key}`: {reason}"),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
             Rows(e) => write!(f, "the initial rows do not fit the buffer: {e}"),
@@ -232,6 +211,16 @@ pub enum DataError {
     InvalidBool {
         /// The field.
         key: Key,
+    },
+    /// The rank field of a row (a max-value writer's) holds a NaN or infinite value.
+    #[error("rank field `{key}` of row {row} is {value}; ranks must be finite")]
+    InvalidRank {
+        /// The rank field.
+        key: Key,
+        /// The row of the batch.
+        row: usize,
+        /// The value found.
+        value: f64,
     },
     /// The buffer is read-only ([`WritePolicy::Immutable`](crate::WritePolicy::Immutable)).
     #[error("the buffer is immutable (a read-only dataset): nothing was written")]

@@ -47,6 +47,7 @@ mod dtype;
 mod error;
 mod learner;
 mod list;
+mod max_value;
 mod policy;
 mod priority;
 pub mod reference;

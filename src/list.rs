@@ -137,6 +137,12 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
         let immutable = match self.writer {
             WritePolicy::RoundRobin => false,
             WritePolicy::Immutable => true,
+            WritePolicy::MaxValue { .. } => {
+                return Err(BuildError::new(BuildErrorKind::Writer {
+                    reason: "a list buffer's values have no field to rank: a max-value \
+                             writer needs a ReplayBuffer",
+                }))
+            }
         };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         Ok(ListBuffer {

@@ -8,6 +8,7 @@
 //!
 //! - round robin lets the rows through to the ordinary append at the shard's cursor;
 //! - immutable refuses them with [`DataError::Immutable`] before anything changes;
+//! - max value places them itself (`max_value.rs`), or reports them rejected;
 //!
 //! and on the way the buffer's inverse transforms run on a copy of the rows
 //! (`transform.rs`).
@@ -18,6 +19,9 @@ use crate::batch::Batch;
 use crate::buffer::{Inner, Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::error::{BuildError, BuildErrorKind, DataError};
+use crate::max_value::{MaxValue, Rerank};
+use crate::sampler::Sampler;
+use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Source, SrcCol};
 use crate::writer::{WritePolicy, Written};
@@ -30,14 +34,53 @@ pub(crate) enum Policy {
     RoundRobin,
     /// Refuses every write.
     Immutable,
+    /// Keeps the highest-ranked rows.
+    MaxValue(MaxValue),
 }
 
 impl Policy {
-    /// The running form of `policy`, already validated by the builder.
-    pub(crate) fn new(policy: WritePolicy) -> Policy {
-        match policy {
+    /// The running form of `policy` for a buffer of these choices, checked.
+    pub(crate) fn new(
+        policy: WritePolicy,
+        spec: &Spec,
+        ndim: usize,
+        sampler: &Sampler,
+        capacity: usize,
+    ) -> Result<Policy, BuildError> {
+        Ok(match policy {
             WritePolicy::RoundRobin => Policy::RoundRobin,
             WritePolicy::Immutable => Policy::Immutable,
+            WritePolicy::MaxValue {
+                rank_key,
+                reduction,
+            } => Policy::MaxValue(MaxValue::new(
+                &rank_key, reduction, spec, ndim, sampler, capacity,
+            )?),
+        })
+    }
+
+    /// Runs `empty` as the policy needs: a max-value writer forgets its ranks with the
+    /// rows, under its lock.
+    pub(crate) fn emptying(&self, empty: impl FnOnce()) {
+        match self {
+            Policy::MaxValue(m) => m.emptying(empty),
+            Policy::RoundRobin | Policy::Immutable => empty(),
+        }
+    }
+}
+
+/// The gate's answer to an in-place rewrite: the rows to write, and for a max-value
+/// buffer its lock, held until the rewrite is done and re-ranked.
+pub(crate) struct Rewrite<'a> {
+    pub(crate) data: Cow<'a, Batch>,
+    rerank: Option<Rerank<'a>>,
+}
+
+impl Rewrite<'_> {
+    /// The rewrite of positions `0..end` is done.
+    pub(crate) fn finish(self, inner: &Inner, end: u64) {
+        if let Some(rerank) = self.rerank {
+            rerank.finish(inner, end);
         }
     }
 }
@@ -48,7 +91,6 @@ pub(crate) enum Admit<'a> {
     /// copy.
     Append(Cow<'a, Batch>),
     /// The policy placed the rows itself; here is where they went.
-    #[allow(dead_code)] // the max-value writer's (next)
     Placed(Written),
 }
 
@@ -57,29 +99,40 @@ impl Inner {
     /// append. `shard` is the writer handle's shard (`None` for the buffer's own).
     pub(crate) fn admit<'a>(
         &self,
-        _shard: Option<usize>,
+        shard: Option<usize>,
         batch: &'a Batch,
     ) -> Result<Admit<'a>, DataError> {
         match &self.policy {
             Policy::Immutable => Err(DataError::Immutable),
             Policy::RoundRobin => Ok(Admit::Append(Cow::Borrowed(batch))),
+            Policy::MaxValue(m) => {
+                // A writer handle fills its own shard first; the buffer, shard 0.
+                m.place(self, shard.unwrap_or(0), batch).map(Admit::Placed)
+            }
         }
     }
 
     /// The gate of an in-place rewrite (`write_all`).
-    pub(crate) fn admit_rewrite<'a>(&self, data: &'a Batch) -> Result<Cow<'a, Batch>, DataError> {
+    pub(crate) fn admit_rewrite<'a>(&'a self, data: &'a Batch) -> Result<Rewrite<'a>, DataError> {
         match &self.policy {
             Policy::Immutable => Err(DataError::Immutable),
-            Policy::RoundRobin => Ok(Cow::Borrowed(data)),
+            Policy::RoundRobin => Ok(Rewrite {
+                data: Cow::Borrowed(data),
+                rerank: None,
+            }),
+            Policy::MaxValue(m) => Ok(Rewrite {
+                data: Cow::Borrowed(data),
+                rerank: Some(m.rerank(self, data)?),
+            }),
         }
     }
 
     /// The gate of the typed face, whose values are rows already: refused when
-    /// immutable.
+    /// immutable (a typed buffer cannot be built with a max-value writer).
     pub(crate) fn admit_typed(&self) -> Result<(), DataError> {
         match &self.policy {
             Policy::Immutable => Err(DataError::Immutable),
-            Policy::RoundRobin => Ok(()),
+            Policy::RoundRobin | Policy::MaxValue(_) => Ok(()),
         }
     }
 
@@ -88,6 +141,9 @@ impl Inner {
     /// dataset as large as the capacity fits whole; ndim 2: `[t, envs]` steps, as
     /// `extend` takes them.
     fn write_initial(&self, rows: &Batch) -> Result<(), DataError> {
+        if let Policy::MaxValue(m) = &self.policy {
+            return m.place(self, 0, rows).map(drop);
+        }
         let prepared = self.prepare(None, rows)?;
         let Geometry::Flat { .. } = self.storage.geometry() else {
             self.append(None, &prepared);

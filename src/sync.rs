@@ -106,12 +106,15 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
 
+    /// What [`Mutex::lock`] returns.
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
             Self(parking_lot::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
     }
@@ -174,12 +177,15 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 
+    /// What [`Mutex::lock`] returns.
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
             Self(loom::sync::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0
                 .lock()
                 .expect("a replaybuf lock was poisoned by a panic")

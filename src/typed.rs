@@ -100,6 +100,12 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         if std::mem::size_of::<T>() == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroSizedRow));
         }
+        if let WritePolicy::MaxValue { .. } = self.inner.write_policy() {
+            return Err(BuildError::new(BuildErrorKind::Writer {
+                reason: "a typed buffer's rows have no field to rank: a max-value writer \
+                         needs a ReplayBuffer",
+            }));
+        }
         Ok(TypedBuffer {
             buffer: self.inner.build()?,
             _rows: PhantomData,
