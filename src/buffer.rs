@@ -28,6 +28,7 @@ use crate::storage::shard::{Shard, Window as ShardWindow};
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::{AtomicU64, Backoff, Ordering};
+use crate::transform::Transforms;
 use crate::writer::{Writer, Written};
 
 /// What every handle of one buffer shares.
@@ -50,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) priority_field: Option<usize>,
     /// The write policy and its state: every write passes its gate (`policy.rs`).
     pub(crate) policy: Policy,
+    /// Closures on sampled batches, and their inverses on written data.
+    pub(crate) transforms: Transforms,
 }
 
 /// A replay buffer: many collectors extend it while many learners sample it, with no
@@ -230,6 +233,7 @@ impl ReplayBuffer {
         let mut batch = self.batch([0]);
         self.inner
             .sample_into(&mut self.call_rng(), n, &mut batch)?;
+        self.inner.transforms.apply(&mut batch)?;
         Ok(batch)
     }
 
@@ -243,7 +247,8 @@ impl ReplayBuffer {
     /// as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
         let n = self.inner.batch_size_for(batch)?;
-        self.inner.sample_into(&mut self.call_rng(), n, batch)
+        self.inner.sample_into(&mut self.call_rng(), n, batch)?;
+        self.inner.transforms.apply(batch)
     }
 
     /// The row at storage `index`, as a batch of one.
@@ -319,6 +324,7 @@ impl Inner {
             batch_size,
             dim_extend,
             policy: Policy::RoundRobin,
+            transforms: Transforms::default(),
         }
     }
 

@@ -318,7 +318,7 @@ pub struct PriorityUpdate {
 
 /// Why a sample was not drawn. The buffer and the sampler's state are unchanged, except
 /// for [`SampleError::EpochEnd`], which closes the epoch it reports.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SampleError {
     /// The buffer holds no rows.
     #[error("the buffer is empty")]
@@ -355,6 +355,15 @@ pub enum SampleError {
         /// What it must be a multiple of.
         divisor: usize,
     },
+    /// A step of the learner's pipeline (a transform, the preprocessor, the collate
+    /// step) refused the sampled batch; the rows were drawn.
+    #[error("{stage} failed: {error}")]
+    Pipeline {
+        /// Which step.
+        stage: Stage,
+        /// What it reported.
+        error: Box<DataError>,
+    },
     /// With `strict_length`, no stored trajectory is as long as a slice.
     #[error("no stored trajectory is {slice_len} steps long (the longest has {longest}); store longer ones or set strict_length(false)")]
     TrajectoriesTooShort {
@@ -363,6 +372,38 @@ pub enum SampleError {
         /// The longest stored trajectory's live steps.
         longest: u64,
     },
+}
+
+/// A step of the learner's pipeline, as [`SampleError::Pipeline`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stage {
+    /// The buffer's transform at this position of its list.
+    Transform(usize),
+    /// A loader's sample preprocessor.
+    Preprocess,
+    /// A loader's collate step.
+    Collate,
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stage::Transform(i) => write!(f, "transform {i}"),
+            Stage::Preprocess => f.write_str("the sample preprocessor"),
+            Stage::Collate => f.write_str("the collate step"),
+        }
+    }
+}
+
+/// `insert_transform` was given a position past the end of the list; nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("transform position {position} is past the end of the list ({len} transforms)")]
+pub struct TransformIndexError {
+    /// The position given.
+    pub position: usize,
+    /// Transforms in the list.
+    pub len: usize,
 }
 
 /// Why a read or write at a storage position failed. Nothing was changed.

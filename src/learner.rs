@@ -30,6 +30,7 @@ impl Learner {
         self.buffer
             .inner
             .sample_into(&mut self.rng, n, &mut batch)?;
+        self.buffer.inner.transforms.apply(&mut batch)?;
         Ok(batch)
     }
 
@@ -37,6 +38,7 @@ impl Learner {
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
         let n = self.buffer.inner.batch_size_for(batch)?;
-        self.buffer.inner.sample_into(&mut self.rng, n, batch)
+        self.buffer.inner.sample_into(&mut self.rng, n, batch)?;
+        self.buffer.inner.transforms.apply(batch)
     }
 }

@@ -59,6 +59,7 @@ mod storage;
 mod sumtree;
 mod sync;
 mod trajectories;
+mod transform;
 mod typed;
 mod writer;
 
@@ -68,6 +69,7 @@ pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use dtype::{DType, Element};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
+    Stage, TransformIndexError,
 };
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
@@ -78,6 +80,7 @@ pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use trajectories::{
     split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
 };
+pub use transform::{Transform, TransformFn};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::{WritePolicy, Writer, Written};
 

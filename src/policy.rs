@@ -102,29 +102,30 @@ impl Inner {
         shard: Option<usize>,
         batch: &'a Batch,
     ) -> Result<Admit<'a>, DataError> {
+        if let Policy::Immutable = &self.policy {
+            return Err(DataError::Immutable);
+        }
+        let batch = self.transforms.invert(batch)?;
         match &self.policy {
-            Policy::Immutable => Err(DataError::Immutable),
-            Policy::RoundRobin => Ok(Admit::Append(Cow::Borrowed(batch))),
             Policy::MaxValue(m) => {
                 // A writer handle fills its own shard first; the buffer, shard 0.
-                m.place(self, shard.unwrap_or(0), batch).map(Admit::Placed)
+                m.place(self, shard.unwrap_or(0), &batch).map(Admit::Placed)
             }
+            Policy::RoundRobin | Policy::Immutable => Ok(Admit::Append(batch)),
         }
     }
 
     /// The gate of an in-place rewrite (`write_all`).
     pub(crate) fn admit_rewrite<'a>(&'a self, data: &'a Batch) -> Result<Rewrite<'a>, DataError> {
-        match &self.policy {
-            Policy::Immutable => Err(DataError::Immutable),
-            Policy::RoundRobin => Ok(Rewrite {
-                data: Cow::Borrowed(data),
-                rerank: None,
-            }),
-            Policy::MaxValue(m) => Ok(Rewrite {
-                data: Cow::Borrowed(data),
-                rerank: Some(m.rerank(self, data)?),
-            }),
+        if let Policy::Immutable = &self.policy {
+            return Err(DataError::Immutable);
         }
+        let data = self.transforms.invert(data)?;
+        let rerank = match &self.policy {
+            Policy::MaxValue(m) => Some(m.rerank(self, &data)?),
+            Policy::RoundRobin | Policy::Immutable => None,
+        };
+        Ok(Rewrite { data, rerank })
     }
 
     /// The gate of the typed face, whose values are rows already: refused when
