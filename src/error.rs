@@ -71,6 +71,8 @@ pub(crate) enum BuildErrorKind {
     Spec(SpecError),
     Region(io::Error),
     Rows(DataError),
+    Loader { reason: &'static str },
+    Spawn(io::Error),
 }
 
 impl BuildError {
@@ -131,6 +133,8 @@ impl fmt::Display for BuildError {
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
             Rows(e) => write!(f, "the initial rows do not fit the buffer: {e}"),
+            Loader { reason } => write!(f, "loader: {reason}"),
+            Spawn(e) => write!(f, "could not start a prefetch worker thread: {e}"),
         }
     }
 }
@@ -141,6 +145,7 @@ impl std::error::Error for BuildError {
             BuildErrorKind::Region(e) => Some(e),
             BuildErrorKind::Spec(e) => Some(e),
             BuildErrorKind::Rows(e) => Some(e),
+            BuildErrorKind::Spawn(e) => Some(e),
             _ => None,
         }
     }

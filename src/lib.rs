@@ -45,10 +45,13 @@ mod buffer;
 mod builder;
 mod dtype;
 mod error;
+mod iter;
 mod learner;
 mod list;
+mod loader;
 mod max_value;
 mod policy;
+mod prefetch;
 mod priority;
 pub mod reference;
 mod region;
@@ -71,8 +74,10 @@ pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
     Stage, TransformIndexError,
 };
+pub use iter::Batches;
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
+pub use loader::{Loader, LoaderBuilder, PreprocessFn};
 pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };

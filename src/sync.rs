@@ -12,7 +12,7 @@
 //! and several of them react to a bare `cfg(loom)`.
 //!
 //! Under loom:
-//! - the atomics, `Arc`, `Mutex` and threads are loom's;
+//! - the atomics, `Arc`, `Mutex`, `Condvar` and threads are loom's;
 //! - [`ArcCell`] (an `arc_swap::ArcSwapOption` normally) is a `Mutex<Option<Arc<T>>>`,
 //!   because loom cannot see inside arc-swap;
 //! - [`spin`] yields to loom's scheduler, so that every wait loop is a point where the
@@ -119,6 +119,45 @@ mod imp {
         }
     }
 
+    /// A condition variable for the cold handoffs (prefetch workers and their
+    /// learner), beside [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+
+        /// Releases the lock, sleeps until notified (or spuriously), retakes it.
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// Threads the crate starts itself (prefetch workers).
+    pub(crate) mod thread {
+        pub(crate) use std::thread::JoinHandle;
+
+        /// Starts a named thread.
+        pub(crate) fn spawn<F, T>(name: String, f: F) -> std::io::Result<JoinHandle<T>>
+        where
+            F: FnOnce() -> T + Send + 'static,
+            T: Send + 'static,
+        {
+            std::thread::Builder::new().name(name).spawn(f)
+        }
+    }
+
     /// An atomically replaceable `Option<Arc<T>>`: readers never block and never see a
     /// half-written value.
     #[derive(Debug)]
@@ -189,6 +228,43 @@ mod imp {
             self.0
                 .lock()
                 .expect("a replaybuf lock was poisoned by a panic")
+        }
+    }
+
+    /// loom's condition variable behind the normal build's signatures.
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0
+                .wait(guard)
+                .expect("a replaybuf lock was poisoned by a panic")
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// loom's threads: the model explores their interleavings.
+    pub(crate) mod thread {
+        pub(crate) use loom::thread::JoinHandle;
+
+        pub(crate) fn spawn<F, T>(name: String, f: F) -> std::io::Result<JoinHandle<T>>
+        where
+            F: FnOnce() -> T + Send + 'static,
+            T: Send + 'static,
+        {
+            loom::thread::Builder::new().name(name).spawn(f)
         }
     }
 

@@ -19,7 +19,11 @@ use std::fmt;
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::error::{DataError, SampleError, Stage, TransformIndexError};
-use crate::sync::{Arc, ArcCell, AtomicBool, Mutex, Ordering};
+use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
+
+/// The closures are shared read-only, never part of a protocol loom checks, and
+/// loom's `Arc` cannot hold a `dyn Fn`: `std`'s.
+type Shared<F> = std::sync::Arc<F>;
 
 /// What a transform does to a batch (in place).
 pub type TransformFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync;
@@ -52,15 +56,15 @@ pub type TransformFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync
 /// ```
 #[derive(Clone)]
 pub struct Transform {
-    forward: Option<Arc<TransformFn>>,
-    inverse: Option<Arc<TransformFn>>,
+    forward: Option<Shared<TransformFn>>,
+    inverse: Option<Shared<TransformFn>>,
 }
 
 impl Transform {
     /// A transform of sampled batches.
     pub fn new(f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static) -> Self {
         Transform {
-            forward: Some(Arc::new(f)),
+            forward: Some(Shared::new(f)),
             inverse: None,
         }
     }
@@ -71,7 +75,7 @@ impl Transform {
     ) -> Self {
         Transform {
             forward: None,
-            inverse: Some(Arc::new(f)),
+            inverse: Some(Shared::new(f)),
         }
     }
 
@@ -80,7 +84,7 @@ impl Transform {
         mut self,
         f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static,
     ) -> Self {
-        self.inverse = Some(Arc::new(f));
+        self.inverse = Some(Shared::new(f));
         self
     }
 }
@@ -178,7 +182,8 @@ impl Transforms {
         let out = change(&mut list);
         let forward = list.iter().any(|t| t.forward.is_some());
         let inverse = list.iter().any(|t| t.inverse.is_some());
-        self.list.store((!list.is_empty()).then(|| Arc::new(list)));
+        self.list
+            .store((!list.is_empty()).then(|| sync::Arc::new(list)));
         // SYNC POINT: pairs with the Acquire loads in `apply` and `invert`.
         self.forward.store(forward, Ordering::Release);
         self.inverse.store(inverse, Ordering::Release);
