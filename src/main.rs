@@ -42,7 +42,7 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only this workload.
-        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "atari", "concurrent", "concurrent-prioritized"])]
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "concurrent", "concurrent-prioritized"])]
         workload: Option<String>,
         /// Seconds each concurrent configuration runs.
         #[arg(long, default_value_t = 3.0)]

@@ -10,6 +10,13 @@
 //! - a worker starts a fill only while `ready + busy < depth`, so at most `depth`
 //!   items are ever prepared or in preparation: with `depth = 1` exactly one batch is
 //!   prepared ahead (TorchRL kept one fewer than asked for years, pytorch/rl #3870);
+//! - a worker with no room polls for a while (naps of [`POLL_NAP`], for about
+//!   [`POLLS_BEFORE_PARK`] naps) before it sleeps on the condition variable: a learner
+//!   that takes a batch every step then finds no worker asleep and wakes nobody. Waking
+//!   a sleeping thread is a system call and an interrupt to another core (6.5 µs per
+//!   wakeup measured on the 2-core development VM), more than the whole budget of a
+//!   `sample` that finds its batch ready. A learner that pauses longer pays one
+//!   wakeup when it comes back;
 //! - the fill itself (the sample, transforms, preprocessor, collate) runs outside the
 //!   lock; the learner's take holds it only to pop an item and push back the buffer
 //!   it replaces;
@@ -40,6 +47,13 @@ use std::panic::{self, AssertUnwindSafe};
 
 use crate::error::SampleError;
 use crate::sync::{thread, Arc, Condvar, Mutex};
+
+/// How long a worker with no room naps between looks (the kernel adds its timer slack,
+/// 50 µs by default).
+const POLL_NAP: std::time::Duration = std::time::Duration::from_micros(10);
+/// Naps a worker with no room takes before it sleeps until woken: about 2 ms with the
+/// default timer slack, several learner steps of the usual sizes.
+const POLLS_BEFORE_PARK: u32 = if cfg!(replaybuf_loom) { 1 } else { 32 };
 
 /// What a worker runs to fill one item: the buffer to reuse (`None`: make one), left
 /// holding the item.
@@ -184,13 +198,25 @@ fn keep<T>(st: &mut State<T>, item: T, depth: usize) {
 /// A worker: fills items while there is room, until stopped.
 fn work<T>(shared: &Shared<T>, mut fill: Fill<T>) {
     let mut st = shared.state.lock();
+    let mut polls = 0;
     loop {
-        while !st.stop && (st.paused || st.ready.len() + st.busy >= shared.depth) {
-            st = shared.room.wait(st);
-        }
         if st.stop {
             return;
         }
+        if st.paused || st.ready.len() + st.busy >= shared.depth {
+            // No room: look again after a nap, and after enough of them sleep until
+            // the learner (or the drop) wakes this worker.
+            if polls < POLLS_BEFORE_PARK {
+                polls += 1;
+                drop(st);
+                crate::sync::nap(POLL_NAP);
+                st = shared.state.lock();
+            } else {
+                st = shared.room.wait(st);
+            }
+            continue;
+        }
+        polls = 0;
         st.busy += 1;
         let mut slot = st.free.pop();
         drop(st);

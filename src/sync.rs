@@ -196,6 +196,12 @@ mod imp {
         std::thread::yield_now();
     }
 
+    /// Sleeps about `d` (at least; the kernel's timer slack adds tens of
+    /// microseconds): a polling step that costs the thread being waited on nothing.
+    pub(crate) fn nap(d: std::time::Duration) {
+        std::thread::sleep(d);
+    }
+
     /// Seed material for buffers built without an explicit seed.
     pub(crate) fn entropy_seed() -> u64 {
         use std::hash::{BuildHasher, RandomState};
@@ -306,6 +312,11 @@ mod imp {
 
     #[inline]
     pub(crate) fn yield_now() {
+        loom::thread::yield_now();
+    }
+
+    /// Under loom, time is not modelled: a nap is a yield to the model scheduler.
+    pub(crate) fn nap(_: std::time::Duration) {
         loom::thread::yield_now();
     }
 
