@@ -73,6 +73,7 @@ pub(crate) enum BuildErrorKind {
     Rows(DataError),
     Loader { reason: &'static str },
     Spawn(io::Error),
+    Ensemble { reason: &'static str },
 }
 
 impl BuildError {
@@ -135,6 +136,7 @@ impl fmt::Display for BuildError {
             Rows(e) => write!(f, "the initial rows do not fit the buffer: {e}"),
             Loader { reason } => write!(f, "loader: {reason}"),
             Spawn(e) => write!(f, "could not start a prefetch worker thread: {e}"),
+            Ensemble { reason } => write!(f, "ensemble: {reason}"),
         }
     }
 }

@@ -44,6 +44,7 @@ mod batch;
 mod buffer;
 mod builder;
 mod dtype;
+mod ensemble;
 mod error;
 mod iter;
 mod learner;
@@ -70,6 +71,7 @@ pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use dtype::{DType, Element};
+pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
     Stage, TransformIndexError,
