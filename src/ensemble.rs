@@ -23,7 +23,8 @@ use crate::buffer::ReplayBuffer;
 use crate::error::{BuildError, BuildErrorKind, PriorityError, PriorityUpdate, SampleError};
 use crate::rng::{self, Rng};
 use crate::spec::Spec;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Buffers sampled together: see the module docs and [`ReplayBufferEnsemble::builder`].
 ///

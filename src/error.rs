@@ -74,6 +74,7 @@ pub(crate) enum BuildErrorKind {
     Loader { reason: &'static str },
     Spawn(io::Error),
     Ensemble { reason: &'static str },
+    Trainer { reason: &'static str },
 }
 
 impl BuildError {
@@ -137,6 +138,7 @@ impl fmt::Display for BuildError {
             Loader { reason } => write!(f, "loader: {reason}"),
             Spawn(e) => write!(f, "could not start a prefetch worker thread: {e}"),
             Ensemble { reason } => write!(f, "ensemble: {reason}"),
+            Trainer { reason } => write!(f, "trainer: {reason}"),
         }
     }
 }

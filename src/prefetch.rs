@@ -5,7 +5,7 @@
 //!
 //! One mutex guards a small state: the queue of ready items (results, so that a
 //! sampler's error reaches the learner in its place), the free buffers, how many
-//! workers are filling one, and two flags. Two condition variables wake the two sides:
+//! workers are filling one, how many times the learner asked, and a few flags. Two condition variables wake the two sides:
 //!
 //! - a worker starts a fill only while `ready + busy < depth`, so at most `depth`
 //!   items are ever prepared or in preparation: with `depth = 1` exactly one batch is
@@ -24,6 +24,12 @@
 //!   learner has taken that end: no draw of the next epoch starts before the learner
 //!   has seen the last one end, and a loader dropped at an epoch's end has not
 //!   started the next one;
+//! - any other error pauses the workers too, and is handed over only if its fill
+//!   started after the learner asked (each take counts as an ask, and each fill
+//!   carries the count it started at): an error prepared ahead is dropped and a fresh
+//!   fill made instead. So an error describes the buffer when the learner asked: a
+//!   loader started on an empty buffer that has been filled since gives a batch, not
+//!   the `Empty` its workers saw at the start;
 //! - a fill that panics (a user's closure) stops the workers; the learner's next take
 //!   resumes the panic on its own thread;
 //! - dropping the handle sets `stop`, wakes everyone and joins every worker: a worker
@@ -59,16 +65,25 @@ const POLLS_BEFORE_PARK: u32 = if cfg!(replaybuf_loom) { 1 } else { 32 };
 /// holding the item.
 pub(crate) type Fill<T> = Box<dyn FnMut(&mut Option<T>) -> Result<(), SampleError> + Send>;
 
+/// A filled item, and the learner's ask count when its fill started.
+struct Filled<T> {
+    ticket: u64,
+    item: Result<T, SampleError>,
+}
+
 struct State<T> {
     /// Items ready for the learner, oldest first.
-    ready: VecDeque<Result<T, SampleError>>,
+    ready: VecDeque<Filled<T>>,
+    /// Takes the learner has started: a fill records it as its ticket.
+    asks: u64,
     /// Buffers to reuse (at most `depth`).
     free: Vec<T>,
     /// Workers filling an item now.
     busy: usize,
     /// The handle is gone: workers exit.
     stop: bool,
-    /// An epoch's end is queued: no fill starts until the learner takes it.
+    /// An error (an epoch's end, say) is queued: no fill starts until the learner
+    /// takes it.
     paused: bool,
     /// A fill panicked with this payload; the learner's next take resumes it.
     panic: Option<Box<dyn Any + Send>>,
@@ -99,6 +114,7 @@ impl<T: Send + 'static> Prefetch<T> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 ready: VecDeque::with_capacity(depth),
+                asks: 0,
                 free: Vec::with_capacity(depth),
                 busy: 0,
                 stop: false,
@@ -162,9 +178,12 @@ impl<T: Send + 'static> Prefetch<T> {
         keep(&mut self.shared.state.lock(), item, self.shared.depth);
     }
 
-    /// Pops the oldest ready item under the lock and runs `with` on it there.
+    /// Pops the oldest ready item under the lock and runs `with` on it there, dropping
+    /// errors prepared before this ask.
     fn take_with<R>(&self, with: impl FnOnce(&mut State<T>, Result<T, SampleError>) -> R) -> R {
         let mut st = self.shared.state.lock();
+        st.asks += 1;
+        let ask = st.asks;
         loop {
             if let Some(payload) = st.panic.take() {
                 st.poisoned = true;
@@ -175,13 +194,19 @@ impl<T: Send + 'static> Prefetch<T> {
                 !st.poisoned,
                 "replaybuf: a prefetch worker panicked earlier; this loader delivers nothing more"
             );
-            if let Some(item) = st.ready.pop_front() {
-                if let Err(SampleError::EpochEnd) = item {
-                    // The learner has seen the epoch end: the next fill may start the
-                    // next epoch.
-                    st.paused = false;
+            if let Some(Filled { ticket, item }) = st.ready.pop_front() {
+                let Err(e) = &item else {
+                    return with(&mut st, item);
+                };
+                // The learner has seen the error (or it was dropped): fills may start
+                // again, the next epoch's included.
+                st.paused = false;
+                if matches!(e, SampleError::EpochEnd) || ticket >= ask {
+                    return with(&mut st, item);
                 }
-                return with(&mut st, item);
+                // Prepared before the learner asked: ask again.
+                self.shared.room.notify_one();
+                continue;
             }
             st = self.shared.ready.wait(st);
         }
@@ -218,6 +243,7 @@ fn work<T>(shared: &Shared<T>, mut fill: Fill<T>) {
         }
         polls = 0;
         st.busy += 1;
+        let ticket = st.asks;
         let mut slot = st.free.pop();
         drop(st);
         let filled = panic::catch_unwind(AssertUnwindSafe(|| fill(&mut slot)));
@@ -226,16 +252,20 @@ fn work<T>(shared: &Shared<T>, mut fill: Fill<T>) {
         match filled {
             Ok(Ok(())) => {
                 let item = slot.expect("replaybuf internal error: a fill left no item");
-                st.ready.push_back(Ok(item));
+                st.ready.push_back(Filled {
+                    ticket,
+                    item: Ok(item),
+                });
             }
             Ok(Err(e)) => {
-                if let SampleError::EpochEnd = e {
-                    st.paused = true;
-                }
+                st.paused = true;
                 if let Some(buffer) = slot {
                     keep(&mut st, buffer, shared.depth);
                 }
-                st.ready.push_back(Err(e));
+                st.ready.push_back(Filled {
+                    ticket,
+                    item: Err(e),
+                });
             }
             Err(payload) => {
                 st.panic = Some(payload);

@@ -382,6 +382,28 @@ fn preprocess_and_collate_errors_name_their_stage() {
 }
 
 #[test]
+fn an_error_prepared_before_the_learner_asked_is_not_handed_over() {
+    for workers in [1, 2] {
+        let rb = buffer(8);
+        let mut loader = rb
+            .loader()
+            .batch_size(2)
+            .prefetch(2)
+            .workers(workers)
+            .build()
+            .unwrap();
+        // The workers find the buffer empty and stop there...
+        eventually("an error queued", || loader.ready() >= 1);
+        rb.extend(&rows(&rb, 8, 0)).unwrap();
+        // ...but the learner asks after the rows arrived: a fresh batch, not `Empty`.
+        assert_eq!(loader.sample().unwrap().len(), 2);
+        for _ in 0..10 {
+            assert_eq!(loader.sample().unwrap().len(), 2);
+        }
+    }
+}
+
+#[test]
 fn loader_build_errors() {
     let rb = buffer(8);
     let msg = |b: replaybuf::LoaderBuilder| b.build().unwrap_err().to_string();

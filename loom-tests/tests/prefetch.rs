@@ -65,3 +65,20 @@ fn an_epoch_end_arrives_in_its_place_and_pauses_the_worker() {
         drop(loader);
     });
 }
+
+#[test]
+fn an_error_made_before_the_learner_asked_is_not_handed_over() {
+    run_model("prefetch stale error", || {
+        let rb = ReplayBuffer::builder(pair_spec())
+            .capacity(2)
+            .seed(4)
+            .build()
+            .unwrap();
+        // The worker may sample the empty buffer before the rows arrive...
+        let mut loader = rb.loader().batch_size(1).prefetch(1).build().unwrap();
+        rb.extend(&pairs(&rb, &[1], 9)).unwrap();
+        // ...but the learner asks after they did: it gets a batch, never `Empty`.
+        assert_eq!(whole_rows(&loader.sample().unwrap()), [9]);
+        drop(loader);
+    });
+}
