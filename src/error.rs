@@ -75,6 +75,7 @@ pub(crate) enum BuildErrorKind {
     Spawn(io::Error),
     Ensemble { reason: &'static str },
     Trainer { reason: &'static str },
+    Tmrl { key: Key, reason: &'static str },
 }
 
 impl BuildError {
@@ -139,6 +140,7 @@ impl fmt::Display for BuildError {
             Spawn(e) => write!(f, "could not start a prefetch worker thread: {e}"),
             Ensemble { reason } => write!(f, "ensemble: {reason}"),
             Trainer { reason } => write!(f, "trainer: {reason}"),
+            Tmrl { key, reason } => write!(f, "tmrl memory field `{key}`: {reason}"),
         }
     }
 }

@@ -62,6 +62,7 @@ mod spec;
 mod storage;
 mod sumtree;
 mod sync;
+mod tmrl;
 mod trainer;
 mod trajectories;
 mod transform;
@@ -85,6 +86,7 @@ pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use tmrl::{Tensor, TmrlBatch, TmrlBuilder, TmrlKeys, TmrlMemory};
 pub use trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};
 pub use trajectories::{
     split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
