@@ -15,6 +15,7 @@ use crate::checkpoint::hooks::Hooks;
 use crate::checkpoint::meta::Config;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
+use crate::policy::{Admit, Policy};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::{
@@ -30,6 +31,7 @@ use crate::storage::shard::{Shard, Window as ShardWindow};
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::{Backoff, Ordering};
+use crate::transform::Transforms;
 use crate::writer::{Writer, Written};
 
 /// What every handle of one buffer shares.
@@ -46,6 +48,10 @@ pub(crate) struct Inner {
     dim_extend: usize,
     /// The spec field holding priorities (`priority_key`), by position.
     pub(crate) priority_field: Option<usize>,
+    /// The write policy and its state: every write passes its gate (`policy.rs`).
+    pub(crate) policy: Policy,
+    /// Closures on sampled batches, and their inverses on written data.
+    pub(crate) transforms: Transforms,
 }
 
 /// A replay buffer: many collectors extend it while many learners sample it, with no
@@ -197,7 +203,11 @@ impl ReplayBuffer {
         if one_row {
             inner.check_one_row(batch)?;
         }
-        let rows = inner.prepare(None, batch)?;
+        let batch = match inner.admit(None, batch)? {
+            Admit::Append(batch) => batch,
+            Admit::Placed(written) => return Ok(written),
+        };
+        let rows = inner.prepare(None, &batch)?;
         let shard = match inner.storage.geometry() {
             Geometry::Flat { .. } => Some(self.pick_shard()),
             Geometry::Grid { .. } => None,
@@ -239,6 +249,7 @@ impl ReplayBuffer {
         let mut batch = self.batch([0]);
         self.inner
             .sample_into(&mut self.call_rng(), n, &mut batch)?;
+        self.inner.transforms.apply(&mut batch)?;
         Ok(batch)
     }
 
@@ -252,7 +263,8 @@ impl ReplayBuffer {
     /// as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
         let n = self.inner.batch_size_for(batch)?;
-        self.inner.sample_into(&mut self.call_rng(), n, batch)
+        self.inner.sample_into(&mut self.call_rng(), n, batch)?;
+        self.inner.transforms.apply(batch)
     }
 
     /// The row at storage `index`, as a batch of one.
@@ -307,9 +319,11 @@ impl ReplayBuffer {
     /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
         let _inside = self.inner.storage.enter_update();
-        self.inner.storage.empty();
-        self.inner.sampler.reset();
-        self.inner.clear_emptied();
+        self.inner.policy.emptying(|| {
+            self.inner.storage.empty();
+            self.inner.sampler.reset();
+            self.inner.clear_emptied();
+        });
     }
 }
 
@@ -332,6 +346,8 @@ impl Inner {
             seed,
             batch_size,
             dim_extend,
+            policy: Policy::RoundRobin,
+            transforms: Transforms::default(),
         }
     }
 
@@ -432,13 +448,17 @@ impl Inner {
     /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
     /// every shard (`None`, ndim 2 only).
     pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
-        let rows = self.prepare(shard, batch)?;
+        let batch = match self.admit(shard, batch)? {
+            Admit::Append(batch) => batch,
+            Admit::Placed(written) => return Ok(written),
+        };
+        let rows = self.prepare(shard, &batch)?;
         Ok(self.append(shard, &rows))
     }
 
     /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns what
     /// `append` needs: its steps, copy plan, and the priorities of its priority field.
-    fn prepare<'a>(
+    pub(crate) fn prepare<'a>(
         &self,
         shard: Option<usize>,
         batch: &'a Batch,
@@ -894,6 +914,13 @@ impl Inner {
         )
     }
 
+    /// Every live row, as a draw, in storage order.
+    pub(crate) fn live_draws(&self) -> Vec<Draw> {
+        (0..self.storage.geometry().capacity())
+            .filter_map(|i| self.storage.draw_at(i))
+            .collect()
+    }
+
     /// The rows at the drawn positions, as they are now.
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
         let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
@@ -917,6 +944,8 @@ impl Inner {
     }
 
     fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+        let rewrite = self.admit_rewrite(data)?;
+        let data = &*rewrite.data;
         let storage = &self.storage;
         let rows = data.len() as u64;
         let end = end.map_or(rows, |e| e as u64);
@@ -947,6 +976,8 @@ impl Inner {
             // A row emptied after the check above has nothing to rewrite: skip it.
             let _ = storage.edit(d, &src, i as u64);
         }
+        drop(src);
+        rewrite.finish(self, end);
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ use crate::checkpoint::memmap;
 use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
+use crate::policy::Policy;
 use crate::sampler::{Engine, Sampler};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
@@ -147,6 +148,11 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// The write policy chosen so far.
+    pub(crate) fn write_policy(&self) -> &WritePolicy {
+        &self.writer
+    }
+
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
@@ -162,7 +168,13 @@ impl ReplayBufferBuilder {
         if self.batch_size == Some(0) {
             return err(BuildErrorKind::ZeroBatchSize);
         }
-        let WritePolicy::RoundRobin = self.writer;
+        let policy = Policy::new(
+            self.writer.clone(),
+            &self.spec,
+            self.ndim,
+            &self.sampler,
+            self.capacity,
+        )?;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
         let priorities = match &self.sampler {
@@ -254,16 +266,21 @@ impl ReplayBufferBuilder {
         } else {
             storage.recover(engine.prioritized());
         }
+        let mut inner = Inner::new(
+            config,
+            storage,
+            engine,
+            seed,
+            self.batch_size,
+            dim_extend,
+            priority_field,
+        );
+        inner.policy = policy;
+        if !fresh {
+            inner.policy.reload(&inner);
+        }
         Ok(ReplayBuffer {
-            inner: Arc::new(Inner::new(
-                config,
-                storage,
-                engine,
-                seed,
-                self.batch_size,
-                dim_extend,
-                priority_field,
-            )),
+            inner: Arc::new(inner),
         })
     }
 }

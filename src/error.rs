@@ -66,9 +66,17 @@ pub(crate) enum BuildErrorKind {
     PriorityKey { key: Key, reason: &'static str },
     SliceKey { key: Key, reason: &'static str },
     SliceBatchSize { batch_size: usize, divisor: usize },
+    Writer { reason: &'static str },
+    RankKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
     Persist(crate::checkpoint::error::PersistError),
+    Rows(DataError),
+    Loader { reason: &'static str },
+    Spawn(io::Error),
+    Ensemble { reason: &'static str },
+    Trainer { reason: &'static str },
+    Tmrl { key: Key, reason: &'static str },
 }
 
 impl BuildError {
@@ -132,9 +140,17 @@ impl fmt::Display for BuildError {
                 "batch_size {batch_size} is not a multiple of the slice sampler's {divisor} \
                  (num_slices or slice_len)"
             ),
+            Writer { reason } => write!(f, "write policy: {reason}"),
+            RankKey { key, reason } => write!(f, "max-value writer's rank key `{key}`: {reason}"),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
             Persist(e) => write!(f, "{e}"),
+            Rows(e) => write!(f, "the initial rows do not fit the buffer: {e}"),
+            Loader { reason } => write!(f, "loader: {reason}"),
+            Spawn(e) => write!(f, "could not start a prefetch worker thread: {e}"),
+            Ensemble { reason } => write!(f, "ensemble: {reason}"),
+            Trainer { reason } => write!(f, "trainer: {reason}"),
+            Tmrl { key, reason } => write!(f, "tmrl memory field `{key}`: {reason}"),
         }
     }
 }
@@ -145,6 +161,8 @@ impl std::error::Error for BuildError {
             BuildErrorKind::Region(e) => Some(e),
             BuildErrorKind::Spec(e) => Some(e),
             BuildErrorKind::Persist(e) => Some(e),
+            BuildErrorKind::Rows(e) => Some(e),
+            BuildErrorKind::Spawn(e) => Some(e),
             _ => None,
         }
     }
@@ -216,6 +234,19 @@ pub enum DataError {
         /// The field.
         key: Key,
     },
+    /// The rank field of a row (a max-value writer's) holds a NaN or infinite value.
+    #[error("rank field `{key}` of row {row} is {value}; ranks must be finite")]
+    InvalidRank {
+        /// The rank field.
+        key: Key,
+        /// The row of the batch.
+        row: usize,
+        /// The value found.
+        value: f64,
+    },
+    /// The buffer is read-only ([`WritePolicy::Immutable`](crate::WritePolicy::Immutable)).
+    #[error("the buffer is immutable (a read-only dataset): nothing was written")]
+    Immutable,
     /// The priority field of a row holds a NaN, infinite or negative value.
     #[error(
         "priority field `{key}` of row {row} is {value}; priorities must be finite and at least 0"
@@ -309,7 +340,7 @@ pub struct PriorityUpdate {
 
 /// Why a sample was not drawn. The buffer and the sampler's state are unchanged, except
 /// for [`SampleError::EpochEnd`], which closes the epoch it reports.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SampleError {
     /// The buffer holds no rows.
     #[error("the buffer is empty")]
@@ -346,6 +377,15 @@ pub enum SampleError {
         /// What it must be a multiple of.
         divisor: usize,
     },
+    /// A step of the learner's pipeline (a transform, the preprocessor, the collate
+    /// step) refused the sampled batch; the rows were drawn.
+    #[error("{stage} failed: {error}")]
+    Pipeline {
+        /// Which step.
+        stage: Stage,
+        /// What it reported.
+        error: Box<DataError>,
+    },
     /// With `strict_length`, no stored trajectory is as long as a slice.
     #[error("no stored trajectory is {slice_len} steps long (the longest has {longest}); store longer ones or set strict_length(false)")]
     TrajectoriesTooShort {
@@ -354,6 +394,38 @@ pub enum SampleError {
         /// The longest stored trajectory's live steps.
         longest: u64,
     },
+}
+
+/// A step of the learner's pipeline, as [`SampleError::Pipeline`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stage {
+    /// The buffer's transform at this position of its list.
+    Transform(usize),
+    /// A loader's sample preprocessor.
+    Preprocess,
+    /// A loader's collate step.
+    Collate,
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stage::Transform(i) => write!(f, "transform {i}"),
+            Stage::Preprocess => f.write_str("the sample preprocessor"),
+            Stage::Collate => f.write_str("the collate step"),
+        }
+    }
+}
+
+/// `insert_transform` was given a position past the end of the list; nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("transform position {position} is past the end of the list ({len} transforms)")]
+pub struct TransformIndexError {
+    /// The position given.
+    pub position: usize,
+    /// Transforms in the list.
+    pub len: usize,
 }
 
 /// Why a read or write at a storage position failed. Nothing was changed.

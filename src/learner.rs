@@ -30,6 +30,7 @@ impl Learner {
         self.buffer
             .inner
             .sample_into(&mut self.rng, n, &mut batch)?;
+        self.buffer.inner.transforms.apply(&mut batch)?;
         Ok(batch)
     }
 
@@ -37,6 +38,12 @@ impl Learner {
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
         let n = self.buffer.inner.batch_size_for(batch)?;
-        self.buffer.inner.sample_into(&mut self.rng, n, batch)
+        self.sample_n_into(n, batch)
+    }
+
+    /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
+    pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
+        self.buffer.inner.sample_into(&mut self.rng, n, batch)?;
+        self.buffer.inner.transforms.apply(batch)
     }
 }

@@ -45,9 +45,15 @@ mod buffer;
 mod builder;
 mod checkpoint;
 mod dtype;
+mod ensemble;
 mod error;
+mod iter;
 mod learner;
 mod list;
+mod loader;
+mod max_value;
+mod policy;
+mod prefetch;
 mod priority;
 pub mod reference;
 mod region;
@@ -57,7 +63,10 @@ mod spec;
 mod storage;
 mod sumtree;
 mod sync;
+mod tmrl;
+mod trainer;
 mod trajectories;
+mod transform;
 mod typed;
 mod writer;
 
@@ -69,18 +78,25 @@ pub use checkpoint::error::PersistError;
 pub use checkpoint::hooks::HookResult;
 pub use checkpoint::inspect::{inspect, Inspection};
 pub use dtype::{DType, Element};
+pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
+    Stage, TransformIndexError,
 };
+pub use iter::Batches;
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
+pub use loader::{Loader, LoaderBuilder, PreprocessFn};
 pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use tmrl::{Tensor, TmrlBatch, TmrlBuilder, TmrlKeys, TmrlMemory};
+pub use trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};
 pub use trajectories::{
     split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
 };
+pub use transform::{Transform, TransformFn};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::{WritePolicy, Writer, Written};
 

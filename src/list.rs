@@ -9,7 +9,7 @@
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
 
 use crate::builder;
-use crate::error::{AccessError, BuildError, BuildErrorKind, SampleError};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::region::Block;
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
@@ -21,7 +21,7 @@ use crate::storage::shards_only;
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
-use crate::writer::Written;
+use crate::writer::{WritePolicy, Written};
 
 /// A stored value and the sequence number it was written at.
 #[derive(Debug)]
@@ -39,6 +39,8 @@ struct ListInner<T> {
     seed: u64,
     /// The globals of the shards' region: the call and round-robin counters.
     globals: Block,
+    /// A read-only dataset: `push` and `extend` are refused.
+    immutable: bool,
 }
 
 /// A replay buffer of arbitrary values.
@@ -48,7 +50,7 @@ struct ListInner<T> {
 ///
 /// let rb = ListBuffer::<String>::builder().capacity(3).seed(0).build()?;
 /// for word in ["a", "b", "c", "d"] {
-///     rb.push(word.to_string());
+///     rb.push(word.to_string())?;
 /// }
 /// assert_eq!(rb.len(), 3);
 /// assert_eq!(rb.get(0)?, "d"); // "a" was evicted, FIFO
@@ -76,6 +78,7 @@ pub struct ListBuilder<T> {
     shards: usize,
     seed: Option<u64>,
     sampler: Sampler,
+    writer: WritePolicy,
     _items: std::marker::PhantomData<fn(T) -> T>,
 }
 
@@ -104,6 +107,24 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
         self
     }
 
+    /// The write policy: round robin (default) or immutable. A list's values have no
+    /// field to rank by, so a max-value writer is refused.
+    pub fn writer(mut self, writer: WritePolicy) -> Self {
+        self.writer = writer;
+        self
+    }
+
+    /// Builds the buffer and writes `values` into it before any handle exists, past the
+    /// write policy, as `extend` would: how an immutable list dataset gets its values.
+    pub fn build_from(
+        self,
+        values: impl IntoIterator<Item = T>,
+    ) -> Result<ListBuffer<T>, BuildError> {
+        let rb = self.build()?;
+        rb.append(values);
+        Ok(rb)
+    }
+
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
         let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
@@ -114,6 +135,16 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                          TypedBuffer), and slice sampling a ReplayBuffer with the keys",
             }));
         }
+        let immutable = match self.writer {
+            WritePolicy::RoundRobin => false,
+            WritePolicy::Immutable => true,
+            WritePolicy::MaxValue { .. } => {
+                return Err(BuildError::new(BuildErrorKind::Writer {
+                    reason: "a list buffer's values have no field to rank: a max-value \
+                             writer needs a ReplayBuffer",
+                }))
+            }
+        };
         let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let (shards, globals) =
             shards_only(&geometry).map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
@@ -125,6 +156,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                 sampler: Engine::new(self.sampler, seed, globals.clone()),
                 seed,
                 globals,
+                immutable,
             }),
         })
     }
@@ -168,6 +200,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             shards: 1,
             seed: None,
             sampler: Sampler::default(),
+            writer: WritePolicy::RoundRobin,
             _items: std::marker::PhantomData,
         }
     }
@@ -196,13 +229,23 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         self.inner.shards.iter().map(Shard::written).sum()
     }
 
-    /// Adds one value and returns its index.
-    pub fn push(&self, value: T) -> u64 {
-        self.extend(std::iter::once(value)).index(0)
+    /// Adds one value and returns its index. Refused with [`DataError::Immutable`] by
+    /// an immutable buffer.
+    pub fn push(&self, value: T) -> Result<u64, DataError> {
+        Ok(self.extend(std::iter::once(value))?.index(0))
     }
 
-    /// Appends values to one shard (round robin across calls).
-    pub fn extend(&self, values: impl IntoIterator<Item = T>) -> Written {
+    /// Appends values to one shard (round robin across calls). Refused with
+    /// [`DataError::Immutable`] by an immutable buffer.
+    pub fn extend(&self, values: impl IntoIterator<Item = T>) -> Result<Written, DataError> {
+        if self.inner.immutable {
+            return Err(DataError::Immutable);
+        }
+        Ok(self.append(values))
+    }
+
+    /// Appends past the write policy.
+    fn append(&self, values: impl IntoIterator<Item = T>) -> Written {
         let values: Vec<T> = values.into_iter().collect();
         let inner = &self.inner;
         let k = if inner.shards.len() == 1 {

@@ -42,7 +42,7 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only this workload.
-        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "atari", "concurrent", "concurrent-prioritized", "persist"])]
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "concurrent", "concurrent-prioritized", "persist"])]
         workload: Option<String>,
         /// Where the persist workload writes its files (default: the temporary
         /// directory). It runs only when named: `--workload persist`.

@@ -12,7 +12,7 @@
 //! and several of them react to a bare `cfg(loom)`.
 //!
 //! Under loom:
-//! - the atomics, `Arc`, `Mutex` and threads are loom's;
+//! - the atomics, `Arc`, `Mutex`, `Condvar` and threads are loom's;
 //! - [`ArcCell`] (an `arc_swap::ArcSwapOption` normally) is a `Mutex<Option<Arc<T>>>`,
 //!   because loom cannot see inside arc-swap;
 //! - [`spin`] yields to loom's scheduler, so that every wait loop is a point where the
@@ -116,13 +116,55 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
 
+    /// What [`Mutex::lock`] returns.
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
             Self(parking_lot::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
+        }
+    }
+
+    /// A condition variable for the cold handoffs (prefetch workers and their
+    /// learner), beside [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+
+        /// Releases the lock, sleeps until notified (or spuriously), retakes it.
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// Threads the crate starts itself (prefetch workers).
+    pub(crate) mod thread {
+        pub(crate) use std::thread::JoinHandle;
+
+        /// Starts a named thread.
+        pub(crate) fn spawn<F, T>(name: String, f: F) -> std::io::Result<JoinHandle<T>>
+        where
+            F: FnOnce() -> T + Send + 'static,
+            T: Send + 'static,
+        {
+            std::thread::Builder::new().name(name).spawn(f)
         }
     }
 
@@ -164,6 +206,12 @@ mod imp {
         std::thread::yield_now();
     }
 
+    /// Sleeps about `d` (at least; the kernel's timer slack adds tens of
+    /// microseconds): a polling step that costs the thread being waited on nothing.
+    pub(crate) fn nap(d: std::time::Duration) {
+        std::thread::sleep(d);
+    }
+
     /// Seed material for buffers built without an explicit seed.
     pub(crate) fn entropy_seed() -> u64 {
         use std::hash::{BuildHasher, RandomState};
@@ -184,15 +232,55 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 
+    /// What [`Mutex::lock`] returns.
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
             Self(loom::sync::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0
                 .lock()
                 .expect("a replaybuf lock was poisoned by a panic")
+        }
+    }
+
+    /// loom's condition variable behind the normal build's signatures.
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0
+                .wait(guard)
+                .expect("a replaybuf lock was poisoned by a panic")
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// loom's threads: the model explores their interleavings.
+    pub(crate) mod thread {
+        pub(crate) use loom::thread::JoinHandle;
+
+        pub(crate) fn spawn<F, T>(name: String, f: F) -> std::io::Result<JoinHandle<T>>
+        where
+            F: FnOnce() -> T + Send + 'static,
+            T: Send + 'static,
+        {
+            loom::thread::Builder::new().name(name).spawn(f)
         }
     }
 
@@ -234,6 +322,11 @@ mod imp {
 
     #[inline]
     pub(crate) fn yield_now() {
+        loom::thread::yield_now();
+    }
+
+    /// Under loom, time is not modelled: a nap is a yield to the model scheduler.
+    pub(crate) fn nap(_: std::time::Duration) {
         loom::thread::yield_now();
     }
 

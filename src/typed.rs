@@ -21,7 +21,7 @@ use crate::spec::Spec;
 use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::sync::Ordering;
-use crate::writer::Written;
+use crate::writer::{WritePolicy, Written};
 
 /// A replay buffer of `T`s.
 ///
@@ -88,6 +88,9 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         seed(u64),
         /// See [`ReplayBufferBuilder::existsok`].
         existsok(bool),
+        /// See [`ReplayBufferBuilder::writer`]: round robin or immutable (a typed row
+        /// has no field to rank by).
+        writer(WritePolicy),
     }
 
     /// See [`ReplayBufferBuilder::memmap`].
@@ -111,10 +114,26 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         if std::mem::size_of::<T>() == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroSizedRow));
         }
+        if let WritePolicy::MaxValue { .. } = self.inner.write_policy() {
+            return Err(BuildError::new(BuildErrorKind::Writer {
+                reason: "a typed buffer's rows have no field to rank: a max-value writer \
+                         needs a ReplayBuffer",
+            }));
+        }
         Ok(TypedBuffer {
             buffer: self.inner.build()?,
             _rows: PhantomData,
         })
+    }
+
+    /// Builds the buffer and writes `items` into it before any handle exists, past the
+    /// write policy, as [`TypedBuffer::extend`] would: how an immutable typed dataset
+    /// gets its rows (see [`ReplayBufferBuilder::build_from`]).
+    pub fn build_from(self, items: &[T]) -> Result<TypedBuffer<T>, BuildError> {
+        let rb = self.build()?;
+        rb.append(items)
+            .map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
+        Ok(rb)
     }
 }
 
@@ -271,6 +290,12 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Appends values: any number for ndim 1 (one shard, round robin across calls);
     /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
     pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
+        self.buffer.inner.admit_typed()?;
+        self.append(items)
+    }
+
+    /// Appends past the write policy's gate.
+    fn append(&self, items: &[T]) -> Result<Written, DataError> {
         let inner = &self.buffer.inner;
         match inner.storage.geometry().ndim() {
             1 => {

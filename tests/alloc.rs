@@ -1,6 +1,7 @@
 //! `sample_into` allocates nothing in steady state: a counting global allocator sees
 //! zero allocations across many samples into a reused batch, for a learner handle and
-//! for the buffer itself, with and without collectors writing meanwhile.
+//! for the buffer itself, with and without collectors writing meanwhile, and for a
+//! prefetching loader (its worker included).
 #![allow(clippy::disallowed_types)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -12,20 +13,20 @@ use replaybuf::{
 
 struct Counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-/// Only the test thread's allocations count (the test harness and collectors allocate
-/// on their own threads).
-static COUNTING: AtomicBool = AtomicBool::new(false);
-
 thread_local! {
+    /// Whether this thread's allocations are being counted, and how many were.
+    /// Per thread, so that tests running at once (the harness runs them on threads of
+    /// one process) never count each other's allocations.
     static COUNT_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static COUNTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) && COUNT_HERE.with(|c| c.get()) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // `try_with`: a thread being torn down has no locals left, and is not counted.
+        if COUNT_HERE.try_with(|c| c.get()).unwrap_or(false) {
+            let _ = COUNTED.try_with(|n| n.set(n.get() + 1));
         }
         // SAFETY: the caller's obligations are the system allocator's.
         unsafe { System.alloc(layout) }
@@ -43,12 +44,11 @@ static GLOBAL: Counting = Counting;
 /// Allocations made by `f` on this thread.
 fn allocations_in(f: impl FnOnce()) -> u64 {
     COUNT_HERE.with(|c| c.set(true));
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    COUNTING.store(true, Ordering::Relaxed);
+    let before = COUNTED.with(|n| n.get());
     f();
-    COUNTING.store(false, Ordering::Relaxed);
+    let after = COUNTED.with(|n| n.get());
     COUNT_HERE.with(|c| c.set(false));
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+    after - before
 }
 
 fn spec() -> Spec {
@@ -153,4 +153,54 @@ fn slice_sample_into_allocates_nothing_once_warm() {
         });
         assert_eq!(n, 0, "a slice sample_into allocated {n} times");
     }
+}
+
+#[test]
+fn prefetched_sample_into_allocates_nothing_once_warm_on_either_side() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(10_000)
+        .seed(4)
+        .build()
+        .unwrap();
+    let chunk = rb.batch([1000]);
+    for _ in 0..10 {
+        rb.extend(&chunk).unwrap();
+    }
+    // The worker counts its own allocations from its first batch on, and publishes its
+    // total at the end of every batch.
+    static WORKER_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+    let mut loader = rb
+        .loader()
+        .batch_size(256)
+        .prefetch(2)
+        // Runs on the worker thread, last in each batch.
+        .preprocess(|_| {
+            COUNT_HERE.with(|c| c.set(true));
+            WORKER_ALLOCATIONS.store(COUNTED.with(|n| n.get()), Ordering::SeqCst);
+            Ok(())
+        })
+        .build()
+        .unwrap();
+    let mut batch = rb.batch([256]);
+    // Warm: every buffer in circulation (two in the pool, one here) has been filled.
+    for _ in 0..20 {
+        loader.sample_into(&mut batch).unwrap();
+    }
+    let worker_before = WORKER_ALLOCATIONS.load(Ordering::SeqCst);
+    let n = allocations_in(|| {
+        for _ in 0..2000 {
+            loader.sample_into(&mut batch).unwrap();
+        }
+    });
+    // Two more: the worker has published the totals of every batch taken above.
+    for _ in 0..2 {
+        loader.sample_into(&mut batch).unwrap();
+    }
+    let worker = WORKER_ALLOCATIONS.load(Ordering::SeqCst) - worker_before;
+    assert_eq!(
+        n, 0,
+        "the learner's prefetched sample_into allocated {n} times"
+    );
+    assert_eq!(worker, 0, "the prefetch worker allocated {worker} times");
+    assert_eq!(batch.len(), 256);
 }

@@ -607,7 +607,7 @@ fn list_buffer_holds_any_clone_type() {
         .build()
         .unwrap();
     for i in 0..6 {
-        rb.push(vec![format!("step {i}")]);
+        rb.push(vec![format!("step {i}")]).unwrap();
     }
     assert_eq!(rb.len(), 4);
     assert_eq!(rb.write_count(), 6);

@@ -366,6 +366,35 @@ fn save_and_load_hooks_see_the_rows() {
 }
 
 #[test]
+fn a_max_value_buffer_keeps_ranking_after_a_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(10)
+        .writer(replaybuf::WritePolicy::max_value("id"))
+        .seed(2)
+        .build()
+        .unwrap();
+    fill(&rb, 30); // ids 0..3000 by 100; the top ten by id stay
+    rb.dumps(dir.path()).unwrap();
+    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    let mut kept = ids(&loaded.read_all_in_order(None));
+    kept.sort_unstable();
+    assert_eq!(kept, (20..30).map(|t| t * 100).collect::<Vec<u64>>());
+    // A row ranking above the lowest stored one replaces it; one below is rejected.
+    let written = loaded.extend(&rows(&loaded, 15, 1, 1)).unwrap();
+    assert!(
+        written.is_rejected(0),
+        "id 1500 ranks below every stored row"
+    );
+    let written = loaded.extend(&rows(&loaded, 40, 1, 1)).unwrap();
+    assert!(!written.is_rejected(0));
+    let mut kept = ids(&loaded.read_all_in_order(None));
+    kept.sort_unstable();
+    assert_eq!(kept[0], 2100, "the lowest (2000) was replaced");
+    assert_eq!(*kept.last().unwrap(), 4000);
+}
+
+#[test]
 fn typed_buffers_round_trip() {
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use replaybuf::{DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::{DType, DataError, Prioritized, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -60,6 +60,15 @@ fn a_checkpoint_opens_as_a_dataset() {
     let data = ReplayBuffer::open_dataset(dir.path()).unwrap();
     assert_eq!(data.len(), 400);
     sample_from_threads(&data);
+    // Read-only: every write is refused and changes nothing.
+    let rows = data.read_all_in_order(Some(10));
+    assert_eq!(data.extend(&rows).unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        data.writer().extend(&rows).unwrap_err(),
+        DataError::Immutable
+    );
+    assert!(data.write_all(&rows, None).is_err());
+    assert_eq!(data.len(), 400);
 }
 
 #[test]
@@ -83,6 +92,8 @@ fn a_file_backed_storage_opens_as_a_dataset_and_its_file_never_changes() {
         ReplayBuffer::open_dataset(dir.path()).unwrap(),
     );
     assert_eq!((a.len(), b.len()), (300, 300));
+    let rows = a.read_all_in_order(Some(3));
+    assert_eq!(a.extend(&rows).unwrap_err(), DataError::Immutable);
     sample_from_threads(&a);
     sample_from_threads(&b);
     drop((a, b));

@@ -6,17 +6,22 @@ use std::path::Path;
 use super::dir::{DirKind, DirMeta};
 use super::error::{Kind, PersistError};
 use crate::buffer::ReplayBuffer;
+use crate::writer::WritePolicy;
 
 impl ReplayBuffer {
-    /// Opens a dataset directory for sampling by any number of threads: a checkpoint
-    /// written by [`dumps`](Self::dumps) (read whole into memory), or a file-backed
-    /// storage's directory (mapped as a private copy: pages are read from the file as
-    /// they are sampled, and the file is never changed; other processes may open it
-    /// the same way at once, but not while one has it open for writing).
+    /// Opens a dataset directory (tmrl's `dataset_path`) for sampling by any number of
+    /// threads, read-only: its write policy is
+    /// [`Immutable`](crate::WritePolicy::Immutable), so every write is refused. The
+    /// directory is a checkpoint written by [`dumps`](Self::dumps) (read whole into
+    /// memory), or a file-backed storage's (mapped as a private copy: pages are read
+    /// from the file as they are sampled, and the file never changes; other processes
+    /// may open it the same way at once, but not while one has it open for writing).
     pub fn open_dataset(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
         let dir = dir.as_ref();
         match DirMeta::read(dir)?.kind {
-            DirKind::Checkpoint => ReplayBuffer::load(dir),
+            DirKind::Checkpoint => {
+                super::load::load_built(dir, |b| b.writer(WritePolicy::Immutable))
+            }
             DirKind::Memmap => open_copy(dir),
         }
     }
@@ -31,7 +36,8 @@ pub(crate) fn open_copy(dir: &Path) -> Result<ReplayBuffer, PersistError> {
         .config
         .builder()
         .map_err(|e| refused(format!("{e:?}")))?
-        .memmap(dir);
+        .memmap(dir)
+        .writer(WritePolicy::Immutable);
     builder.private_copy = true;
     builder.build().map_err(|e| match e.into_persist() {
         Ok(p) => p,

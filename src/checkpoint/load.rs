@@ -21,6 +21,7 @@ use super::error::{IoAt, Kind, PersistError};
 use super::hooks;
 use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
+use crate::builder::ReplayBufferBuilder;
 use crate::sampler::slice::Window;
 use crate::sampler::Engine;
 use crate::spec::Key;
@@ -37,11 +38,7 @@ impl ReplayBuffer {
     /// A damaged, truncated or unreadable checkpoint is refused with an error naming
     /// the file and the problem.
     pub fn load(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
-        let dir = dir.as_ref();
-        let (meta, checkpoint) = read_meta(dir)?;
-        let rb = build(dir, &meta)?;
-        read_into(&rb.inner, dir, &checkpoint, false, Progress::Auto)?;
-        Ok(rb)
+        load_built(dir.as_ref(), |b| b)
     }
 
     /// Loads a checkpoint into this buffer (TorchRL's `loads`): its rows, sampler
@@ -73,9 +70,10 @@ impl ReplayBuffer {
             read_into(inner, dir, &checkpoint, true, Progress::Auto)?;
             inner.seed = meta.config.seed;
             inner.config.seed = meta.config.seed;
+            inner.policy.reload(inner);
             return Ok(());
         }
-        let fresh = build(dir, &meta)?;
+        let fresh = build(dir, &meta, |b| b)?;
         let mut fresh = Arc::try_unwrap(fresh.inner)
             .expect("replaybuf internal error: a new buffer already shared");
         // The hooks belong to this buffer: the fresh one reads with them.
@@ -87,8 +85,22 @@ impl ReplayBuffer {
         std::mem::swap(&mut inner.sampler, &mut fresh.sampler);
         inner.seed = meta.config.seed;
         inner.config.seed = meta.config.seed;
+        inner.policy.reload(inner);
         Ok(())
     }
+}
+
+/// A buffer of a checkpoint's configuration, changed by `tweak`, loaded with the
+/// checkpoint.
+pub(crate) fn load_built(
+    dir: &Path,
+    tweak: impl FnOnce(ReplayBufferBuilder) -> ReplayBufferBuilder,
+) -> Result<ReplayBuffer, PersistError> {
+    let (meta, checkpoint) = read_meta(dir)?;
+    let rb = build(dir, &meta, tweak)?;
+    read_into(&rb.inner, dir, &checkpoint, false, Progress::Auto)?;
+    rb.inner.policy.reload(&rb.inner);
+    Ok(rb)
 }
 
 /// A checkpoint directory's meta.
@@ -113,15 +125,21 @@ fn read_meta(dir: &Path) -> Result<(DirMeta, CheckpointMeta), PersistError> {
     Ok((meta, checkpoint))
 }
 
-/// A new heap buffer of the checkpoint's configuration.
-fn build(dir: &Path, meta: &DirMeta) -> Result<ReplayBuffer, PersistError> {
+/// A new heap buffer of the checkpoint's configuration, changed by `tweak`.
+fn build(
+    dir: &Path,
+    meta: &DirMeta,
+    tweak: impl FnOnce(ReplayBufferBuilder) -> ReplayBufferBuilder,
+) -> Result<ReplayBuffer, PersistError> {
     let refused =
         |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
-    meta.config
-        .builder()
-        .map_err(|e| refused(format!("{e:?}")))?
-        .build()
-        .map_err(|e| refused(e.to_string()))
+    tweak(
+        meta.config
+            .builder()
+            .map_err(|e| refused(format!("{e:?}")))?,
+    )
+    .build()
+    .map_err(|e| refused(e.to_string()))
 }
 
 /// One checkpoint file, opened and checked against its record.

@@ -94,6 +94,7 @@ pub(crate) enum ReductionMeta {
     Min,
     Mean,
     Median,
+    Sum,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +109,11 @@ pub(crate) enum SlicePriorityMeta {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub(crate) enum WriterMeta {
     RoundRobin,
+    Immutable,
+    MaxValue {
+        rank_key: Vec<String>,
+        reduction: ReductionMeta,
+    },
 }
 
 fn key_meta(key: &Key) -> Vec<String> {
@@ -119,6 +125,28 @@ fn key_of(parts: &[String]) -> Key {
     Key::from(&parts[..])
 }
 
+impl ReductionMeta {
+    fn of(r: Reduction) -> ReductionMeta {
+        match r {
+            Reduction::Max => ReductionMeta::Max,
+            Reduction::Min => ReductionMeta::Min,
+            Reduction::Mean => ReductionMeta::Mean,
+            Reduction::Median => ReductionMeta::Median,
+            Reduction::Sum => ReductionMeta::Sum,
+        }
+    }
+
+    fn reduction(self) -> Reduction {
+        match self {
+            ReductionMeta::Max => Reduction::Max,
+            ReductionMeta::Min => Reduction::Min,
+            ReductionMeta::Mean => Reduction::Mean,
+            ReductionMeta::Median => Reduction::Median,
+            ReductionMeta::Sum => Reduction::Sum,
+        }
+    }
+}
+
 impl PrioritizedMeta {
     fn of(p: &Prioritized) -> PrioritizedMeta {
         PrioritizedMeta {
@@ -126,12 +154,7 @@ impl PrioritizedMeta {
             beta: p.beta,
             eps: p.eps,
             max_capacity: p.max_capacity,
-            reduction: match p.reduction {
-                Reduction::Max => ReductionMeta::Max,
-                Reduction::Min => ReductionMeta::Min,
-                Reduction::Mean => ReductionMeta::Mean,
-                Reduction::Median => ReductionMeta::Median,
-            },
+            reduction: ReductionMeta::of(p.reduction),
             max_priority_within_buffer: p.max_priority_within_buffer,
         }
     }
@@ -142,12 +165,7 @@ impl PrioritizedMeta {
             beta: self.beta,
             eps: self.eps,
             max_capacity: self.max_capacity,
-            reduction: match self.reduction {
-                ReductionMeta::Max => Reduction::Max,
-                ReductionMeta::Min => Reduction::Min,
-                ReductionMeta::Mean => Reduction::Mean,
-                ReductionMeta::Median => Reduction::Median,
-            },
+            reduction: self.reduction.reduction(),
             max_priority_within_buffer: self.max_priority_within_buffer,
         }
     }
@@ -291,8 +309,16 @@ impl Config {
             batch_size: builder.batch_size,
             seed,
             sampler: SamplerMeta::of(&builder.sampler),
-            writer: match builder.writer {
+            writer: match &builder.writer {
                 WritePolicy::RoundRobin => WriterMeta::RoundRobin,
+                WritePolicy::Immutable => WriterMeta::Immutable,
+                WritePolicy::MaxValue {
+                    rank_key,
+                    reduction,
+                } => WriterMeta::MaxValue {
+                    rank_key: key_meta(rank_key),
+                    reduction: ReductionMeta::of(*reduction),
+                },
             },
             priority_key: builder.priority_key.as_ref().map(key_meta),
         }
@@ -318,8 +344,16 @@ impl Config {
             .dim_extend(self.dim_extend)
             .seed(self.seed)
             .sampler(self.sampler.sampler().ok_or(ConfigError::Sampler)?)
-            .writer(match self.writer {
+            .writer(match &self.writer {
                 WriterMeta::RoundRobin => WritePolicy::RoundRobin,
+                WriterMeta::Immutable => WritePolicy::Immutable,
+                WriterMeta::MaxValue {
+                    rank_key,
+                    reduction,
+                } => WritePolicy::MaxValue {
+                    rank_key: key_of(rank_key),
+                    reduction: reduction.reduction(),
+                },
             });
         if let Some(envs) = self.envs {
             b = b.envs(envs);

@@ -68,6 +68,9 @@ pub fn run(args: &BenchArgs) {
     if wants("mujoco-slice") {
         single(Workload::mujoco_slice(args.quick), 2000);
     }
+    if wants("mujoco-prefetch") {
+        prefetch(Workload::mujoco(args.quick), 2000);
+    }
     if wants("atari") {
         single(Workload::atari(args.quick), 500);
     }
@@ -196,6 +199,71 @@ fn single(w: Workload, samples: usize) {
             "payload_bytes": w.payload_bytes,
         })
     );
+}
+
+/// Time a learner spends on each batch in the prefetch measurement (its loss and
+/// gradient step), busy on its core.
+const LEARNER_STEP: Duration = Duration::from_micros(100);
+/// Batches prepared ahead in the prefetch measurement.
+const PREFETCH_DEPTH: usize = 2;
+
+/// The latency of `sample` in a learner loop that spends [`LEARNER_STEP`] per batch:
+/// `sample_into` of a learner handle (op `sample-no-prefetch`) beside a loader with
+/// prefetch 2 (op `prefetch`), whose batches a worker prepares during the learner's
+/// step. `us_per_op` is the mean; `p50_us` the median.
+fn prefetch(w: Workload, samples: usize) {
+    let rb = w
+        .builder(7)
+        .batch_size(w.batch)
+        .build()
+        .expect("workload buffer");
+    let chunk = w.chunk_data(&rb, w.chunk, 1);
+    let writer = rb.writer();
+    while rb.len() < rb.capacity() {
+        writer.extend(&chunk).expect("extend");
+    }
+    let learn = || {
+        let t = Instant::now();
+        while t.elapsed() < LEARNER_STEP {
+            std::hint::spin_loop();
+        }
+    };
+    let mut batch = rb.batch([w.batch]);
+    let mut timed = |sample: &mut dyn FnMut(&mut replaybuf::Batch)| {
+        let mut lat = Vec::with_capacity(samples);
+        for i in 0..samples + samples / 10 {
+            let t = Instant::now();
+            sample(&mut batch);
+            let ns = t.elapsed().as_nanos() as u64;
+            if i >= samples / 10 {
+                lat.push(ns);
+            }
+            learn();
+        }
+        lat
+    };
+    let mut learner = rb.learner();
+    let inline = timed(&mut |b| learner.sample_into(b).expect("sample"));
+    let mut loader = rb.prefetch(PREFETCH_DEPTH).expect("prefetch loader");
+    let ahead = timed(&mut |b| loader.sample_into(b).expect("sample"));
+    for (op, mut lat) in [("sample-no-prefetch", inline), ("prefetch", ahead)] {
+        lat.sort_unstable();
+        let pct = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
+        let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1e9;
+        let depth = if op == "prefetch" { PREFETCH_DEPTH } else { 0 };
+        emit(
+            w.name,
+            op,
+            mean,
+            w.batch,
+            json!({
+                "p50_us": (pct(0.5) * 100.0).round() / 100.0,
+                "p99_us": (pct(0.99) * 100.0).round() / 100.0,
+                "learner_us": LEARNER_STEP.as_micros() as u64,
+                "prefetch": depth,
+            }),
+        );
+    }
 }
 
 /// One concurrent run's totals.

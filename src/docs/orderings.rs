@@ -138,6 +138,22 @@
 //!   (a table entry overwritten under the pick: entries only grow), fails the window,
 //!   which is picked again whole.
 //!
+//! ## 9. The learner's pipeline (`transform.rs`, `prefetch.rs`, `max_value.rs`)
+//!
+//! - Transforms: a change builds a new list, stores it in the `ArcCell` (a whole value,
+//!   old or new, for every reader), then stores the "any forward / any inverse" flags
+//!   with Release; a sample loads its flag with Acquire before loading the list, so a
+//!   set flag never comes with an older, emptier list. Changes are serialised by a
+//!   mutex; samples never take it.
+//! - Prefetch: the queue of ready batches, the free buffers, the busy count and the
+//!   flags are all behind one facade mutex; a batch moves from a worker to the learner
+//!   by being pushed and popped under it, which orders the worker's writes to the batch
+//!   before the learner's reads. The condition variables only wake; every wait
+//!   re-checks its condition under the lock.
+//! - The max-value writer decides placements under its own mutex, and writes rows only
+//!   through the slot protocol: appends as in sections 1-2, replacements as editors
+//!   (section 3). Readers see nothing new.
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
@@ -151,7 +167,10 @@
 //!   through the public API while a collector laps the ring, and two sibling updates
 //!   under one min entry (which fails without the refresh's verification). For
 //!   slices: a window read racing a collector that laps it, and two collectors sharing
-//!   a lane (which fails if an appender does not wait for its turn).
+//!   a lane (which fails if an appender does not wait for its turn). For prefetch: the
+//!   handoff of whole batches from a worker, a loader dropped with a batch in flight,
+//!   an epoch's end handed over in its place, and an error made before the learner
+//!   asked never handed over (removing the worker's wakeup makes these deadlock).
 //! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
 //!   rings, every field derived from one counter, and learners updating priorities
 //!   with the trees checked exact afterwards; also run by `scripts/sanitize` under

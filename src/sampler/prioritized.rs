@@ -38,6 +38,8 @@ pub enum Reduction {
     Mean,
     /// The median (the lower middle value for an even count).
     Median,
+    /// The sum (TorchRL's default for a max-value writer's rank).
+    Sum,
 }
 
 impl Reduction {
@@ -50,6 +52,7 @@ impl Reduction {
             Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             Reduction::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
             Reduction::Mean => values.iter().sum::<f64>() / values.len() as f64,
+            Reduction::Sum => values.iter().sum::<f64>(),
             Reduction::Median => {
                 let mut v: smallvec::SmallVec<[f64; 16]> = values.iter().copied().collect();
                 let mid = (v.len() - 1) / 2;

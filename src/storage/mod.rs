@@ -43,8 +43,8 @@ use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
 use crate::sync::{AtomicU64, Ordering};
-use layout::{Global, Layout, ShardWord};
 use crossbeam_utils::CachePadded;
+use layout::{Global, Layout, ShardWord};
 use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
@@ -467,10 +467,19 @@ impl Storage {
     }
 
     /// The row currently at storage `index`, as a draw, or `None` if the position is
-    /// out of range or holds no live row.
+    /// out of range or holds no live row (never written, emptied, or claimed by a
+    /// writer that died before publishing it).
     pub(crate) fn draw_at(&self, index: u64) -> Option<Draw> {
         let (k, pos, lane) = self.geometry.locate(index)?;
-        let seq = self.shards[k as usize].seq_at(pos)?;
+        let shard = &self.shards[k as usize];
+        let seq = shard.seq_at(pos)?;
+        if seq < shard.abandoned().load(Ordering::Acquire) {
+            let ring = shard.ring();
+            let stamp = self.stamp_at(ring.slot(pos, lane));
+            if !(stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32) {
+                return None;
+            }
+        }
         Some(Draw {
             shard: k as u32,
             lane: lane as u32,

@@ -1,0 +1,75 @@
+//! Iteration: a buffer read batch by batch (TorchRL's `for batch in rb`), until a
+//! without-replacement epoch runs out.
+
+use crate::batch::Batch;
+use crate::buffer::ReplayBuffer;
+use crate::error::SampleError;
+use crate::learner::Learner;
+
+/// Batches of a buffer, drawn by a learner handle of their own: see
+/// [`ReplayBuffer::batches`].
+#[derive(Debug)]
+pub struct Batches {
+    learner: Learner,
+    /// Rows per batch, or why there is no batch size.
+    rows: Result<usize, SampleError>,
+}
+
+impl ReplayBuffer {
+    /// Iterates over batches of `rows` rows (transforms included). With a
+    /// without-replacement sampler the iteration ends when the epoch runs out, and the
+    /// next one starts the next epoch; with replacement it never ends. Other errors
+    /// (an empty buffer, say) are yielded as items.
+    ///
+    /// ```
+    /// use replaybuf::{DType, ReplayBuffer, Spec, WithoutReplacement};
+    ///
+    /// let spec = Spec::builder().field("x", DType::I64, []).build()?;
+    /// let rb = ReplayBuffer::builder(spec)
+    ///     .capacity(100)
+    ///     .sampler(WithoutReplacement::new())
+    ///     .build()?;
+    /// rb.extend(&rb.batch([100]))?;
+    /// let sizes: Vec<usize> = rb.batches(32).map(|b| b.map(|b| b.len())).collect::<Result<_, _>>()?;
+    /// assert_eq!(sizes, [32, 32, 32, 4]); // one epoch
+    /// assert_eq!(rb.batches(50).count(), 2); // the next one
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn batches(&self, rows: usize) -> Batches {
+        Batches {
+            learner: self.learner(),
+            rows: Ok(rows),
+        }
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<Batch, SampleError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rows = match &self.rows {
+            Ok(rows) => *rows,
+            Err(e) => return Some(Err(e.clone())),
+        };
+        let mut batch = self.learner.buffer().batch([0]);
+        match self.learner.sample_n_into(rows, &mut batch) {
+            Ok(()) => Some(Ok(batch)),
+            Err(SampleError::EpochEnd) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+/// Iterates over batches of the builder's `batch_size` (see [`ReplayBuffer::batches`]);
+/// without one, every item is [`SampleError::NoBatchSize`].
+impl IntoIterator for &ReplayBuffer {
+    type Item = Result<Batch, SampleError>;
+    type IntoIter = Batches;
+
+    fn into_iter(self) -> Batches {
+        Batches {
+            learner: self.learner(),
+            rows: self.inner.batch_size.ok_or(SampleError::NoBatchSize),
+        }
+    }
+}

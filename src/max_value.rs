@@ -1,0 +1,378 @@
+//! The max-value writer (TorchRL's `TensorDictMaxValueWriter`): the storage keeps the
+//! rows that rank highest by a field.
+//!
+//! While the storage has room, rows are appended at the shards' cursors as usual. Once
+//! it is full, a row replaces the lowest-ranked stored row only if it ranks strictly
+//! higher; otherwise it is rejected, and the [`Written`] of the extend says so. Rows of
+//! one batch compete in order with the stored ones and with each other: a batch row
+//! that a later row of the same batch displaces is reported rejected and never
+//! written.
+//!
+//! # Concurrency
+//!
+//! Deciding where rows go needs the ranks of everything stored, so the decisions are
+//! made under one lock (TorchRL locks too): a cold-path writer. The rows themselves go
+//! through the slot protocol like every other write: new rows by the ordinary append
+//! (stamp marked, row stored, stamp published), replacements by the in-place edit path
+//! of `write_all` (an editor guard on the shard, the stamp's edit count bumped around
+//! the copy). A learner sampling meanwhile reads either the old row or the new one,
+//! never a mix, and never waits.
+//!
+//! Every write of a max-value buffer takes the lock (`extend`, `add`, a writer handle's,
+//! `write_all`, which re-ranks the rows it rewrites), and so does `empty`, which
+//! forgets the ranks with the rows. No other path moves a cursor while the lock is
+//! held, so the next append of each shard lands where the plan expects.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::batch::Batch;
+use crate::buffer::Inner;
+use crate::dtype::DType;
+use crate::error::{BuildError, BuildErrorKind, DataError};
+use crate::policy::rows_of;
+use crate::sampler::{Reduction, Sampler};
+use crate::spec::{Key, Spec};
+use crate::storage::plan::RowOrder;
+use crate::storage::stamp::Stamp;
+use crate::sync::{Mutex, MutexGuard};
+use crate::writer::Written;
+
+/// A rank, ordered totally (`-0.0` is stored as `0.0`; NaN never gets in).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Rank(f64);
+
+impl Eq for Rank {}
+
+impl PartialOrd for Rank {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Rank {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The ranks of the stored rows.
+#[derive(Debug, Default)]
+pub(crate) struct Ranks {
+    /// `(rank, index)` of every stored row, lowest first.
+    order: BTreeSet<(Rank, u64)>,
+    /// The rank of the row at each storage index (`NaN`: none stored).
+    by_index: Vec<f64>,
+}
+
+impl Ranks {
+    fn set(&mut self, index: u64, rank: Rank) {
+        let old = self.by_index[index as usize];
+        if !old.is_nan() {
+            self.order.remove(&(Rank(old), index));
+        }
+        self.by_index[index as usize] = rank.0;
+        self.order.insert((rank, index));
+    }
+
+    fn lowest(&self) -> Option<(Rank, u64)> {
+        self.order.first().copied()
+    }
+
+    fn clear(&mut self) {
+        self.order.clear();
+        self.by_index.fill(f64::NAN);
+    }
+}
+
+/// A max-value writer with its ranks.
+#[derive(Debug)]
+pub(crate) struct MaxValue {
+    /// The rank field, by position in the spec.
+    field: usize,
+    reduction: Reduction,
+    /// Held while rows are placed, rewritten or emptied.
+    ranks: Mutex<Ranks>,
+}
+
+/// Where one accepted batch row goes.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// Appended to shard `k` at sequence number `seq`.
+    Append { k: usize, seq: u64 },
+    /// Written in place over the stored row at this index.
+    Replace,
+}
+
+impl MaxValue {
+    /// Checks the choices of a max-value writer for a buffer of `spec`.
+    pub(crate) fn new(
+        rank_key: &Key,
+        reduction: Reduction,
+        spec: &Spec,
+        ndim: usize,
+        sampler: &Sampler,
+        capacity: usize,
+    ) -> Result<MaxValue, BuildError> {
+        let err = |reason| Err(BuildError::new(BuildErrorKind::Writer { reason }));
+        let key_err = |reason| {
+            Err(BuildError::new(BuildErrorKind::RankKey {
+                key: rank_key.clone(),
+                reason,
+            }))
+        };
+        let Some((field, f)) = spec.field(rank_key) else {
+            return key_err("no such field in the spec");
+        };
+        if f.dtype() == DType::Bool {
+            return key_err("ranks must be a numeric field, not bool");
+        }
+        if ndim != 1 {
+            return err("a max-value writer needs an ndim-1 storage");
+        }
+        match sampler {
+            Sampler::Uniform(_) | Sampler::WithoutReplacement(_) => {}
+            Sampler::Prioritized(_) => {
+                return err(
+                    "a max-value writer replaces rows in place, which the prioritized \
+                            trees do not follow: use a uniform or without-replacement sampler",
+                )
+            }
+            Sampler::Slice(_) => {
+                return err("a max-value writer replaces single rows, which breaks the \
+                            trajectories a slice sampler reads: use a uniform or \
+                            without-replacement sampler")
+            }
+        }
+        Ok(MaxValue {
+            field,
+            reduction,
+            ranks: Mutex::new(Ranks {
+                order: BTreeSet::new(),
+                by_index: vec![f64::NAN; capacity],
+            }),
+        })
+    }
+
+    /// Each row's rank: its rank field's values reduced. Refuses NaN or infinite ones.
+    fn ranks_of(&self, inner: &Inner, batch: &Batch) -> Result<Vec<Rank>, DataError> {
+        let key = inner.storage.spec().fields()[self.field].key();
+        let values = numeric_column(batch, key)?;
+        let rows = batch.len();
+        let per_row = values.len() / rows.max(1);
+        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+            return Err(DataError::InvalidRank {
+                key: key.clone(),
+                row: at / per_row.max(1),
+                value: values[at],
+            });
+        }
+        Ok((0..rows)
+            .map(|r| {
+                let rank = self
+                    .reduction
+                    .reduce(&values[r * per_row..(r + 1) * per_row]);
+                // Sums of finite values can overflow to infinity; clamp, keep the order.
+                Rank(rank.clamp(f64::MIN, f64::MAX) + 0.0)
+            })
+            .collect())
+    }
+
+    /// Places the rows of `batch`: appends while the storage has room (shard `first`
+    /// first), then replaces the lowest-ranked rows that rank below them.
+    pub(crate) fn place(
+        &self,
+        inner: &Inner,
+        first: usize,
+        batch: &Batch,
+    ) -> Result<Written, DataError> {
+        let prepared = inner.prepare(None, batch)?;
+        let ranks = self.ranks_of(inner, batch)?;
+        let storage = &inner.storage;
+        let shards = storage.shards();
+        let mut held = self.ranks.lock();
+
+        // Plan: which row goes where, rows competing in order.
+        let mut next: Vec<u64> = shards.iter().map(|s| s.window().hi).collect();
+        let mut room: Vec<u64> = shards
+            .iter()
+            .map(|s| s.ring().steps - s.window().steps())
+            .collect();
+        // The batch row planned at each index, and how it gets there.
+        let mut planned: HashMap<u64, (usize, Target)> = HashMap::new();
+        let mut placed: Vec<Option<u64>> = vec![None; ranks.len()];
+        for (row, &rank) in ranks.iter().enumerate() {
+            let free = (0..shards.len())
+                .map(|i| (first + i) % shards.len())
+                .find(|&k| room[k] > 0);
+            let (index, target) = match (free, held.lowest()) {
+                (Some(k), _) => {
+                    let ring = shards[k].ring();
+                    let seq = next[k];
+                    next[k] += 1;
+                    room[k] -= 1;
+                    (ring.index(seq % ring.steps, 0), Target::Append { k, seq })
+                }
+                (None, Some((lowest, index))) if rank > lowest => {
+                    let target = match planned.get(&index) {
+                        // Displaces a row of this batch: it takes that row's place.
+                        Some(&(earlier, target)) => {
+                            placed[earlier] = None;
+                            target
+                        }
+                        None => Target::Replace,
+                    };
+                    (index, target)
+                }
+                _ => continue,
+            };
+            held.set(index, rank);
+            planned.insert(index, (row, target));
+            placed[row] = Some(index);
+        }
+
+        // Write: appends shard by shard in sequence order, then the replacements.
+        let src = &prepared.src;
+        let mut appends: Vec<(usize, u64, usize)> = planned
+            .values()
+            .filter_map(|&(row, t)| match t {
+                Target::Append { k, seq } => Some((k, seq, row)),
+                Target::Replace => None,
+            })
+            .collect();
+        appends.sort_unstable();
+        let mut generation: HashMap<usize, u64> = HashMap::new();
+        for (k, seq, row) in appends {
+            let one = rows_of(src, row as u64, row as u64 + 1);
+            let got = storage.append(k, 1, &one, None);
+            debug_assert_eq!(
+                got, seq,
+                "replaybuf internal error: a cursor moved under the max-value lock"
+            );
+            let ring = shards[k].ring();
+            generation.insert(
+                row,
+                Stamp::published((got / ring.steps) as u32, 0).generation(),
+            );
+        }
+        for (&index, &(row, target)) in &planned {
+            let Target::Replace = target else { continue };
+            if let Some(g) = rewrite(inner, index, src, row) {
+                generation.insert(row, g);
+            } else {
+                // Unreachable while the lock is held (`empty` takes it); reported as
+                // rejected rather than as a row that is not there.
+                placed[row] = None;
+            }
+        }
+        drop(held);
+        Ok(Written::placed(
+            placed
+                .iter()
+                .enumerate()
+                .map(|(row, at)| at.map(|index| (index, generation[&row])))
+                .collect(),
+        ))
+    }
+
+    /// Takes the lock for a `write_all` of `data`: the rewrite happens under it, and
+    /// [`Rerank::finish`] records the rewritten rows' ranks.
+    pub(crate) fn rerank(&self, inner: &Inner, data: &Batch) -> Result<Rerank<'_>, DataError> {
+        let ranks = self.ranks_of(inner, data)?;
+        Ok(Rerank {
+            held: self.ranks.lock(),
+            ranks,
+        })
+    }
+
+    /// Ranks the rows the storage holds now, forgetting the ranks known before: for a
+    /// buffer whose rows came from elsewhere (a checkpoint, a reopened file).
+    pub(crate) fn rerank_stored(&self, inner: &Inner) {
+        let mut held = self.ranks.lock();
+        held.clear();
+        let rows = inner.read_positions(&inner.live_draws());
+        // Stored rows were admitted with finite ranks; a damaged one ranks lowest.
+        let values = numeric_column(&rows, inner.storage.spec().fields()[self.field].key())
+            .unwrap_or_default();
+        let per_row = values.len() / rows.len().max(1);
+        for (r, &index) in rows.index().iter().enumerate() {
+            let rank = match values.get(r * per_row..(r + 1) * per_row) {
+                Some(v) if per_row > 0 && v.iter().all(|x| x.is_finite()) => {
+                    self.reduction.reduce(v).clamp(f64::MIN, f64::MAX) + 0.0
+                }
+                _ => f64::MIN,
+            };
+            held.set(index, Rank(rank));
+        }
+    }
+
+    /// Runs `empty` under the lock, then forgets every rank.
+    pub(crate) fn emptying(&self, empty: impl FnOnce()) {
+        let mut held = self.ranks.lock();
+        empty();
+        held.clear();
+    }
+}
+
+/// A `write_all` of a max-value buffer in progress: the lock, and the new rows' ranks.
+pub(crate) struct Rerank<'a> {
+    held: MutexGuard<'a, Ranks>,
+    ranks: Vec<Rank>,
+}
+
+impl Rerank<'_> {
+    /// Records the ranks of the rows now at positions `0..end`.
+    pub(crate) fn finish(mut self, inner: &Inner, end: u64) {
+        for (index, &rank) in (0..end).zip(&self.ranks) {
+            if inner.storage.draw_at(index).is_some() {
+                self.held.set(index, rank);
+            }
+        }
+    }
+}
+
+/// Rewrites the live row at `index` in place with row `row` of `src`, under an editor
+/// guard; returns its new generation, or `None` if the position holds no row.
+fn rewrite(
+    inner: &Inner,
+    index: u64,
+    src: &crate::storage::plan::Source<'_>,
+    row: usize,
+) -> Option<u64> {
+    let storage = &inner.storage;
+    let draw = storage.draw_at(index)?;
+    let shard = &storage.shards()[draw.shard as usize];
+    let _editor = shard.enter_edit();
+    debug_assert_eq!(src.order, RowOrder::Flat);
+    if !storage.edit(draw, src, row as u64) {
+        return None;
+    }
+    let ring = shard.ring();
+    let leaf = (draw.seq % ring.steps) * ring.width + u64::from(draw.lane);
+    Some(storage.stamp_of(draw.shard as usize, leaf).generation())
+}
+
+/// A numeric column of `batch` as `f64`s.
+fn numeric_column(batch: &Batch, key: &Key) -> Result<Vec<f64>, DataError> {
+    fn all<T: crate::dtype::Element + Copy>(
+        batch: &Batch,
+        key: &Key,
+        f: impl Fn(T) -> f64,
+    ) -> Result<Vec<f64>, DataError> {
+        Ok(batch.column::<T>(key)?.iter().map(|&v| f(v)).collect())
+    }
+    match batch.dtype(key)? {
+        DType::F64 => all(batch, key, |v: f64| v),
+        DType::F32 => all(batch, key, |v: f32| f64::from(v)),
+        DType::F16 => all(batch, key, |v: half::f16| v.to_f64()),
+        DType::BF16 => all(batch, key, |v: half::bf16| v.to_f64()),
+        DType::I64 => all(batch, key, |v: i64| v as f64),
+        DType::I32 => all(batch, key, |v: i32| f64::from(v)),
+        DType::I16 => all(batch, key, |v: i16| f64::from(v)),
+        DType::I8 => all(batch, key, |v: i8| f64::from(v)),
+        DType::U64 => all(batch, key, |v: u64| v as f64),
+        DType::U32 => all(batch, key, |v: u32| f64::from(v)),
+        DType::U16 => all(batch, key, |v: u16| f64::from(v)),
+        DType::U8 => all(batch, key, |v: u8| f64::from(v)),
+        DType::Bool => all(batch, key, |v: bool| f64::from(u8::from(v))),
+    }
+}

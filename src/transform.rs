@@ -1,0 +1,237 @@
+//! Transforms (TorchRL's `append_transform` / `insert_transform`): closures run on
+//! every sampled batch, in list order, and their inverses run on written data, in
+//! reverse list order (as TorchRL's `Compose.inv`).
+//!
+//! A buffer's transforms are shared by all its handles: every columnar sample (the
+//! buffer's, a [`Learner`](crate::Learner)'s, a [`Loader`](crate::Loader)'s workers')
+//! runs the forward ones, and every columnar write (`add`, `extend`, a
+//! [`Writer`](crate::Writer)'s, `write_all`) runs the inverse ones on a copy of the
+//! caller's rows before storing them. The typed and list faces store and return their
+//! values as they are.
+//!
+//! Changing the list is a cold-path operation: the new list is swapped in whole, so a
+//! sample running meanwhile uses the old list or the new one, never a mix. With no
+//! transform, a sample pays one relaxed load.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::batch::Batch;
+use crate::buffer::ReplayBuffer;
+use crate::error::{DataError, SampleError, Stage, TransformIndexError};
+use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
+
+/// The closures are shared read-only, never part of a protocol loom checks, and
+/// loom's `Arc` cannot hold a `dyn Fn`: `std`'s.
+type Shared<F> = std::sync::Arc<F>;
+
+/// What a transform does to a batch (in place).
+pub type TransformFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync;
+
+/// A transform: a closure run on sampled batches, one run on written data (its
+/// inverse), or both.
+///
+/// ```
+/// use replaybuf::{Batch, DType, ReplayBuffer, Spec, Transform};
+///
+/// let spec = Spec::builder().field("reward", DType::F32, []).build()?;
+/// let rb = ReplayBuffer::builder(spec).capacity(100).build()?;
+/// // Rewards are stored scaled down by 10 and read back scaled up.
+/// rb.append_transform(
+///     Transform::new(|b: &mut Batch| {
+///         b.column_mut::<f32>("reward")?.iter_mut().for_each(|r| *r *= 10.0);
+///         Ok(())
+///     })
+///     .with_inverse(|b: &mut Batch| {
+///         b.column_mut::<f32>("reward")?.iter_mut().for_each(|r| *r /= 10.0);
+///         Ok(())
+///     }),
+/// );
+/// let mut chunk = rb.batch([4]);
+/// chunk.column_mut::<f32>("reward")?.fill(5.0);
+/// rb.extend(&chunk)?;
+/// assert_eq!(rb.get(0)?.column::<f32>("reward")?, &[0.5]); // stored
+/// assert_eq!(rb.sample(2)?.column::<f32>("reward")?, &[5.0, 5.0]); // sampled
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Transform {
+    forward: Option<Shared<TransformFn>>,
+    inverse: Option<Shared<TransformFn>>,
+}
+
+impl Transform {
+    /// A transform of sampled batches.
+    pub fn new(f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static) -> Self {
+        Transform {
+            forward: Some(Shared::new(f)),
+            inverse: None,
+        }
+    }
+
+    /// A transform of written data only (TorchRL's `invert=True`).
+    pub fn inverse(
+        f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static,
+    ) -> Self {
+        Transform {
+            forward: None,
+            inverse: Some(Shared::new(f)),
+        }
+    }
+
+    /// Adds the inverse: what written data goes through before it is stored.
+    pub fn with_inverse(
+        mut self,
+        f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static,
+    ) -> Self {
+        self.inverse = Some(Shared::new(f));
+        self
+    }
+}
+
+impl<F> From<F> for Transform
+where
+    F: Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static,
+{
+    fn from(f: F) -> Self {
+        Transform::new(f)
+    }
+}
+
+impl fmt::Debug for Transform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transform")
+            .field("forward", &self.forward.is_some())
+            .field("inverse", &self.inverse.is_some())
+            .finish()
+    }
+}
+
+/// A buffer's transforms.
+#[derive(Debug)]
+pub(crate) struct Transforms {
+    /// Whether any transform has a forward part / an inverse part: the fast check of
+    /// every sample and write. Stored after the list (Release), loaded before it
+    /// (Acquire).
+    forward: AtomicBool,
+    inverse: AtomicBool,
+    /// The list, swapped in whole by every change.
+    list: ArcCell<Vec<Transform>>,
+    /// Serialises changes (read, copy, swap).
+    edit: Mutex<()>,
+}
+
+impl Default for Transforms {
+    fn default() -> Self {
+        Transforms {
+            forward: AtomicBool::new(false),
+            inverse: AtomicBool::new(false),
+            list: ArcCell::empty(),
+            edit: Mutex::new(()),
+        }
+    }
+}
+
+impl Transforms {
+    /// Runs the forward transforms on a sampled batch, in order.
+    #[inline]
+    pub(crate) fn apply(&self, batch: &mut Batch) -> Result<(), SampleError> {
+        // SYNC POINT: pairs with the Release store in `change`: the list loaded next
+        // is at least the one the flag was set for.
+        if !self.forward.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(list) = self.list.load() else {
+            return Ok(());
+        };
+        for (position, t) in list.iter().enumerate() {
+            if let Some(f) = &t.forward {
+                f(batch).map_err(|error| SampleError::Pipeline {
+                    stage: Stage::Transform(position),
+                    error: Box::new(error),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows to write: `batch` itself, or a copy through the inverse transforms, in
+    /// reverse order.
+    #[inline]
+    pub(crate) fn invert<'a>(&self, batch: &'a Batch) -> Result<Cow<'a, Batch>, DataError> {
+        // SYNC POINT: pairs with the Release store in `change`.
+        if !self.inverse.load(Ordering::Acquire) {
+            return Ok(Cow::Borrowed(batch));
+        }
+        let Some(list) = self.list.load() else {
+            return Ok(Cow::Borrowed(batch));
+        };
+        let mut copy = batch.clone();
+        for t in list.iter().rev() {
+            if let Some(f) = &t.inverse {
+                f(&mut copy)?;
+            }
+        }
+        Ok(Cow::Owned(copy))
+    }
+
+    /// Replaces the list by `change` of a copy of it.
+    fn change<R>(&self, change: impl FnOnce(&mut Vec<Transform>) -> R) -> R {
+        let _held = self.edit.lock();
+        let mut list = self.list.load().map_or_else(Vec::new, |l| (*l).clone());
+        let out = change(&mut list);
+        let forward = list.iter().any(|t| t.forward.is_some());
+        let inverse = list.iter().any(|t| t.inverse.is_some());
+        self.list
+            .store((!list.is_empty()).then(|| sync::Arc::new(list)));
+        // SYNC POINT: pairs with the Acquire loads in `apply` and `invert`.
+        self.forward.store(forward, Ordering::Release);
+        self.inverse.store(inverse, Ordering::Release);
+        out
+    }
+
+    fn len(&self) -> usize {
+        self.list.load().map_or(0, |l| l.len())
+    }
+}
+
+impl ReplayBuffer {
+    /// Adds a transform at the end of the list: it runs last on sampled batches (and
+    /// its inverse first on written data). A closure converts into a forward-only
+    /// [`Transform`]. Safe while other threads sample and write: each call uses the
+    /// list as it was before or after the change.
+    pub fn append_transform(&self, transform: impl Into<Transform>) {
+        let t = transform.into();
+        self.inner.transforms.change(|list| list.push(t));
+    }
+
+    /// Inserts a transform at `position` of the list (`0` runs first on sampled
+    /// batches). A position past the end is refused and changes nothing.
+    pub fn insert_transform(
+        &self,
+        position: usize,
+        transform: impl Into<Transform>,
+    ) -> Result<(), TransformIndexError> {
+        let t = transform.into();
+        self.inner.transforms.change(|list| {
+            if position > list.len() {
+                return Err(TransformIndexError {
+                    position,
+                    len: list.len(),
+                });
+            }
+            list.insert(position, t);
+            Ok(())
+        })
+    }
+
+    /// Transforms in the list.
+    pub fn transforms(&self) -> usize {
+        self.inner.transforms.len()
+    }
+
+    /// Removes every transform.
+    pub fn clear_transforms(&self) {
+        self.inner.transforms.change(Vec::clear);
+    }
+}

@@ -1,0 +1,365 @@
+//! Prefetch: a loader's workers keep exactly k batches prepared, honour priority
+//! updates made before their draws, run under concurrent updates and writes, never
+//! hand over an error made before the learner asked, and stop and join when the
+//! loader is dropped with batches in flight (no thread left, no deadlock), a panicking
+//! stage included.
+
+// The loom-facade rule of .clippy.toml is for the library, not its tests.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, Spec};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("obs", DType::F32, [2])
+        .field("id", DType::I64, [])
+        .field("reward", DType::F32, [])
+        .build()
+        .unwrap()
+}
+
+fn buffer(capacity: usize) -> ReplayBuffer {
+    ReplayBuffer::builder(spec())
+        .capacity(capacity)
+        .seed(5)
+        .build()
+        .unwrap()
+}
+
+/// `n` rows with ids `first..`, `obs = [id, -id]`, reward 1.
+fn rows(rb: &ReplayBuffer, n: usize, first: i64) -> Batch {
+    let mut b = rb.batch([n]);
+    let ids: Vec<i64> = (first..first + n as i64).collect();
+    let obs: Vec<f32> = ids.iter().flat_map(|&i| [i as f32, -(i as f32)]).collect();
+    b.set("id", &ids).unwrap();
+    b.set("obs", &obs).unwrap();
+    b.column_mut::<f32>("reward").unwrap().fill(1.0);
+    b
+}
+
+/// Polls `cond` for up to 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Threads of this process whose name starts with `prefix` (Linux).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Runs `f` on a thread and fails if it does not finish in 60 s (a deadlock).
+fn within_a_minute(f: impl FnOnce() + Send + 'static) {
+    let (done, wait) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    match wait.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => t.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // The body panicked: show its panic.
+            if let Err(p) = t.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        Err(e) => panic!("deadlock: {e}"),
+    }
+}
+
+#[test]
+fn prefetch_k_keeps_exactly_k_batches_prepared() {
+    for k in [1, 2, 3] {
+        let rb = buffer(64);
+        rb.extend(&rows(&rb, 64, 0)).unwrap();
+        let fills = Arc::new(AtomicUsize::new(0));
+        let counter = fills.clone();
+        let mut loader = rb
+            .loader()
+            .batch_size(4)
+            .prefetch(k)
+            .workers(2)
+            .preprocess(move |_: &mut Batch| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        assert_eq!(loader.prefetch_depth(), k);
+        eventually("k batches ready", || loader.ready() == k);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(loader.ready(), k, "k = {k}: never more than k");
+        assert_eq!(
+            fills.load(Ordering::SeqCst),
+            k,
+            "k = {k}: k batches drawn ahead"
+        );
+        let mut batch = rb.batch([4]);
+        for taken in 1..=5 {
+            loader.sample_into(&mut batch).unwrap();
+            assert_eq!(batch.len(), 4);
+            // After a take, the workers prepare one more: k are ready again, the
+            // batch taken included none of them.
+            eventually("refilled", || loader.ready() == k);
+            assert_eq!(fills.load(Ordering::SeqCst), k + taken, "k = {k}");
+        }
+    }
+}
+
+#[test]
+fn one_prefetch_worker_gives_the_same_batches_as_sampling_inline() {
+    let make = || {
+        let rb = buffer(1000);
+        rb.extend(&rows(&rb, 1000, 0)).unwrap();
+        rb
+    };
+    let (a, b) = (make(), make());
+    let mut inline = a.loader().batch_size(16).build().unwrap();
+    let mut ahead = b.loader().batch_size(16).prefetch(2).build().unwrap();
+    for _ in 0..50 {
+        let (x, y) = (inline.sample().unwrap(), ahead.sample().unwrap());
+        assert_eq!(
+            x.column::<i64>("id").unwrap(),
+            y.column::<i64>("id").unwrap()
+        );
+    }
+}
+
+#[test]
+fn an_error_prepared_before_the_learner_asked_is_not_handed_over() {
+    for workers in [1, 2] {
+        let rb = buffer(8);
+        let mut loader = rb
+            .loader()
+            .batch_size(2)
+            .prefetch(2)
+            .workers(workers)
+            .build()
+            .unwrap();
+        // The workers find the buffer empty and stop there...
+        eventually("an error queued", || loader.ready() >= 1);
+        rb.extend(&rows(&rb, 8, 0)).unwrap();
+        // ...but the learner asks after the rows arrived: a fresh batch, not `Empty`.
+        assert_eq!(loader.sample().unwrap().len(), 2);
+        for _ in 0..10 {
+            assert_eq!(loader.sample().unwrap().len(), 2);
+        }
+    }
+}
+
+#[test]
+fn prefetched_batches_honour_priority_updates_made_before_they_were_drawn() {
+    for (k, workers) in [(1, 1), (2, 1), (3, 1), (2, 2), (3, 3)] {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(64)
+            .sampler(Prioritized::new(1.0, 0.4).eps(0.0))
+            .seed(11)
+            .build()
+            .unwrap();
+        rb.extend(&rows(&rb, 64, 0)).unwrap();
+        let all = rb.read_all_in_order(None);
+        let mut loader = rb
+            .loader()
+            .batch_size(8)
+            .prefetch(k)
+            .workers(workers)
+            .build()
+            .unwrap();
+        let mut batch = rb.batch([8]);
+        for round in 0..40 {
+            let favourite = (round * 7 % 64) as i64;
+            let mut p = vec![0.0; 64];
+            p[favourite as usize] = 1.0;
+            rb.update_priority(all.index(), all.generations(), &p)
+                .unwrap();
+            // At most k batches were drawn before the update; with one worker they
+            // come first, then only the favourite is ever drawn.
+            let mut stale = 0;
+            for taken in 0..3 * k + 2 {
+                loader.sample_into(&mut batch).unwrap();
+                let ids = batch.column::<i64>("id").unwrap();
+                if ids.iter().any(|&i| i != favourite) {
+                    stale += 1;
+                    if workers == 1 {
+                        assert!(taken < k, "k {k}, round {round}: batch {taken} is stale");
+                    }
+                } else {
+                    assert!(batch.weight().unwrap().iter().all(|&w| w == 1.0));
+                }
+            }
+            assert!(
+                stale <= k,
+                "k {k}, workers {workers}, round {round}: {stale} stale"
+            );
+        }
+    }
+}
+
+#[test]
+fn prefetch_under_concurrent_priority_updates_and_writes() {
+    within_a_minute(|| {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(256)
+            .shards(2)
+            .sampler(Prioritized::new(0.6, 0.4).eps(1e-6))
+            .seed(13)
+            .build()
+            .unwrap();
+        rb.extend(&rows(&rb, 256, 0)).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        std::thread::scope(|s| {
+            // A second learner updating the priorities of what it samples.
+            let (rb2, stop2) = (rb.clone(), stop.clone());
+            s.spawn(move || {
+                let mut learner = rb2.learner();
+                let mut x = 1u64;
+                while !stop2.load(Ordering::Relaxed) {
+                    let b = learner.sample(16).unwrap();
+                    let p: Vec<f64> = (0..16)
+                        .map(|_| {
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            (x >> 40) as f64 / (1u64 << 24) as f64 * 5.0
+                        })
+                        .collect();
+                    rb2.update_priority(b.index(), b.generations(), &p).unwrap();
+                }
+            });
+            // A collector overwriting rows.
+            let (rb3, stop3) = (rb.clone(), stop.clone());
+            s.spawn(move || {
+                let writer = rb3.writer();
+                let mut id = 1000;
+                while !stop3.load(Ordering::Relaxed) {
+                    writer.extend(&rows(&rb3, 16, id)).unwrap();
+                    id += 16;
+                }
+            });
+            let mut loader = rb
+                .loader()
+                .batch_size(32)
+                .prefetch(3)
+                .workers(2)
+                .build()
+                .unwrap();
+            let mut batch = rb.batch([32]);
+            for _ in 0..3000 {
+                loader.sample_into(&mut batch).unwrap();
+                let ids = batch.column::<i64>("id").unwrap();
+                let obs = batch.column::<f32>("obs").unwrap();
+                for (r, &id) in ids.iter().enumerate() {
+                    assert_eq!(obs[2 * r..2 * r + 2], [id as f32, -(id as f32)], "torn row");
+                }
+                let w = batch.weight().unwrap();
+                assert!(w.iter().all(|&w| w > 0.0 && w <= 1.0), "{w:?}");
+                // The learner writes priorities back too, racing the workers' draws.
+                let p = vec![0.5; 32];
+                rb.update_priority(batch.index(), batch.generations(), &p)
+                    .unwrap();
+            }
+            drop(loader);
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(replaybuf::internals::priorities_consistent(&rb));
+    });
+}
+
+#[test]
+fn dropping_a_loader_with_batches_in_flight_stops_and_joins_its_workers() {
+    within_a_minute(|| {
+        for (case, take) in [(0, 0), (1, 1), (2, 5)] {
+            let name = format!("pf-shut-{case}");
+            let rb = buffer(64);
+            rb.extend(&rows(&rb, 64, 0)).unwrap();
+            let mut loader = rb
+                .loader()
+                .batch_size(8)
+                .prefetch(3)
+                .workers(3)
+                .thread_name(name.clone())
+                .preprocess(|_: &mut Batch| {
+                    // Long enough that the workers are mid-batch when the loader goes.
+                    std::thread::sleep(Duration::from_millis(5));
+                    Ok(())
+                })
+                .build()
+                .unwrap();
+            // A thread names itself once it runs.
+            eventually("three named workers", || threads_named(&name) == 3);
+            for _ in 0..take {
+                loader.sample().unwrap();
+            }
+            drop(loader);
+            assert_eq!(
+                threads_named(&name),
+                0,
+                "case {case}: a worker outlived its loader"
+            );
+        }
+        // Dropping the buffer's other handles leaves the loader working; dropping the
+        // loader then ends its workers too.
+        let rb = buffer(16);
+        rb.extend(&rows(&rb, 16, 0)).unwrap();
+        let mut loader = rb
+            .loader()
+            .batch_size(4)
+            .prefetch(2)
+            .thread_name("pf-last")
+            .build()
+            .unwrap();
+        drop(rb);
+        assert_eq!(loader.sample().unwrap().len(), 4);
+        drop(loader);
+        assert_eq!(threads_named("pf-last"), 0);
+    });
+}
+
+#[test]
+fn a_panicking_stage_reaches_the_learner_and_the_loader_still_shuts_down() {
+    within_a_minute(|| {
+        let rb = buffer(16);
+        rb.extend(&rows(&rb, 16, 0)).unwrap();
+        let calls = AtomicUsize::new(0);
+        let mut loader = rb
+            .loader()
+            .batch_size(4)
+            .prefetch(1)
+            .thread_name("pf-panic")
+            .preprocess(move |_: &mut Batch| {
+                if calls.fetch_add(1, Ordering::SeqCst) == 2 {
+                    panic!("augmentation bug");
+                }
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        loader.sample().unwrap();
+        loader.sample().unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.sample()));
+        let payload = caught.unwrap_err();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"augmentation bug"));
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.sample())).is_err()
+        );
+        drop(loader);
+        assert_eq!(threads_named("pf-panic"), 0);
+    });
+}

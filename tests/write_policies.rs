@@ -1,0 +1,565 @@
+//! Write policies: the immutable writer (a read-only dataset refuses every write, on
+//! every face, and changes nothing) and the max-value writer (the top rows by a rank
+//! field stay; the rest are reported rejected).
+
+// The loom-facade rule of .clippy.toml is for the library, not its tests.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use replaybuf::bytemuck::{Pod, Zeroable};
+use replaybuf::{
+    AccessError, Batch, DType, DataError, ListBuffer, Prioritized, ReplayBuffer, Spec, TypedBuffer,
+    WithoutReplacement, WritePolicy,
+};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("obs", DType::F32, [2])
+        .field("id", DType::I64, [])
+        .field("score", DType::F32, [])
+        .build()
+        .unwrap()
+}
+
+/// `n` rows with ids `first..` and `obs = [id, -id]`.
+fn rows(spec: &Spec, n: usize, first: i64) -> Batch {
+    let mut b = Batch::zeros(spec.clone(), [n]);
+    let ids: Vec<i64> = (first..first + n as i64).collect();
+    let obs: Vec<f32> = ids.iter().flat_map(|&i| [i as f32, -(i as f32)]).collect();
+    b.set("id", &ids).unwrap();
+    b.set("obs", &obs).unwrap();
+    b
+}
+
+fn sorted_ids(batch: &Batch) -> Vec<i64> {
+    let mut ids = batch.column::<i64>("id").unwrap().to_vec();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn an_immutable_buffer_refuses_every_write_and_changes_nothing() {
+    let spec = spec();
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(16)
+        .shards(2)
+        .writer(WritePolicy::Immutable)
+        .seed(1)
+        .build_from(&rows(&spec, 16, 0))
+        .unwrap();
+    assert_eq!(rb.len(), 16);
+    let before = rb.read_all_in_order(None);
+    let (count, len) = (rb.write_count(), rb.len());
+
+    let more = rows(&spec, 4, 100);
+    assert_eq!(rb.extend(&more).unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        rb.add(&rows(&spec, 1, 100)).unwrap_err(),
+        DataError::Immutable
+    );
+    let writer = rb.writer();
+    assert_eq!(writer.extend(&more).unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        writer.add(&rows(&spec, 1, 100)).unwrap_err(),
+        DataError::Immutable
+    );
+    assert_eq!(
+        rb.write_all(&rows(&spec, 16, 100), None).unwrap_err(),
+        AccessError::Data(DataError::Immutable)
+    );
+    // A batch that would not fit anyway is refused as immutable all the same: the
+    // policy speaks first.
+    assert_eq!(
+        rb.extend(&Batch::zeros(spec.clone(), [2, 2])).unwrap_err(),
+        DataError::Immutable
+    );
+
+    assert_eq!((rb.write_count(), rb.len()), (count, len));
+    let after = rb.read_all_in_order(None);
+    assert_eq!(
+        after.column::<i64>("id").unwrap(),
+        before.column::<i64>("id").unwrap()
+    );
+    assert_eq!(
+        after.column::<f32>("obs").unwrap(),
+        before.column::<f32>("obs").unwrap()
+    );
+    assert_eq!(sorted_ids(&after), (0..16).collect::<Vec<_>>());
+
+    // Reading is what a dataset is for.
+    let batch = rb.sample(64).unwrap();
+    assert!(batch
+        .column::<i64>("id")
+        .unwrap()
+        .iter()
+        .all(|&i| (0..16).contains(&i)));
+}
+
+#[test]
+fn build_from_spreads_a_full_dataset_over_the_shards() {
+    let spec = spec();
+    for shards in [1, 2, 4] {
+        let rb = ReplayBuffer::builder(spec.clone())
+            .capacity(100)
+            .shards(shards)
+            .writer(WritePolicy::Immutable)
+            .build_from(&rows(&spec, 100, 0))
+            .unwrap();
+        assert_eq!(rb.len(), 100, "{shards} shards");
+        assert_eq!(
+            sorted_ids(&rb.read_all_in_order(None)),
+            (0..100).collect::<Vec<_>>(),
+            "{shards} shards: every row stays"
+        );
+    }
+}
+
+#[test]
+fn an_immutable_dataset_can_be_read_in_epochs_and_reprioritized() {
+    let spec = Spec::builder()
+        .field("id", DType::I64, [])
+        .field("td", DType::F32, [])
+        .build()
+        .unwrap();
+    let mut data = Batch::zeros(spec.clone(), [8]);
+    data.set("id", &(0..8).collect::<Vec<i64>>()).unwrap();
+    let epochs = ReplayBuffer::builder(spec.clone())
+        .capacity(8)
+        .sampler(WithoutReplacement::new())
+        .writer(WritePolicy::Immutable)
+        .build_from(&data)
+        .unwrap();
+    let mut seen: Vec<i64> = Vec::new();
+    while let Ok(b) = epochs.sample(3) {
+        seen.extend(b.column::<i64>("id").unwrap());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..8).collect::<Vec<_>>());
+
+    // Priorities are the sampler's state, not the data: they still change.
+    let prio = ReplayBuffer::builder(spec)
+        .capacity(8)
+        .sampler(Prioritized::new(1.0, 0.0).eps(0.0))
+        .writer(WritePolicy::Immutable)
+        .seed(3)
+        .build_from(&data)
+        .unwrap();
+    let all = prio.read_all_in_order(None);
+    let mut p = vec![0.0; 8];
+    p[5] = 1.0;
+    prio.update_priority(all.index(), all.generations(), &p)
+        .unwrap();
+    assert!(prio
+        .sample(32)
+        .unwrap()
+        .column::<i64>("id")
+        .unwrap()
+        .iter()
+        .all(|&i| i == 5));
+}
+
+#[test]
+fn build_from_refuses_rows_that_do_not_fit() {
+    let other = Spec::builder().field("x", DType::U8, []).build().unwrap();
+    let err = ReplayBuffer::builder(spec())
+        .capacity(4)
+        .writer(WritePolicy::Immutable)
+        .build_from(&Batch::zeros(other, [2]))
+        .unwrap_err();
+    assert!(err.to_string().contains("initial rows"), "{err}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+struct Step {
+    obs: [f32; 2],
+    id: u32,
+}
+
+#[test]
+fn the_typed_and_list_faces_refuse_writes_when_immutable() {
+    let step = |i: u32| Step {
+        obs: [i as f32; 2],
+        id: i,
+    };
+    let typed = TypedBuffer::<Step>::builder()
+        .capacity(8)
+        .writer(WritePolicy::Immutable)
+        .build_from(&(0..8).map(step).collect::<Vec<_>>())
+        .unwrap();
+    assert_eq!(typed.push(&step(9)).unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        typed.extend(&[step(9); 3]).unwrap_err(),
+        DataError::Immutable
+    );
+    assert_eq!(typed.len(), 8);
+    assert!(typed.sample(16).unwrap().rows().iter().all(|s| s.id < 8));
+
+    let list = ListBuffer::<String>::builder()
+        .capacity(3)
+        .writer(WritePolicy::Immutable)
+        .build_from(["a", "b", "c"].map(String::from))
+        .unwrap();
+    assert_eq!(list.push("d".into()).unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        list.extend(["e".to_string()]).unwrap_err(),
+        DataError::Immutable
+    );
+    assert_eq!(list.len(), 3);
+    assert_eq!(list.get(0).unwrap(), "a");
+
+    // Round robin still writes, on both faces.
+    let list = ListBuffer::<u8>::builder().capacity(2).build().unwrap();
+    assert_eq!(list.push(7).unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------
+// The max-value writer.
+
+/// `scores.len()` rows with ids `first..`, `obs = [id, -id]` and the given scores.
+fn scored(spec: &Spec, first: i64, scores: &[f32]) -> Batch {
+    let mut b = rows(spec, scores.len(), first);
+    b.set("score", scores).unwrap();
+    b
+}
+
+fn max_value(capacity: usize, shards: usize) -> ReplayBuffer {
+    ReplayBuffer::builder(spec())
+        .capacity(capacity)
+        .shards(shards)
+        .writer(WritePolicy::max_value("score"))
+        .seed(2)
+        .build()
+        .unwrap()
+}
+
+/// The stored (score, id) pairs, sorted, after checking every row whole.
+fn stored(rb: &ReplayBuffer) -> Vec<(i64, i64)> {
+    let all = rb.read_all_in_order(None);
+    let ids = all.column::<i64>("id").unwrap();
+    let obs = all.column::<f32>("obs").unwrap();
+    let scores = all.column::<f32>("score").unwrap();
+    let mut out: Vec<(i64, i64)> = Vec::new();
+    for (r, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            obs[2 * r..2 * r + 2],
+            [id as f32, -(id as f32)],
+            "row {r} whole"
+        );
+        out.push((scores[r] as i64, id));
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The sequential model: each row enters while there is room, then replaces the
+/// lowest stored row if it ranks strictly higher. Returns the rejected rows.
+fn model_extend(model: &mut Vec<(i64, i64)>, capacity: usize, rows: &[(i64, i64)]) -> Vec<usize> {
+    let mut placed: Vec<Option<usize>> = Vec::new(); // model slot -> batch row
+    placed.resize(model.len(), None);
+    let mut rejected = vec![false; rows.len()];
+    for (r, &row) in rows.iter().enumerate() {
+        if model.len() < capacity {
+            model.push(row);
+            placed.push(Some(r));
+            continue;
+        }
+        let (low, _) = model.iter().enumerate().min_by_key(|(_, &s)| s).unwrap();
+        if row.0 > model[low].0 {
+            if let Some(earlier) = placed[low] {
+                rejected[earlier] = true;
+            }
+            model[low] = row;
+            placed[low] = Some(r);
+        } else {
+            rejected[r] = true;
+        }
+    }
+    (0..rows.len()).filter(|&r| rejected[r]).collect()
+}
+
+#[test]
+fn the_max_value_writer_keeps_the_top_rows_and_reports_the_rest() {
+    let rb = max_value(4, 1);
+    let scores = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 0.0, 6.0, 4.0];
+    let written = rb.extend(&scored(rb.spec(), 0, &scores)).unwrap();
+    assert_eq!(written.len(), 10);
+    // 1, 3 and 2 got in and were displaced by later rows of the same batch; 5 was the
+    // lowest when 6 came; 0 and 4 never ranked high enough.
+    assert_eq!(written.rejected().collect::<Vec<_>>(), [0, 1, 3, 5, 7, 9]);
+    assert_eq!(written.accepted(), 4);
+    assert!(written.is_rejected(0) && !written.is_rejected(2));
+    assert_eq!(written.get(0), None);
+    assert_eq!(written.index(0), u64::MAX);
+    assert_eq!(written.generation(0), 0);
+    assert_eq!(stored(&rb), [(6, 8), (7, 4), (8, 6), (9, 2)]);
+
+    // Every accepted row is where the extend said, with the generation a sample
+    // reports for it.
+    let all = rb.read_all_in_order(None);
+    for row in [2, 4, 6, 8] {
+        let index = written.get(row).unwrap();
+        let at = all.index().iter().position(|&i| i == index).unwrap();
+        assert_eq!(all.column::<i64>("id").unwrap()[at], row as i64);
+        assert_eq!(all.generations()[at], written.generation(row));
+    }
+
+    // A later extend competes with what is stored; ties do not displace.
+    let w = rb.extend(&scored(rb.spec(), 100, &[6.0, 10.0])).unwrap();
+    assert_eq!(w.rejected().collect::<Vec<_>>(), [0]);
+    assert_eq!(stored(&rb), [(7, 4), (8, 6), (9, 2), (10, 101)]);
+    assert_eq!(rb.len(), 4);
+    assert_eq!(
+        rb.write_count(),
+        4,
+        "replacements are in place: the cursor stays"
+    );
+}
+
+#[test]
+fn max_value_matches_the_sequential_model_across_extends_and_shards() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (capacity, shards) in [(1, 1), (7, 1), (16, 4), (33, 2)] {
+        let rb = max_value(capacity, shards);
+        let writers: Vec<_> = (0..shards).map(|_| rb.writer()).collect();
+        let mut model = Vec::new();
+        let mut id = 0i64;
+        for round in 0..40 {
+            let n = (next() % 9) as usize;
+            // Distinct scores, so the model's choice among equal ranks never matters.
+            let rows: Vec<(i64, i64)> = (0..n)
+                .map(|k| {
+                    (
+                        ((next() % 1000) * 64 + (id + k as i64) as u64 % 64) as i64,
+                        id + k as i64,
+                    )
+                })
+                .collect();
+            let scores: Vec<f32> = rows.iter().map(|r| r.0 as f32).collect();
+            let batch = scored(rb.spec(), id, &scores);
+            let written = if round % 2 == 0 {
+                rb.extend(&batch).unwrap()
+            } else {
+                writers[round % shards].extend(&batch).unwrap()
+            };
+            let rejected = model_extend(&mut model, capacity, &rows);
+            assert_eq!(
+                written.rejected().collect::<Vec<_>>(),
+                rejected,
+                "capacity {capacity}, round {round}"
+            );
+            id += n as i64;
+            let mut want = model.clone();
+            want.sort_unstable();
+            assert_eq!(stored(&rb), want, "capacity {capacity}, round {round}");
+        }
+    }
+}
+
+#[test]
+fn max_value_ranks_by_the_reduction_of_a_multi_value_field() {
+    let spec = Spec::builder()
+        .field("id", DType::I64, [])
+        .field("returns", DType::I32, [3])
+        .build()
+        .unwrap();
+    let build = |reduction| {
+        ReplayBuffer::builder(spec.clone())
+            .capacity(1)
+            .writer(WritePolicy::MaxValue {
+                rank_key: "returns".into(),
+                reduction,
+            })
+            .build()
+            .unwrap()
+    };
+    let mut batch = Batch::zeros(spec.clone(), [2]);
+    batch.set("id", &[0i64, 1]).unwrap();
+    // Row 0 sums to 9 with a max of 9; row 1 sums to 12 with a max of 4.
+    batch.set("returns", &[9i32, 0, 0, 4, 4, 4]).unwrap();
+    for (reduction, kept) in [
+        (replaybuf::Reduction::Sum, 1),
+        (replaybuf::Reduction::Max, 0),
+        (replaybuf::Reduction::Mean, 1),
+        (replaybuf::Reduction::Min, 1),
+        (replaybuf::Reduction::Median, 1),
+    ] {
+        let rb = build(reduction);
+        rb.extend(&batch).unwrap();
+        assert_eq!(
+            rb.get(0).unwrap().column::<i64>("id").unwrap(),
+            [kept],
+            "{reduction:?}"
+        );
+    }
+}
+
+#[test]
+fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
+    let rb = max_value(4, 1);
+    let err = rb
+        .extend(&scored(rb.spec(), 0, &[1.0, f32::NAN]))
+        .unwrap_err();
+    assert!(
+        matches!(err, DataError::InvalidRank { row: 1, .. }),
+        "{err:?}"
+    );
+    let err = rb
+        .extend(&scored(rb.spec(), 0, &[f32::INFINITY]))
+        .unwrap_err();
+    assert!(
+        matches!(err, DataError::InvalidRank { row: 0, .. }),
+        "{err:?}"
+    );
+    assert_eq!(rb.len(), 0, "a refused batch writes nothing");
+    assert!(matches!(
+        rb.extend(&Batch::zeros(spec(), [2, 2])).unwrap_err(),
+        DataError::BatchShape { .. }
+    ));
+
+    let build = |b: replaybuf::ReplayBufferBuilder| b.build().unwrap_err().to_string();
+    let base = || ReplayBuffer::builder(spec()).capacity(8);
+    let msg = build(base().writer(WritePolicy::max_value("reward")));
+    assert!(msg.contains("rank key `reward`"), "{msg}");
+    let with_bool = Spec::builder()
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap();
+    let msg = build(
+        ReplayBuffer::builder(with_bool)
+            .capacity(8)
+            .writer(WritePolicy::max_value("done")),
+    );
+    assert!(msg.contains("numeric"), "{msg}");
+    let msg = build(
+        base()
+            .ndim(2)
+            .envs(2)
+            .writer(WritePolicy::max_value("score")),
+    );
+    assert!(msg.contains("ndim-1"), "{msg}");
+    let msg = build(
+        base()
+            .sampler(Prioritized::new(0.6, 0.4))
+            .writer(WritePolicy::max_value("score")),
+    );
+    assert!(msg.contains("prioritized"), "{msg}");
+    let slices = Spec::builder()
+        .field("score", DType::F32, [])
+        .field("traj", DType::I64, [])
+        .build()
+        .unwrap();
+    let msg = build(
+        ReplayBuffer::builder(slices)
+            .capacity(8)
+            .sampler(replaybuf::Slice::num_slices(2).traj_key("traj"))
+            .writer(WritePolicy::max_value("score")),
+    );
+    assert!(msg.contains("slice"), "{msg}");
+    assert!(TypedBuffer::<Step>::builder()
+        .capacity(4)
+        .writer(WritePolicy::max_value("row"))
+        .build()
+        .is_err());
+    assert!(ListBuffer::<u8>::builder()
+        .capacity(4)
+        .writer(WritePolicy::max_value("x"))
+        .build()
+        .is_err());
+}
+
+#[test]
+fn write_all_reranks_and_empty_forgets() {
+    let rb = max_value(3, 1);
+    rb.extend(&scored(rb.spec(), 0, &[10.0, 20.0, 30.0]))
+        .unwrap();
+    // Rewrite the stored rows in place with low scores: the next rows displace them.
+    rb.write_all(&scored(rb.spec(), 50, &[1.0, 2.0, 3.0]), None)
+        .unwrap();
+    let w = rb.extend(&scored(rb.spec(), 100, &[2.5, 0.5])).unwrap();
+    assert_eq!(w.rejected().collect::<Vec<_>>(), [1]);
+    assert_eq!(stored(&rb), [(2, 51), (2, 100), (3, 52)]);
+
+    rb.empty();
+    assert_eq!(rb.len(), 0);
+    let w = rb.extend(&scored(rb.spec(), 200, &[-5.0])).unwrap();
+    assert_eq!(w.accepted(), 1, "after empty every row has room again");
+    assert_eq!(stored(&rb), [(-5, 200)]);
+}
+
+#[test]
+fn max_value_with_epochs_reads_the_rows_stored_now() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(4)
+        .sampler(WithoutReplacement::new().shuffle(false))
+        .writer(WritePolicy::max_value("score"))
+        .build()
+        .unwrap();
+    rb.extend(&scored(rb.spec(), 0, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+        .unwrap();
+    let mut seen: Vec<i64> = Vec::new();
+    while let Ok(b) = rb.sample(2) {
+        seen.extend(b.column::<i64>("id").unwrap());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, [2, 3, 4, 5]);
+}
+
+#[test]
+fn max_value_writers_racing_samplers_keep_the_top_rows_whole() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const CAPACITY: usize = 64;
+    const PER_WRITER: i64 = 20_000;
+    let rb = max_value(CAPACITY, 2);
+    // Scores are a bijection of ids, so every score is distinct.
+    let score = |id: i64| ((id * 7919) % (2 * PER_WRITER)) as f32;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2i64)
+            .map(|w| {
+                let writer = rb.writer();
+                s.spawn(move || {
+                    let spec = writer.buffer().spec().clone();
+                    for chunk in 0..PER_WRITER / 50 {
+                        let first = w * PER_WRITER + chunk * 50;
+                        let scores: Vec<f32> = (first..first + 50).map(score).collect();
+                        writer.extend(&scored(&spec, first, &scores)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let (rb, stop) = (&rb, &stop);
+        s.spawn(move || {
+            let mut learner = rb.learner();
+            let mut batch = rb.batch([32]);
+            while !stop.load(Ordering::Relaxed) {
+                if learner.sample_into(&mut batch).is_err() {
+                    continue;
+                }
+                let ids = batch.column::<i64>("id").unwrap();
+                let obs = batch.column::<f32>("obs").unwrap();
+                let scores = batch.column::<f32>("score").unwrap();
+                for (r, &id) in ids.iter().enumerate() {
+                    assert_eq!(obs[2 * r..2 * r + 2], [id as f32, -(id as f32)], "torn row");
+                    assert_eq!(scores[r], score(id), "torn row");
+                }
+            }
+        });
+        // Let the writers finish, then stop the sampler.
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let mut all: Vec<(i64, i64)> = (0..2 * PER_WRITER)
+        .map(|id| (score(id) as i64, id))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(stored(&rb), all[all.len() - CAPACITY..]);
+}
