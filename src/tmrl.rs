@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
+use crate::checkpoint::error::PersistError;
 use crate::dtype::DType;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::loader::{Loader, PreprocessFn};
@@ -133,6 +134,14 @@ pub struct TmrlBuilder {
 }
 
 impl TmrlMemory {
+    /// A memory initialised from a dataset directory (tmrl's `dataset_path`): a
+    /// checkpoint written by [`ReplayBuffer::dumps`] (loaded into memory) or a
+    /// file-backed storage's directory (reopened in place, so what is appended is kept
+    /// there). The memory goes on from the transitions it holds.
+    pub fn from_dataset(dir: impl AsRef<std::path::Path>) -> Result<TmrlBuilder, PersistError> {
+        crate::checkpoint::dataset::open_writable(dir.as_ref()).map(TmrlMemory::builder)
+    }
+
     /// A memory over `buffer`, whose spec holds the six fields named by
     /// [`TmrlKeys`] (and may hold others). tmrl's defaults: `nb_steps` 1, `batch_size`
     /// 256; `memory_size` is the buffer's capacity.

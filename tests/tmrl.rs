@@ -246,3 +246,45 @@ fn tmrl_build_errors_name_the_field() {
         .build()
         .is_err());
 }
+
+#[test]
+fn a_memory_starts_from_a_dataset_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = memory(0);
+    m.append_buffer(&samples(&m, &[1, 2, 3, 4], "...t"))
+        .unwrap();
+    m.buffer().dumps(dir.path()).unwrap();
+    let mut again = TmrlMemory::from_dataset(dir.path())
+        .unwrap()
+        .batch_size(16)
+        .nb_steps(5)
+        .build()
+        .unwrap();
+    assert_eq!(transitions(&again), transitions(&m));
+    // It goes on appending, and collates what it held.
+    again
+        .append_buffer(&samples(&again, &[10, 11], ".."))
+        .unwrap();
+    assert_eq!(again.len(), 4);
+    let batch = again.sample().unwrap();
+    assert_eq!(batch.into_tuple().0.shape, vec![16, 3]);
+    // A file-backed memory is reopened in place.
+    let store = dir.path().join("store");
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(100)
+        .memmap(&store)
+        .build()
+        .unwrap();
+    let mut m = TmrlMemory::builder(rb).batch_size(4).build().unwrap();
+    m.append_buffer(&samples(&m, &[1, 2, 3], "...")).unwrap();
+    drop(m);
+    let m = TmrlMemory::from_dataset(&store)
+        .unwrap()
+        .batch_size(4)
+        .build()
+        .unwrap();
+    assert_eq!(
+        transitions(&m),
+        vec![(1, 2, false, false), (2, 3, false, false)]
+    );
+}

@@ -27,6 +27,30 @@ impl ReplayBuffer {
     }
 }
 
+/// The buffer a directory holds, to go on writing: a checkpoint loaded into memory, or
+/// a file-backed storage reopened in place.
+pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
+    let meta = DirMeta::read(dir)?;
+    match meta.kind {
+        DirKind::Checkpoint => ReplayBuffer::load(dir),
+        DirKind::Memmap => {
+            let refused = |why: String| {
+                PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
+            };
+            meta.config
+                .builder()
+                .map_err(|e| refused(format!("{e:?}")))?
+                .memmap(dir)
+                .existsok(true)
+                .build()
+                .map_err(|e| match e.into_persist() {
+                    Ok(p) => p,
+                    Err(e) => refused(e.to_string()),
+                })
+        }
+    }
+}
+
 /// A file-backed storage's directory, mapped as a private copy.
 pub(crate) fn open_copy(dir: &Path) -> Result<ReplayBuffer, PersistError> {
     let meta = DirMeta::read(dir)?;
