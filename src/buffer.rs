@@ -157,13 +157,34 @@ impl ReplayBuffer {
     /// A collector's handle. Handle `k` writes shard `k % shards`, so with as many
     /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
     /// its shard's environments and extends them with `[t, group]` batches.
+    ///
+    /// In a [`shared`](crate::ReplayBufferBuilder::shared) buffer, a handle writes a
+    /// shard whose lease this process holds: a free one if there is any, else one
+    /// another handle of this process writes.
+    ///
+    /// # Panics
+    ///
+    /// In a shared buffer whose every shard is leased to another live process; use
+    /// [`try_writer`](Self::try_writer) to get that as an error.
     pub fn writer(&self) -> Writer {
-        let k = self
-            .inner
-            .storage
+        self.try_writer()
+            .unwrap_or_else(|e| panic!("replaybuf: no writer handle: {e}"))
+    }
+
+    /// A collector's handle, as [`writer`](Self::writer) gives, or
+    /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
+    /// another live process.
+    pub fn try_writer(&self) -> Result<Writer, DataError> {
+        let storage = &self.inner.storage;
+        let k = storage
             .global(Global::Writers)
             .fetch_add(1, Ordering::Relaxed);
-        Writer::new(self.clone(), (k % self.shards() as u64) as usize)
+        let shards = self.shards();
+        let shard = match storage.lease_for_writer(k as usize) {
+            Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
+            None => (k % shards as u64) as usize,
+        };
+        Ok(Writer::new(self.clone(), shard))
     }
 
     /// A learner's handle, with its own random stream.
@@ -209,16 +230,23 @@ impl ReplayBuffer {
         };
         let rows = inner.prepare(None, &batch)?;
         let shard = match inner.storage.geometry() {
-            Geometry::Flat { .. } => Some(self.pick_shard()),
+            Geometry::Flat { .. } => Some(self.pick_shard()?),
             Geometry::Grid { .. } => None,
         };
         Ok(inner.append(shard, &rows))
     }
 
-    /// The shard of the next buffer-level extend: round robin across calls.
-    pub(crate) fn pick_shard(&self) -> usize {
+    /// The shard of the next buffer-level extend: round robin across calls, or in a
+    /// shared buffer, a shard this process holds the lease of.
+    pub(crate) fn pick_shard(&self) -> Result<usize, DataError> {
+        let storage = &self.inner.storage;
+        if let Some(leased) = storage.process_lease() {
+            return leased.map_err(|_| DataError::NoFreeShard {
+                shards: self.shards(),
+            });
+        }
         let s = self.shards() as u64;
-        if s == 1 || self.inner.sampler.slice().is_some() {
+        Ok(if s == 1 || self.inner.sampler.slice().is_some() {
             0
         } else {
             (self
@@ -227,7 +255,7 @@ impl ReplayBuffer {
                 .global(Global::NextShard)
                 .fetch_add(1, Ordering::Relaxed)
                 % s) as usize
-        }
+        })
     }
 
     /// The row order of a `t`-step extend of `envs` environments, by `dim_extend`.

@@ -11,6 +11,8 @@ use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::policy::Policy;
 use crate::sampler::{Engine, Sampler};
+#[cfg(not(replaybuf_loom))]
+use crate::shared::{self, procs::PROCS};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;
 use crate::storage::{Parts, Storage};
@@ -38,6 +40,11 @@ pub struct ReplayBufferBuilder {
     /// Map the memmap directory's existing storage as a private copy: the file is
     /// never written (an offline dataset).
     pub(crate) private_copy: bool,
+    /// The name of a shared region to create (or attach to).
+    pub(crate) shared: Option<String>,
+    /// Only attach to the shared region: never create it.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))]
+    pub(crate) attach_only: bool,
 }
 
 impl ReplayBufferBuilder {
@@ -57,6 +64,8 @@ impl ReplayBufferBuilder {
             memmap: None,
             existsok: false,
             private_copy: false,
+            shared: None,
+            attach_only: false,
         }
     }
 
@@ -132,8 +141,25 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// Keeps the storage in the named shared-memory region `name` (TorchRL's
+    /// `shared=True`), which other processes attach to with
+    /// [`ReplayBuffer::attach`](crate::ReplayBuffer::attach) (or this builder and
+    /// [`existsok`](Self::existsok)): collector processes extend while learner
+    /// processes sample and update priorities, with no lock between them. The region
+    /// is created owner-only; a name already taken is refused unless `existsok`. Each
+    /// process's writers hold the leases of the shards they write, so a process that
+    /// dies in the middle of a write is repaired around by the others (see the
+    /// crate's `shared` module). The creator's buffer removes the name when its last
+    /// handle drops; a crashed creator's region is found and removed with
+    /// `replaybuf shm list` / `replaybuf shm remove --stale`. Linux and other Unix.
+    pub fn shared(mut self, name: impl Into<String>) -> Self {
+        self.shared = Some(name.into());
+        self
+    }
+
     /// Opens the buffer a [`memmap`](Self::memmap) directory already holds instead of
-    /// refusing it (TorchRL's `existsok`). Its layout (spec, capacity, shards, ndim,
+    /// refusing it (TorchRL's `existsok`), or attaches to the [`shared`](Self::shared)
+    /// region of that name if there is one. Its layout (spec, capacity, shards, ndim,
     /// sampler, priority key) must be this builder's; without an explicit
     /// [`seed`](Self::seed) it keeps its own, and its random streams go on where they
     /// stopped.
@@ -233,8 +259,50 @@ impl ReplayBufferBuilder {
         };
         let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = Config::of(&self, seed);
-        let (storage, fresh) = match &self.memmap {
-            None => (
+        let (storage, fresh) = match (&self.memmap, &self.shared) {
+            (Some(_), Some(_)) => {
+                return err(BuildErrorKind::Writer {
+                    reason: "memmap and shared are two storages: choose one",
+                })
+            }
+            #[cfg(not(replaybuf_loom))]
+            (None, Some(name)) => {
+                if matches!(self.writer, WritePolicy::MaxValue { .. }) {
+                    return err(BuildErrorKind::Writer {
+                        reason: "a max-value writer keeps its ranks in one process; a \
+                                 shared buffer takes round-robin or immutable writers",
+                    });
+                }
+                let mode = match (self.attach_only, self.existsok) {
+                    (true, _) => shared::open::Mode::Attach,
+                    (false, true) => shared::open::Mode::CreateOrAttach,
+                    (false, false) => shared::open::Mode::Create,
+                };
+                let opened = shared::open::open(name, &config, mode, |meta| {
+                    Parts::new(self.spec.clone(), geometry, trees, slices, meta, PROCS)
+                })
+                .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
+                let mut storage = opened.storage;
+                if !storage.join(opened.fresh) {
+                    return err(BuildErrorKind::Writer {
+                        reason: "every entry of the shared region's process table is held \
+                                 by a live process (64 at most)",
+                    });
+                }
+                if !opened.fresh && self.seed.is_none() {
+                    seed = opened.config.seed;
+                    config.seed = seed;
+                }
+                // Attached: other processes may be using it; nothing to recover.
+                (storage, Fresh::new(opened.fresh, false))
+            }
+            #[cfg(replaybuf_loom)]
+            (None, Some(_)) => {
+                return err(BuildErrorKind::Writer {
+                    reason: "shared mode is not built under loom",
+                })
+            }
+            (None, None) => (
                 Storage::new(
                     self.spec.clone(),
                     geometry,
@@ -243,9 +311,9 @@ impl ReplayBufferBuilder {
                     config.layout_hash(),
                 )
                 .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
-                true,
+                Fresh::New,
             ),
-            Some(dir) => {
+            (Some(dir), None) => {
                 let parts = |meta| Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
                 let opened = if self.private_copy {
                     memmap::open_copy(dir, &config, parts)
@@ -257,14 +325,16 @@ impl ReplayBufferBuilder {
                     seed = opened.seed;
                     config.seed = seed;
                 }
-                (opened.storage, opened.fresh)
+                (opened.storage, Fresh::new(opened.fresh, true))
             }
         };
         let engine = Engine::new(self.sampler, seed, storage.globals());
-        if fresh {
-            engine.initialize();
-        } else {
-            storage.recover(engine.prioritized());
+        match fresh {
+            Fresh::New => engine.initialize(),
+            Fresh::Reopened => {
+                storage.recover(engine.prioritized());
+            }
+            Fresh::Attached => {}
         }
         let mut inner = Inner::new(
             config,
@@ -276,12 +346,33 @@ impl ReplayBufferBuilder {
             priority_field,
         );
         inner.policy = policy;
-        if !fresh {
+        if fresh != Fresh::New {
             inner.policy.reload(&inner);
         }
         Ok(ReplayBuffer {
             inner: Arc::new(inner),
         })
+    }
+}
+
+/// Where a built buffer's storage came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fresh {
+    /// Laid out now: its initial state is written.
+    New,
+    /// A file nobody else has open: recovered from whatever its last writers left.
+    Reopened,
+    /// A shared region other processes use: taken as it is.
+    Attached,
+}
+
+impl Fresh {
+    fn new(fresh: bool, exclusive: bool) -> Fresh {
+        match (fresh, exclusive) {
+            (true, _) => Fresh::New,
+            (false, true) => Fresh::Reopened,
+            (false, false) => Fresh::Attached,
+        }
     }
 }
 

@@ -386,7 +386,7 @@ impl ReplayBufferEnsemble {
             generations: batch.batch.generations().len(),
             priorities: priority.len(),
         };
-        if rows == 0 || priority.is_empty() || priority.len() % rows != 0 {
+        if rows == 0 || priority.is_empty() || !priority.len().is_multiple_of(rows) {
             return if rows == 0 && priority.is_empty() {
                 Ok(PriorityUpdate::default())
             } else {

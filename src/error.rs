@@ -247,6 +247,16 @@ pub enum DataError {
     /// The buffer is read-only ([`WritePolicy::Immutable`](crate::WritePolicy::Immutable)).
     #[error("the buffer is immutable (a read-only dataset): nothing was written")]
     Immutable,
+    /// A shared buffer's every shard is leased to another live process: this process
+    /// has no shard to write (build the region with more shards).
+    #[error(
+        "all {shards} shards of the shared buffer are held by other live processes' \
+         writers; nothing was written (build it with more shards)"
+    )]
+    NoFreeShard {
+        /// Shards of the buffer.
+        shards: usize,
+    },
     /// The priority field of a row holds a NaN, infinite or negative value.
     #[error(
         "priority field `{key}` of row {row} is {value}; priorities must be finite and at least 0"

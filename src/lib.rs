@@ -59,6 +59,7 @@ pub mod reference;
 mod region;
 mod rng;
 mod sampler;
+pub mod shared;
 mod spec;
 mod storage;
 mod sumtree;

@@ -101,6 +101,15 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         }
     }
 
+    /// See [`ReplayBufferBuilder::shared`]: `T` is plain bytes, so it may live in
+    /// shared memory.
+    pub fn shared(self, name: impl Into<String>) -> Self {
+        TypedBuilder {
+            inner: self.inner.shared(name),
+            _rows: PhantomData,
+        }
+    }
+
     /// See [`ReplayBufferBuilder::sampler`].
     pub fn sampler(self, sampler: impl Into<Sampler>) -> Self {
         TypedBuilder {
@@ -241,6 +250,27 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         })
     }
 
+    /// See [`ReplayBuffer::attach`]; the region must hold rows of `T`'s size.
+    #[cfg(not(replaybuf_loom))]
+    pub fn attach(name: &str) -> Result<TypedBuffer<T>, PersistError> {
+        let buffer = ReplayBuffer::attach(name)?;
+        let want = Spec::opaque(std::mem::size_of::<T>())
+            .expect("a Pod type smaller than isize::MAX lays out as one field");
+        if !buffer.spec().same_fields(&want) {
+            return Err(PersistError::new(
+                crate::shared::open::shown(name),
+                crate::checkpoint::error::Kind::Mismatch(format!(
+                    "not a buffer of {}-byte rows",
+                    std::mem::size_of::<T>()
+                )),
+            ));
+        }
+        Ok(TypedBuffer {
+            buffer,
+            _rows: PhantomData,
+        })
+    }
+
     /// See [`ReplayBuffer::loads`].
     pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         self.buffer.loads(dir)
@@ -299,7 +329,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         let inner = &self.buffer.inner;
         match inner.storage.geometry().ndim() {
             1 => {
-                let shard = self.buffer.pick_shard();
+                let shard = self.buffer.pick_shard()?;
                 let rows = Prepared {
                     steps: items.len() as u64,
                     src: Self::source(items, RowOrder::Flat),

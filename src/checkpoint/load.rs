@@ -45,8 +45,9 @@ impl ReplayBuffer {
     /// state and random streams replace this buffer's, and its seed becomes this
     /// buffer's; load hooks run on the rows. The checkpoint must be of this buffer's
     /// layout (spec, capacity, shards, ndim, sampler, priority key), and no other
-    /// handle of this buffer may exist (writers, learners, clones): they would see
-    /// their rows replaced under them.
+    /// handle of this buffer may exist (writers, learners, clones), nor, for a shared
+    /// buffer, another live process attached to it: they would see their rows
+    /// replaced under them.
     ///
     /// On any error the buffer is left as it was.
     pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
@@ -65,8 +66,18 @@ impl ReplayBuffer {
                 ),
             )
         })?;
-        if inner.storage.is_file_backed() {
-            // The region is the file: check everything before writing anything.
+        if inner.storage.is_shared() && !inner.storage.other_processes().is_empty() {
+            return Err(PersistError::new(
+                dir,
+                Kind::Busy(
+                    "other processes are attached to this shared buffer; a load would \
+                     replace their rows under them",
+                ),
+            ));
+        }
+        if inner.storage.is_file_backed() || inner.storage.is_shared() {
+            // The region is the file or the shared memory: check everything before
+            // writing anything.
             read_into(inner, dir, &checkpoint, true, Progress::Auto)?;
             inner.seed = meta.config.seed;
             inner.config.seed = meta.config.seed;

@@ -33,6 +33,8 @@
 //! Claims and releases are compare-exchanges on `OWNER` and `Lease` words (AcqRel). The
 //! start time is stored before the `INIT` mark is cleared with Release, and read after
 //! an Acquire load of `OWNER`; a checker that sees `INIT` judges by the pid alone.
+// Under loom there is no shared memory: only the shards' optional table is compiled.
+#![cfg_attr(replaybuf_loom, allow(dead_code))]
 
 use crate::region::Block;
 use crate::storage::layout::PROC_WORDS;
@@ -95,7 +97,7 @@ pub(crate) fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// Whether process `pid` runs (a signal to it would be delivered).
-fn runs(pid: u32) -> bool {
+pub(crate) fn runs(pid: u32) -> bool {
     let Some(pid) = rustix::process::Pid::from_raw(pid as i32) else {
         return false;
     };
@@ -203,6 +205,10 @@ impl ProcTable {
             .count()
     }
 }
+
+/// No shard's lease could be taken: every one is held by another live process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NoShard;
 
 /// How a lease was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

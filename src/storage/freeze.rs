@@ -39,6 +39,8 @@ use super::Storage;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
 const FROZEN: u64 = 1 << 63;
+/// Waits on a shard that does not drain between checks that its writer still lives.
+const DEAD_WRITER_CHECK_WAITS: u32 = 4096;
 
 /// An updater inside the gate; leaving is dropping it.
 pub(crate) struct Inside<'a> {
@@ -93,7 +95,25 @@ impl Storage {
                 backoff.snooze();
             }
         }
-        let shards = self.shards().iter().map(|s| s.freeze()).collect();
+        let holder = self.freezer_holder();
+        let shards: SmallVec<[ShardFreeze<'_>; 8]> = self
+            .shards()
+            .iter()
+            .map(|s| s.begin_freeze(holder))
+            .collect();
+        for (k, shard) in self.shards().iter().enumerate() {
+            let mut backoff = Backoff::new();
+            let mut waits = 0u32;
+            while !shard.drained() {
+                backoff.snooze();
+                waits += 1;
+                if waits.is_multiple_of(DEAD_WRITER_CHECK_WAITS) {
+                    // A shared region's appender may have died inside: its lease
+                    // holder's units would never leave. Take the lease over and repair.
+                    self.reclaim_dead_lease(k);
+                }
+            }
+        }
         let mut backoff = Backoff::new();
         while updaters.load(Ordering::Acquire) & !FROZEN != 0 {
             backoff.snooze();

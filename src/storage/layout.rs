@@ -61,6 +61,10 @@ pub(crate) enum Header {
     MetaBytes = 5,
     /// Pid of the process that created the region.
     CreatorPid = 6,
+    /// Where the process table starts, in words (shared regions).
+    ProcsAt = 7,
+    /// Entries of the process table.
+    Procs = 8,
 }
 
 /// [`Header::State`] of a region whose creator finished laying it out.
@@ -276,6 +280,8 @@ pub(crate) fn write_header(words: &[AtomicU64], layout: &Layout, layout_hash: u6
     set(Header::Words, layout.words as u64);
     set(Header::MetaBytes, meta.len() as u64);
     set(Header::CreatorPid, u64::from(std::process::id()));
+    set(Header::ProcsAt, layout.procs_at as u64);
+    set(Header::Procs, layout.procs as u64);
     crate::storage::atomic_copy::store(words, layout.meta_at * 8, meta);
     // SYNC POINT: pairs with the Acquire load of `State` in `read_header`.
     words[Header::State as usize].store(READY, Ordering::Release);
@@ -288,6 +294,8 @@ pub(crate) struct HeaderInfo {
     pub(crate) layout_hash: u64,
     pub(crate) words: u64,
     pub(crate) creator_pid: u64,
+    /// The process table: first word and entries.
+    pub(crate) procs: (u64, u64),
     /// The meta JSON.
     pub(crate) meta: Vec<u8>,
 }
@@ -367,6 +375,7 @@ pub(crate) fn read_header(words: &[AtomicU64]) -> Result<HeaderInfo, HeaderProbl
         layout_hash: header(words, Header::LayoutHash),
         words: total,
         creator_pid: header(words, Header::CreatorPid),
+        procs: (header(words, Header::ProcsAt), header(words, Header::Procs)),
         meta,
     })
 }

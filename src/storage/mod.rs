@@ -39,6 +39,9 @@ use atomic_copy::Intent;
 
 use crate::region::{Block, Region};
 use crate::sampler::slice::{Bounds, Lanes, Turn};
+#[cfg(not(replaybuf_loom))]
+use crate::shared::member::Member;
+use crate::shared::procs::ProcTable;
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
@@ -112,6 +115,10 @@ pub(crate) enum Raws<'a> {
 
 #[derive(Debug)]
 pub(crate) struct Storage {
+    /// A shared region's process table, and this process's place in it (`shared/`).
+    procs: Option<ProcTable>,
+    #[cfg(not(replaybuf_loom))]
+    member: Option<Member>,
     region: Arc<Region>,
     /// This process's updaters and the freeze bit (`freeze.rs`).
     updaters: CachePadded<AtomicU64>,
@@ -158,6 +165,95 @@ impl Storage {
                 .map_err(|e| crate::PersistError::io(std::path::Path::new("storage.bin"), e));
         }
         Ok(())
+    }
+
+    /// The holder word of this process's freezes: its process-table holder in a
+    /// shared region, 1 elsewhere.
+    pub(crate) fn freezer_holder(&self) -> u64 {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            return m.holder().0;
+        }
+        1
+    }
+
+    /// In a shared region: if shard `k`'s lease holder died, takes the lease over,
+    /// repairs the shard and gives the lease back. Nothing elsewhere.
+    pub(crate) fn reclaim_dead_lease(&self, k: usize) {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            let lease = self.shards[k].word(ShardWord::Lease);
+            if crate::shared::procs::take_lease(m.table(), lease, m.holder())
+                == Some(crate::shared::procs::Leased::FromDead)
+            {
+                self.recover_shard(k);
+                crate::shared::procs::release_lease(lease, m.holder());
+            }
+        }
+        #[cfg(replaybuf_loom)]
+        let _ = k;
+    }
+
+    /// In a shared region, the shard of this process's `k`-th writer handle (a lease
+    /// taken from shard `k` on); `None` elsewhere.
+    pub(crate) fn lease_for_writer(
+        &self,
+        k: usize,
+    ) -> Option<Result<usize, crate::shared::procs::NoShard>> {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            return Some(m.lease(self, k));
+        }
+        let _ = k;
+        None
+    }
+
+    /// In a shared region, a shard this process holds the lease of (taking one if it
+    /// holds none), for buffer-level extends; `None` elsewhere.
+    pub(crate) fn process_lease(&self) -> Option<Result<usize, crate::shared::procs::NoShard>> {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            return Some(m.any_lease(self));
+        }
+        None
+    }
+
+    /// Joins a shared region's process table (the creator's membership unlinks the
+    /// region's name when it goes). `false` if the table is full of live processes.
+    #[cfg(not(replaybuf_loom))]
+    pub(crate) fn join(&mut self, creator: bool) -> bool {
+        let Some(table) = self.procs.clone() else {
+            return true;
+        };
+        let unlink = creator
+            .then(|| self.region.shared_object().map(str::to_owned))
+            .flatten();
+        match Member::join(table, unlink) {
+            Some(m) => {
+                self.member = Some(m);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Pids of the other live processes of a shared region (none elsewhere).
+    pub(crate) fn other_processes(&self) -> Vec<u32> {
+        let me = std::process::id();
+        self.procs
+            .as_ref()
+            .map(|t| t.live().into_iter().filter(|&p| p != me).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `holder` names a live process of this shared region (never elsewhere).
+    pub(crate) fn holder_alive(&self, holder: u64) -> bool {
+        holder != 0 && self.procs.as_ref().is_some_and(|t| t.alive(holder))
+    }
+
+    /// Whether the region is shared memory.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.procs.is_some()
     }
 
     /// Whether the region is a file (a file-backed storage).
@@ -532,6 +628,15 @@ impl Storage {
     }
 }
 
+#[cfg(not(replaybuf_loom))]
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some(m) = self.member.take() {
+            m.leave(self);
+        }
+    }
+}
+
 /// The shards of `geometry` over a region of their own holding nothing but their
 /// blocks and the globals, which it returns too: for the list storage, which keeps
 /// its values outside any region.
@@ -554,6 +659,7 @@ pub(crate) fn shards_only(geometry: &Geometry) -> io::Result<(Box<[Shard]>, Bloc
             Shard::new(
                 geometry.ring(k),
                 Block::new(&region, at, layout::SHARD_WORDS),
+                None,
             )
         })
         .collect();
@@ -640,16 +746,27 @@ impl Parts {
     /// The storage over `region`, which is at least `layout.words` long.
     pub(crate) fn into_storage(self, region: Arc<Region>) -> Storage {
         let layout = self.layout;
+        let procs = (layout.procs > 0).then(|| {
+            ProcTable::new(Block::new(
+                &region,
+                layout.procs_at,
+                layout.procs * layout::PROC_WORDS,
+            ))
+        });
         let shards = (0..self.geometry.shards())
             .map(|k| {
                 let at = layout.shard_word(k as usize, ShardWord::Cursor);
                 Shard::new(
                     self.geometry.ring(k),
                     Block::new(&region, at, layout::SHARD_WORDS),
+                    procs.clone(),
                 )
             })
             .collect();
         Storage {
+            procs,
+            #[cfg(not(replaybuf_loom))]
+            member: None,
             region,
             updaters: CachePadded::new(AtomicU64::new(0)),
             layout,

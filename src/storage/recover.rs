@@ -17,6 +17,7 @@
 //!   emptied, if its row is not live and published) and the trees rebuilt;
 //! - a slice lane whose tail lags its cursor: closed (see `Lanes::recover`).
 
+use super::layout::ShardWord;
 use super::stamp::Stamp;
 use super::Storage;
 use crate::sampler::prioritized;
@@ -31,12 +32,62 @@ pub(crate) struct Recovered {
 }
 
 impl Storage {
+    /// Repairs shard `k` of a shared region after its lease holder died, while other
+    /// processes go on using the region: the caller has just taken the lease over, so
+    /// no other process appends to the shard, and everything below is safe beside
+    /// readers and priority updaters.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
+    pub(crate) fn recover_shard(&self, k: usize) {
+        let shard = &self.shards()[k];
+        shard.clear_appenders();
+        let window = shard.window();
+        shard.abandoned().fetch_max(window.hi, Ordering::AcqRel);
+        let ring = *shard.ring();
+        let positions = window.positions(ring.steps);
+        let published_at = |slot: u64, seq: u64| {
+            let stamp = self.stamp_at(slot);
+            stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32
+        };
+        if let Some(tree) = self.trees().get(k) {
+            // Leaves of rows the dead writer claimed but never published.
+            for pos in 0..ring.steps {
+                let Some(seq) = positions.seq_at(pos) else {
+                    continue;
+                };
+                for lane in 0..ring.width {
+                    let (slot, leaf) = (ring.slot(pos, lane), (pos * ring.width + lane) as usize);
+                    let l = tree.leaf(leaf);
+                    if l.value() > 0 && !published_at(slot, seq) {
+                        tree.clear(leaf, l.tag());
+                    }
+                }
+            }
+        }
+        if let Some(lanes) = self.lanes() {
+            for lane in 0..ring.width {
+                lanes.recover(self.words(), k, lane, window.hi, |seq| {
+                    let slot = ring.slot(seq % ring.steps, lane);
+                    published_at(slot, seq)
+                        .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
+                });
+            }
+        }
+    }
+
     /// Recovers the region (see the module docs). `priorities` is the prioritized
     /// sampler's state, for a buffer with trees.
     pub(crate) fn recover(&self, priorities: Option<&prioritized::State>) -> Recovered {
         let mut found = Recovered::default();
         for shard in self.shards() {
             shard.occupancy().store(0, Ordering::Release);
+            // A lease or a freeze of a process that still runs is this process's own
+            // (a shared buffer loading a checkpoint, alone): it stays.
+            for w in [ShardWord::Lease, ShardWord::Freezer] {
+                let holder = shard.word(w).load(Ordering::Acquire);
+                if !self.holder_alive(holder) {
+                    shard.word(w).store(0, Ordering::Release);
+                }
+            }
             shard.sanitize();
             let window = shard.window();
             shard.abandoned().store(window.hi, Ordering::Release);

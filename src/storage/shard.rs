@@ -39,6 +39,7 @@ use super::geometry::Ring;
 use super::layout::ShardWord;
 use super::stamp::Claim;
 use crate::region::Block;
+use crate::shared::procs::ProcTable;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
 /// The occupancy word (`ShardWord::Occupancy`):
@@ -181,12 +182,21 @@ pub(crate) struct Shard {
     ///   inside.
     block: Block,
     ring: Ring,
+    /// A shared region's process table, to tell a dead freezer from a slow one.
+    procs: Option<ProcTable>,
 }
 
 impl Shard {
-    /// The shard of `ring` whose words are `block` (a shard block of the region).
-    pub(crate) fn new(ring: Ring, block: Block) -> Shard {
-        Shard { block, ring }
+    /// The shard of `ring` whose words are `block` (a shard block of the region), and
+    /// for a shared region, its process table.
+    pub(crate) fn new(ring: Ring, block: Block, procs: Option<ProcTable>) -> Shard {
+        Shard { block, ring, procs }
+    }
+
+    /// Word `w` of the shard's block.
+    #[inline]
+    pub(crate) fn word(&self, w: ShardWord) -> &AtomicU64 {
+        self.block.word(w as usize)
     }
 
     #[inline]
@@ -314,30 +324,83 @@ impl Shard {
         EditGuard { shard: self }
     }
 
-    /// Freezes the shard: waits for every appender and editor inside to leave, and
-    /// keeps new ones waiting until the guard drops. One freezer at a time (the
-    /// storage's freeze orders them).
-    pub(crate) fn freeze(&self) -> FreezeGuard<'_> {
-        let before = self.occupancy().fetch_or(FROZEN, Ordering::AcqRel);
-        assert!(
-            before & FROZEN == 0,
-            "replaybuf internal error: a shard frozen twice"
-        );
-        let mut backoff = Backoff::new();
-        while self.occupancy().load(Ordering::Acquire) & !FROZEN != 0 {
-            backoff.snooze();
+    /// Takes back every appender unit of the occupancy word (a dead lease holder's:
+    /// only its threads appended here), keeping the editors' and the freeze bit.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
+    pub(crate) fn clear_appenders(&self) {
+        let occupancy = self.occupancy();
+        let mut cur = occupancy.load(Ordering::Acquire);
+        loop {
+            let kept = cur & (EDITORS_MASK | FROZEN);
+            match occupancy.compare_exchange(cur, kept, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
         }
+    }
+
+    /// Starts a freeze by `holder` (this process's holder word in a shared region, 1
+    /// elsewhere): takes the shard's freezer word, then sets the `FROZEN` bit. Freezers
+    /// take turns through the freezer word, across processes; one that died holding it
+    /// is passed over. Then [`Shard::drained`] tells when everybody inside has left.
+    pub(crate) fn begin_freeze(&self, holder: u64) -> FreezeGuard<'_> {
+        let freezer = self.word(ShardWord::Freezer);
+        let mut backoff = Backoff::new();
+        loop {
+            match freezer.compare_exchange(0, holder, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(other) if self.is_dead(other) => {
+                    // Its freeze goes on under the new holder (the bit stays set).
+                    if freezer
+                        .compare_exchange(other, holder, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+                Err(_) => backoff.snooze(),
+            }
+        }
+        self.occupancy().fetch_or(FROZEN, Ordering::AcqRel);
         FreezeGuard { shard: self }
     }
 
-    /// Waits until no freeze holds the shard.
+    /// Whether nobody is inside the shard but its freezer.
+    pub(crate) fn drained(&self) -> bool {
+        self.occupancy().load(Ordering::Acquire) & !FROZEN == 0
+    }
+
+    /// Whether `holder` names a process that is gone (never, outside shared mode).
+    fn is_dead(&self, holder: u64) -> bool {
+        self.procs.as_ref().is_some_and(|t| !t.alive(holder))
+    }
+
+    /// Waits until no freeze holds the shard. In a shared region, a freeze whose
+    /// process died is lifted.
     fn wait_thawed(&self) {
         let mut backoff = Backoff::new();
+        let mut waits = 0u32;
         while self.occupancy().load(Ordering::Acquire) & FROZEN != 0 {
             backoff.snooze();
+            waits += 1;
+            if waits.is_multiple_of(DEAD_FREEZER_CHECK_WAITS) {
+                let freezer = self.word(ShardWord::Freezer);
+                let holder = freezer.load(Ordering::Acquire);
+                if holder != 0
+                    && self.is_dead(holder)
+                    && freezer
+                        .compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.occupancy().fetch_and(!FROZEN, Ordering::Release);
+                }
+            }
         }
     }
 }
+
+/// Waits on a frozen shard between checks that its freezer still lives.
+const DEAD_FREEZER_CHECK_WAITS: u32 = 4096;
 
 /// A freezer's hold on a shard; thawing is dropping it.
 pub(crate) struct FreezeGuard<'a> {
@@ -349,6 +412,9 @@ impl Drop for FreezeGuard<'_> {
         // SYNC POINT: pairs with the Acquire loads of waiting appenders and editors:
         // whatever the freezer wrote happens before their writes.
         self.shard.occupancy().fetch_and(!FROZEN, Ordering::Release);
+        self.shard
+            .word(ShardWord::Freezer)
+            .store(0, Ordering::Release);
     }
 }
 

@@ -1,0 +1,93 @@
+//! This process's membership of a shared region: its process-table entry and the
+//! shards it holds the writer lease of, given back when the process's last handle of
+//! the buffer drops (a process that dies gives nothing back: others find it dead).
+
+use super::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
+use crate::storage::layout::ShardWord;
+use crate::storage::Storage;
+use crate::sync::Mutex;
+
+/// This process in a shared region.
+#[derive(Debug)]
+pub(crate) struct Member {
+    table: ProcTable,
+    me: Holder,
+    /// Shards this process holds the lease of, in the order it took them.
+    leases: Mutex<Vec<usize>>,
+    /// The shared-memory object to unlink when this member goes (its creator's).
+    unlink: Option<String>,
+}
+
+impl Member {
+    /// Joins the region's process table; `None` if every entry is held by a live
+    /// process. The creator's member unlinks `object` when it goes.
+    pub(crate) fn join(table: ProcTable, unlink: Option<String>) -> Option<Member> {
+        let me = table.register()?;
+        Some(Member {
+            table,
+            me,
+            leases: Mutex::new(Vec::new()),
+            unlink,
+        })
+    }
+
+    pub(crate) fn table(&self) -> &ProcTable {
+        &self.table
+    }
+
+    pub(crate) fn holder(&self) -> Holder {
+        self.me
+    }
+
+    /// A shard for a writer of this process: one whose lease this process takes now
+    /// (a free one, or one a dead process held, which is recovered first), or, with
+    /// none left, one it already holds. Leases are taken in turn from `start`.
+    pub(crate) fn lease(&self, storage: &Storage, start: usize) -> Result<usize, NoShard> {
+        let mut held = self.leases.lock();
+        let shards = storage.shards();
+        for i in 0..shards.len() {
+            let k = (start + i) % shards.len();
+            if held.contains(&k) {
+                continue;
+            }
+            let word = shards[k].word(ShardWord::Lease);
+            match take_lease(&self.table, word, self.me) {
+                Some(Leased::Free) => {}
+                Some(Leased::FromDead) => storage.recover_shard(k),
+                None => continue,
+            }
+            held.push(k);
+            return Ok(k);
+        }
+        match held.len() {
+            0 => Err(NoShard),
+            n => Ok(held[start % n]),
+        }
+    }
+
+    /// A shard this process holds, taking one if it holds none (the shard of
+    /// buffer-level extends).
+    pub(crate) fn any_lease(&self, storage: &Storage) -> Result<usize, NoShard> {
+        if let Some(&k) = self.leases.lock().first() {
+            return Ok(k);
+        }
+        self.lease(storage, std::process::id() as usize)
+    }
+
+    /// Gives every lease back, to let a dead process's shards be recovered by others
+    /// or to leave.
+    fn release_all(&self, storage: &Storage) {
+        for k in self.leases.lock().drain(..) {
+            release_lease(storage.shards()[k].word(ShardWord::Lease), self.me);
+        }
+    }
+
+    /// Leaves the region: leases, entry, and for its creator, the name.
+    pub(crate) fn leave(&self, storage: &Storage) {
+        self.release_all(storage);
+        self.table.deregister(self.me);
+        if let Some(object) = &self.unlink {
+            let _ = crate::region::shared::unlink(object);
+        }
+    }
+}

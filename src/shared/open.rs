@@ -1,0 +1,186 @@
+//! Creating a shared region, and attaching to one.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::dir::{DirKind, DirMeta};
+use crate::checkpoint::error::{Kind, PersistError};
+use crate::checkpoint::memmap::header_error;
+use crate::checkpoint::meta::Config;
+use crate::region::shared::object_name;
+use crate::region::Region;
+use crate::storage::layout::{self, HeaderProblem};
+use crate::storage::{Parts, Storage};
+use std::sync::Arc;
+
+/// How long an attach waits for a region whose creator is still laying it out.
+const READY_WAIT: Duration = Duration::from_secs(2);
+
+/// A shared storage, and whether this process created it.
+pub(crate) struct Opened {
+    pub(crate) storage: Storage,
+    pub(crate) fresh: bool,
+    pub(crate) config: Config,
+}
+
+/// The path shown in errors about region `name`.
+pub(crate) fn shown(name: &str) -> std::path::PathBuf {
+    Path::new("/dev/shm").join(format!("{}{name}", crate::region::shared::PREFIX))
+}
+
+/// What to do about a region's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Create it; a region of that name already there is refused.
+    Create,
+    /// Create it, or attach to the one of that name.
+    CreateOrAttach,
+    /// Attach to the one of that name; none there is an error.
+    Attach,
+}
+
+/// Creates the shared region `name` for `config`, or attaches to it, as `mode` says
+/// (an attached region must hold a region of `config`'s layout).
+pub(crate) fn open(
+    name: &str,
+    config: &Config,
+    mode: Mode,
+    parts: impl Fn(usize) -> io::Result<Parts>,
+) -> Result<Opened, PersistError> {
+    let object =
+        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    let meta = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
+        .expect("a meta always serialises");
+    let laid_out = parts(meta.len()).map_err(|e| PersistError::io(shown(name), e))?;
+    let created = match mode {
+        Mode::Attach => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
+        Mode::Create | Mode::CreateOrAttach => {
+            Region::create_shared(&object, laid_out.layout.words)
+        }
+    };
+    match created {
+        Ok(region) => {
+            layout::write_header(
+                region.words(),
+                &laid_out.layout,
+                config.layout_hash(),
+                &meta,
+            );
+            Ok(Opened {
+                storage: laid_out.into_storage(Arc::new(region)),
+                fresh: true,
+                config: config.clone(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            if mode == Mode::Create {
+                return Err(PersistError::new(shown(name), Kind::Exists));
+            }
+            let (region, found) = attach_region(name, &object)?;
+            if let Some(what) = config.layout_difference(&found) {
+                return Err(PersistError::new(shown(name), Kind::Mismatch(what)));
+            }
+            let parts = parts(meta.len()).map_err(|e| PersistError::io(shown(name), e))?;
+            finish(name, region, parts, found)
+        }
+        Err(e) => Err(PersistError::io(shown(name), e)),
+    }
+}
+
+/// The configuration the shared region `name` records.
+pub(crate) fn read_config(name: &str) -> Result<Config, PersistError> {
+    let object =
+        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    attach_region(name, &object).map(|(_, config)| config)
+}
+
+/// Maps region `object`, waits for it to be ready, and reads its configuration.
+fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistError> {
+    let started = Instant::now();
+    let region = loop {
+        let region = match Region::open_shared(object) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(PersistError::new(shown(name), Kind::Missing))
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(PersistError::new(shown(name), Kind::Corrupt(e.to_string())))
+            }
+            Err(e) => return Err(PersistError::io(shown(name), e)),
+        };
+        match layout::read_header(region.words()) {
+            // Its creator is still sizing it or laying it out: a new region reads
+            // as zeroes until its header is written, and is ready last.
+            Err(HeaderProblem::NotReady)
+            | Err(HeaderProblem::TooShort { .. })
+            | Err(HeaderProblem::Magic { found: 0 }) => {
+                if started.elapsed() >= READY_WAIT {
+                    return Err(header_error(&shown(name), HeaderProblem::NotReady));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(p) => return Err(header_error(&shown(name), p)),
+            Ok(_) => break region,
+        }
+    };
+    let info = layout::read_header(region.words()).map_err(|p| header_error(&shown(name), p))?;
+    let meta = DirMeta::parse(&shown(name), &info.meta)?;
+    if meta.layout_hash != info.layout_hash {
+        return Err(PersistError::new(
+            shown(name),
+            Kind::Corrupt("its header's layout hash is not its meta's".to_owned()),
+        ));
+    }
+    Ok((region, meta.config))
+}
+
+/// The storage over an attached region, checked against the layout `parts` expects.
+fn finish(
+    name: &str,
+    region: Region,
+    parts: Parts,
+    config: Config,
+) -> Result<Opened, PersistError> {
+    if region.words().len() != parts.layout.words {
+        return Err(PersistError::new(
+            shown(name),
+            Kind::Length {
+                expected: parts.layout.words as u64 * 8,
+                found: region.words().len() as u64 * 8,
+            },
+        ));
+    }
+    Ok(Opened {
+        storage: parts.into_storage(Arc::new(region)),
+        fresh: false,
+        config,
+    })
+}
+
+impl crate::buffer::ReplayBuffer {
+    /// Attaches to the shared region `name` that another process created with
+    /// [`ReplayBufferBuilder::shared`](crate::ReplayBufferBuilder::shared), with the
+    /// configuration the region records (its seed included). Refused, with an error
+    /// that says why, if there is no such region, if it is of another format version,
+    /// or if its creator has not finished laying it out (after waiting two seconds
+    /// for it).
+    pub fn attach(name: &str) -> Result<crate::buffer::ReplayBuffer, PersistError> {
+        let config = read_config(name)?;
+        let refused = |why: String| {
+            PersistError::new(
+                shown(name),
+                Kind::Corrupt(format!("its configuration: {why}")),
+            )
+        };
+        let mut builder = config
+            .builder()
+            .map_err(|e| refused(format!("{e:?}")))?
+            .shared(name);
+        builder.attach_only = true;
+        builder.build().map_err(|e| match e.into_persist() {
+            Ok(p) => p,
+            Err(e) => refused(e.to_string()),
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! Finding and removing shared regions: `replaybuf shm list` and `replaybuf shm remove`.
+
+use std::sync::Arc;
+
+use super::open::shown;
+use super::procs::ProcTable;
+use crate::checkpoint::error::{Kind, PersistError};
+use crate::region::shared::{self, object_name};
+use crate::region::{Block, Region};
+use crate::storage::layout::{self, PROC_WORDS};
+
+/// One shared region on this machine, as [`list`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Its name (what `shared(name)` and `attach(name)` take).
+    pub name: String,
+    /// Bytes it maps.
+    pub bytes: u64,
+    /// The pid of the process that created it, if its header says.
+    pub creator: Option<u64>,
+    /// Pids of the live processes attached to it.
+    pub live: Vec<u32>,
+    /// Process-table entries of processes that are gone.
+    pub dead: usize,
+    /// Why it is not a usable region, if it is not (its creator died while laying it
+    /// out, another format version, ...).
+    pub problem: Option<String>,
+}
+
+impl RegionInfo {
+    /// Whether no live process uses it: left behind by crashed processes, safe to
+    /// remove.
+    pub fn is_stale(&self) -> bool {
+        // A region still being laid out has no process yet, but a live creator.
+        let being_made = self.problem.is_some()
+            && self
+                .creator
+                .is_some_and(|pid| super::procs::runs(pid as u32));
+        self.live.is_empty() && !being_made
+    }
+}
+
+/// Every shared region of this crate on this machine (Linux: under `/dev/shm`).
+pub fn list() -> Vec<RegionInfo> {
+    shared::list().into_iter().map(|name| info(&name)).collect()
+}
+
+fn info(name: &str) -> RegionInfo {
+    let mut found = RegionInfo {
+        name: name.to_owned(),
+        bytes: 0,
+        creator: None,
+        live: Vec::new(),
+        dead: 0,
+        problem: None,
+    };
+    let region = match object_name(name).map(|o| Region::open_shared(&o)) {
+        Ok(Ok(r)) => Arc::new(r),
+        Ok(Err(e)) => {
+            found.problem = Some(e.to_string());
+            return found;
+        }
+        Err(why) => {
+            found.problem = Some(why.to_owned());
+            return found;
+        }
+    };
+    found.bytes = region.reserved_bytes() as u64;
+    found.creator =
+        Some(layout::header(region.words(), layout::Header::CreatorPid)).filter(|&p| p != 0);
+    match layout::read_header(region.words()) {
+        Err(p) => found.problem = Some(p.to_string()),
+        Ok(h) => {
+            let (at, n) = (h.procs.0 as usize, h.procs.1 as usize);
+            let fits = n
+                .checked_mul(PROC_WORDS)
+                .and_then(|w| w.checked_add(at))
+                .is_some_and(|end| end <= region.words().len());
+            if n == 0 || !fits {
+                found.problem = Some("no process table (not a shared buffer)".to_owned());
+                return found;
+            }
+            let table = ProcTable::new(Block::new(&region, at, n * PROC_WORDS));
+            found.live = table.live();
+            found.dead = table.dead();
+        }
+    }
+    found
+}
+
+/// Removes the shared region `name`: its name goes at once; processes that have it
+/// mapped keep using it until they let go.
+pub fn remove(name: &str) -> Result<(), PersistError> {
+    let object =
+        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    match shared::unlink(&object) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(PersistError::new(shown(name), Kind::Missing))
+        }
+        Err(e) => Err(PersistError::io(shown(name), e)),
+    }
+}

@@ -1,0 +1,373 @@
+//! Shared mode: one buffer in named shared memory, written and read by several real
+//! processes (this test binary running itself as the children: `shared_child` does
+//! nothing unless `REPLAYBUF_SHM_ROLE` is set).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replaybuf::{DType, DataError, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
+
+/// Rows carry their own proof: `id`, and `check` = three values derived from it.
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("writer", DType::U64, [])
+        .field("check", DType::F64, [3])
+        .build()
+        .unwrap()
+}
+
+fn check_of(id: u64) -> [f64; 3] {
+    [id as f64, -(id as f64), (id % 97) as f64 + 0.5]
+}
+
+/// A unique region name for this test run.
+fn name(test: &str) -> String {
+    format!("test-{test}-{}", std::process::id())
+}
+
+fn builder(name: &str, shards: usize) -> ReplayBufferBuilder {
+    ReplayBuffer::builder(spec())
+        .capacity(1 << 16)
+        .shards(shards)
+        .sampler(Prioritized::new(0.6, 0.4))
+        .seed(3)
+        .shared(name)
+}
+
+/// A chunk of rows `first..first + n` of writer `w`.
+fn chunk(rb: &ReplayBuffer, w: u64, first: u64, n: usize) -> replaybuf::Batch {
+    let mut b = rb.batch([n]);
+    let ids: Vec<u64> = (first..first + n as u64).collect();
+    b.set("id", &ids).unwrap();
+    b.set("writer", &vec![w; n]).unwrap();
+    let check: Vec<f64> = ids.iter().flat_map(|&i| check_of(i)).collect();
+    b.set("check", &check).unwrap();
+    b
+}
+
+/// Checks every row of `batch` is whole; returns (writer, id) pairs.
+fn whole(batch: &replaybuf::Batch) -> Vec<(u64, u64)> {
+    let (ids, w, check) = (
+        batch.column::<u64>("id").unwrap(),
+        batch.column::<u64>("writer").unwrap(),
+        batch.column::<f64>("check").unwrap(),
+    );
+    for (k, &id) in ids.iter().enumerate() {
+        assert_eq!(&check[3 * k..3 * k + 3], &check_of(id), "row {id} is torn");
+    }
+    w.iter().copied().zip(ids.iter().copied()).collect()
+}
+
+const CHUNK: usize = 100;
+
+/// The child: attaches to the region named by `REPLAYBUF_SHM_NAME` and plays its role.
+#[test]
+fn shared_child() {
+    let Ok(role) = std::env::var("REPLAYBUF_SHM_ROLE") else {
+        return;
+    };
+    let name = std::env::var("REPLAYBUF_SHM_NAME").unwrap();
+    let w: u64 = std::env::var("REPLAYBUF_SHM_WRITER")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rb = match ReplayBuffer::attach(&name) {
+        Ok(rb) => rb,
+        Err(e) => {
+            println!("attach refused: {e}");
+            std::process::exit(4);
+        }
+    };
+    let writer = || rb.writer();
+    match role.as_str() {
+        // Writes `chunks` chunks of ids w * 1e6.., then says so.
+        "writer" => {
+            let writer = writer();
+            let chunks: u64 = std::env::var("REPLAYBUF_SHM_CHUNKS")
+                .unwrap()
+                .parse()
+                .unwrap();
+            for c in 0..chunks {
+                writer
+                    .extend(&chunk(&rb, w, w * 1_000_000 + c * CHUNK as u64, CHUNK))
+                    .unwrap();
+            }
+            println!("done {}", writer.shard());
+        }
+        // Writes forever, saying after each chunk how far it got.
+        "forever" => {
+            let writer = writer();
+            println!("shard {}", writer.shard());
+            for c in 0.. {
+                writer
+                    .extend(&chunk(&rb, w, w * 1_000_000 + c * CHUNK as u64, CHUNK))
+                    .unwrap();
+                println!("wrote {c}");
+            }
+        }
+        // Asks for a writer handle, and says why there is none.
+        "try-writer" => match rb.try_writer() {
+            Ok(w) => println!("writer on shard {}", w.shard()),
+            Err(e) => {
+                println!("refused: {e}");
+                std::process::exit(3);
+            }
+        },
+        // Sets the priority of every row it can see to its id, then says so.
+        "updater" => {
+            let all = rb.read_all_in_order(None);
+            let p: Vec<f64> = all
+                .column::<u64>("id")
+                .unwrap()
+                .iter()
+                .map(|&i| i as f64)
+                .collect();
+            rb.update_priority(all.index(), all.generations(), &p)
+                .unwrap();
+            println!("updated {}", all.len());
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn spawn(name: &str, role: &str, writer: u64, chunks: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "shared_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("REPLAYBUF_SHM_ROLE", role)
+        .env("REPLAYBUF_SHM_NAME", name)
+        .env("REPLAYBUF_SHM_WRITER", writer.to_string())
+        .env("REPLAYBUF_SHM_CHUNKS", chunks.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// The child's output lines (the harness prints `test shared_child ... ` first).
+fn lines(child: &mut Child) -> impl Iterator<Item = String> {
+    BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+}
+
+#[test]
+fn three_writer_processes_and_a_sampling_parent_lose_nothing() {
+    let name = name("three");
+    let rb = builder(&name, 4).build().unwrap();
+    let chunks = 40u64;
+    let mut children: Vec<Child> = (1..=3).map(|w| spawn(&name, "writer", w, chunks)).collect();
+    // Sample while they write: every row whole.
+    let mut learner = rb.learner();
+    let mut sampled = 0;
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if let Ok(b) = learner.sample(64) {
+            whole(&b);
+            let p = vec![1.0; b.len()];
+            rb.update_priority(b.index(), b.generations(), &p).unwrap();
+            sampled += 1;
+        }
+    }
+    let mut shards = BTreeSet::new();
+    for mut c in children {
+        let said: Vec<String> = lines(&mut c).collect();
+        assert!(c.wait().unwrap().success());
+        let done = said.iter().find_map(|l| l.split("done ").nth(1)).unwrap();
+        shards.insert(done.trim().to_owned());
+    }
+    assert_eq!(
+        shards.len(),
+        3,
+        "each writer process leased a shard of its own"
+    );
+    // Every row written is there, whole, exactly once.
+    let all = rb.read_all_in_order(None);
+    let mut got: Vec<(u64, u64)> = whole(&all);
+    got.sort_unstable();
+    let want: Vec<(u64, u64)> = (1..=3)
+        .flat_map(|w| (0..chunks * CHUNK as u64).map(move |i| (w, w * 1_000_000 + i)))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(rb.write_count(), 3 * chunks * CHUNK as u64);
+    assert!(sampled > 0);
+    assert!(replaybuf::internals::priorities_consistent(&rb));
+}
+
+#[test]
+fn a_killed_writer_loses_only_its_unpublished_rows_and_its_shard_is_taken_over() {
+    let name = name("killed");
+    let rb = builder(&name, 2).capacity(4000).build().unwrap();
+    let mut child = spawn(&name, "forever", 7, 0);
+    let mut out = lines(&mut child);
+    let shard: usize = loop {
+        let l = out.next().unwrap();
+        if let Some(s) = l.split("shard ").nth(1) {
+            break s.trim().parse().unwrap();
+        }
+    };
+    // Let it lap its ring a few times, then kill it mid-stream.
+    let mut wrote = 0;
+    while wrote < 50 {
+        if out.next().unwrap().contains("wrote") {
+            wrote += 1;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Readers skip whatever it left half written: every row they get is whole.
+    for _ in 0..200 {
+        whole(&rb.sample(64).unwrap());
+    }
+    let before = whole(&rb.read_all_in_order(None));
+    // This process's writers lease both shards: the dead one's is taken over and
+    // repaired; writing on goes on through all its slots, laps included.
+    let (a, b) = (rb.writer(), rb.writer());
+    assert!(a.shard() == shard || b.shard() == shard);
+    let mine = if a.shard() == shard { &a } else { &b };
+    for c in 0..60 {
+        mine.extend(&chunk(&rb, 1, 5_000_000 + c * CHUNK as u64, CHUNK))
+            .unwrap();
+    }
+    // The shard now holds only the new rows: 2000 of them, all whole.
+    let after = whole(&rb.read_all_in_order(None));
+    let new: Vec<u64> = after.iter().filter(|r| r.0 == 1).map(|r| r.1).collect();
+    assert_eq!(new.len(), 2000);
+    assert_eq!(*new.iter().min().unwrap(), 5_000_000 + 4000);
+    // Before the takeover, at most the chunk being written was lost: the dead
+    // writer's rows are consecutive ids up to where it stopped.
+    let mut dead: Vec<u64> = before.iter().filter(|r| r.0 == 7).map(|r| r.1).collect();
+    dead.sort_unstable();
+    let (lo, hi) = (dead[0], *dead.last().unwrap());
+    let missing = (hi - lo + 1) as usize - dead.len();
+    assert!(missing <= CHUNK, "{missing} rows of the dead writer lost");
+    for _ in 0..100 {
+        whole(&rb.sample(64).unwrap());
+    }
+}
+
+#[test]
+fn priorities_set_in_one_process_are_seen_in_another() {
+    let name = name("prio");
+    let rb = builder(&name, 1).build().unwrap();
+    rb.extend(&chunk(&rb, 0, 0, 500)).unwrap();
+    let mut c = spawn(&name, "updater", 0, 0);
+    let said: Vec<String> = lines(&mut c).collect();
+    assert!(c.wait().unwrap().success());
+    assert!(said.iter().any(|l| l.contains("updated 500")), "{said:?}");
+    for i in [0u64, 7, 499] {
+        let p = rb.priority(i).unwrap();
+        assert!((p - i as f64).abs() < 1e-6, "row {i}: {p}");
+    }
+    // Sampling follows them: row 0's mass is eps^alpha, next to nothing.
+    let b = rb.sample(512).unwrap();
+    assert!(b.index().iter().filter(|&&i| i == 0).count() < 3);
+}
+
+#[test]
+fn names_are_refused_when_taken_and_attached_with_existsok() {
+    let name = name("names");
+    let rb = builder(&name, 2).build().unwrap();
+    rb.extend(&chunk(&rb, 0, 0, 10)).unwrap();
+    let e = builder(&name, 2).build().unwrap_err();
+    assert!(e.to_string().contains("already holds a buffer"), "{e}");
+    let again = builder(&name, 2).existsok(true).build().unwrap();
+    assert_eq!(again.len(), 10);
+    // Another layout is refused, naming what differs.
+    let e = builder(&name, 4).existsok(true).build().unwrap_err();
+    assert!(e.to_string().contains("shards 4 vs 2"), "{e}");
+    // Attach reads the configuration from the region.
+    let attached = ReplayBuffer::attach(&name).unwrap();
+    assert_eq!((attached.capacity(), attached.shards()), (1 << 16, 2));
+    assert_eq!(whole(&attached.read_all_in_order(None)).len(), 10);
+    assert!(ReplayBuffer::attach("no-such-region-here")
+        .unwrap_err()
+        .is_missing());
+    assert!(builder("a/b", 1).build().is_err());
+}
+
+#[test]
+fn the_region_is_owner_only_listed_and_removed_with_its_creator() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = name("perm");
+    let path = format!("/dev/shm/replaybuf.{name}");
+    let rb = builder(&name, 1).build().unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let found = replaybuf::shared::list();
+    let me = found.iter().find(|r| r.name == name).unwrap();
+    assert_eq!(me.live, vec![std::process::id()]);
+    assert!(!me.is_stale());
+    drop(rb);
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the creator removes the name"
+    );
+}
+
+#[test]
+fn a_bad_region_is_refused_with_a_reason() {
+    // A region whose creator died before laying it out: its header never became ready.
+    let name = name("unready");
+    let path = format!("/dev/shm/replaybuf.{name}");
+    std::fs::write(&path, vec![0u8; 8192]).unwrap();
+    let t = Instant::now();
+    let e = ReplayBuffer::attach(&name).unwrap_err();
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "it waits for a slow creator"
+    );
+    assert!(e.to_string().contains("not finished"), "{e}");
+    let listed = replaybuf::shared::list();
+    assert!(listed.iter().find(|r| r.name == name).unwrap().is_stale());
+    replaybuf::shared::remove(&name).unwrap();
+    assert!(!std::path::Path::new(&path).exists());
+    // Another format version.
+    let name = name_v();
+    let rb = builder(&name, 1).build().unwrap();
+    let path = format!("/dev/shm/replaybuf.{name}");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8] = 99; // the version word
+    std::fs::write(&path, &bytes).unwrap();
+    let e = ReplayBuffer::attach(&name).unwrap_err();
+    assert!(e.is_version(), "{e}");
+    drop(rb);
+}
+
+fn name_v() -> String {
+    name("version")
+}
+
+#[test]
+fn no_free_shard_is_an_error_not_a_hang() {
+    let name = name("noshard");
+    let rb = builder(&name, 1).build().unwrap();
+    let w = rb.writer(); // this process holds the only shard
+    let out = spawn(&name, "try-writer", 9, 0).wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a second process has no shard to write"
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&DataError::NoFreeShard { shards: 1 }.to_string()),
+        "{said}"
+    );
+    // The lease is this process's until its buffer goes; then the other gets it.
+    drop(w);
+    drop(rb);
+    let out = spawn(&name, "try-writer", 9, 0).wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "the creator's drop removed the region"
+    );
+}
