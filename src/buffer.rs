@@ -950,25 +950,37 @@ impl Inner {
     }
 
     /// The rows at the drawn positions, as they are now.
+    ///
+    /// A read by position waits for a row being written: its writer is inside one
+    /// extend. If it waits long, the writer may be a process that died (shared mode):
+    /// the shards of dead lease holders are taken over and repaired, and rows such a
+    /// writer never published are left out.
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
-        let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
-        batch.reshape_for_sample(draws.len(), false);
-        let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
-        let parts = batch.parts_mut();
-        let mut dest = dest_for(self.storage.spec(), &identity, parts.columns);
-        // A read by position waits for the row's writer, which is inside one extend.
-        self.gather(
-            draws,
-            Want::AtLeast,
-            OnMiss::Retry,
-            &mut dest,
-            parts.generation,
-            parts.index,
-            None,
-        )
-        .expect("replaybuf internal error: a writer never finished its row");
-        drop(dest);
-        batch
+        let mut draws = std::borrow::Cow::Borrowed(draws);
+        loop {
+            let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
+            batch.reshape_for_sample(draws.len(), false);
+            let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
+            let parts = batch.parts_mut();
+            let mut dest = dest_for(self.storage.spec(), &identity, parts.columns);
+            let read = self.gather(
+                &draws,
+                Want::AtLeast,
+                OnMiss::RetryUpTo(POSITION_READ_PATIENCE),
+                &mut dest,
+                parts.generation,
+                parts.index,
+                None,
+            );
+            drop(dest);
+            if read.is_ok() {
+                return batch;
+            }
+            for k in 0..self.storage.shards().len() {
+                self.storage.reclaim_dead_lease(k);
+            }
+            draws.to_mut().retain(|&d| !self.storage.is_abandoned(d));
+        }
     }
 
     fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
@@ -1009,6 +1021,9 @@ impl Inner {
         Ok(())
     }
 }
+
+/// Misses of one row after which a read by position looks for dead writers.
+const POSITION_READ_PATIENCE: u32 = 1 << 14;
 
 /// Picks that fail in a row before a slice sample looks at the lanes afresh.
 const SLICE_REFRESH_AFTER: u32 = 64;

@@ -55,12 +55,80 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
         configs: Vec<(usize, usize)>,
     },
+    /// List or remove shared-memory regions (`shared` buffers), such as those a
+    /// crashed creator left behind.
+    Shm {
+        #[command(subcommand)]
+        action: ShmAction,
+    },
     /// Describe a checkpoint or file-backed storage directory: spec, sizes, fill,
     /// priorities, and whether every file's checksum holds (exit status 1 if not).
     Inspect {
         /// The directory.
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ShmAction {
+    /// Every region: size, creator, live and dead processes, and whether it is stale
+    /// (no live process uses it).
+    List,
+    /// Remove regions by name, or every stale one.
+    Remove {
+        /// The regions' names.
+        names: Vec<String>,
+        /// Every region no live process uses.
+        #[arg(long)]
+        stale: bool,
+    },
+}
+
+fn shm(action: ShmAction) {
+    match action {
+        ShmAction::List => {
+            let regions = replaybuf::shared::list();
+            if regions.is_empty() {
+                println!("no replaybuf shared regions");
+            }
+            for r in regions {
+                println!(
+                    "{:<32} {:>12} bytes  creator {:<8} live {:?}  dead {}{}{}",
+                    r.name,
+                    r.bytes,
+                    r.creator.map_or("?".to_owned(), |p| p.to_string()),
+                    r.live,
+                    r.dead,
+                    if r.is_stale() { "  STALE" } else { "" },
+                    r.problem.map_or(String::new(), |p| format!("  ({p})")),
+                );
+            }
+        }
+        ShmAction::Remove { names, stale } => {
+            let mut names = names;
+            if stale {
+                names.extend(
+                    replaybuf::shared::list()
+                        .into_iter()
+                        .filter(|r| r.is_stale())
+                        .map(|r| r.name),
+                );
+            }
+            let mut failed = false;
+            for name in names {
+                match replaybuf::shared::remove(&name) {
+                    Ok(()) => println!("removed {name}"),
+                    Err(e) => {
+                        eprintln!("replaybuf shm remove: {e}");
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                std::process::exit(1);
+            }
+        }
+    }
 }
 
 fn parse_config(s: &str) -> Result<(usize, usize), String> {
@@ -81,6 +149,7 @@ fn main() {
             capacity: cli.capacity,
             batch: cli.batch,
         }),
+        Some(Command::Shm { action }) => shm(action),
         Some(Command::Inspect { dir }) => match replaybuf::inspect(&dir) {
             Ok(found) => {
                 println!("{found}");

@@ -74,6 +74,13 @@ fn shared_child() {
         .unwrap()
         .parse()
         .unwrap();
+    if role == "creator" {
+        // Creates the region, says so, and waits to be killed.
+        let rb = builder(&name, 1).build().unwrap();
+        println!("created {}", rb.capacity());
+        std::thread::sleep(Duration::from_secs(600));
+        return;
+    }
     let rb = match ReplayBuffer::attach(&name) {
         Ok(rb) => rb,
         Err(e) => {
@@ -314,10 +321,14 @@ fn the_region_is_owner_only_listed_and_removed_with_its_creator() {
 
 #[test]
 fn a_bad_region_is_refused_with_a_reason() {
-    // A region whose creator died before laying it out: its header never became ready.
+    // A region whose creator is still laying it out (or died doing so): its header
+    // never became ready. Its creator (this process, by its header) runs, so it is
+    // not stale yet.
     let name = name("unready");
     let path = format!("/dev/shm/replaybuf.{name}");
-    std::fs::write(&path, vec![0u8; 8192]).unwrap();
+    let mut bytes = vec![0u8; 8192];
+    bytes[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
     let t = Instant::now();
     let e = ReplayBuffer::attach(&name).unwrap_err();
     assert!(
@@ -326,7 +337,8 @@ fn a_bad_region_is_refused_with_a_reason() {
     );
     assert!(e.to_string().contains("not finished"), "{e}");
     let listed = replaybuf::shared::list();
-    assert!(listed.iter().find(|r| r.name == name).unwrap().is_stale());
+    let found = listed.iter().find(|r| r.name == name).unwrap();
+    assert!(found.problem.is_some() && !found.is_stale(), "{found:?}");
     replaybuf::shared::remove(&name).unwrap();
     assert!(!std::path::Path::new(&path).exists());
     // Another format version.
@@ -370,4 +382,26 @@ fn no_free_shard_is_an_error_not_a_hang() {
         Some(4),
         "the creator's drop removed the region"
     );
+}
+
+#[test]
+fn a_crashed_creators_region_is_found_and_removed_by_the_command() {
+    let name = name("crashed");
+    let mut c = spawn(&name, "creator", 0, 0);
+    let mut out = lines(&mut c);
+    while !out.next().unwrap().contains("created") {}
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let exe = env!("CARGO_BIN_EXE_replaybuf");
+    let listed = Command::new(exe).args(["shm", "list"]).output().unwrap();
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let line = text.lines().find(|l| l.starts_with(&name)).expect("listed");
+    assert!(line.contains("STALE"), "{line}");
+    let removed = Command::new(exe)
+        .args(["shm", "remove", "--stale"])
+        .output()
+        .unwrap();
+    assert!(removed.status.success());
+    assert!(String::from_utf8_lossy(&removed.stdout).contains(&format!("removed {name}")));
+    assert!(!std::path::Path::new(&format!("/dev/shm/replaybuf.{name}")).exists());
 }

@@ -192,6 +192,9 @@ pub(crate) enum OnMiss<'a> {
     Redraw(&'a mut dyn FnMut(bool) -> Option<Draw>),
     /// Read the same position again until its row is whole (reads by position).
     Retry,
+    /// As `Retry`, giving up with [`SampleError::Starved`] after this many misses of
+    /// one row (a read by position that may meet a dead process's row).
+    RetryUpTo(u32),
 }
 
 /// The uniform redraw: a fresh pick among the live rows of `windows`, reloaded from
@@ -234,7 +237,11 @@ pub(crate) fn read_draws(
                 Err(miss) => miss,
             };
             misses += 1;
-            if misses >= MAX_ATTEMPTS_PER_ROW {
+            let limit = match on_miss {
+                OnMiss::RetryUpTo(n) => n,
+                _ => MAX_ATTEMPTS_PER_ROW,
+            };
+            if misses >= limit {
                 return Err(SampleError::Starved { attempts: misses });
             }
             match (&mut on_miss, miss) {
@@ -247,8 +254,8 @@ pub(crate) fn read_draws(
                 }
                 // A torn copy retries at once; a row being written is waited for: its
                 // writer is inside one extend.
-                (OnMiss::Retry, Miss::Torn) => {}
-                (OnMiss::Retry, _) => backoff.snooze(),
+                (OnMiss::Retry | OnMiss::RetryUpTo(_), Miss::Torn) => {}
+                (OnMiss::Retry | OnMiss::RetryUpTo(_), _) => backoff.snooze(),
             }
         }
     }

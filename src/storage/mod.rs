@@ -562,26 +562,31 @@ impl Storage {
         }
     }
 
+    /// Whether the drawn row was claimed by a writer that died before publishing it.
+    pub(crate) fn is_abandoned(&self, d: Draw) -> bool {
+        let shard = &self.shards[d.shard as usize];
+        if d.seq >= shard.abandoned().load(Ordering::Acquire) {
+            return false;
+        }
+        let ring = shard.ring();
+        let stamp = self.stamp_at(ring.slot(d.seq % ring.steps, u64::from(d.lane)));
+        // A newer row there (a lap after) is a row too: a read by position takes it.
+        !(stamp.is_published() && lap_cmp(stamp.lap(), (d.seq / ring.steps) as u32) != Cmp::Less)
+    }
+
     /// The row currently at storage `index`, as a draw, or `None` if the position is
     /// out of range or holds no live row (never written, emptied, or claimed by a
     /// writer that died before publishing it).
     pub(crate) fn draw_at(&self, index: u64) -> Option<Draw> {
         let (k, pos, lane) = self.geometry.locate(index)?;
-        let shard = &self.shards[k as usize];
-        let seq = shard.seq_at(pos)?;
-        if seq < shard.abandoned().load(Ordering::Acquire) {
-            let ring = shard.ring();
-            let stamp = self.stamp_at(ring.slot(pos, lane));
-            if !(stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32) {
-                return None;
-            }
-        }
-        Some(Draw {
+        let seq = self.shards[k as usize].seq_at(pos)?;
+        let d = Draw {
             shard: k as u32,
             lane: lane as u32,
             seq,
             ..Draw::default()
-        })
+        };
+        (!self.is_abandoned(d)).then_some(d)
     }
 
     /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
