@@ -42,7 +42,7 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only this workload.
-        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "concurrent", "concurrent-prioritized", "persist"])]
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "concurrent", "concurrent-prioritized", "concurrent-shared", "persist"])]
         workload: Option<String>,
         /// Where the persist workload writes its files (default: the temporary
         /// directory). It runs only when named: `--workload persist`.
@@ -54,6 +54,14 @@ enum Command {
         /// Concurrent configurations as WRITERSxLEARNERS (e.g. 1x1,8x8).
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
         configs: Vec<(usize, usize)>,
+    },
+    /// A collector process of `bench --workload concurrent-shared` (internal).
+    #[command(hide = true)]
+    BenchCollector {
+        name: String,
+        seconds: f64,
+        #[arg(long)]
+        quick: bool,
     },
     /// List or remove shared-memory regions (`shared` buffers), such as those a
     /// crashed creator left behind.
@@ -150,6 +158,11 @@ fn main() {
             batch: cli.batch,
         }),
         Some(Command::Shm { action }) => shm(action),
+        Some(Command::BenchCollector {
+            name,
+            seconds,
+            quick,
+        }) => cli::shared_bench::collector(&name, seconds, quick),
         Some(Command::Inspect { dir }) => match replaybuf::inspect(&dir) {
             Ok(found) => {
                 println!("{found}");

@@ -77,6 +77,9 @@ pub fn run(args: &BenchArgs) {
     if args.workload.as_deref() == Some("persist") {
         super::persist::run(args.quick, args.scratch.as_deref());
     }
+    if args.workload.as_deref() == Some("concurrent-shared") {
+        super::shared_bench::run(args, Workload::mujoco(args.quick));
+    }
     if wants("concurrent") {
         concurrent(args, Workload::mujoco(args.quick), "concurrent");
     }
@@ -90,13 +93,13 @@ pub fn run(args: &BenchArgs) {
 }
 
 /// Fresh priorities in [0.1, 1.1), as the peers' sample+update uses.
-struct FreshPriorities {
+pub(super) struct FreshPriorities {
     state: u64,
     values: Vec<f64>,
 }
 
 impl FreshPriorities {
-    fn new(n: usize, seed: u64) -> FreshPriorities {
+    pub(super) fn new(n: usize, seed: u64) -> FreshPriorities {
         FreshPriorities {
             state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             values: vec![0.0; n],
@@ -116,7 +119,7 @@ impl FreshPriorities {
 
 /// One learner step: a sample of `batch`'s rows, and for prioritized workloads an update
 /// of their priorities.
-fn learner_step(
+pub(super) fn learner_step(
     learner: &mut replaybuf::Learner,
     batch: &mut replaybuf::Batch,
     fresh: Option<&mut FreshPriorities>,
@@ -267,28 +270,47 @@ fn prefetch(w: Workload, samples: usize) {
 }
 
 /// One concurrent run's totals.
-struct Run {
-    rows_written: usize,
-    extends: usize,
-    rows_sampled: usize,
-    latencies_ns: Vec<u64>,
-    secs: f64,
+pub(super) struct Run {
+    pub(super) rows_written: usize,
+    pub(super) extends: usize,
+    pub(super) rows_sampled: usize,
+    pub(super) latencies_ns: Vec<u64>,
+    pub(super) secs: f64,
 }
 
-fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Run {
+/// One concurrent configuration with collector threads, on the heap, or in the shared
+/// region `shared`.
+pub(super) fn concurrent_run(
+    w: Workload,
+    writers: usize,
+    learners: usize,
+    secs: f64,
+    shared: Option<&str>,
+) -> Run {
     let shards = writers.max(1).next_power_of_two();
-    let rb = w
-        .builder(11)
-        .shards(shards)
-        .build()
-        .expect("concurrent buffer");
+    let builder = w.builder(11).shards(shards);
+    let rb = match shared {
+        Some(name) => builder.shared(name),
+        None => builder,
+    }
+    .build()
+    .expect("concurrent buffer");
+    // The writer handles first: in a shared region each leases its own shard, which
+    // the fill below then reuses.
+    let handles: Vec<_> = (0..writers).map(|_| rb.writer()).collect();
     let chunk = w.chunk_data(&rb, w.chunk, 2);
     // WORKLOADS.md asks for at least 100,000 rows; every configuration starts full, so
     // that a learner alone and a learner beside collectors sample the same working set
     // (a 100,000-row buffer left alone stays warm in cache; beside a collector it
     // grows to a cold 1,000,000 rows within milliseconds).
+    let mut turn = 0;
     while rb.len() < rb.capacity() {
-        rb.extend(&chunk).expect("extend");
+        match handles.get(turn % handles.len().max(1)) {
+            Some(h) => h.extend(&chunk).map(|_| ()),
+            None => rb.extend(&chunk).map(|_| ()),
+        }
+        .expect("extend");
+        turn += 1;
     }
     let stop = AtomicBool::new(false);
     let duration = Duration::from_secs_f64(secs);
@@ -296,9 +318,9 @@ fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Ru
     let mut latencies_ns = Vec::new();
     let started = Instant::now();
     std::thread::scope(|s| {
-        let collectors: Vec<_> = (0..writers)
-            .map(|_| {
-                let writer = rb.writer();
+        let collectors: Vec<_> = handles
+            .into_iter()
+            .map(|writer| {
                 let (chunk, stop) = (&chunk, &stop);
                 s.spawn(move || {
                     let mut n = 0usize;
@@ -351,9 +373,10 @@ fn concurrent_run(w: Workload, writers: usize, learners: usize, secs: f64) -> Ru
     }
 }
 
-fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
+/// The (writers, learners) configurations to run.
+pub(super) fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let configs = if args.configs.is_empty() {
+    if args.configs.is_empty() {
         let mut c = vec![(1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2)];
         if cores >= 8 {
             c.extend([(4, 4), (8, 8)]);
@@ -361,37 +384,46 @@ fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
         c
     } else {
         args.configs.clone()
-    };
-    for (writers, learners) in configs {
-        let mut run = concurrent_run(w, writers, learners, args.seconds);
-        let tags = json!({"writers": writers, "learners": learners, "cores": cores});
-        if writers > 0 {
-            let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
-            let mut extra = tags.clone();
-            extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
-            emit(name, "extend", per_op, w.chunk, extra);
-        }
-        if learners > 0 {
-            run.latencies_ns.sort_unstable();
-            let pct = |p: f64| {
-                let i = ((run.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
-                run.latencies_ns
-                    .get(i)
-                    .map_or(0.0, |&ns| ns as f64 / 1000.0)
-            };
-            let mean = run.latencies_ns.iter().sum::<u64>() as f64
-                / run.latencies_ns.len().max(1) as f64
-                / 1e9;
-            let mut extra = tags;
-            extra["items_per_s"] = json!((run.rows_sampled as f64 / run.secs).round() as u64);
-            extra["p50_us"] = json!((pct(0.50) * 100.0).round() / 100.0);
-            extra["p99_us"] = json!((pct(0.99) * 100.0).round() / 100.0);
-            let op = if w.prioritized() {
-                "sample+update"
-            } else {
-                "sample"
-            };
-            emit(name, op, mean, w.batch, extra);
-        }
+    }
+}
+
+fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
+    for (writers, learners) in configs(args) {
+        let run = concurrent_run(w, writers, learners, args.seconds, None);
+        report(name, w, writers, learners, run);
+    }
+}
+
+/// The JSON lines of one concurrent run.
+pub(super) fn report(name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let tags = json!({"writers": writers, "learners": learners, "cores": cores});
+    if writers > 0 {
+        let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
+        let mut extra = tags.clone();
+        extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
+        emit(name, "extend", per_op, w.chunk, extra);
+    }
+    if learners > 0 {
+        run.latencies_ns.sort_unstable();
+        let pct = |p: f64| {
+            let i = ((run.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
+            run.latencies_ns
+                .get(i)
+                .map_or(0.0, |&ns| ns as f64 / 1000.0)
+        };
+        let mean = run.latencies_ns.iter().sum::<u64>() as f64
+            / run.latencies_ns.len().max(1) as f64
+            / 1e9;
+        let mut extra = tags;
+        extra["items_per_s"] = json!((run.rows_sampled as f64 / run.secs).round() as u64);
+        extra["p50_us"] = json!((pct(0.50) * 100.0).round() / 100.0);
+        extra["p99_us"] = json!((pct(0.99) * 100.0).round() / 100.0);
+        let op = if w.prioritized() {
+            "sample+update"
+        } else {
+            "sample"
+        };
+        emit(name, op, mean, w.batch, extra);
     }
 }

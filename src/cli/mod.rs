@@ -3,5 +3,6 @@
 pub mod bench;
 pub mod demo;
 pub mod persist;
+pub mod shared_bench;
 pub mod sim;
 pub mod workloads;

@@ -75,6 +75,10 @@ impl Region {
         let map = memmap2::MmapOptions::new()
             .len(super::bytes_of(len)?)
             .map_raw(&file)?;
+        // As for the heap: huge pages where the kernel gives them to shared memory
+        // (`shmem_enabled` of `advise` or `always`); best effort.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Region::mapped(
             map,
             len,

@@ -5,7 +5,7 @@
 use super::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
 use crate::storage::layout::ShardWord;
 use crate::storage::Storage;
-use crate::sync::Mutex;
+use crate::sync::{Mutex, Ordering};
 
 /// This process in a shared region.
 #[derive(Debug)]
@@ -39,25 +39,28 @@ impl Member {
         self.me
     }
 
-    /// A shard for a writer of this process: one whose lease this process takes now
-    /// (a free one, or one a dead process held, which is recovered first), or, with
-    /// none left, one it already holds. Leases are taken in turn from `start`.
+    /// A shard for a writer of this process: one whose lease this process takes now,
+    /// or, with none left, one it already holds. Shards a dead process held come
+    /// first (taken over and recovered, so that its ring is written on), then free
+    /// ones, looked for in turn from `start`.
     pub(crate) fn lease(&self, storage: &Storage, start: usize) -> Result<usize, NoShard> {
         let mut held = self.leases.lock();
         let shards = storage.shards();
-        for i in 0..shards.len() {
-            let k = (start + i) % shards.len();
-            if held.contains(&k) {
-                continue;
+        for from_dead in [true, false] {
+            for i in 0..shards.len() {
+                let k = (start + i) % shards.len();
+                let word = shards[k].word(ShardWord::Lease);
+                if held.contains(&k) || (from_dead && word.load(Ordering::Acquire) == 0) {
+                    continue;
+                }
+                match take_lease(&self.table, word, self.me) {
+                    Some(Leased::Free) => {}
+                    Some(Leased::FromDead) => storage.recover_shard(k),
+                    None => continue,
+                }
+                held.push(k);
+                return Ok(k);
             }
-            let word = shards[k].word(ShardWord::Lease);
-            match take_lease(&self.table, word, self.me) {
-                Some(Leased::Free) => {}
-                Some(Leased::FromDead) => storage.recover_shard(k),
-                None => continue,
-            }
-            held.push(k);
-            return Ok(k);
         }
         match held.len() {
             0 => Err(NoShard),
