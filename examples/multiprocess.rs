@@ -62,7 +62,7 @@ fn collector(name: &str, id: u32) {
     );
     let mut chunk = rb.batch([CHUNK]);
     let (mut theta, mut omega, mut t) = (0.5f32, 0.0f32, 0u64);
-    let mut noise = u64::from(id) * 0x9e37_79b9_7f4a_7c15 | 1;
+    let mut noise = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     loop {
         let (mut obs, mut action, mut reward, mut next, mut done, mut check) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
