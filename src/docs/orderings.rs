@@ -17,8 +17,9 @@
 //! | learner (prioritized) | sum entries and leaves (read), the min root (read) | `Relaxed` loads |
 //!
 //! Nobody ever takes a lock on the path between collectors and learners. The only
-//! locks in the crate are the without-replacement epoch turnover (learners only, once
-//! per epoch) and nothing else.
+//! locks in the crate are cold: the without-replacement epoch turnover (learners only,
+//! once per epoch), the max-value writer's placements, the prefetch handoff, and the
+//! freeze a checkpoint takes (which holds writers, never readers).
 //!
 //! ## 1. The slot protocol (`storage/stamp.rs`)
 //!
@@ -153,6 +154,36 @@
 //! - The max-value writer decides placements under its own mutex, and writes rows only
 //!   through the slot protocol: appends as in sections 1-2, replacements as editors
 //!   (section 3). Readers see nothing new.
+//!
+//! ## 10. Freezing, recovery and shared regions (`storage/freeze.rs`, `storage/recover.rs`, `shared/`)
+//!
+//! - A freeze (a checkpoint copying the region) takes each shard's freezer word by
+//!   compare-exchange (one freezer at a time, across processes), sets the occupancy
+//!   word's `FROZEN` bit, and waits until the word counts nobody inside; this
+//!   process's priority updaters are held the same way by a word of its own. An
+//!   appender or editor that finds `FROZEN` takes its unit back and waits. Both sides
+//!   read-modify-write one word, so either the newcomer sees the freeze or the freezer
+//!   sees the newcomer. The thaw's Release `fetch_and` pairs with the waiters' Acquire
+//!   loads. Updates from other processes are not held: a loaded checkpoint's trees
+//!   are rebuilt from its raw priorities, so a copy taken mid-update loads consistent.
+//! - Everything a region's writers change lives in the region (cursors, floors,
+//!   occupancy, leases, the prioritized globals), so a region whose writers all died
+//!   (a reopened file, a loaded checkpoint) is repaired by one pass with the region to
+//!   itself: occupancy to zero, each shard's `Abandoned` word up to its cursor, leaves
+//!   recomputed from raw priorities and the trees rebuilt, slice lanes closed. An
+//!   appender whose predecessor row is below `Abandoned` takes the slot over whatever
+//!   it holds (`Prev::Abandoned`): nobody else can be inside it, since everyone who
+//!   claimed below was dead when the word moved.
+//! - In a shared region only the lease holder of a shard appends to it (leases are
+//!   taken and given back by compare-exchange on the shard's lease word, naming a
+//!   process-table entry and its generation). So whatever a shard's occupancy counts,
+//!   whatever is half written in it, belongs to its holder; a process that finds the
+//!   holder dead takes the lease by compare-exchange and repairs the shard while others
+//!   run: it clears the appender units (keeping editors and the freeze bit), moves
+//!   `Abandoned` up (`fetch_max`, AcqRel), empties the leaves of rows never published
+//!   (the trees' own compare-exchange), and closes the shard's lanes in the order an
+//!   appender's turn ends (`count`, then `tail`, both Release). Readers are untouched:
+//!   they skip unpublished rows as always.
 //!
 //! ## What checks this
 //!
