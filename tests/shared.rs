@@ -115,6 +115,19 @@ fn shared_child() {
                 println!("wrote {c}");
             }
         }
+        // Samples and updates priorities forever, saying so once it has begun.
+        "learner" => {
+            let mut learner = rb.learner();
+            for round in 0.. {
+                if let Ok(b) = learner.sample(64) {
+                    let p = vec![2.0; b.len()];
+                    rb.update_priority(b.index(), b.generations(), &p).unwrap();
+                }
+                if round == 10 {
+                    println!("learning");
+                }
+            }
+        }
         // Asks for a writer handle, and says why there is none.
         "try-writer" => match rb.try_writer() {
             Ok(w) => println!("writer on shard {}", w.shard()),
@@ -404,4 +417,58 @@ fn a_crashed_creators_region_is_found_and_removed_by_the_command() {
     assert!(removed.status.success());
     assert!(String::from_utf8_lossy(&removed.stdout).contains(&format!("removed {name}")));
     assert!(!std::path::Path::new(&format!("/dev/shm/replaybuf.{name}")).exists());
+}
+
+#[test]
+fn a_killed_learner_blocks_no_writer_and_no_checkpoint() {
+    let name = name("learner");
+    let rb = builder(&name, 2).capacity(4000).build().unwrap();
+    let writer = rb.writer();
+    writer.extend(&chunk(&rb, 1, 0, 1000)).unwrap();
+    let mut child = spawn(&name, "learner", 0, 0);
+    let mut out = lines(&mut child);
+    while !out.next().unwrap().contains("learning") {}
+    // Let it update for a while, writing meanwhile, then kill it mid-update.
+    for c in 1..40 {
+        writer.extend(&chunk(&rb, 1, c * 1000, 1000)).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Writers go on, laps included, and so do samples and checkpoints.
+    for c in 40..60 {
+        writer.extend(&chunk(&rb, 1, c * 1000, 1000)).unwrap();
+    }
+    whole(&rb.sample(256).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    rb.dumps(dir.path()).unwrap();
+    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    assert_eq!(
+        whole(&loaded.read_all_in_order(None)),
+        whole(&rb.read_all_in_order(None))
+    );
+    assert!(replaybuf::internals::priorities_consistent(&loaded));
+}
+
+#[test]
+fn a_shared_buffer_round_trips_through_a_checkpoint() {
+    let name = name("ckpt");
+    let mut rb = builder(&name, 2).build().unwrap();
+    rb.extend(&chunk(&rb, 1, 0, 300)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    rb.dumps(dir.path()).unwrap();
+    let heap = ReplayBuffer::load(dir.path()).unwrap();
+    assert_eq!(whole(&heap.read_all_in_order(None)).len(), 300);
+    assert_eq!(
+        heap.sample(16).unwrap().index(),
+        rb.sample(16).unwrap().index()
+    );
+    // Loaded back into the shared buffer, which no other process uses.
+    rb.extend(&chunk(&rb, 2, 0, 100)).unwrap();
+    rb.loads(dir.path()).unwrap();
+    let back = whole(&rb.read_all_in_order(None));
+    assert_eq!(back.len(), 300);
+    assert!(back.iter().all(|r| r.0 == 1));
+    // Its writers go on after the load.
+    rb.writer().extend(&chunk(&rb, 3, 0, 10)).unwrap();
+    assert_eq!(rb.len(), 310);
 }
