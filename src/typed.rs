@@ -232,33 +232,26 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// See [`ReplayBuffer::load`]; the checkpoint must be of a buffer of `T`s (of
     /// `T`'s size).
     pub fn load(dir: impl AsRef<Path>) -> Result<TypedBuffer<T>, PersistError> {
-        let buffer = ReplayBuffer::load(dir.as_ref())?;
-        let want = Spec::opaque(std::mem::size_of::<T>())
-            .expect("a Pod type smaller than isize::MAX lays out as one field");
-        if !buffer.spec().same_fields(&want) {
-            return Err(PersistError::new(
-                dir.as_ref(),
-                crate::checkpoint::error::Kind::Mismatch(format!(
-                    "not a buffer of {}-byte rows",
-                    std::mem::size_of::<T>()
-                )),
-            ));
-        }
-        Ok(TypedBuffer {
-            buffer,
-            _rows: PhantomData,
-        })
+        Self::of_rows(ReplayBuffer::load(dir.as_ref())?, dir.as_ref())
     }
 
     /// See [`ReplayBuffer::attach`]; the region must hold rows of `T`'s size.
     #[cfg(not(replaybuf_loom))]
     pub fn attach(name: &str) -> Result<TypedBuffer<T>, PersistError> {
-        let buffer = ReplayBuffer::attach(name)?;
+        Self::of_rows(
+            ReplayBuffer::attach(name)?,
+            &crate::shared::open::shown(name),
+        )
+    }
+
+    /// `buffer` as a buffer of `T`s, if its rows are `T`'s size (`path` names where it
+    /// came from, for the error).
+    fn of_rows(buffer: ReplayBuffer, path: &Path) -> Result<TypedBuffer<T>, PersistError> {
         let want = Spec::opaque(std::mem::size_of::<T>())
             .expect("a Pod type smaller than isize::MAX lays out as one field");
         if !buffer.spec().same_fields(&want) {
             return Err(PersistError::new(
-                crate::shared::open::shown(name),
+                path,
                 crate::checkpoint::error::Kind::Mismatch(format!(
                     "not a buffer of {}-byte rows",
                     std::mem::size_of::<T>()

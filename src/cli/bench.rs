@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::workloads::Workload;
+use replaybuf::ReplayBuffer;
 
 /// Which workloads to run and how big.
 #[derive(Clone, Debug)]
@@ -269,6 +270,28 @@ fn prefetch(w: Workload, samples: usize) {
     }
 }
 
+/// One learner thread of a concurrent run: samples (and, prioritized, updates) until
+/// `stop`; the latency of every step.
+pub(super) fn learner_loop(
+    rb: &ReplayBuffer,
+    w: Workload,
+    l: usize,
+    stop: &AtomicBool,
+) -> Vec<u64> {
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([w.batch]);
+    let mut fresh = w
+        .prioritized()
+        .then(|| FreshPriorities::new(w.batch, l as u64));
+    let mut lat = Vec::with_capacity(1 << 20);
+    while !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        learner_step(&mut learner, &mut batch, fresh.as_mut());
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    lat
+}
+
 /// One concurrent run's totals.
 pub(super) struct Run {
     pub(super) rows_written: usize,
@@ -334,21 +357,8 @@ pub(super) fn concurrent_run(
             .collect();
         let samplers: Vec<_> = (0..learners)
             .map(|l| {
-                let mut learner = rb.learner();
-                let stop = &stop;
-                s.spawn(move || {
-                    let mut batch = learner.buffer().batch([w.batch]);
-                    let mut fresh = w
-                        .prioritized()
-                        .then(|| FreshPriorities::new(w.batch, l as u64));
-                    let mut lat = Vec::with_capacity(1 << 20);
-                    while !stop.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        learner_step(&mut learner, &mut batch, fresh.as_mut());
-                        lat.push(t.elapsed().as_nanos() as u64);
-                    }
-                    lat
-                })
+                let (rb, stop) = (&rb, &stop);
+                s.spawn(move || learner_loop(rb, w, l, stop))
             })
             .collect();
         std::thread::sleep(duration);

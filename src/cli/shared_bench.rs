@@ -12,9 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::bench::{
-    concurrent_run, configs, learner_step, report, BenchArgs, FreshPriorities, Run,
-};
+use super::bench::{concurrent_run, configs, learner_loop, report, BenchArgs, Run};
 use super::workloads::Workload;
 use replaybuf::ReplayBuffer;
 
@@ -110,21 +108,8 @@ fn processes_run(w: Workload, writers: usize, learners: usize, secs: f64, quick:
         }
         let samplers: Vec<_> = (0..learners)
             .map(|l| {
-                let mut learner = rb.learner();
-                let stop = &stop;
-                s.spawn(move || {
-                    let mut batch = learner.buffer().batch([w.batch]);
-                    let mut fresh = w
-                        .prioritized()
-                        .then(|| FreshPriorities::new(w.batch, l as u64));
-                    let mut lat = Vec::with_capacity(1 << 20);
-                    while !stop.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        learner_step(&mut learner, &mut batch, fresh.as_mut());
-                        lat.push(t.elapsed().as_nanos() as u64);
-                    }
-                    lat
-                })
+                let (rb, stop) = (&rb, &stop);
+                s.spawn(move || learner_loop(rb, w, l, stop))
             })
             .collect();
         std::thread::sleep(Duration::from_secs_f64(secs));
