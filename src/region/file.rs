@@ -62,13 +62,16 @@ impl Region {
         let map = match access {
             Access::Write => options.map_raw(&file)?,
             Access::Copy => {
-                // SAFETY: the mapping is private, so no other process's writes to the
-                // file can change it under the crate's feet... except through pages
-                // not yet copied: a file changed while mapped would show through. The
-                // datasets mapped this way are checkpoints the caller opens read-only,
-                // and every word is read through atomics and validated by stamps, so a
-                // change shows as torn rows that are redrawn, never as undefined
-                // behaviour.
+                // SAFETY: memmap2 asks that nothing else change the file while it is
+                // mapped, since a reference to the bytes would then change under it.
+                // (1) No reference to the bytes is ever made: the region is read only
+                // through atomics and the atomic row copy (`Region::words`), which
+                // tolerate concurrent change. (2) The file is held under a shared lock
+                // (`checkpoint/memmap.rs`), so no replaybuf writer has it open. (3) A
+                // change by anything else shows through pages this process has not
+                // copied yet as rows whose stamps do not validate, or as damaged
+                // state the readers bound by the geometry, never as undefined
+                // behaviour of this process.
                 let map = unsafe { options.map_copy(&file)? };
                 memmap2::MmapRaw::from(map)
             }
