@@ -25,22 +25,22 @@ use crate::writer::{WritePolicy, Written};
 
 /// A stored value and the sequence number it was written at.
 #[derive(Debug)]
-struct Entry<T> {
-    seq: u64,
-    value: T,
+pub(crate) struct Entry<T> {
+    pub(crate) seq: u64,
+    pub(crate) value: T,
 }
 
 #[derive(Debug)]
-struct ListInner<T> {
-    shards: Box<[Shard]>,
-    geometry: Geometry,
-    slots: Box<[ArcCell<Entry<T>>]>,
-    sampler: Engine,
-    seed: u64,
+pub(crate) struct ListInner<T> {
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) geometry: Geometry,
+    pub(crate) slots: Box<[ArcCell<Entry<T>>]>,
+    pub(crate) sampler: Engine,
+    pub(crate) seed: u64,
     /// The globals of the shards' region: the call and round-robin counters.
-    globals: Block,
+    pub(crate) globals: Block,
     /// A read-only dataset: `push` and `extend` are refused.
-    immutable: bool,
+    pub(crate) immutable: bool,
 }
 
 /// A replay buffer of arbitrary values.
@@ -60,7 +60,7 @@ struct ListInner<T> {
 /// ```
 #[derive(Debug)]
 pub struct ListBuffer<T> {
-    inner: Arc<ListInner<T>>,
+    pub(crate) inner: Arc<ListInner<T>>,
 }
 
 impl<T> Clone for ListBuffer<T> {
@@ -259,6 +259,8 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let shard = &inner.shards[k];
         let ring = *shard.ring();
         let steps = values.len() as u64;
+        // As an appender, so that a checkpoint's freeze waits for this append.
+        let claim = shard.enter_append();
         let first = shard.claim(steps);
         let skip = steps.saturating_sub(ring.steps) as usize;
         for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip))
@@ -276,6 +278,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
                 value,
             })));
         }
+        shard.leave_append(claim);
         let mut written = Written::new(steps, RowOrder::Flat);
         written.push(ring, first, 0);
         written
@@ -359,7 +362,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
 }
 
 impl<T> ListInner<T> {
-    fn global(&self, g: Global) -> &AtomicU64 {
+    pub(crate) fn global(&self, g: Global) -> &AtomicU64 {
         self.globals.word(g.offset())
     }
 }

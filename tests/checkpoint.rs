@@ -553,3 +553,63 @@ mod damage {
         assert!(e.is_mismatch() && e.to_string().contains("the spec"), "{e}");
     }
 }
+
+#[test]
+fn list_buffers_round_trip_and_refuse_damage() {
+    use replaybuf::ListBuffer;
+    let dir = tempfile::tempdir().unwrap();
+    for sampler in [
+        replaybuf::Sampler::from(replaybuf::Uniform),
+        WithoutReplacement::new().into(),
+    ] {
+        let rb = ListBuffer::<(String, Vec<u32>)>::builder()
+            .capacity(50)
+            .shards(2)
+            .sampler(sampler)
+            .seed(6)
+            .build()
+            .unwrap();
+        for i in 0..70u32 {
+            rb.push((format!("step {i}"), vec![i; (i % 4) as usize]))
+                .unwrap();
+        }
+        rb.sample(10).unwrap(); // opens an epoch when without replacement
+        rb.dumps(dir.path()).unwrap();
+        let loaded = ListBuffer::<(String, Vec<u32>)>::load(dir.path()).unwrap();
+        assert_eq!(
+            (loaded.len(), loaded.write_count()),
+            (rb.len(), rb.write_count())
+        );
+        for i in 0..50 {
+            assert_eq!(loaded.get(i).unwrap(), rb.get(i).unwrap());
+        }
+        for _ in 0..3 {
+            match (rb.sample(8), loaded.sample(8)) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a.items(), b.items());
+                    assert_eq!(a.index(), b.index());
+                }
+                (a, b) => assert_eq!(a.err(), b.err()),
+            }
+        }
+    }
+    // Damage is refused by name; another value type is refused too.
+    let items = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("items.")
+        })
+        .unwrap();
+    assert!(ListBuffer::<u64>::load(dir.path()).is_err());
+    let mut bytes = std::fs::read(&items).unwrap();
+    bytes[30] ^= 4;
+    std::fs::write(&items, &bytes).unwrap();
+    let e = ListBuffer::<(String, Vec<u32>)>::load(dir.path()).unwrap_err();
+    assert!(e.is_corrupt() && e.path() == items, "{e}");
+    // A row buffer's checkpoint is not a list's, nor the other way round.
+    assert!(ReplayBuffer::load(dir.path()).is_err());
+}

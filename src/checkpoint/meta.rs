@@ -206,9 +206,20 @@ impl SamplerMeta {
         }
     }
 
+    /// The sampler of an engine that keeps no other configuration (a list buffer's:
+    /// uniform or without replacement).
+    pub(crate) fn of_engine(engine: &crate::sampler::Engine) -> SamplerMeta {
+        match engine {
+            crate::sampler::Engine::WithoutReplacement(e) => {
+                SamplerMeta::of(&Sampler::WithoutReplacement(e.config()))
+            }
+            _ => SamplerMeta::Uniform,
+        }
+    }
+
     /// The sampler, or `None` if the record is inconsistent (a slice shape given both
     /// ways or neither).
-    fn sampler(&self) -> Option<Sampler> {
+    pub(crate) fn sampler(&self) -> Option<Sampler> {
         let epochs = |(drop_last, shuffle): (bool, bool)| {
             WithoutReplacement::new()
                 .drop_last(drop_last)

@@ -7,6 +7,7 @@ pub(crate) mod epochs;
 pub(crate) mod error;
 pub(crate) mod hooks;
 pub(crate) mod inspect;
+pub(crate) mod list;
 pub(crate) mod load;
 pub(crate) mod memmap;
 pub(crate) mod meta;

@@ -228,6 +228,11 @@ impl<T: Clone> Epochs<T> {
         }));
     }
 
+    /// The settings of these epochs.
+    pub(crate) fn config(&self) -> WithoutReplacement {
+        self.config
+    }
+
     /// Whether an epoch ends rather than give a short last batch.
     pub(crate) fn drop_last(&self) -> bool {
         self.config.drop_last
