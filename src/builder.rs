@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::buffer::{Inner, ReplayBuffer};
+use crate::sampler::slice::Bounds;
 use crate::checkpoint::memmap;
 use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
@@ -156,6 +157,11 @@ impl ReplayBufferBuilder {
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
+        Ok(ReplayBuffer::from_inner(self.build_inner()?))
+    }
+
+    /// Checks every choice, reserving nothing.
+    pub(crate) fn check(&self) -> Result<Checked, BuildError> {
         let err = |k| Err(BuildError::new(k));
         let geometry = geometry(self.capacity, self.shards, self.ndim, self.envs)?;
         let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
@@ -231,6 +237,21 @@ impl ReplayBufferBuilder {
                 Some(i)
             }
         };
+        Ok(Checked {
+            geometry,
+            dim_extend,
+            policy,
+            trees,
+            slices,
+            priority_field,
+        })
+    }
+
+    /// The state of a new buffer: checked, with its storage reserved (or reopened).
+    pub(crate) fn build_inner(self) -> Result<Inner, BuildError> {
+        let checked = self.check()?;
+        let (geometry, trees) = (checked.geometry, checked.trees);
+        let slices = checked.slices;
         let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = Config::of(&self, seed);
         let (storage, fresh) = match &self.memmap {
@@ -260,11 +281,31 @@ impl ReplayBufferBuilder {
                 (opened.storage, opened.fresh)
             }
         };
-        let engine = Engine::new(self.sampler, seed, storage.globals());
-        if fresh {
-            engine.initialize();
+        let origin = if fresh {
+            Origin::Fresh
         } else {
-            storage.recover(engine.prioritized());
+            Origin::Reopened
+        };
+        Ok(self.assemble(checked, config, storage, seed, origin))
+    }
+
+    /// The state of this configuration (`checked` by [`check`](Self::check)) over
+    /// `storage`, which comes from `origin`.
+    pub(crate) fn assemble(
+        self,
+        checked: Checked,
+        config: Config,
+        storage: Storage,
+        seed: u64,
+        origin: Origin,
+    ) -> Inner {
+        let engine = Engine::new(self.sampler, seed, storage.globals());
+        match origin {
+            Origin::Fresh => engine.initialize(),
+            Origin::Reopened => {
+                storage.recover(engine.prioritized());
+            }
+            Origin::Reused => {}
         }
         let mut inner = Inner::new(
             config,
@@ -272,17 +313,40 @@ impl ReplayBufferBuilder {
             engine,
             seed,
             self.batch_size,
-            dim_extend,
-            priority_field,
+            checked.dim_extend,
+            checked.priority_field,
         );
-        inner.policy = policy;
-        if !fresh {
+        inner.memmap = self.memmap.filter(|_| !self.private_copy);
+        inner.policy = checked.policy;
+        if !matches!(origin, Origin::Fresh) {
             inner.policy.reload(&inner);
         }
-        Ok(ReplayBuffer {
-            inner: Arc::new(inner),
-        })
+        inner
     }
+}
+
+/// What [`ReplayBufferBuilder::check`] found: the choices a state is made of.
+pub(crate) struct Checked {
+    geometry: Geometry,
+    dim_extend: usize,
+    policy: Policy,
+    /// With trees (a prioritized sampler): whether with a max tree too.
+    trees: Option<bool>,
+    /// A slice sampler's trajectory bounds.
+    slices: Option<Bounds>,
+    priority_field: Option<usize>,
+}
+
+/// Where a new state's storage comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Made now: the sampler writes its initial state into it.
+    Fresh,
+    /// A file-backed storage opened again: recovered from writers that died.
+    Reopened,
+    /// A live storage another state of the buffer used (a swap that keeps the rows
+    /// in place): taken as it is.
+    Reused,
 }
 
 /// The storage shape of `capacity` rows in `shards` shards: ndim 1, or ndim 2 with

@@ -315,7 +315,7 @@ impl ReplayBuffer {
         dir: impl AsRef<Path>,
         options: &DumpOptions,
     ) -> Result<(), PersistError> {
-        dump(&self.inner, dir.as_ref(), options)
+        dump(&self.inner(), dir.as_ref(), options)
     }
 
     /// Adds a save hook (TorchRL's `register_save_hook`): every later dump passes the
@@ -326,7 +326,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner.hooks.add_save(std::sync::Arc::new(hook));
+        self.inner().hooks.add_save(std::sync::Arc::new(hook));
     }
 
     /// Adds a load hook (TorchRL's `register_load_hook`): every later load passes the
@@ -335,7 +335,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner.hooks.add_load(std::sync::Arc::new(hook));
+        self.inner().hooks.add_load(std::sync::Arc::new(hook));
     }
 }
 

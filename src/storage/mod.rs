@@ -33,7 +33,7 @@ use std::sync::Arc;
 use geometry::Geometry;
 use plan::{Dest, Source};
 use shard::{Shard, Window};
-use stamp::{lap_cmp, Prev, Stamp};
+use stamp::{lap_cmp, Claim, Prev, Stamp};
 
 use atomic_copy::Intent;
 
@@ -42,8 +42,9 @@ use crate::sampler::slice::{Bounds, Lanes, Turn};
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
+use freeze::Retired;
 use layout::{Global, Layout, ShardWord};
 use smallvec::SmallVec;
 
@@ -115,6 +116,10 @@ pub(crate) struct Storage {
     region: Arc<Region>,
     /// This process's updaters and the freeze bit (`freeze.rs`).
     updaters: CachePadded<AtomicU64>,
+    /// Set once, while frozen, when a swap replaced this storage (`freeze.rs`): every
+    /// writer that enters afterwards leaves again and redoes its write on the buffer's
+    /// new state. Read-mostly, beside the fields every append reads anyway.
+    retired: AtomicBool,
     layout: Layout,
     shards: Box<[Shard]>,
     geometry: Geometry,
@@ -287,16 +292,32 @@ impl Storage {
     /// writer published (and so wrote its raw word) before this one began, and an
     /// updater acts on a row only once it sees it published, so the header's plain
     /// store is ordered after both.
+    ///
+    /// Refused with [`Retired`], before anything is written, if a swap retired this
+    /// storage (`freeze.rs`).
     pub(crate) fn append(
         &self,
         k: usize,
         steps: u64,
         src: &Source<'_>,
         raws: Option<Raws<'_>>,
+    ) -> Result<u64, Retired> {
+        let claim = self.enter_append(k)?;
+        Ok(self.append_entered(k, claim, steps, src, raws))
+    }
+
+    /// [`Storage::append`] by an appender already inside shard `k` (see
+    /// [`Storage::enter_append`]); leaves the shard when done.
+    pub(crate) fn append_entered(
+        &self,
+        k: usize,
+        claim: Claim,
+        steps: u64,
+        src: &Source<'_>,
+        raws: Option<Raws<'_>>,
     ) -> u64 {
         let shard = &self.shards[k];
         let ring = *shard.ring();
-        let claim = shard.enter_append();
         let first = shard.claim(steps);
         // Rows claimed below this by writers that died: their slots are taken over.
         let abandoned = shard.abandoned().load(Ordering::Acquire);
@@ -530,6 +551,43 @@ impl Storage {
             s.empty();
         }
     }
+
+    /// A second storage over this one's region, with its own updaters' word and
+    /// retirement flag: what a swap that keeps the rows where they are publishes, so
+    /// that retiring the old storage does not retire the region.
+    pub(crate) fn view(&self) -> Storage {
+        Storage {
+            region: self.region.clone(),
+            updaters: CachePadded::new(AtomicU64::new(0)),
+            retired: AtomicBool::new(false),
+            layout: self.layout.clone(),
+            shards: self.shards.clone(),
+            geometry: self.geometry,
+            spec: self.spec.clone(),
+            slot_bytes: self.slot_bytes,
+            header_bytes: self.header_bytes,
+            trees: self.trees.clone(),
+            slices: self.slices.clone(),
+        }
+    }
+
+    /// Starts a new, empty storage's rings at lap `lap`: every shard's cursor, floor
+    /// and abandoned mark at its first sequence number of that lap, and every slice
+    /// lane's turn there too. Its rows then have generations no row of a lower lap
+    /// had (a swap uses this, so that an index and generation sampled before it never
+    /// name a row copied after it). For a storage nobody else uses yet.
+    pub(crate) fn start_at_lap(&self, lap: u64) {
+        for (k, shard) in self.shards.iter().enumerate() {
+            let ring = *shard.ring();
+            let seq = lap * ring.steps;
+            shard.start_at(seq);
+            if let Some(lanes) = self.lanes() {
+                for lane in 0..ring.width {
+                    lanes.recover(self.words(), k, lane, seq, |_| None);
+                }
+            }
+        }
+    }
 }
 
 /// The shards of `geometry` over a region of their own holding nothing but their
@@ -652,6 +710,7 @@ impl Parts {
         Storage {
             region,
             updaters: CachePadded::new(AtomicU64::new(0)),
+            retired: AtomicBool::new(false),
             layout,
             shards,
             geometry: self.geometry,
