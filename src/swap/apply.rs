@@ -85,8 +85,10 @@ fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
         None if prioritized(&b.sampler).is_some() => b.priority_key.take(),
         None => None,
     };
-    if let Some(storage) = &change.storage {
-        storage.apply_to(&mut b);
+    match &change.storage {
+        Some(storage) => storage.apply_to(&mut b),
+        // Kept in place (or refused below if a file-backed storage would have to move).
+        None => b.memmap = old.memmap.clone(),
     }
     b.check().map_err(SwapError::build)?;
     let current = live(
