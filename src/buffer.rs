@@ -30,15 +30,15 @@ use crate::sampler::slice::{
 use crate::sampler::without_replacement::Epochs;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
+use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::{Shard, Window as ShardWindow};
-use crate::storage::freeze::Retired;
 use crate::storage::stamp::Claim;
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
-use crate::swap::{Attempt, Shared};
 use crate::sumtree::tree::Tree;
+use crate::swap::{Attempt, Shared};
 use crate::sync::{Backoff, Guard, Ordering};
 use crate::transform::Transforms;
 use crate::writer::{Writer, Written};
@@ -1028,7 +1028,9 @@ impl Inner {
             }
             .into());
         }
-        let src = self.source(data, RowOrder::Flat).map_err(AccessError::from)?;
+        let src = self
+            .source(data, RowOrder::Flat)
+            .map_err(AccessError::from)?;
         let draws = (0..end)
             .map(|i| {
                 storage

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::buffer::{Inner, ReplayBuffer};
-use crate::sampler::slice::Bounds;
 use crate::checkpoint::memmap;
 use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::policy::Policy;
+use crate::sampler::slice::Bounds;
 use crate::sampler::{Engine, Sampler};
 use crate::spec::{Key, Spec};
 use crate::storage::geometry::Geometry;

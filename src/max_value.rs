@@ -34,8 +34,8 @@ use crate::sampler::{Reduction, Sampler};
 use crate::spec::{Key, Spec};
 use crate::storage::freeze::Retired;
 use crate::storage::plan::RowOrder;
-use crate::swap::Attempt;
 use crate::storage::stamp::Stamp;
+use crate::swap::Attempt;
 use crate::sync::{Mutex, MutexGuard};
 use crate::writer::Written;
 
@@ -306,8 +306,8 @@ impl MaxValue {
     /// admitted with finite ranks, but rows written under another policy may hold
     /// anything, and a row without a finite rank ranks lowest.
     pub(crate) fn stored_ranks(&self, rows: &Batch) -> Vec<f64> {
-        let values = numeric_column(rows, rows.spec().fields()[self.field].key())
-            .unwrap_or_default();
+        let values =
+            numeric_column(rows, rows.spec().fields()[self.field].key()).unwrap_or_default();
         let per_row = values.len() / rows.len().max(1);
         (0..rows.len())
             .map(|r| match values.get(r * per_row..(r + 1) * per_row) {
@@ -376,7 +376,9 @@ fn rewrite(
     }
     let ring = storage.shards()[draw.shard as usize].ring();
     let leaf = (draw.seq % ring.steps) * ring.width + u64::from(draw.lane);
-    Ok(Some(storage.stamp_of(draw.shard as usize, leaf).generation()))
+    Ok(Some(
+        storage.stamp_of(draw.shard as usize, leaf).generation(),
+    ))
 }
 
 /// A numeric column of `batch` as `f64`s.

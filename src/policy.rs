@@ -22,8 +22,8 @@ use crate::error::{BuildError, BuildErrorKind, DataError};
 use crate::max_value::{Held, MaxValue, Rerank};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
-use crate::storage::geometry::Geometry;
 use crate::storage::freeze::Retired;
+use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Source, SrcCol};
 use crate::swap::Attempt;
 use crate::writer::{WritePolicy, Written};
@@ -165,9 +165,8 @@ impl Inner {
             return m.place(self, 0, rows).map(drop).map_err(Attempt::unswapped);
         }
         let prepared = self.prepare(None, rows)?;
-        let unswapped = |r: Result<Written, Retired>| {
-            r.map_err(|r| Attempt::<DataError>::from(r).unswapped())
-        };
+        let unswapped =
+            |r: Result<Written, Retired>| r.map_err(|r| Attempt::<DataError>::from(r).unswapped());
         let Geometry::Flat { .. } = self.storage.geometry() else {
             unswapped(self.append(None, &prepared))?;
             return Ok(());

@@ -18,8 +18,8 @@ use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::Raws;
-use crate::swap::Attempt;
 use crate::sumtree::Leaf;
+use crate::swap::Attempt;
 
 impl Inner {
     fn prioritized(&self) -> Result<&State, PriorityError> {
@@ -203,6 +203,11 @@ impl Inner {
         let ring = self.storage.shards()[k as usize].ring();
         let leaf = pos * ring.width + lane;
         let stamp = self.storage.stamp_of(k as usize, leaf);
+        let first = Stamp::published(self.storage.first_lap() as u32, 0).generation();
+        if stamp == Stamp::EMPTY && stamp::generation_cmp(g, first) == Ordering::Less {
+            // A row of a storage this buffer had before a swap (`swap/carry.rs`).
+            return Row::Replaced;
+        }
         if stamp == Stamp::EMPTY
             || stamp::generation_cmp(g, stamp.generation()) == Ordering::Greater
         {

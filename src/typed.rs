@@ -14,9 +14,7 @@ use crate::buffer::{Inner, Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::DumpOptions;
 use crate::checkpoint::error::PersistError;
-use crate::error::{
-    AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError,
-};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
@@ -333,8 +331,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
 
     /// Appends past the write policy's gate.
     fn append(&self, items: &[T]) -> Result<Written, DataError> {
-        self.buffer
-            .retrying(|inner| Self::append_to(inner, items))
+        self.buffer.retrying(|inner| Self::append_to(inner, items))
     }
 
     /// Appends to the buffer state `inner`.

@@ -41,11 +41,16 @@ fn with_ids(rb: &ReplayBuffer, ids: &[u64], shape: &[usize]) -> Batch {
         .flat_map(|&i| [i as f32, -(i as f32), 0.5 * i as f32])
         .collect();
     b.set("obs", &obs).unwrap();
-    b.set("done", &ids.iter().map(|&i| i % 10 == 9).collect::<Vec<_>>())
-        .unwrap();
+    b.set(
+        "done",
+        &ids.iter().map(|&i| i % 10 == 9).collect::<Vec<_>>(),
+    )
+    .unwrap();
     b.set(
         "td",
-        &ids.iter().map(|&i| (i % 7) as f32 + 1.0).collect::<Vec<_>>(),
+        &ids.iter()
+            .map(|&i| (i % 7) as f32 + 1.0)
+            .collect::<Vec<_>>(),
     )
     .unwrap();
     b
@@ -58,7 +63,10 @@ fn ids(batch: &Batch) -> Vec<u64> {
     let obs = batch.column::<f32>("obs").unwrap();
     for (k, &i) in id.iter().enumerate() {
         assert_eq!(check[k], mix(i), "row {k} (id {i}) is torn or foreign");
-        assert_eq!(obs[3 * k..3 * k + 3], [i as f32, -(i as f32), 0.5 * i as f32]);
+        assert_eq!(
+            obs[3 * k..3 * k + 3],
+            [i as f32, -(i as f32), 0.5 * i as f32]
+        );
     }
     id.to_vec()
 }
@@ -92,7 +100,9 @@ fn uniform_and_without_replacement_trade_places_with_the_rows_in_place() {
     let epoch = rb.sample(100).unwrap();
     assert_eq!(ids(&epoch), ids(&before));
     rb.set_sampler(Uniform).unwrap();
-    assert!(ids(&rb.sample(500).unwrap()).iter().all(|i| (50..150).contains(i)));
+    assert!(ids(&rb.sample(500).unwrap())
+        .iter()
+        .all(|i| (50..150).contains(i)));
 }
 
 #[test]
@@ -131,7 +141,10 @@ fn a_prioritized_sampler_moves_the_rows_into_trees() {
     rb.set_sampler(Prioritized::new(0.8, 0.9).eps(1e-3))
         .unwrap();
     assert_eq!((rb.alpha(), rb.beta()), (Some(0.8), Some(0.9)));
-    assert_eq!(rb.read_all_in_order(None).generations(), after.generations());
+    assert_eq!(
+        rb.read_all_in_order(None).generations(),
+        after.generations()
+    );
     // Back to uniform: priorities go, rows stay.
     rb.set_sampler(Uniform).unwrap();
     assert_eq!(rb.alpha(), None);
@@ -183,7 +196,10 @@ fn write_policies_swap_in_place() {
     rb.set_writer(WritePolicy::Immutable).unwrap();
     assert!(rb.extend(&rows(&rb, 10, 1)).is_err());
     assert!(rb.writer().extend(&rows(&rb, 10, 1)).is_err());
-    assert_eq!(rb.read_all_in_order(None).generations(), before.generations());
+    assert_eq!(
+        rb.read_all_in_order(None).generations(),
+        before.generations()
+    );
     // A max-value writer ranks what is stored (td = id % 7 + 1), then keeps the top.
     rb.set_writer(WritePolicy::max_value("td")).unwrap();
     let w = rb.extend(&with_ids(&rb, &[20, 26], &[2])).unwrap(); // td 7 and 6
@@ -201,7 +217,8 @@ fn write_policies_swap_in_place() {
 fn capacity_changes_keep_the_newest_rows_in_fifo_order() {
     let rb = buffer(100);
     rb.extend(&rows(&rb, 0, 170)).unwrap(); // 70..170, wrapped at 100
-    rb.set_storage(StorageConfig::heap().capacity(1000)).unwrap();
+    rb.set_storage(StorageConfig::heap().capacity(1000))
+        .unwrap();
     assert_eq!(rb.capacity(), 1000);
     assert_eq!(stored(&rb), (70..170).collect::<Vec<_>>());
     rb.extend(&rows(&rb, 170, 30)).unwrap();
@@ -237,30 +254,39 @@ fn shard_changes_merge_and_split_fifos() {
     for (k, w) in writers.iter().enumerate() {
         w.extend(&rows(&rb, 1000 * k as u64, 20 + k)).unwrap();
     }
-    // 4 -> 2: shards 0 and 2 meet in 0, 1 and 3 in 1, concatenated in shard order.
+    // 4 -> 2: shards 0 and 2 meet in 0, 1 and 3 in 1, the writer's own shard last.
     rb.set_storage(StorageConfig::heap().shards(2)).unwrap();
     let run = |k: u64, n: u64| (1000 * k..1000 * k + n).collect::<Vec<_>>();
     assert_eq!(
         by_shard(&rb),
         [
-            [run(0, 20), run(2, 22)].concat(),
-            [run(1, 21), run(3, 23)].concat()
+            [run(2, 22), run(0, 20)].concat(),
+            [run(3, 23), run(1, 21)].concat()
         ]
     );
-    // Writer 3 now writes shard 1, after its own earlier rows.
+    // Writer 3 now writes shard 1, after the rows there.
     assert_eq!(writers[3].shard(), 1);
     writers[3].extend(&rows(&rb, 3023, 2)).unwrap();
-    assert_eq!(by_shard(&rb)[1], [run(1, 21), run(3, 25)].concat());
-    // 2 -> 8: each shard split into runs over shards s, s + 2, s + 4, s + 6, the
-    // newest run staying in s.
+    let one = [run(3, 23), run(1, 21), run(3, 25)[23..].to_vec()].concat();
+    assert_eq!(by_shard(&rb)[1], one);
+    // 2 -> 8: each shard cut into four runs, as two halvings would: oldest to newest
+    // in shards s + 6, s + 2, s + 4, s.
     rb.set_storage(StorageConfig::heap().shards(8).capacity(800))
         .unwrap();
     let shards = by_shard(&rb);
-    let zero = [run(0, 20), run(2, 22)].concat();
+    let zero = [run(2, 22), run(0, 20)].concat();
     assert_eq!(
-        [&shards[6][..], &shards[4], &shards[2], &shards[0]].concat(),
+        [&shards[6][..], &shards[2], &shards[4], &shards[0]].concat(),
         zero
     );
+    // Merging back restores both shards as they were.
+    rb.set_storage(StorageConfig::heap().shards(2).capacity(400))
+        .unwrap();
+    assert_eq!(by_shard(&rb), [zero.clone(), one.clone()]);
+    rb.set_storage(StorageConfig::heap().shards(4)).unwrap();
+    rb.set_storage(StorageConfig::heap().shards(8).capacity(800))
+        .unwrap();
+    let shards = by_shard(&rb);
     assert!(shards.iter().all(|s| s.len() <= 11 + 1), "{shards:?}");
     assert_eq!(rb.len(), 20 + 21 + 22 + 25);
     // Fewer rows of room than rows: the oldest go.
@@ -285,12 +311,14 @@ fn ndim_and_environment_changes_lay_rows_out_step_by_step() {
             .flat_map(|t| (0..envs).map(move |e| 100 * e + t))
             .collect()
     };
-    rb.extend(&with_ids(&rb, &ids_of(0..5, 4), &[5, 4])).unwrap();
+    rb.extend(&with_ids(&rb, &ids_of(0..5, 4), &[5, 4]))
+        .unwrap();
     // Same environments, one shard, more steps: every column as it was.
     rb.set_storage(StorageConfig::heap().capacity(80).shards(1))
         .unwrap();
     assert_eq!(stored(&rb), ids_of(0..5, 4));
-    rb.extend(&with_ids(&rb, &ids_of(5..6, 4), &[1, 4])).unwrap();
+    rb.extend(&with_ids(&rb, &ids_of(5..6, 4), &[1, 4]))
+        .unwrap();
     assert_eq!(stored(&rb), ids_of(0..6, 4));
     // ndim 1: the rows in time order, step by step.
     rb.set_storage(StorageConfig::heap().ndim(1).capacity(100))
@@ -298,8 +326,14 @@ fn ndim_and_environment_changes_lay_rows_out_step_by_step() {
     assert_eq!((rb.ndim(), rb.envs()), (1, 1));
     assert_eq!(stored(&rb), ids_of(0..6, 4));
     // Back to ndim 2 with 8 environments: 24 rows fill 3 whole steps of 8.
-    rb.set_storage(StorageConfig::heap().ndim(2).envs(8).capacity(80).dim_extend(0))
-        .unwrap();
+    rb.set_storage(
+        StorageConfig::heap()
+            .ndim(2)
+            .envs(8)
+            .capacity(80)
+            .dim_extend(0),
+    )
+    .unwrap();
     assert_eq!(rb.envs(), 8);
     assert_eq!(stored(&rb), ids_of(0..6, 4));
     // 5 environments: 24 rows make 4 steps of 5, the 4 oldest rows dropped.
@@ -415,10 +449,7 @@ fn random_streams_go_on_across_a_copy() {
     assert_eq!(ids(&a.sample(16).unwrap()), ids(&b.sample(16).unwrap()));
     let (la, lb) = (a.learner(), b.learner());
     let (mut la, mut lb) = (la, lb);
-    assert_eq!(
-        ids(&la.sample(16).unwrap()),
-        ids(&lb.sample(16).unwrap())
-    );
+    assert_eq!(ids(&la.sample(16).unwrap()), ids(&lb.sample(16).unwrap()));
 }
 
 #[test]

@@ -68,8 +68,9 @@ impl ReplayBuffer {
             ));
         }
         // This buffer's own configuration, with the checkpoint's seed: the layouts agree.
-        let refused =
-            |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
+        let refused = |why: String| {
+            PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
+        };
         let builder = old
             .config
             .builder()

@@ -120,6 +120,9 @@ pub(crate) struct Storage {
     /// writer that enters afterwards leaves again and redoes its write on the buffer's
     /// new state. Read-mostly, beside the fields every append reads anyway.
     retired: AtomicBool,
+    /// The lap its rings started at: 0, or past every lap of the storage a swap
+    /// copied into this one (see [`Storage::start_at_lap`]).
+    first_lap: u64,
     layout: Layout,
     shards: Box<[Shard]>,
     geometry: Geometry,
@@ -163,6 +166,12 @@ impl Storage {
                 .map_err(|e| crate::PersistError::io(std::path::Path::new("storage.bin"), e));
         }
         Ok(())
+    }
+
+    /// The lap its rings started at: a generation of an older lap names a row of a
+    /// storage the buffer had before a swap.
+    pub(crate) fn first_lap(&self) -> u64 {
+        self.first_lap
     }
 
     /// Whether the region is a file (a file-backed storage).
@@ -560,6 +569,7 @@ impl Storage {
             region: self.region.clone(),
             updaters: CachePadded::new(AtomicU64::new(0)),
             retired: AtomicBool::new(false),
+            first_lap: self.first_lap,
             layout: self.layout.clone(),
             shards: self.shards.clone(),
             geometry: self.geometry,
@@ -576,7 +586,8 @@ impl Storage {
     /// lane's turn there too. Its rows then have generations no row of a lower lap
     /// had (a swap uses this, so that an index and generation sampled before it never
     /// name a row copied after it). For a storage nobody else uses yet.
-    pub(crate) fn start_at_lap(&self, lap: u64) {
+    pub(crate) fn start_at_lap(&mut self, lap: u64) {
+        self.first_lap = lap;
         for (k, shard) in self.shards.iter().enumerate() {
             let ring = *shard.ring();
             let seq = lap * ring.steps;
@@ -711,6 +722,7 @@ impl Parts {
             region,
             updaters: CachePadded::new(AtomicU64::new(0)),
             retired: AtomicBool::new(false),
+            first_lap: 0,
             layout,
             shards,
             geometry: self.geometry,

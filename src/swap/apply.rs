@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::carry;
 use super::config::Change;
 use crate::buffer::{Inner, ReplayBuffer};
+use crate::builder::{Origin, ReplayBufferBuilder};
 #[cfg(not(replaybuf_loom))]
 use crate::checkpoint::dir::{DirKind, DirMeta};
 use crate::checkpoint::meta::Config;
-use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::{SwapError, SwapErrorKind};
 use crate::sampler::{Engine, Prioritized, Sampler};
 
@@ -50,8 +50,8 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     let held = old.policy.hold();
     let frozen = old.storage.freeze();
     let mut new = match fresh {
-        Some(new) => {
-            carry::carry(&old, &new);
+        Some(mut new) => {
+            carry::carry(&old, &mut new);
             new
         }
         None => in_place(&old, target.builder),
@@ -118,7 +118,13 @@ fn in_place(old: &Inner, builder: ReplayBufferBuilder) -> Inner {
         .expect("replaybuf internal error: a checked configuration no longer checks");
     let config = Config::of(&builder, old.seed);
     let sampler = builder.sampler.clone();
-    let new = builder.assemble(checked, config, old.storage.view(), old.seed, Origin::Reused);
+    let new = builder.assemble(
+        checked,
+        config,
+        old.storage.view(),
+        old.seed,
+        Origin::Reused,
+    );
     // The region keeps alpha and beta: a new sampler's go in. Priority updaters are
     // held out by the freeze, so the masses can be recomputed here.
     if let (Some(state), Some(p)) = (new.sampler.prioritized(), prioritized(&sampler)) {

@@ -23,8 +23,9 @@ struct Part {
 }
 
 /// Copies `old`'s rows into `new` (see the module docs).
-pub(super) fn carry(old: &Inner, new: &Inner) {
+pub(super) fn carry(old: &Inner, new: &mut Inner) {
     new.storage.start_at_lap(next_lap(&old.storage));
+    let new = &*new;
     let counters = [
         Global::Calls,
         Global::NextShard,
@@ -165,11 +166,16 @@ fn newest(rows: &[Draw], keep: usize) -> &[Draw] {
     &rows[rows.len().saturating_sub(keep)..]
 }
 
-/// The parts of new ndim-1 shards of `steps` each from `sources` (each oldest
-/// first): with fewer shards than sources, shard `t` takes sources `t`, `t + n`, ...
-/// one after another; with more, source `j` is cut into runs for shards `j`,
-/// `j + m`, ..., its newest run in shard `j`. Each shard keeps the newest rows it has
-/// room for.
+/// The parts of new ndim-1 shards of `steps` each from `sources` (each oldest first;
+/// both counts powers of two).
+///
+/// With more shards than sources, source `j` is cut into `k` consecutive runs for
+/// shards `j + m * bitrev(r)`, run `r = 0` the newest (so it stays in shard `j`,
+/// where a writer bound to `j` goes on appending). With fewer, shard `t` takes
+/// sources `t + n * q`, oldest first by the same order. The order is what repeated
+/// halvings give (a split in two sends the older half to the upper shard), so
+/// splitting and merging back, in any steps, gives every row back its place. Each
+/// shard keeps the newest rows it has room for.
 fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<Part> {
     let (n, m) = (steps.len(), sources.len());
     let cap = |t: usize| steps[t] as usize;
@@ -181,21 +187,26 @@ fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<Part> {
         })
         .collect();
     if n <= m {
-        for (j, source) in sources.into_iter().enumerate() {
-            parts[j % n].draws.extend(source);
-        }
+        let k = m / n;
+        let mut sources: Vec<Option<Vec<Draw>>> = sources.into_iter().map(Some).collect();
         for (t, part) in parts.iter_mut().enumerate() {
+            // Oldest first: the highest run number first.
+            for r in (0..k).rev() {
+                let j = t + n * bitrev(r, k);
+                part.draws.extend(sources[j].take().unwrap_or_default());
+            }
             part.draws = newest(&part.draws, cap(t)).to_vec();
         }
     } else {
+        let k = n / m;
         for (j, source) in sources.into_iter().enumerate() {
-            let targets: Vec<usize> = (j..n).step_by(m).collect();
+            let targets: Vec<usize> = (0..k).map(|r| j + m * bitrev(r, k)).collect();
             let room: usize = targets.iter().map(|&t| cap(t)).sum();
             let rows = newest(&source, room);
             let mut end = rows.len();
-            for (i, &t) in targets.iter().enumerate() {
-                let later: usize = targets[i + 1..].iter().map(|&u| cap(u)).sum();
-                let even = end.div_ceil(targets.len() - i);
+            for (r, &t) in targets.iter().enumerate() {
+                let later: usize = targets[r + 1..].iter().map(|&u| cap(u)).sum();
+                let even = end.div_ceil(k - r);
                 let take = even.max(end.saturating_sub(later)).min(cap(t));
                 parts[t].draws = rows[end - take..end].to_vec();
                 end -= take;
@@ -206,6 +217,15 @@ fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<Part> {
         part.steps = part.draws.len() as u64;
     }
     parts
+}
+
+/// `r` with its `log2(k)` low bits reversed (`k` a power of two).
+fn bitrev(r: usize, k: usize) -> usize {
+    let bits = k.trailing_zeros();
+    if bits == 0 {
+        return 0;
+    }
+    r.reverse_bits() >> (usize::BITS - bits)
 }
 
 /// The parts of a new ndim-2 storage's shards: with the same environments, every

@@ -237,12 +237,17 @@ impl ReplayBuffer {
     /// The rows are copied, each shard's in FIFO order, as many of the newest as the
     /// new storage holds:
     ///
-    /// - ndim 1 to ndim 1: shard `s` goes to shard `s % shards` when there are fewer
-    ///   shards (shards meeting there are concatenated in shard order, the oldest rows
-    ///   dropped first); with more shards, each old shard's rows are split into
-    ///   consecutive runs over shards `s`, `s + old`, `s + 2 * old`, ..., the newest
-    ///   run staying in shard `s`. A [`Writer`](crate::Writer) bound to shard `s`
-    ///   writes shard `s % shards` afterwards, so its rows stay in one FIFO.
+    /// - ndim 1 to ndim 1: every shard's rows keep their order. With more shards, each
+    ///   old shard `s` is cut into consecutive runs over shards `s`, `s + old`,
+    ///   `s + 2 * old`, ..., the newest run staying in shard `s`, where a
+    ///   [`Writer`](crate::Writer) bound to it goes on appending; with fewer, shard `s`
+    ///   goes to shard `s % shards`, after the shards that meet there and hold older
+    ///   runs. Splitting in two sends the older half to the upper shard, and every
+    ///   change of shard count orders runs as such halvings would, so merging back
+    ///   what a split made restores each shard as it was: a writer whose shard stays
+    ///   its own keeps its rows in the order it wrote them. Each shard keeps the
+    ///   newest rows it has room for. A writer bound to shard `s` writes shard
+    ///   `s % shards` afterwards.
     /// - ndim 2 with the same environments: every environment's column keeps its
     ///   steps in time order. A new shard's columns share one cursor, so when shards
     ///   that wrote different numbers of steps merge, the new shard keeps the newest

@@ -1,0 +1,242 @@
+//! Swaps racing collectors and learners: writers bound to shards, a buffer-level
+//! collector, learners sampling (and updating priorities) and a prefetching loader
+//! keep going while another thread swaps samplers, write policies and storages (heap
+//! and file-backed, shards merged and split). Afterwards every row any collector
+//! wrote is in the buffer exactly once, whole, and in each shard every collector's
+//! rows are in the order it wrote them. Longer: `REPLAYBUF_STRESS_MS=20000`.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use replaybuf::{
+    Batch, DType, Prioritized, PriorityError, ReplayBuffer, SampleError, Spec, StorageConfig,
+    Uniform, WithoutReplacement, WritePolicy,
+};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("check", DType::U64, [])
+        .field("obs", DType::F32, [5])
+        .build()
+        .unwrap()
+}
+
+fn mix(id: u64) -> u64 {
+    id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xfeed
+}
+
+fn rows(rb: &ReplayBuffer, ids: &[u64]) -> Batch {
+    let mut b = rb.batch([ids.len()]);
+    b.set("id", ids).unwrap();
+    b.set("check", &ids.iter().map(|&i| mix(i)).collect::<Vec<_>>())
+        .unwrap();
+    let obs: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| (0..5).map(move |k| (i % 100_000) as f32 + k as f32))
+        .collect();
+    b.set("obs", &obs).unwrap();
+    b
+}
+
+/// The ids of `batch`, every row checked whole.
+fn whole(batch: &Batch) -> Vec<u64> {
+    let id = batch.column::<u64>("id").unwrap();
+    let check = batch.column::<u64>("check").unwrap();
+    let obs = batch.column::<f32>("obs").unwrap();
+    for (k, &i) in id.iter().enumerate() {
+        assert_eq!(check[k], mix(i), "a torn row: id {i}, check {}", check[k]);
+        for j in 0..5 {
+            assert_eq!(
+                obs[5 * k + j],
+                (i % 100_000) as f32 + j as f32,
+                "torn row {i}"
+            );
+        }
+    }
+    id.to_vec()
+}
+
+fn duration() -> Duration {
+    let ms = std::env::var("REPLAYBUF_STRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500);
+    Duration::from_millis(ms)
+}
+
+/// Collector `c`'s `n`-th row.
+fn id(c: u64, n: u64) -> u64 {
+    (c << 40) | n
+}
+
+/// Rows each collector writes at most: all of them fit in every storage swapped in.
+const MAX_ROWS: u64 = 20_000;
+const CAPACITY: usize = 1 << 17;
+
+#[test]
+fn no_row_is_lost_or_torn_when_swaps_race_collectors_and_learners() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(CAPACITY)
+        .shards(2)
+        .seed(11)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let dir = tempfile::tempdir().unwrap();
+    let written: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let mut threads = Vec::new();
+    // Collectors 0 and 1 hold writer handles (shards 0 and 1); collector 2 extends
+    // through the buffer (round robin over the shards), sometimes one row at a time.
+    let pace = duration() / 1200;
+    for c in 0..3u64 {
+        let (rb, stop, count) = (rb.clone(), stop.clone(), written[c as usize].clone());
+        let writer = (c < 2).then(|| rb.writer());
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            let mut chunk = 1u64;
+            while !stop.load(Ordering::Relaxed) && n < MAX_ROWS {
+                chunk = (chunk * 7 + c + 3) % 37 + 1;
+                let len = chunk.min(MAX_ROWS - n);
+                let ids: Vec<u64> = (n..n + len).map(|k| id(c, k)).collect();
+                let batch = rows(&rb, &ids);
+                match (&writer, len) {
+                    (Some(w), _) => {
+                        w.extend(&batch).unwrap();
+                    }
+                    (None, 1) => {
+                        rb.add(&batch).unwrap();
+                    }
+                    (None, _) => {
+                        rb.extend(&batch).unwrap();
+                    }
+                }
+                n += len;
+                count.store(n as usize, Ordering::Release);
+                // Paced so that the writes span most of the swaps.
+                std::thread::sleep(pace);
+            }
+        }));
+    }
+    // Learners: a learner handle that updates priorities when it can, and a
+    // prefetching loader.
+    {
+        let (rb, stop) = (rb.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut learner = rb.learner();
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match learner.sample(64) {
+                    Ok(batch) => {
+                        whole(&batch);
+                        if batch.weight().is_some() {
+                            k += 1;
+                            let p: Vec<f64> = (0..batch.len())
+                                .map(|j| (j as u64 + k) as f64 % 5.0)
+                                .collect();
+                            // Rows replaced by a swap meanwhile count as stale; a
+                            // swap to a sampler without priorities refuses updates.
+                            match rb.update_priority(batch.index(), batch.generations(), &p) {
+                                Ok(_) | Err(PriorityError::NotPrioritized) => {}
+                                Err(e) => panic!("update: {e}"),
+                            }
+                        }
+                    }
+                    Err(
+                        SampleError::EpochEnd | SampleError::NotEnough { .. } | SampleError::Empty,
+                    ) => {}
+                    Err(e) => panic!("sample: {e}"),
+                }
+            }
+        }));
+    }
+    {
+        let (rb, stop) = (rb.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut loader = rb.loader().batch_size(32).prefetch(2).build().unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                match loader.sample() {
+                    Ok(batch) => {
+                        whole(&batch);
+                    }
+                    Err(
+                        SampleError::EpochEnd | SampleError::NotEnough { .. } | SampleError::Empty,
+                    ) => {}
+                    Err(e) => panic!("loader: {e}"),
+                }
+            }
+        }));
+    }
+    // The swapper: a cycle of every kind of swap, for the test's duration.
+    // Shards stay at 2 or more, so that each writer handle's shard stays its own.
+    let swaps: Vec<Box<dyn Fn(&ReplayBuffer, usize)>> = vec![
+        Box::new(|rb, _| rb.set_sampler(WithoutReplacement::new()).unwrap()),
+        Box::new(|rb, _| rb.set_sampler(Prioritized::new(0.6, 0.4)).unwrap()),
+        Box::new(|rb, _| rb.set_storage(StorageConfig::heap().shards(4)).unwrap()),
+        Box::new(|rb, _| rb.set_sampler(Prioritized::new(0.8, 0.5)).unwrap()),
+        Box::new(|rb, _| {
+            let bigger = StorageConfig::heap().shards(8).capacity(2 * CAPACITY);
+            rb.set_storage(bigger).unwrap()
+        }),
+        Box::new(|rb, _| rb.set_sampler(Uniform).unwrap()),
+        Box::new(|rb, _| rb.set_writer(WritePolicy::RoundRobin).unwrap()),
+        Box::new(move |rb, i| {
+            let at = dir.path().join(format!("swap-{i}"));
+            let on_disk = StorageConfig::memmap(at).shards(2).capacity(CAPACITY);
+            rb.set_storage(on_disk).unwrap()
+        }),
+        Box::new(|rb, _| rb.set_storage(StorageConfig::heap().shards(4)).unwrap()),
+        Box::new(|rb, _| rb.set_storage(StorageConfig::heap().shards(2)).unwrap()),
+    ];
+    let start = Instant::now();
+    let mut done = 0;
+    while done < 2 * swaps.len() || start.elapsed() < duration() {
+        swaps[done % swaps.len()](&rb, done);
+        done += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // Every row written, exactly once, whole.
+    let all = rb.read_all_in_order(None);
+    let ids = whole(&all);
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for &i in &ids {
+        *seen.entry(i).or_default() += 1;
+    }
+    let mut total = 0;
+    for (c, count) in written.iter().enumerate() {
+        let n = count.load(Ordering::Acquire) as u64;
+        assert!(n > 0, "collector {c} wrote nothing");
+        for k in 0..n {
+            assert_eq!(
+                seen.get(&id(c as u64, k)).copied().unwrap_or(0),
+                1,
+                "collector {c}'s row {k} of {n} after {done} swaps"
+            );
+        }
+        total += n as usize;
+    }
+    assert_eq!(ids.len(), total, "rows nobody wrote");
+    assert_eq!(rb.len(), total);
+    // Within each shard, each writer handle's rows in the order it wrote them (no
+    // shard has wrapped since its storage was made, so storage order is FIFO order).
+    // The buffer-level collector's rows go to every shard in turn: shards merged
+    // keep their own orders, not the order across them.
+    let per_shard = rb.capacity() / rb.shards();
+    let mut last: HashMap<(usize, u64), u64> = HashMap::new();
+    for (&index, &i) in all.index().iter().zip(&ids).filter(|(_, &i)| i >> 40 < 2) {
+        let key = (index as usize / per_shard, i >> 40);
+        if let Some(&prev) = last.get(&key) {
+            assert!(i > prev, "shard {} holds row {i:#x} after {prev:#x}", key.0);
+        }
+        last.insert(key, i);
+    }
+    eprintln!("{done} swaps, {total} rows");
+}
