@@ -366,3 +366,52 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
         assert_eq!(col, &want, "environment {e}'s column after {k} swaps");
     }
 }
+
+#[test]
+fn dumps_racing_swaps_save_whole_buffers() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(1 << 10)
+        .shards(2)
+        .seed(3)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, &(0..500).collect::<Vec<_>>()))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Two dumpers freeze whatever state they loaded while swaps replace it, in place
+    // (the same region under a new state) or by copy.
+    let dumpers: Vec<_> = (0..2)
+        .map(|d| {
+            let (rb, stop) = (rb.clone(), stop.clone());
+            let at = dir.path().join(format!("ckpt-{d}"));
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) || n == 0 {
+                    rb.dumps(&at).unwrap();
+                    let loaded = ReplayBuffer::load(&at).unwrap();
+                    let mut ids = whole(&loaded.read_all_in_order(None));
+                    ids.sort_unstable();
+                    assert_eq!(ids, (0..500).collect::<Vec<_>>());
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut k = 0;
+    while start.elapsed() < duration() / 3 {
+        match k % 3 {
+            0 => rb.set_sampler(WithoutReplacement::new()).unwrap(),
+            1 => rb.set_sampler(Uniform).unwrap(),
+            _ => rb
+                .set_storage(StorageConfig::heap().shards(1 << (k % 2)))
+                .unwrap(),
+        }
+        k += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for d in dumpers {
+        d.join().unwrap();
+    }
+}

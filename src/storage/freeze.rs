@@ -85,12 +85,16 @@ impl Drop for Inside<'_> {
 /// A frozen storage; it thaws when this drops.
 pub(crate) struct Frozen<'a> {
     updaters: &'a AtomicU64,
-    _shards: SmallVec<[ShardFreeze<'a>; 8]>,
+    shards: SmallVec<[ShardFreeze<'a>; 8]>,
 }
 
 impl Drop for Frozen<'_> {
     fn drop(&mut self) {
-        // SYNC POINT: pairs with the Acquire load of updaters waiting in `enter_update`.
+        // The shards thaw first: the updaters' bit is what the next freezer takes
+        // turns on, and it must find every shard thawed.
+        self.shards.clear();
+        // SYNC POINT: pairs with the Acquire load of updaters waiting in `enter_update`
+        // (and of the next freezer).
         self.updaters.fetch_and(!FROZEN, Ordering::Release);
     }
 }
@@ -175,9 +179,6 @@ impl Storage {
         while updaters.load(Ordering::Acquire) & !FROZEN != 0 {
             backoff.snooze();
         }
-        Frozen {
-            updaters,
-            _shards: shards,
-        }
+        Frozen { updaters, shards }
     }
 }

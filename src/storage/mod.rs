@@ -114,8 +114,10 @@ pub(crate) enum Raws<'a> {
 #[derive(Debug)]
 pub(crate) struct Storage {
     region: Arc<Region>,
-    /// This process's updaters and the freeze bit (`freeze.rs`).
-    updaters: CachePadded<AtomicU64>,
+    /// This process's updaters of the region and the freeze bit (`freeze.rs`): one
+    /// word for every `Storage` over the region ([`Storage::view`]), so that their
+    /// freezes take turns as the occupancy words they share require.
+    updaters: Arc<CachePadded<AtomicU64>>,
     /// Set once, while frozen, when a swap replaced this storage (`freeze.rs`): every
     /// writer that enters afterwards leaves again and redoes its write on the buffer's
     /// new state. Read-mostly, beside the fields every append reads anyway.
@@ -561,13 +563,13 @@ impl Storage {
         }
     }
 
-    /// A second storage over this one's region, with its own updaters' word and
-    /// retirement flag: what a swap that keeps the rows where they are publishes, so
-    /// that retiring the old storage does not retire the region.
+    /// A second storage over this one's region, with a retirement flag of its own:
+    /// what a swap that keeps the rows where they are publishes, so that retiring the
+    /// old storage does not retire the region.
     pub(crate) fn view(&self) -> Storage {
         Storage {
             region: self.region.clone(),
-            updaters: CachePadded::new(AtomicU64::new(0)),
+            updaters: self.updaters.clone(),
             retired: AtomicBool::new(false),
             first_lap: self.first_lap,
             layout: self.layout.clone(),
@@ -720,7 +722,7 @@ impl Parts {
             .collect();
         Storage {
             region,
-            updaters: CachePadded::new(AtomicU64::new(0)),
+            updaters: Arc::new(CachePadded::new(AtomicU64::new(0))),
             retired: AtomicBool::new(false),
             first_lap: 0,
             layout,
