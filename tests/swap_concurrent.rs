@@ -78,6 +78,9 @@ fn id(c: u64, n: u64) -> u64 {
     (c << 40) | n
 }
 
+/// One swap of the cycle, given the buffer and the swap's number.
+type Swap = Box<dyn Fn(&ReplayBuffer, usize)>;
+
 /// Rows each collector writes at most: all of them fit in every storage swapped in.
 const MAX_ROWS: u64 = 20_000;
 const CAPACITY: usize = 1 << 17;
@@ -177,7 +180,7 @@ fn no_row_is_lost_or_torn_when_swaps_race_collectors_and_learners() {
     }
     // The swapper: a cycle of every kind of swap, for the test's duration.
     // Shards stay at 2 or more, so that each writer handle's shard stays its own.
-    let swaps: Vec<Box<dyn Fn(&ReplayBuffer, usize)>> = vec![
+    let swaps: Vec<Swap> = vec![
         Box::new(|rb, _| rb.set_sampler(WithoutReplacement::new()).unwrap()),
         Box::new(|rb, _| rb.set_sampler(Prioritized::new(0.6, 0.4)).unwrap()),
         Box::new(|rb, _| rb.set_storage(StorageConfig::heap().shards(4)).unwrap()),
