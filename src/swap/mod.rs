@@ -27,7 +27,8 @@
 //!
 //! A writer that waited on the freeze gets in after the thaw, finds its storage
 //! retired, leaves without writing, and redoes its whole write on the new state
-//! ([`ReplayBuffer::retrying`]). So a write racing a swap lands either in the old
+//! ([`ReplayBuffer::retrying`]; its inverse transforms then run again on the caller's
+//! rows). So a write racing a swap lands either in the old
 //! storage before it is copied, or in the new one; never in a storage nobody reads
 //! any more, never twice, never torn. The ordering argument is in `freeze.rs` and in
 //! [`docs::orderings`](crate::docs::orderings); loom checks it
