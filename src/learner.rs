@@ -34,8 +34,10 @@ impl Learner {
     /// Samples into `batch`, reusing its buffers (no allocation once warm). Draws the
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
-        let n = self.buffer.inner().batch_size_for(batch)?;
-        self.sample_n_into(n, batch)
+        let inner = self.buffer.inner();
+        let n = inner.batch_size_for(batch)?;
+        inner.sample_into(&mut self.rng, n, batch)?;
+        inner.transforms.apply(batch)
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
