@@ -138,7 +138,9 @@ impl ReplayBuffer {
         self.len() == 0
     }
 
-    /// Rows written since the buffer was built or last emptied, evicted ones included.
+    /// Rows written since the buffer was built or last emptied, evicted ones included
+    /// (after a swap into a new storage: the rows carried over, and those written
+    /// since).
     pub fn write_count(&self) -> u64 {
         self.inner().storage.write_count()
     }
