@@ -260,10 +260,15 @@ impl ReplayBuffer {
     ///   the new environments (`[t, envs]` row-major), dropping the oldest rows that do
     ///   not fill a whole step.
     ///
-    /// Priorities, epochs, random streams, indices and generations: see the
-    /// `ReplayBuffer` docs' "swaps" notes in [`set_sampler`](Self::set_sampler) and
-    /// the crate's `swap` module. The old storage's memory is released when the last
-    /// operation using it ends; an old file-backed directory is left as it is (closed).
+    /// Priorities are kept from one prioritized sampler to another (each row's raw
+    /// priority, and the running maximum); otherwise rows enter with the new
+    /// sampler's priority for new rows. Epochs restart; the random streams go on (the
+    /// counters of sample calls and of learner and writer handles carry over);
+    /// transforms and hooks stay. Copied rows start at a lap beyond any of the old
+    /// storage's, so an index and generation sampled before the swap never name a row
+    /// after it (a priority update for one counts as stale), and `write_count` counts
+    /// the rows carried over. The old storage's memory is released when the last
+    /// operation using it ends; an old file-backed directory is left as it is, closed.
     ///
     /// ```
     /// use replaybuf::{DType, ReplayBuffer, Spec, StorageConfig};
