@@ -1,7 +1,13 @@
 //! [`ReplayBuffer`]: a storage and a sampler wired together and shared by every
 //! handle, with the paths every handle takes: extend, sample, reads and rewrites by
 //! position. Its choices are made and checked in `builder.rs`.
+//!
+//! The handles share the buffer's current [`Inner`] through `swap/mod.rs`: every
+//! operation loads it once and works on that one, and a swap (`set_sampler`, ...)
+//! replaces it whole. A write that finds its storage retired by a swap redoes itself
+//! on the new one ([`ReplayBuffer::retrying`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rand::RngExt;
@@ -24,23 +30,29 @@ use crate::sampler::slice::{
 use crate::sampler::without_replacement::Epochs;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
+use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::{Shard, Window as ShardWindow};
+use crate::storage::stamp::Claim;
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
-use crate::sync::{Backoff, Ordering};
+use crate::swap::{Attempt, Shared};
+use crate::sync::{Backoff, Guard, Ordering};
 use crate::transform::Transforms;
 use crate::writer::{Writer, Written};
 
-/// What every handle of one buffer shares.
+/// A buffer's state: what a swap replaces whole (see `swap/mod.rs`). Every handle
+/// reaches the current one through [`ReplayBuffer::inner`].
 #[derive(Debug)]
 pub(crate) struct Inner {
     /// What the buffer was built with (its seed resolved): for checkpoints.
     pub(crate) config: Config,
-    /// Save and load hooks of checkpoints.
-    pub(crate) hooks: Hooks,
+    /// The directory of a file-backed storage.
+    pub(crate) memmap: Option<PathBuf>,
+    /// Save and load hooks of checkpoints, shared by every state of the buffer.
+    pub(crate) hooks: Arc<Hooks>,
     pub(crate) storage: Storage,
     pub(crate) sampler: Engine,
     pub(crate) seed: u64,
@@ -50,8 +62,9 @@ pub(crate) struct Inner {
     pub(crate) priority_field: Option<usize>,
     /// The write policy and its state: every write passes its gate (`policy.rs`).
     pub(crate) policy: Policy,
-    /// Closures on sampled batches, and their inverses on written data.
-    pub(crate) transforms: Transforms,
+    /// Closures on sampled batches, and their inverses on written data, shared by
+    /// every state of the buffer.
+    pub(crate) transforms: Arc<Transforms>,
 }
 
 /// A replay buffer: many collectors extend it while many learners sample it, with no
@@ -82,7 +95,7 @@ pub(crate) struct Inner {
 /// ```
 #[derive(Clone, Debug)]
 pub struct ReplayBuffer {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl ReplayBuffer {
@@ -91,19 +104,33 @@ impl ReplayBuffer {
         ReplayBufferBuilder::new(spec.into())
     }
 
+    /// A buffer whose first state is `inner`.
+    pub(crate) fn from_inner(inner: Inner) -> ReplayBuffer {
+        ReplayBuffer {
+            shared: Arc::new(Shared::new(inner)),
+        }
+    }
+
+    /// The buffer's current state, for one operation: no lock, and no reference count
+    /// on the fast path. Everything one operation reads must come from one load.
+    #[inline]
+    pub(crate) fn inner(&self) -> Guard<Inner> {
+        self.shared.current()
+    }
+
     /// The spec of every row.
     pub fn spec(&self) -> &Arc<Spec> {
-        self.inner.storage.spec()
+        self.shared.spec()
     }
 
     /// Rows the storage holds when full.
     pub fn capacity(&self) -> usize {
-        self.inner.storage.geometry().capacity() as usize
+        self.inner().storage.geometry().capacity() as usize
     }
 
     /// Rows stored now.
     pub fn len(&self) -> usize {
-        self.inner.storage.len() as usize
+        self.inner().storage.len() as usize
     }
 
     /// Whether no row is stored.
@@ -111,42 +138,44 @@ impl ReplayBuffer {
         self.len() == 0
     }
 
-    /// Rows written since the buffer was built or last emptied, evicted ones included.
+    /// Rows written since the buffer was built or last emptied, evicted ones included
+    /// (after a swap into a new storage: the rows carried over, and those written
+    /// since).
     pub fn write_count(&self) -> u64 {
-        self.inner.storage.write_count()
+        self.inner().storage.write_count()
     }
 
     /// Shards of the storage.
     pub fn shards(&self) -> usize {
-        self.inner.storage.shards().len()
+        self.inner().storage.shards().len()
     }
 
     /// Storage dimensions (1 or 2).
     pub fn ndim(&self) -> usize {
-        self.inner.storage.geometry().ndim()
+        self.inner().storage.geometry().ndim()
     }
 
     /// Environments of an ndim-2 storage (1 for ndim 1).
     pub fn envs(&self) -> usize {
-        match *self.inner.storage.geometry() {
+        match *self.inner().storage.geometry() {
             Geometry::Flat { .. } => 1,
             Geometry::Grid { envs, .. } => envs as usize,
         }
     }
 
     /// The slice sampler's settings, if this buffer samples slices.
-    pub fn slice_sampler(&self) -> Option<&Slice> {
-        self.inner.sampler.slice()
+    pub fn slice_sampler(&self) -> Option<Slice> {
+        self.inner().sampler.slice().cloned()
     }
 
     /// The seed of every draw.
     pub fn seed(&self) -> u64 {
-        self.inner.seed
+        self.inner().seed
     }
 
     /// Bytes of address space the storage reserved (pages become resident as written).
     pub fn reserved_bytes(&self) -> usize {
-        self.inner.storage.reserved_bytes()
+        self.inner().storage.reserved_bytes()
     }
 
     /// A zeroed batch of this buffer's spec with batch shape `shape`.
@@ -157,6 +186,9 @@ impl ReplayBuffer {
     /// A collector's handle. Handle `k` writes shard `k % shards`, so with as many
     /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
     /// its shard's environments and extends them with `[t, group]` batches.
+    ///
+    /// After a swap to fewer shards ([`set_storage`](Self::set_storage)) a handle bound
+    /// to shard `k` writes shard `k % shards`; its rows carried over went there too.
     ///
     /// In a [`shared`](crate::ReplayBufferBuilder::shared) buffer, a handle writes a
     /// shard whose lease this process holds: a free one if there is any, else one
@@ -175,11 +207,12 @@ impl ReplayBuffer {
     /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
     /// another live process.
     pub fn try_writer(&self) -> Result<Writer, DataError> {
-        let storage = &self.inner.storage;
+        let inner = self.inner();
+        let storage = &inner.storage;
         let k = storage
             .global(Global::Writers)
             .fetch_add(1, Ordering::Relaxed);
-        let shards = self.shards();
+        let shards = storage.shards().len();
         let shard = match storage.lease_for_writer(k as usize) {
             Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
             None => (k % shards as u64) as usize,
@@ -189,14 +222,14 @@ impl ReplayBuffer {
 
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
-        let k = self
-            .inner
+        let inner = self.inner();
+        let k = inner
             .storage
             .global(Global::Learners)
             .fetch_add(1, Ordering::Relaxed);
         Learner::new(
             self.clone(),
-            rng::stream(self.inner.seed, rng::Stream::Learner(k)),
+            rng::stream(inner.seed, rng::Stream::Learner(k)),
         )
     }
 
@@ -220,79 +253,45 @@ impl ReplayBuffer {
     /// Validates first, then takes the round-robin turn: a rejected batch changes
     /// nothing, not even which shard the next extend goes to.
     fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
-        let inner = &self.inner;
-        if one_row {
-            inner.check_one_row(batch)?;
-        }
-        let batch = match inner.admit(None, batch)? {
-            Admit::Append(batch) => batch,
-            Admit::Placed(written) => return Ok(written),
-        };
-        let rows = inner.prepare(None, &batch)?;
-        let shard = match inner.storage.geometry() {
-            Geometry::Flat { .. } => Some(self.pick_shard()?),
-            Geometry::Grid { .. } => None,
-        };
-        Ok(inner.append(shard, &rows))
-    }
-
-    /// The shard of the next buffer-level extend: round robin across calls, or in a
-    /// shared buffer, a shard this process holds the lease of.
-    pub(crate) fn pick_shard(&self) -> Result<usize, DataError> {
-        let storage = &self.inner.storage;
-        if let Some(leased) = storage.process_lease() {
-            return leased.map_err(|_| DataError::NoFreeShard {
-                shards: self.shards(),
-            });
-        }
-        let s = self.shards() as u64;
-        Ok(if s == 1 || self.inner.sampler.slice().is_some() {
-            0
-        } else {
-            (self
-                .inner
-                .storage
-                .global(Global::NextShard)
-                .fetch_add(1, Ordering::Relaxed)
-                % s) as usize
+        self.retrying(|inner| {
+            if one_row {
+                inner.check_one_row(batch)?;
+            }
+            let batch = match inner.admit(None, batch)? {
+                Admit::Append(batch) => batch,
+                Admit::Placed(written) => return Ok(written),
+            };
+            let rows = inner.prepare(None, &batch)?;
+            let shard = match inner.storage.geometry() {
+                Geometry::Flat { .. } => Some(inner.pick_shard()?),
+                Geometry::Grid { .. } => None,
+            };
+            Ok(inner.append(shard, &rows)?)
         })
-    }
-
-    /// The row order of a `t`-step extend of `envs` environments, by `dim_extend`.
-    pub(crate) fn order_for(&self, t: u64, envs: u64) -> RowOrder {
-        self.inner.order_for(t, envs)
-    }
-
-    fn call_rng(&self) -> Rng {
-        let call = self
-            .inner
-            .storage
-            .global(Global::Calls)
-            .fetch_add(1, Ordering::Relaxed);
-        rng::stream(self.inner.seed, rng::Stream::Call(call))
     }
 
     /// Samples `n` rows into a new batch, with their `index` and `generations`.
     pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.batch([0]);
-        self.inner
-            .sample_into(&mut self.call_rng(), n, &mut batch)?;
-        self.inner.transforms.apply(&mut batch)?;
+        let inner = self.inner();
+        inner.sample_into(&mut inner.call_rng(), n, &mut batch)?;
+        inner.transforms.apply(&mut batch)?;
         Ok(batch)
     }
 
     /// Samples the builder's `batch_size` rows into a new batch.
     pub fn sample_default(&self) -> Result<Batch, SampleError> {
-        self.sample(self.inner.batch_size.ok_or(SampleError::NoBatchSize)?)
+        self.sample(self.inner().batch_size.ok_or(SampleError::NoBatchSize)?)
     }
 
     /// Samples into `batch`, reusing its buffers: once `batch` has held a batch of this
     /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
     /// as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
-        let n = self.inner.batch_size_for(batch)?;
-        self.inner.sample_into(&mut self.call_rng(), n, batch)?;
-        self.inner.transforms.apply(batch)
+        let inner = self.inner();
+        let n = inner.batch_size_for(batch)?;
+        inner.sample_into(&mut inner.call_rng(), n, batch)?;
+        inner.transforms.apply(batch)
     }
 
     /// The row at storage `index`, as a batch of one.
@@ -302,7 +301,8 @@ impl ReplayBuffer {
 
     /// The rows at `indices`, in that order.
     pub fn get_many(&self, indices: &[u64]) -> Result<Batch, AccessError> {
-        let storage = &self.inner.storage;
+        let inner = self.inner();
+        let storage = &inner.storage;
         let mut draws = Vec::with_capacity(indices.len());
         for &index in indices {
             let capacity = storage.geometry().capacity();
@@ -315,43 +315,50 @@ impl ReplayBuffer {
                     .ok_or(AccessError::NotWritten { index })?,
             );
         }
-        Ok(self.inner.read_positions(&draws))
+        Ok(inner.read_positions(&draws))
     }
 
     /// Every stored row among the first `end` storage positions (all of them when
     /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
     pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {
-        let storage = &self.inner.storage;
+        let inner = self.inner();
+        let storage = &inner.storage;
         let end = end.map_or(storage.geometry().capacity(), |e| {
             (e as u64).min(storage.geometry().capacity())
         });
         let draws: Vec<Draw> = (0..end).filter_map(|i| storage.draw_at(i)).collect();
-        self.inner.read_positions(&draws)
+        inner.read_positions(&draws)
     }
 
     /// Overwrites storage positions `0..end` in place with the first `end` rows of
     /// `data` (all of them when `None`), in storage order (TorchRL's `rb[:end] = data`).
     /// Every position must hold a row; on any error nothing is written.
     pub fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
-        self.inner.write_all(data, end)
+        self.retrying(|inner| inner.write_all(data, end))
     }
 
     /// Writes a file-backed storage's changes through to its file and the disk
     /// (`msync` and `fsync`); nothing for other storages. A file-backed buffer's rows
     /// outlive its process without this; it guards against the machine going down.
     pub fn flush(&self) -> Result<(), PersistError> {
-        self.inner.storage.flush()
+        self.inner().storage.flush()
     }
 
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
     /// sampler too). Rows being written meanwhile are dropped as well.
     pub fn empty(&self) {
-        let _inside = self.inner.storage.enter_update();
-        self.inner.policy.emptying(|| {
-            self.inner.storage.empty();
-            self.inner.sampler.reset();
-            self.inner.clear_emptied();
-        });
+        self.retrying::<_, std::convert::Infallible>(|inner| {
+            // The policy's lock first, then the updaters' gate: a swap takes them in
+            // that order too.
+            inner.policy.emptying(|| {
+                let _inside = inner.storage.enter_update()?;
+                inner.storage.empty();
+                inner.sampler.reset();
+                inner.clear_emptied();
+                Ok(())
+            })
+        })
+        .unwrap_or_else(|never| match never {});
     }
 }
 
@@ -367,7 +374,8 @@ impl Inner {
     ) -> Inner {
         Inner {
             config,
-            hooks: Hooks::default(),
+            memmap: None,
+            hooks: Arc::default(),
             priority_field,
             storage,
             sampler,
@@ -375,8 +383,36 @@ impl Inner {
             batch_size,
             dim_extend,
             policy: Policy::RoundRobin,
-            transforms: Transforms::default(),
+            transforms: Arc::default(),
         }
+    }
+
+    /// The shard of the next buffer-level extend: round robin across calls.
+    pub(crate) fn pick_shard(&self) -> Result<usize, DataError> {
+        if let Some(leased) = self.storage.process_lease() {
+            return leased.map_err(|_| DataError::NoFreeShard {
+                shards: self.storage.shards().len(),
+            });
+        }
+        let s = self.storage.shards().len() as u64;
+        Ok(if s == 1 || self.sampler.slice().is_some() {
+            0
+        } else {
+            (self
+                .storage
+                .global(Global::NextShard)
+                .fetch_add(1, Ordering::Relaxed)
+                % s) as usize
+        })
+    }
+
+    /// The random stream of the next sample call made through the buffer itself.
+    pub(crate) fn call_rng(&self) -> Rng {
+        let call = self
+            .storage
+            .global(Global::Calls)
+            .fetch_add(1, Ordering::Relaxed);
+        rng::stream(self.seed, rng::Stream::Call(call))
     }
 
     pub(crate) fn batch_size_for(&self, batch: &Batch) -> Result<usize, SampleError> {
@@ -419,7 +455,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, DataError> {
+    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, Attempt<DataError>> {
         self.check_one_row(row)?;
         Ok(self.extend(Some(shard), row)?.index(0))
     }
@@ -475,13 +511,17 @@ impl Inner {
 
     /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
     /// every shard (`None`, ndim 2 only).
-    pub(crate) fn extend(&self, shard: Option<usize>, batch: &Batch) -> Result<Written, DataError> {
+    pub(crate) fn extend(
+        &self,
+        shard: Option<usize>,
+        batch: &Batch,
+    ) -> Result<Written, Attempt<DataError>> {
         let batch = match self.admit(shard, batch)? {
             Admit::Append(batch) => batch,
             Admit::Placed(written) => return Ok(written),
         };
         let rows = self.prepare(shard, &batch)?;
-        Ok(self.append(shard, &rows))
+        Ok(self.append(shard, &rows)?)
     }
 
     /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns what
@@ -500,42 +540,66 @@ impl Inner {
     }
 
     /// Appends validated rows. `shard: None` writes every env group of an ndim-2 storage.
-    pub(crate) fn append(&self, shard: Option<usize>, rows: &Prepared<'_>) -> Written {
+    /// Refused, with nothing written, if a swap retired the storage.
+    pub(crate) fn append(
+        &self,
+        shard: Option<usize>,
+        rows: &Prepared<'_>,
+    ) -> Result<Written, Retired> {
         let storage = &self.storage;
         let (steps, src) = (rows.steps, &rows.src);
         let mut written = Written::new(steps, src.order);
         let priorities = rows.priorities.as_deref();
         match shard {
             Some(k) => {
-                let first = self.append_shard(k, steps, src, priorities);
+                let claim = storage.enter_append(k)?;
+                let first = self.append_shard(k, claim, steps, src, priorities);
                 written.push(*storage.shards()[k].ring(), first, 0);
             }
             None => {
-                for (k, shard) in storage.shards().iter().enumerate() {
+                // Every shard is entered before any is written, so that a swap finds
+                // the whole extend in the storage it copies, or none of it. Shards are
+                // entered in order, as a freeze does, so neither waits on the other.
+                let mut claims: SmallVec<[Claim; 8]> = SmallVec::new();
+                for k in 0..storage.shards().len() {
+                    match storage.enter_append(k) {
+                        Ok(claim) => claims.push(claim),
+                        Err(retired) => {
+                            for (shard, claim) in storage.shards().iter().zip(claims) {
+                                shard.leave_append(claim);
+                            }
+                            return Err(retired);
+                        }
+                    }
+                }
+                for ((k, shard), claim) in storage.shards().iter().enumerate().zip(claims) {
                     let ring = *shard.ring();
                     let group = src.for_group(ring.index_offset);
-                    let first = self.append_shard(k, steps, &group, priorities);
+                    let first = self.append_shard(k, claim, steps, &group, priorities);
                     written.push(ring, first, ring.index_offset);
                 }
             }
         }
-        written
+        Ok(written)
     }
 
-    /// Appends to shard `k`; for a prioritized buffer, records the rows' raw priorities
-    /// once they are claimed and gives them their leaves once they are published (see
-    /// `priority.rs`).
+    /// Appends to shard `k`, entered with `claim`; for a prioritized buffer, records
+    /// the rows' raw priorities once they are claimed and gives them their leaves once
+    /// they are published (see `priority.rs`).
     fn append_shard(
         &self,
         k: usize,
+        claim: Claim,
         steps: u64,
         src: &Source<'_>,
         priorities: Option<&[f64]>,
     ) -> u64 {
         let Some(raws) = self.new_raws(priorities) else {
-            return self.storage.append(k, steps, src, None);
+            return self.storage.append_entered(k, claim, steps, src, None);
         };
-        let first = self.storage.append(k, steps, src, Some(raws));
+        let first = self
+            .storage
+            .append_entered(k, claim, steps, src, Some(raws));
         self.set_leaves(k, first, steps, src, raws);
         first
     }
@@ -983,7 +1047,7 @@ impl Inner {
         }
     }
 
-    fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+    fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), Attempt<AccessError>> {
         let rewrite = self.admit_rewrite(data)?;
         let data = &*rewrite.data;
         let storage = &self.storage;
@@ -991,19 +1055,22 @@ impl Inner {
         let end = end.map_or(rows, |e| e as u64);
         let capacity = storage.geometry().capacity();
         if end > rows {
-            return Err(DataError::BatchShape {
+            return Err(AccessError::from(DataError::BatchShape {
                 expected: "at least `end` rows",
                 found: data.shape().to_vec(),
-            }
+            })
             .into());
         }
         if end > capacity {
             return Err(AccessError::OutOfRange {
                 index: end - 1,
                 capacity,
-            });
+            }
+            .into());
         }
-        let src = self.source(data, RowOrder::Flat)?;
+        let src = self
+            .source(data, RowOrder::Flat)
+            .map_err(AccessError::from)?;
         let draws = (0..end)
             .map(|i| {
                 storage
@@ -1011,7 +1078,10 @@ impl Inner {
                     .ok_or(AccessError::NotWritten { index: i })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let _guards: Vec<_> = storage.shards().iter().map(|s| s.enter_edit()).collect();
+        // Every shard is entered before any row is rewritten: all or nothing.
+        let _guards = (0..storage.shards().len())
+            .map(|k| storage.enter_edit(k))
+            .collect::<Result<Vec<_>, Retired>>()?;
         for (i, d) in draws.into_iter().enumerate() {
             // A row emptied after the check above has nothing to rewrite: skip it.
             let _ = storage.edit(d, &src, i as u64);

@@ -10,6 +10,7 @@ use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::policy::Policy;
+use crate::sampler::slice::Bounds;
 use crate::sampler::{Engine, Sampler};
 #[cfg(not(replaybuf_loom))]
 use crate::shared::{self, procs::PROCS};
@@ -182,6 +183,11 @@ impl ReplayBufferBuilder {
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
+        Ok(ReplayBuffer::from_inner(self.build_inner()?))
+    }
+
+    /// Checks every choice, reserving nothing.
+    pub(crate) fn check(&self) -> Result<Checked, BuildError> {
         let err = |k| Err(BuildError::new(k));
         let geometry = geometry(self.capacity, self.shards, self.ndim, self.envs)?;
         let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
@@ -257,9 +263,25 @@ impl ReplayBufferBuilder {
                 Some(i)
             }
         };
+        Ok(Checked {
+            geometry,
+            dim_extend,
+            policy,
+            trees,
+            slices,
+            priority_field,
+        })
+    }
+
+    /// The state of a new buffer: checked, with its storage reserved (or reopened).
+    pub(crate) fn build_inner(self) -> Result<Inner, BuildError> {
+        let err = |k| Err(BuildError::new(k));
+        let checked = self.check()?;
+        let (geometry, trees) = (checked.geometry, checked.trees);
+        let slices = checked.slices;
         let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = Config::of(&self, seed);
-        let (storage, fresh) = match (&self.memmap, &self.shared) {
+        let (storage, origin) = match (&self.memmap, &self.shared) {
             (Some(_), Some(_)) => {
                 return err(BuildErrorKind::Writer {
                     reason: "memmap and shared are two storages: choose one",
@@ -294,7 +316,14 @@ impl ReplayBufferBuilder {
                     config.seed = seed;
                 }
                 // Attached: other processes may be using it; nothing to recover.
-                (storage, Fresh::new(opened.fresh, false))
+                (
+                    storage,
+                    if opened.fresh {
+                        Origin::Fresh
+                    } else {
+                        Origin::Reused
+                    },
+                )
             }
             #[cfg(replaybuf_loom)]
             (None, Some(_)) => {
@@ -311,7 +340,7 @@ impl ReplayBufferBuilder {
                     config.layout_hash(),
                 )
                 .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
-                Fresh::New,
+                Origin::Fresh,
             ),
             (Some(dir), None) => {
                 let parts = |meta| Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
@@ -325,16 +354,36 @@ impl ReplayBufferBuilder {
                     seed = opened.seed;
                     config.seed = seed;
                 }
-                (opened.storage, Fresh::new(opened.fresh, true))
+                (
+                    opened.storage,
+                    if opened.fresh {
+                        Origin::Fresh
+                    } else {
+                        Origin::Reopened
+                    },
+                )
             }
         };
+        Ok(self.assemble(checked, config, storage, seed, origin))
+    }
+
+    /// The state of this configuration (`checked` by [`check`](Self::check)) over
+    /// `storage`, which comes from `origin`.
+    pub(crate) fn assemble(
+        self,
+        checked: Checked,
+        config: Config,
+        storage: Storage,
+        seed: u64,
+        origin: Origin,
+    ) -> Inner {
         let engine = Engine::new(self.sampler, seed, storage.globals());
-        match fresh {
-            Fresh::New => engine.initialize(),
-            Fresh::Reopened => {
+        match origin {
+            Origin::Fresh => engine.initialize(),
+            Origin::Reopened => {
                 storage.recover(engine.prioritized());
             }
-            Fresh::Attached => {}
+            Origin::Reused => {}
         }
         let mut inner = Inner::new(
             config,
@@ -342,38 +391,40 @@ impl ReplayBufferBuilder {
             engine,
             seed,
             self.batch_size,
-            dim_extend,
-            priority_field,
+            checked.dim_extend,
+            checked.priority_field,
         );
-        inner.policy = policy;
-        if fresh != Fresh::New {
+        inner.memmap = self.memmap.filter(|_| !self.private_copy);
+        inner.policy = checked.policy;
+        if !matches!(origin, Origin::Fresh) {
             inner.policy.reload(&inner);
         }
-        Ok(ReplayBuffer {
-            inner: Arc::new(inner),
-        })
+        inner
     }
 }
 
-/// Where a built buffer's storage came from.
+/// What [`ReplayBufferBuilder::check`] found: the choices a state is made of.
+pub(crate) struct Checked {
+    geometry: Geometry,
+    dim_extend: usize,
+    policy: Policy,
+    /// With trees (a prioritized sampler): whether with a max tree too.
+    trees: Option<bool>,
+    /// A slice sampler's trajectory bounds.
+    slices: Option<Bounds>,
+    priority_field: Option<usize>,
+}
+
+/// Where a new state's storage comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fresh {
-    /// Laid out now: its initial state is written.
-    New,
-    /// A file nobody else has open: recovered from whatever its last writers left.
+pub(crate) enum Origin {
+    /// Made now: the sampler writes its initial state into it.
+    Fresh,
+    /// A file-backed storage opened again: recovered from writers that died.
     Reopened,
-    /// A shared region other processes use: taken as it is.
-    Attached,
-}
-
-impl Fresh {
-    fn new(fresh: bool, exclusive: bool) -> Fresh {
-        match (fresh, exclusive) {
-            (true, _) => Fresh::New,
-            (false, true) => Fresh::Reopened,
-            (false, false) => Fresh::Attached,
-        }
-    }
+    /// A live storage another state of the buffer used (a swap that keeps the rows
+    /// in place), or a shared region other processes use: taken as it is.
+    Reused,
 }
 
 /// The storage shape of `capacity` rows in `shards` shards: ndim 1, or ndim 2 with

@@ -321,8 +321,9 @@ impl ReplayBufferEnsemble {
         let shares = self.shares(&mut rng, n);
         for ((buffer, part), &share) in e.buffers.iter().zip(&mut out.parts).zip(&shares) {
             if share > 0 {
-                buffer.inner.sample_into(&mut rng, share, part)?;
-                buffer.inner.transforms.apply(part)?;
+                let inner = buffer.inner();
+                inner.sample_into(&mut rng, share, part)?;
+                inner.transforms.apply(part)?;
             }
         }
         // Concatenate: every member's rows in buffer order.

@@ -174,6 +174,81 @@ impl From<SpecError> for BuildError {
     }
 }
 
+/// Why a sampler, write policy or storage could not be swapped into a built buffer
+/// ([`ReplayBuffer::set_sampler`](crate::ReplayBuffer::set_sampler) and its
+/// siblings). Nothing changed: the buffer keeps its rows, sampler, policy and storage.
+#[derive(Debug)]
+pub struct SwapError {
+    kind: SwapErrorKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum SwapErrorKind {
+    /// The new configuration is refused as a builder would refuse it, or its storage
+    /// could not be made.
+    Build(BuildError),
+    /// A file-backed directory's record of the configuration could not be rewritten.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))]
+    Persist(crate::checkpoint::error::PersistError),
+    /// A file-backed storage asked to change what its file's layout records.
+    FileBacked,
+    /// The buffer's recorded configuration does not build again.
+    Config,
+    /// The buffer is in shared memory: other processes hold its state.
+    Shared,
+}
+
+impl SwapError {
+    pub(crate) fn new(kind: SwapErrorKind) -> Self {
+        Self { kind }
+    }
+
+    pub(crate) fn build(e: BuildError) -> Self {
+        Self::new(SwapErrorKind::Build(e))
+    }
+
+    /// The builder's error, if the new configuration was refused as a builder would
+    /// refuse it (or its storage could not be made).
+    pub fn build_error(&self) -> Option<&BuildError> {
+        match &self.kind {
+            SwapErrorKind::Build(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for SwapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            SwapErrorKind::Build(e) => write!(f, "the new configuration is refused: {e}"),
+            SwapErrorKind::Persist(e) => write!(f, "{e}"),
+            SwapErrorKind::FileBacked => f.write_str(
+                "a file-backed storage's layout (its sampler's trees and tables, its \
+                 priority key) is fixed in its file: move the buffer to a new directory \
+                 in the same swap, `reconfigure().sampler(..).storage(StorageConfig::memmap(dir))`",
+            ),
+            SwapErrorKind::Config => {
+                f.write_str("the buffer's own configuration no longer builds (a bug)")
+            }
+            SwapErrorKind::Shared => f.write_str(
+                "a shared buffer's sampler, writer and storage are every attached \
+                 process's: they cannot be swapped by one (dump it, and load the \
+                 checkpoint into a buffer built the new way)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SwapError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            SwapErrorKind::Build(e) => Some(e),
+            SwapErrorKind::Persist(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Data that does not match the buffer's spec or storage shape. Nothing was written.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum DataError {

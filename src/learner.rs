@@ -27,23 +27,23 @@ impl Learner {
     /// Samples `n` rows into a new batch.
     pub fn sample(&mut self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.buffer.batch([0]);
-        self.buffer
-            .inner
-            .sample_into(&mut self.rng, n, &mut batch)?;
-        self.buffer.inner.transforms.apply(&mut batch)?;
+        self.sample_n_into(n, &mut batch)?;
         Ok(batch)
     }
 
     /// Samples into `batch`, reusing its buffers (no allocation once warm). Draws the
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
-        let n = self.buffer.inner.batch_size_for(batch)?;
-        self.sample_n_into(n, batch)
+        let inner = self.buffer.inner();
+        let n = inner.batch_size_for(batch)?;
+        inner.sample_into(&mut self.rng, n, batch)?;
+        inner.transforms.apply(batch)
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
     pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
-        self.buffer.inner.sample_into(&mut self.rng, n, batch)?;
-        self.buffer.inner.transforms.apply(batch)
+        let inner = self.buffer.inner();
+        inner.sample_into(&mut self.rng, n, batch)?;
+        inner.transforms.apply(batch)
     }
 }

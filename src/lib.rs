@@ -63,6 +63,7 @@ pub mod shared;
 mod spec;
 mod storage;
 mod sumtree;
+mod swap;
 mod sync;
 mod tmrl;
 mod trainer;
@@ -82,7 +83,7 @@ pub use dtype::{DType, Element};
 pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
-    Stage, TransformIndexError,
+    Stage, SwapError, TransformIndexError,
 };
 pub use iter::Batches;
 pub use learner::Learner;
@@ -92,6 +93,7 @@ pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use swap::{Reconfigure, StorageConfig};
 pub use tmrl::{Tensor, TmrlBatch, TmrlBuilder, TmrlKeys, TmrlMemory};
 pub use trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};
 pub use trajectories::{
@@ -116,14 +118,15 @@ pub mod internals {
     /// Whether every tree entry of a prioritized buffer equals what its children give
     /// (true whenever no update is in flight): the stress tests' final check.
     pub fn priorities_consistent(rb: &crate::ReplayBuffer) -> bool {
-        rb.inner.storage.trees().iter().all(|t| t.is_consistent())
+        rb.inner().storage.trees().iter().all(|t| t.is_consistent())
     }
     /// The leaf and raw word (tag, priority) of shard 0's slot `i` (debugging aid).
     pub fn leaf_and_raw(
         rb: &crate::ReplayBuffer,
         i: usize,
     ) -> Option<(crate::sumtree::Leaf, (u16, f64))> {
-        let trees = rb.inner.storage.trees();
+        let inner = rb.inner();
+        let trees = inner.storage.trees();
         trees.first().map(|t| (t.leaf(i), t.raw_tagged(i)))
     }
     /// What a frozen storage looks like (see `storage/freeze.rs`): taken while the
@@ -141,7 +144,8 @@ pub mod internals {
     }
     /// Freezes the buffer's storage, looks at it, and thaws it.
     pub fn frozen_view(rb: &crate::ReplayBuffer) -> FrozenView {
-        let storage = &rb.inner.storage;
+        let inner = rb.inner();
+        let storage = &inner.storage;
         let _frozen = storage.freeze();
         let mut view = FrozenView {
             claimed: storage.shards().iter().map(|s| s.window().hi).sum(),

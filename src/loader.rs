@@ -203,7 +203,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     /// Checks the choices and starts the workers, if any.
     pub fn build(self) -> Result<Loader<T>, BuildError> {
         let err = |reason| Err(BuildError::new(BuildErrorKind::Loader { reason }));
-        let inner = &self.buffer.inner;
+        let inner = self.buffer.inner();
         let Some(rows) = self.batch_size.or(inner.batch_size) else {
             return err("no batch size: set one on the loader or on the buffer's builder");
         };

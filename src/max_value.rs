@@ -32,8 +32,10 @@ use crate::error::{BuildError, BuildErrorKind, DataError};
 use crate::policy::rows_of;
 use crate::sampler::{Reduction, Sampler};
 use crate::spec::{Key, Spec};
+use crate::storage::freeze::Retired;
 use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
+use crate::swap::Attempt;
 use crate::sync::{Mutex, MutexGuard};
 use crate::writer::Written;
 
@@ -179,12 +181,17 @@ impl MaxValue {
 
     /// Places the rows of `batch`: appends while the storage has room (shard `first`
     /// first), then replaces the lowest-ranked rows that rank below them.
+    ///
+    /// Refused with `Retired` before anything is written if a swap retired the
+    /// storage: the swap holds this writer's lock while it freezes the storage, so a
+    /// placement is either wholly done before the copy or starts after the retirement,
+    /// and then its first write is the one refused.
     pub(crate) fn place(
         &self,
         inner: &Inner,
         first: usize,
         batch: &Batch,
-    ) -> Result<Written, DataError> {
+    ) -> Result<Written, Attempt<DataError>> {
         let prepared = inner.prepare(None, batch)?;
         let ranks = self.ranks_of(inner, batch)?;
         let storage = &inner.storage;
@@ -243,7 +250,7 @@ impl MaxValue {
         let mut generation: HashMap<usize, u64> = HashMap::new();
         for (k, seq, row) in appends {
             let one = rows_of(src, row as u64, row as u64 + 1);
-            let got = storage.append(k, 1, &one, None);
+            let got = storage.append(k, 1, &one, None)?;
             debug_assert_eq!(
                 got, seq,
                 "replaybuf internal error: a cursor moved under the max-value lock"
@@ -256,7 +263,7 @@ impl MaxValue {
         }
         for (&index, &(row, target)) in &planned {
             let Target::Replace = target else { continue };
-            if let Some(g) = rewrite(inner, index, src, row) {
+            if let Some(g) = rewrite(inner, index, src, row)? {
                 generation.insert(row, g);
             } else {
                 // Unreachable while the lock is held (`empty` takes it); reported as
@@ -285,32 +292,52 @@ impl MaxValue {
     }
 
     /// Ranks the rows the storage holds now, forgetting the ranks known before: for a
-    /// buffer whose rows came from elsewhere (a checkpoint, a reopened file).
+    /// buffer whose rows came from elsewhere (a checkpoint, a reopened file, a swap).
     pub(crate) fn rerank_stored(&self, inner: &Inner) {
         let mut held = self.ranks.lock();
         held.clear();
         let rows = inner.read_positions(&inner.live_draws());
-        // Stored rows were admitted with finite ranks; a damaged one ranks lowest.
-        let values = numeric_column(&rows, inner.storage.spec().fields()[self.field].key())
-            .unwrap_or_default();
-        let per_row = values.len() / rows.len().max(1);
-        for (r, &index) in rows.index().iter().enumerate() {
-            let rank = match values.get(r * per_row..(r + 1) * per_row) {
-                Some(v) if per_row > 0 && v.iter().all(|x| x.is_finite()) => {
-                    self.reduction.reduce(v).clamp(f64::MIN, f64::MAX) + 0.0
-                }
-                _ => f64::MIN,
-            };
+        for (&index, rank) in rows.index().iter().zip(self.stored_ranks(&rows)) {
             held.set(index, Rank(rank));
         }
     }
 
-    /// Runs `empty` under the lock, then forgets every rank.
-    pub(crate) fn emptying(&self, empty: impl FnOnce()) {
-        let mut held = self.ranks.lock();
-        empty();
-        held.clear();
+    /// The rank of each row of `rows` (rows already stored somewhere): rows were
+    /// admitted with finite ranks, but rows written under another policy may hold
+    /// anything, and a row without a finite rank ranks lowest.
+    pub(crate) fn stored_ranks(&self, rows: &Batch) -> Vec<f64> {
+        let values =
+            numeric_column(rows, rows.spec().fields()[self.field].key()).unwrap_or_default();
+        let per_row = values.len() / rows.len().max(1);
+        (0..rows.len())
+            .map(|r| match values.get(r * per_row..(r + 1) * per_row) {
+                Some(v) if per_row > 0 && v.iter().all(|x| x.is_finite()) => {
+                    self.reduction.reduce(v).clamp(f64::MIN, f64::MAX) + 0.0
+                }
+                _ => f64::MIN,
+            })
+            .collect()
     }
+
+    /// Runs `empty` under the lock, then forgets every rank.
+    pub(crate) fn emptying<R>(&self, empty: impl FnOnce() -> R) -> R {
+        let mut held = self.ranks.lock();
+        let r = empty();
+        held.clear();
+        r
+    }
+
+    /// Holds the lock: no placement, rewrite or emptying is under way meanwhile.
+    pub(crate) fn hold(&self) -> Held<'_> {
+        Held {
+            _ranks: self.ranks.lock(),
+        }
+    }
+}
+
+/// A max-value writer's lock, held (see [`MaxValue::hold`]).
+pub(crate) struct Held<'a> {
+    _ranks: MutexGuard<'a, Ranks>,
 }
 
 /// A `write_all` of a max-value buffer in progress: the lock, and the new rows' ranks.
@@ -337,18 +364,21 @@ fn rewrite(
     index: u64,
     src: &crate::storage::plan::Source<'_>,
     row: usize,
-) -> Option<u64> {
+) -> Result<Option<u64>, Retired> {
     let storage = &inner.storage;
-    let draw = storage.draw_at(index)?;
-    let shard = &storage.shards()[draw.shard as usize];
-    let _editor = shard.enter_edit();
+    let Some(draw) = storage.draw_at(index) else {
+        return Ok(None);
+    };
+    let _editor = storage.enter_edit(draw.shard as usize)?;
     debug_assert_eq!(src.order, RowOrder::Flat);
     if !storage.edit(draw, src, row as u64) {
-        return None;
+        return Ok(None);
     }
-    let ring = shard.ring();
+    let ring = storage.shards()[draw.shard as usize].ring();
     let leaf = (draw.seq % ring.steps) * ring.width + u64::from(draw.lane);
-    Some(storage.stamp_of(draw.shard as usize, leaf).generation())
+    Ok(Some(
+        storage.stamp_of(draw.shard as usize, leaf).generation(),
+    ))
 }
 
 /// A numeric column of `batch` as `f64`s.

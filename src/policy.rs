@@ -19,11 +19,13 @@ use crate::batch::Batch;
 use crate::buffer::{Inner, Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::error::{BuildError, BuildErrorKind, DataError};
-use crate::max_value::{MaxValue, Rerank};
+use crate::max_value::{Held, MaxValue, Rerank};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
+use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Source, SrcCol};
+use crate::swap::Attempt;
 use crate::writer::{WritePolicy, Written};
 
 /// A write policy with its running state.
@@ -69,10 +71,19 @@ impl Policy {
 
     /// Runs `empty` as the policy needs: a max-value writer forgets its ranks with the
     /// rows, under its lock.
-    pub(crate) fn emptying(&self, empty: impl FnOnce()) {
+    pub(crate) fn emptying<R>(&self, empty: impl FnOnce() -> R) -> R {
         match self {
             Policy::MaxValue(m) => m.emptying(empty),
             Policy::RoundRobin | Policy::Immutable => empty(),
+        }
+    }
+
+    /// Holds the policy's lock, if it has one (a max-value writer's): no placement is
+    /// under way while the guard lives. A swap holds it around its freeze.
+    pub(crate) fn hold(&self) -> Option<Held<'_>> {
+        match self {
+            Policy::MaxValue(m) => Some(m.hold()),
+            Policy::RoundRobin | Policy::Immutable => None,
         }
     }
 }
@@ -109,9 +120,9 @@ impl Inner {
         &self,
         shard: Option<usize>,
         batch: &'a Batch,
-    ) -> Result<Admit<'a>, DataError> {
+    ) -> Result<Admit<'a>, Attempt<DataError>> {
         if let Policy::Immutable = &self.policy {
-            return Err(DataError::Immutable);
+            return Err(DataError::Immutable.into());
         }
         let batch = self.transforms.invert(batch)?;
         match &self.policy {
@@ -151,11 +162,13 @@ impl Inner {
     /// `extend` takes them.
     fn write_initial(&self, rows: &Batch) -> Result<(), DataError> {
         if let Policy::MaxValue(m) = &self.policy {
-            return m.place(self, 0, rows).map(drop);
+            return m.place(self, 0, rows).map(drop).map_err(Attempt::unswapped);
         }
         let prepared = self.prepare(None, rows)?;
+        let unswapped =
+            |r: Result<Written, Retired>| r.map_err(|r| Attempt::<DataError>::from(r).unswapped());
         let Geometry::Flat { .. } = self.storage.geometry() else {
-            self.append(None, &prepared);
+            unswapped(self.append(None, &prepared))?;
             return Ok(());
         };
         let shards = self.storage.shards().len() as u64;
@@ -173,7 +186,7 @@ impl Inner {
                     .as_ref()
                     .map(|p| p[a as usize..b as usize].to_vec()),
             };
-            self.append(Some(k as usize), &part);
+            unswapped(self.append(Some(k as usize), &part))?;
         }
         Ok(())
     }
@@ -219,7 +232,7 @@ impl ReplayBufferBuilder {
     /// ```
     pub fn build_from(self, rows: &Batch) -> Result<ReplayBuffer, BuildError> {
         let rb = self.build()?;
-        rb.inner
+        rb.inner()
             .write_initial(rows)
             .map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
         Ok(rb)

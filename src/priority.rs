@@ -19,6 +19,7 @@ use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::Raws;
 use crate::sumtree::Leaf;
+use crate::swap::Attempt;
 
 impl Inner {
     fn prioritized(&self) -> Result<&State, PriorityError> {
@@ -114,7 +115,7 @@ impl Inner {
         generation: &[u64],
         priority: &[f64],
         replaced: Replaced,
-    ) -> Result<PriorityUpdate, PriorityError> {
+    ) -> Result<PriorityUpdate, Attempt<PriorityError>> {
         let state = self.prioritized()?;
         let lengths = PriorityError::Lengths {
             indices: index.len(),
@@ -122,27 +123,28 @@ impl Inner {
             priorities: priority.len(),
         };
         if index.len() != generation.len() {
-            return Err(lengths);
+            return Err(lengths.into());
         }
         if index.is_empty() {
             return if priority.is_empty() {
                 Ok(PriorityUpdate::default())
             } else {
-                Err(lengths)
+                Err(lengths.into())
             };
         }
         if priority.is_empty() || !priority.len().is_multiple_of(index.len()) {
-            return Err(lengths);
+            return Err(lengths.into());
         }
         if let Some(position) = priority.iter().position(|&p| !prioritized::valid(p)) {
             return Err(PriorityError::Invalid {
                 position,
                 value: priority[position],
-            });
+            }
+            .into());
         }
         let capacity = self.storage.geometry().capacity();
         if let Some(&index) = index.iter().find(|&&i| i >= capacity) {
-            return Err(PriorityError::OutOfRange { index, capacity });
+            return Err(PriorityError::OutOfRange { index, capacity }.into());
         }
         let per_row = priority.len() / index.len();
         let trees = self.storage.trees();
@@ -166,18 +168,22 @@ impl Inner {
                     return Err(PriorityError::Replaced {
                         position: row,
                         index: i,
-                    })
+                    }
+                    .into())
                 }
                 Row::Unknown => {
                     return Err(PriorityError::UnknownRow {
                         position: row,
                         index: i,
                         generation: g,
-                    })
+                    }
+                    .into())
                 }
             }
         }
-        let _inside = self.storage.enter_update();
+        // A swap that retired the storage meanwhile: the caller checks the rows again
+        // against the new state and updates them there.
+        let _inside = self.storage.enter_update()?;
         for (tree, rows) in trees.iter().zip(&by_shard) {
             let mut applied = vec![false; rows.len()];
             state.update(tree, rows, &mut applied);
@@ -197,6 +203,11 @@ impl Inner {
         let ring = self.storage.shards()[k as usize].ring();
         let leaf = pos * ring.width + lane;
         let stamp = self.storage.stamp_of(k as usize, leaf);
+        let first = Stamp::published(self.storage.first_lap() as u32, 0).generation();
+        if stamp == Stamp::EMPTY && stamp::generation_cmp(g, first) == Ordering::Less {
+            // A row of a storage this buffer had before a swap (`swap/carry.rs`).
+            return Row::Replaced;
+        }
         if stamp == Stamp::EMPTY
             || stamp::generation_cmp(g, stamp.generation()) == Ordering::Greater
         {
@@ -304,8 +315,7 @@ impl ReplayBuffer {
         generation: &[u64],
         priority: &[f64],
     ) -> Result<PriorityUpdate, PriorityError> {
-        self.inner
-            .update_priority(index, generation, priority, Replaced::Skip)
+        self.retrying(|inner| inner.update_priority(index, generation, priority, Replaced::Skip))
     }
 
     /// Like [`update_priority`], but all or nothing: if any row has been replaced
@@ -323,44 +333,52 @@ impl ReplayBuffer {
         generation: &[u64],
         priority: &[f64],
     ) -> Result<PriorityUpdate, PriorityError> {
-        self.inner
-            .update_priority(index, generation, priority, Replaced::Refuse)
+        self.retrying(|inner| inner.update_priority(index, generation, priority, Replaced::Refuse))
     }
 
     /// Sets priorities from a sampled batch's priority field (TorchRL's
     /// `update_tensordict_priority`): the batch's `index`, `generations` and its values
     /// of the builder's `priority_key`.
     pub fn update_priority_from(&self, batch: &Batch) -> Result<PriorityUpdate, PriorityError> {
-        let inner = &self.inner;
-        inner.prioritized()?;
-        let field = inner.priority_field.ok_or(PriorityError::NoPriorityField)?;
-        let key = inner.storage.spec().fields()[field].key();
-        let values = column_f64(batch, key).ok_or(PriorityError::NoPriorityField)?;
-        inner.update_priority(batch.index(), batch.generations(), &values, Replaced::Skip)
+        self.retrying(|inner| {
+            inner.prioritized()?;
+            let field = inner.priority_field.ok_or(PriorityError::NoPriorityField)?;
+            let key = inner.storage.spec().fields()[field].key();
+            let values = column_f64(batch, key).ok_or(PriorityError::NoPriorityField)?;
+            inner.update_priority(batch.index(), batch.generations(), &values, Replaced::Skip)
+        })
     }
 
     /// The priority exponent (`None` unless prioritized).
     pub fn alpha(&self) -> Option<f64> {
-        self.inner.sampler.prioritized().map(State::alpha)
+        self.inner().sampler.prioritized().map(State::alpha)
     }
 
     /// The importance-correction exponent (`None` unless prioritized).
     pub fn beta(&self) -> Option<f64> {
-        self.inner.sampler.prioritized().map(State::beta)
+        self.inner().sampler.prioritized().map(State::beta)
     }
 
     /// Changes `beta` for the samples that follow (annealing).
     pub fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
-        self.inner.prioritized()?.set_beta(beta)
+        // A swap carries beta over: it does not run meanwhile.
+        let _reconfiguring = self.reconfiguring();
+        self.inner().prioritized()?.set_beta(beta)
     }
 
     /// Changes `alpha`, recomputing every row's mass from its stored priority: a pass
     /// over the trees, so a cold-path call. Samples and updates may run meanwhile.
     pub fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
-        let state = self.inner.prioritized()?;
-        let _inside = self.inner.storage.enter_update();
+        // A swap carries alpha over: it does not run meanwhile.
+        let _reconfiguring = self.reconfiguring();
+        let inner = self.inner();
+        let state = inner.prioritized()?;
+        let _inside = inner
+            .storage
+            .enter_update()
+            .map_err(|r| Attempt::<PriorityError>::from(r).unswapped())?;
         state.set_alpha(alpha)?;
-        for tree in self.inner.storage.trees() {
+        for tree in inner.storage.trees() {
             state.remass(&tree);
         }
         Ok(())
@@ -369,7 +387,7 @@ impl ReplayBuffer {
     /// The priority of the live row at `index`, as last set (`None` if the buffer is
     /// not prioritized or the position holds no live row).
     pub fn priority(&self, index: u64) -> Option<f64> {
-        let inner = &self.inner;
+        let inner = self.inner();
         inner.sampler.prioritized()?;
         let (k, pos, lane) = inner.storage.geometry().locate(index)?;
         let shard = &inner.storage.shards()[k as usize];

@@ -14,7 +14,8 @@
 //! Under loom:
 //! - the atomics, `Arc`, `Mutex`, `Condvar` and threads are loom's;
 //! - [`ArcCell`] (an `arc_swap::ArcSwapOption` normally) is a `Mutex<Option<Arc<T>>>`,
-//!   because loom cannot see inside arc-swap;
+//!   and [`ArcSwap`] (an `arc_swap::ArcSwap`) a `Mutex<Arc<T>>`, because loom cannot
+//!   see inside arc-swap;
 //! - [`spin`] yields to loom's scheduler, so that every wait loop is a point where the
 //!   model may switch threads instead of an unbounded spin;
 //! - sizes shrink (see `storage::LOOM_*` and the tests): rings of 4 slots, 2 shards.
@@ -187,6 +188,37 @@ mod imp {
         }
     }
 
+    /// An atomically replaceable `Arc<T>` (`arc_swap::ArcSwap`): a load takes no lock
+    /// and, on the fast path, touches no reference count; a store never waits for
+    /// readers, and the value it replaces lives on until its last reader lets go.
+    pub(crate) struct ArcSwap<T>(arc_swap::ArcSwap<T>);
+
+    /// What [`ArcSwap::load`] returns: the value loaded, kept alive while held.
+    pub(crate) type Guard<T> = arc_swap::Guard<std::sync::Arc<T>>;
+
+    impl<T> ArcSwap<T> {
+        pub(crate) fn new(value: std::sync::Arc<T>) -> Self {
+            Self(arc_swap::ArcSwap::new(value))
+        }
+
+        /// The current value, for the length of one operation.
+        #[inline]
+        pub(crate) fn load(&self) -> Guard<T> {
+            self.0.load()
+        }
+
+        /// Replaces the value: loads that follow see `value`.
+        pub(crate) fn store(&self, value: std::sync::Arc<T>) {
+            self.0.store(value)
+        }
+    }
+
+    impl<T: std::fmt::Debug> std::fmt::Debug for ArcSwap<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_tuple("ArcSwap").field(&**self.0.load()).finish()
+        }
+    }
+
     /// A store to a word that other threads also change by read-modify-write; a plain
     /// store (see the loom twin for why it differs there).
     #[inline]
@@ -301,6 +333,44 @@ mod imp {
 
         pub(crate) fn store(&self, value: Option<Arc<T>>) {
             *self.0.lock().expect("poisoned") = value;
+        }
+    }
+
+    /// Under loom an `ArcSwap` is a mutex around the `Arc<T>` (loom cannot look inside
+    /// arc-swap): a load clones the `Arc` under the lock, so a reader holds a whole
+    /// value, old or new, exactly as with arc-swap.
+    pub(crate) struct ArcSwap<T>(loom::sync::Mutex<std::sync::Arc<T>>);
+
+    /// What [`ArcSwap::load`] returns under loom: the loaded `Arc`.
+    pub(crate) struct Guard<T>(std::sync::Arc<T>);
+
+    impl<T> std::ops::Deref for Guard<T> {
+        type Target = std::sync::Arc<T>;
+
+        fn deref(&self) -> &std::sync::Arc<T> {
+            &self.0
+        }
+    }
+
+    impl<T> ArcSwap<T> {
+        pub(crate) fn new(value: std::sync::Arc<T>) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn load(&self) -> Guard<T> {
+            Guard(self.0.lock().expect("poisoned").clone())
+        }
+
+        pub(crate) fn store(&self, value: std::sync::Arc<T>) {
+            let old = std::mem::replace(&mut *self.0.lock().expect("poisoned"), value);
+            // The old value is dropped outside the lock, as arc-swap does.
+            drop(old);
+        }
+    }
+
+    impl<T> std::fmt::Debug for ArcSwap<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("ArcSwap")
         }
     }
 

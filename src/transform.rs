@@ -202,7 +202,7 @@ impl ReplayBuffer {
     /// list as it was before or after the change.
     pub fn append_transform(&self, transform: impl Into<Transform>) {
         let t = transform.into();
-        self.inner.transforms.change(|list| list.push(t));
+        self.inner().transforms.change(|list| list.push(t));
     }
 
     /// Inserts a transform at `position` of the list (`0` runs first on sampled
@@ -213,7 +213,7 @@ impl ReplayBuffer {
         transform: impl Into<Transform>,
     ) -> Result<(), TransformIndexError> {
         let t = transform.into();
-        self.inner.transforms.change(|list| {
+        self.inner().transforms.change(|list| {
             if position > list.len() {
                 return Err(TransformIndexError {
                     position,
@@ -227,11 +227,11 @@ impl ReplayBuffer {
 
     /// Transforms in the list.
     pub fn transforms(&self) -> usize {
-        self.inner.transforms.len()
+        self.inner().transforms.len()
     }
 
     /// Removes every transform.
     pub fn clear_transforms(&self) {
-        self.inner.transforms.change(Vec::clear);
+        self.inner().transforms.change(Vec::clear);
     }
 }

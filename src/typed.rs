@@ -10,18 +10,21 @@ use bytemuck::Pod;
 use smallvec::smallvec;
 
 use crate::batch::Scratch;
-use crate::buffer::{Prepared, ReplayBuffer};
+use crate::buffer::{Inner, Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::DumpOptions;
 use crate::checkpoint::error::PersistError;
-use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
-use crate::rng::{self, Rng};
+use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
-use crate::storage::layout::Global;
+use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
-use crate::sync::Ordering;
+use crate::swap::{Attempt, StorageConfig};
 use crate::writer::{WritePolicy, Written};
+
+/// Why a typed buffer refuses a max-value writer.
+const MAX_VALUE_TYPED: &str =
+    "a typed buffer's rows have no field to rank: a max-value writer needs a ReplayBuffer";
 
 /// A replay buffer of `T`s.
 ///
@@ -125,8 +128,7 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         }
         if let WritePolicy::MaxValue { .. } = self.inner.write_policy() {
             return Err(BuildError::new(BuildErrorKind::Writer {
-                reason: "a typed buffer's rows have no field to rank: a max-value writer \
-                         needs a ReplayBuffer",
+                reason: MAX_VALUE_TYPED,
             }));
         }
         Ok(TypedBuffer {
@@ -274,6 +276,37 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         &self.buffer
     }
 
+    /// Replaces the sampler: see [`ReplayBuffer::set_sampler`].
+    pub fn set_sampler(&self, sampler: impl Into<Sampler>) -> Result<(), SwapError> {
+        self.buffer.set_sampler(sampler)
+    }
+
+    /// Replaces the write policy: see [`ReplayBuffer::set_writer`]. Round robin or
+    /// immutable: a typed row has no field to rank by.
+    pub fn set_writer(&self, writer: WritePolicy) -> Result<(), SwapError> {
+        if let WritePolicy::MaxValue { .. } = writer {
+            return Err(SwapError::build(BuildError::new(BuildErrorKind::Writer {
+                reason: MAX_VALUE_TYPED,
+            })));
+        }
+        self.buffer.set_writer(writer)
+    }
+
+    /// Moves the buffer into a new storage: see [`ReplayBuffer::set_storage`].
+    ///
+    /// ```
+    /// use replaybuf::{StorageConfig, TypedBuffer};
+    ///
+    /// let rb = TypedBuffer::<[f32; 4]>::builder().capacity(100).build()?;
+    /// rb.extend(&[[1.0; 4]; 60])?;
+    /// rb.set_storage(StorageConfig::heap().capacity(50))?;
+    /// assert_eq!(rb.len(), 50); // the newest 50
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_storage(&self, storage: StorageConfig) -> Result<(), SwapError> {
+        self.buffer.set_storage(storage)
+    }
+
     /// Rows the storage holds when full.
     pub fn capacity(&self) -> usize {
         self.buffer.capacity()
@@ -313,50 +346,47 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Appends values: any number for ndim 1 (one shard, round robin across calls);
     /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
     pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
-        self.buffer.inner.admit_typed()?;
-        self.append(items)
+        self.buffer.retrying(|inner| {
+            inner.admit_typed()?;
+            Self::append_to(inner, items)
+        })
     }
 
     /// Appends past the write policy's gate.
     fn append(&self, items: &[T]) -> Result<Written, DataError> {
-        let inner = &self.buffer.inner;
-        match inner.storage.geometry().ndim() {
-            1 => {
-                let shard = self.buffer.pick_shard()?;
+        self.buffer.retrying(|inner| Self::append_to(inner, items))
+    }
+
+    /// Appends to the buffer state `inner`.
+    fn append_to(inner: &Inner, items: &[T]) -> Result<Written, Attempt<DataError>> {
+        match *inner.storage.geometry() {
+            Geometry::Flat { .. } => {
+                let shard = inner.pick_shard()?;
                 let rows = Prepared {
                     steps: items.len() as u64,
                     src: Self::source(items, RowOrder::Flat),
                     priorities: None,
                 };
-                Ok(inner.append(Some(shard), &rows))
+                Ok(inner.append(Some(shard), &rows)?)
             }
-            _ => {
-                let envs = self.buffer.envs();
-                if !items.len().is_multiple_of(envs) {
+            Geometry::Grid { envs, .. } => {
+                if !(items.len() as u64).is_multiple_of(envs) {
                     return Err(DataError::BatchShape {
                         expected: "a multiple of envs values for an ndim-2 storage",
                         found: vec![items.len()],
-                    });
+                    }
+                    .into());
                 }
-                let t = (items.len() / envs) as u64;
-                let order = self.buffer.order_for(t, envs as u64);
+                let t = items.len() as u64 / envs;
+                let order = inner.order_for(t, envs);
                 let rows = Prepared {
                     steps: t,
                     src: Self::source(items, order),
                     priorities: None,
                 };
-                Ok(inner.append(None, &rows))
+                Ok(inner.append(None, &rows)?)
             }
         }
-    }
-
-    fn call_rng(&self) -> Rng {
-        let inner = &self.buffer.inner;
-        let call = inner
-            .storage
-            .global(Global::Calls)
-            .fetch_add(1, Ordering::Relaxed);
-        rng::stream(self.buffer.seed(), rng::Stream::Call(call))
     }
 
     /// Samples `n` values.
@@ -369,7 +399,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Samples into `batch`, reusing its buffers (no allocation once warm): the
     /// builder's `batch_size` values, or as many as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let n = match (self.buffer.inner.batch_size, batch.len()) {
+        let n = match (self.buffer.inner().batch_size, batch.len()) {
             (Some(n), _) => n,
             (None, 0) => return Err(SampleError::NoBatchSize),
             (None, n) => n,
@@ -378,8 +408,8 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let inner = &self.buffer.inner;
-        let mut rng = self.call_rng();
+        let inner = self.buffer.inner();
+        let mut rng = inner.call_rng();
         let scratch = &mut batch.scratch;
         inner.draw(&mut rng, n, scratch)?;
         let m = scratch.draws.len();

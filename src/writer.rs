@@ -5,7 +5,7 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use crate::batch::Batch;
-use crate::buffer::ReplayBuffer;
+use crate::buffer::{Inner, ReplayBuffer};
 use crate::error::DataError;
 use crate::sampler::Reduction;
 use crate::spec::Key;
@@ -211,16 +211,23 @@ impl Writer {
         Writer { buffer, shard }
     }
 
-    /// The shard this handle writes.
+    /// The shard this handle writes (after a swap to fewer shards, the one its shard
+    /// went to: `shard % shards`).
     pub fn shard(&self) -> usize {
-        self.shard
+        self.shard_of(&self.buffer.inner())
+    }
+
+    /// This handle's shard in the buffer state `inner`.
+    fn shard_of(&self, inner: &Inner) -> usize {
+        self.shard % inner.storage.shards().len()
     }
 
     /// The environments this handle owns on an ndim-2 storage (`None` for ndim 1).
     pub fn envs(&self) -> Option<Range<usize>> {
-        let storage = &self.buffer.inner.storage;
+        let inner = self.buffer.inner();
+        let storage = &inner.storage;
         (storage.geometry().ndim() == 2).then(|| {
-            let ring = storage.shards()[self.shard].ring();
+            let ring = storage.shards()[self.shard_of(&inner)].ring();
             ring.index_offset as usize..(ring.index_offset + ring.width) as usize
         })
     }
@@ -232,13 +239,15 @@ impl Writer {
 
     /// Adds one transition (shape `[1]`, ndim 1) and returns its index.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.buffer.inner.add(self.shard, row)
+        self.buffer
+            .retrying(|inner| inner.add(self.shard_of(inner), row))
     }
 
     /// Appends a batch to this handle's shard: `[n]` for ndim 1; for ndim 2, `t` steps
     /// of this handle's environments (`[t, group]`, or `[group, t]` with
     /// `dim_extend = 1`).
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        self.buffer.inner.extend(Some(self.shard), batch)
+        self.buffer
+            .retrying(|inner| inner.extend(Some(self.shard_of(inner)), batch))
     }
 }

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use replaybuf::{
-    DType, DumpOptions, Prioritized, ReplayBuffer, ReplayBufferBuilder, Slice, SlicePriority,
-    Spec, WithoutReplacement,
+    DType, DumpOptions, Prioritized, ReplayBuffer, ReplayBufferBuilder, Slice, SlicePriority, Spec,
+    WithoutReplacement,
 };
 
 #[derive(Arbitrary, Debug)]
@@ -64,7 +64,11 @@ fn builder(config: u8) -> ReplayBufferBuilder {
 }
 
 fn rows(rb: &ReplayBuffer, n: usize) -> replaybuf::Batch {
-    let shape: Vec<usize> = if rb.ndim() == 2 { vec![n, rb.envs()] } else { vec![n] };
+    let shape: Vec<usize> = if rb.ndim() == 2 {
+        vec![n, rb.envs()]
+    } else {
+        vec![n]
+    };
     let mut b = rb.batch(&shape);
     let len = b.len();
     let traj: Vec<i64> = (0..len as i64).map(|i| i / 5).collect();
@@ -88,15 +92,23 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 /// Rewrites meta.json's checksums and lengths to match the files as they are now.
 fn fix_checksums(dir: &Path) {
     let meta = dir.join("meta.json");
-    let Ok(text) = std::fs::read(&meta) else { return };
-    let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&text) else { return };
+    let Ok(text) = std::fs::read(&meta) else {
+        return;
+    };
+    let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return;
+    };
     if let Some(files) = json
         .pointer_mut("/checkpoint/files")
         .and_then(|f| f.as_array_mut())
     {
         for f in files {
-            let Some(name) = f.get("name").and_then(|n| n.as_str()) else { continue };
-            let Ok(bytes) = std::fs::read(dir.join(name)) else { continue };
+            let Some(name) = f.get("name").and_then(|n| n.as_str()) else {
+                continue;
+            };
+            let Ok(bytes) = std::fs::read(dir.join(name)) else {
+                continue;
+            };
             f["bytes"] = (bytes.len() as u64).into();
             f["xxh3"] = xxhash_rust::xxh3::xxh3_64(&bytes).into();
         }
@@ -139,7 +151,8 @@ fn exercise(rb: &ReplayBuffer, samples: u8) {
 }
 
 fuzz_target!(|input: Input| {
-    let dir = std::env::temp_dir().join(format!("replaybuf-fuzz-checkpoint-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("replaybuf-fuzz-checkpoint-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let rb = builder(input.config).build().unwrap();
     let n = usize::from(input.rows % 40) + 1;

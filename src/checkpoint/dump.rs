@@ -315,7 +315,9 @@ impl ReplayBuffer {
         dir: impl AsRef<Path>,
         options: &DumpOptions,
     ) -> Result<(), PersistError> {
-        dump(&self.inner, dir.as_ref(), options)
+        // A dump that froze a storage a swap has just replaced dumps the new one.
+        while !dump(&self.inner(), dir.as_ref(), options)? {}
+        Ok(())
     }
 
     /// Adds a save hook (TorchRL's `register_save_hook`): every later dump passes the
@@ -326,7 +328,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner.hooks.add_save(std::sync::Arc::new(hook));
+        self.inner().hooks.add_save(std::sync::Arc::new(hook));
     }
 
     /// Adds a load hook (TorchRL's `register_load_hook`): every later load passes the
@@ -335,7 +337,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner.hooks.add_load(std::sync::Arc::new(hook));
+        self.inner().hooks.add_load(std::sync::Arc::new(hook));
     }
 }
 
@@ -370,7 +372,8 @@ impl CompactFields {
     }
 }
 
-fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<(), PersistError> {
+/// Dumps `inner`; `false` (nothing written) if a swap retired its storage meanwhile.
+fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
     let previous = match DirMeta::read(dir) {
         Ok(m) if m.kind == DirKind::Memmap => {
@@ -406,6 +409,9 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<(), PersistE
     let mut meter = Meter::new(options.progress, layout.words as u64 * 8, "dumps");
     let mut written = Written { sinks: Vec::new() };
     let frozen = storage.freeze();
+    if storage.is_retired() {
+        return Ok(false);
+    }
     let result = write_sections(
         inner,
         dir,
@@ -459,7 +465,7 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<(), PersistE
         }
         remove_generation(dir, old);
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A message that lives as long as the error holding it (errors carry `&'static str`

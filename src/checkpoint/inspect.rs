@@ -155,7 +155,8 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
 }
 
 fn contents_of(rb: &ReplayBuffer) -> Contents {
-    let storage = &rb.inner.storage;
+    let inner = rb.inner();
+    let storage = &inner.storage;
     let per_shard = storage
         .shards()
         .iter()

@@ -15,7 +15,7 @@
 
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
+use crate::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

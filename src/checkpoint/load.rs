@@ -21,7 +21,8 @@ use super::error::{IoAt, Kind, PersistError};
 use super::hooks;
 use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
-use crate::builder::ReplayBufferBuilder;
+use crate::builder::{Origin, ReplayBufferBuilder};
+use crate::checkpoint::meta::Config;
 use crate::sampler::slice::Window;
 use crate::sampler::Engine;
 use crate::spec::Key;
@@ -53,20 +54,21 @@ impl ReplayBuffer {
     pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         let (meta, checkpoint) = read_meta(dir)?;
-        if let Some(what) = self.inner.config.layout_difference(&meta.config) {
+        let old: Arc<Inner> = Arc::clone(&self.inner());
+        if let Some(what) = old.config.layout_difference(&meta.config) {
             return Err(PersistError::new(dir, Kind::Mismatch(what)));
         }
-        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
-            PersistError::new(
+        if Arc::get_mut(&mut self.shared).is_none() {
+            return Err(PersistError::new(
                 dir,
                 Kind::Busy(
                     "this buffer has other handles (writers, learners or clones); load \
                      into a buffer no other handle uses, or build one with \
                      ReplayBuffer::load",
                 ),
-            )
-        })?;
-        if inner.storage.is_shared() && !inner.storage.other_processes().is_empty() {
+            ));
+        }
+        if old.storage.is_shared() && !old.storage.other_processes().is_empty() {
             return Err(PersistError::new(
                 dir,
                 Kind::Busy(
@@ -75,28 +77,41 @@ impl ReplayBuffer {
                 ),
             ));
         }
-        if inner.storage.is_file_backed() || inner.storage.is_shared() {
-            // The region is the file or the shared memory: check everything before
-            // writing anything.
-            read_into(inner, dir, &checkpoint, true, Progress::Auto)?;
-            inner.seed = meta.config.seed;
-            inner.config.seed = meta.config.seed;
-            inner.policy.reload(inner);
-            return Ok(());
-        }
-        let fresh = build(dir, &meta, |b| b)?;
-        let mut fresh = Arc::try_unwrap(fresh.inner)
-            .expect("replaybuf internal error: a new buffer already shared");
-        // The hooks belong to this buffer: the fresh one reads with them.
-        std::mem::swap(&mut fresh.hooks, &mut inner.hooks);
-        let read = read_into(&fresh, dir, &checkpoint, false, Progress::Auto);
-        std::mem::swap(&mut fresh.hooks, &mut inner.hooks);
-        read?;
-        std::mem::swap(&mut inner.storage, &mut fresh.storage);
-        std::mem::swap(&mut inner.sampler, &mut fresh.sampler);
-        inner.seed = meta.config.seed;
-        inner.config.seed = meta.config.seed;
-        inner.policy.reload(inner);
+        // This buffer's own configuration, with the checkpoint's seed: the layouts agree.
+        let refused = |why: String| {
+            PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
+        };
+        let builder = old
+            .config
+            .builder()
+            .map_err(|e| refused(format!("{e:?}")))?
+            .seed(meta.config.seed);
+        let mut new = if old.storage.is_file_backed() || old.storage.is_shared() {
+            // The region is the file or the shared memory: a state over it, and every
+            // file checked before anything is written.
+            let checked = builder.check().map_err(|e| refused(e.to_string()))?;
+            let config = Config::of(&builder, meta.config.seed);
+            let new = builder.assemble(
+                checked,
+                config,
+                old.storage.view(),
+                meta.config.seed,
+                Origin::Reused,
+            );
+            read_into(&new, dir, &checkpoint, true, Progress::Auto)?;
+            new
+        } else {
+            let mut fresh = builder.build_inner().map_err(|e| refused(e.to_string()))?;
+            // The hooks belong to this buffer: the fresh state reads with them.
+            fresh.hooks = Arc::clone(&old.hooks);
+            read_into(&fresh, dir, &checkpoint, false, Progress::Auto)?;
+            fresh
+        };
+        new.hooks = Arc::clone(&old.hooks);
+        new.transforms = Arc::clone(&old.transforms);
+        new.memmap = old.memmap.clone();
+        new.policy.reload(&new);
+        self.shared.publish(new);
         Ok(())
     }
 }
@@ -109,8 +124,10 @@ pub(crate) fn load_built(
 ) -> Result<ReplayBuffer, PersistError> {
     let (meta, checkpoint) = read_meta(dir)?;
     let rb = build(dir, &meta, tweak)?;
-    read_into(&rb.inner, dir, &checkpoint, false, Progress::Auto)?;
-    rb.inner.policy.reload(&rb.inner);
+    let inner = rb.inner();
+    read_into(&inner, dir, &checkpoint, false, Progress::Auto)?;
+    inner.policy.reload(&inner);
+    drop(inner);
     Ok(rb)
 }
 

@@ -15,6 +15,8 @@
 //! | collector (prioritized) | its rows' raw-priority words and leaves, the sums, min and max entries above them | plain stores, compare-exchange, `fetch_add` |
 //! | priority updater | leaves, raw-priority words, sums, min and max entries | compare-exchange, `fetch_add` |
 //! | learner (prioritized) | sum entries and leaves (read), the min root (read) | `Relaxed` loads |
+//! | every handle | the buffer's current state | an `ArcSwap` load per operation |
+//! | swap | the old storage's occupancy and updaters' words, its `retired` flag; the state | freeze (`fetch_or`), store, thaw (`fetch_and`) |
 //!
 //! Nobody ever takes a lock on the path between collectors and learners. The only
 //! locks in the crate are cold: the without-replacement epoch turnover (learners only,
@@ -184,6 +186,35 @@
 //!   (the trees' own compare-exchange), and closes the shard's lanes in the order an
 //!   appender's turn ends (`count`, then `tail`, both Release). Readers are untouched:
 //!   they skip unpublished rows as always.
+//! ## 11. Swaps (`swap/`, `storage/freeze.rs`)
+//!
+//! Every handle reaches the buffer's state (storage, sampler, write policy) through an
+//! `ArcSwap` (a `Mutex<Arc<_>>` under loom). An operation loads it once, on the fast
+//! path with no reference count, and uses that state to the end; a load after a
+//! swap's `store` sees the new state, whose every field was written before the store.
+//! A swap, under the buffer's reconfiguration lock:
+//!
+//! - holds the old policy's lock (a max-value writer's), then freezes the old storage:
+//!   `fetch_or(FROZEN)` on every occupancy word and on the updaters' word, then
+//!   Acquire loads until nobody is inside (section 3), so every write that entered
+//!   before is published, and everything it wrote happens before the copy;
+//! - copies the rows with the slot protocol's reads (nothing changes under them), or
+//!   builds a second `Storage` over the same region;
+//! - stores the new state, stores `retired = true` in the old storage (Release), and
+//!   only then thaws (the `fetch_and` with Release of section 3).
+//!
+//! A writer (appender, editor, priority updater) that loaded the old state enters
+//! with an AcqRel read-modify-write of the word the freeze and the thaw change, then
+//! loads `retired` (Acquire). In that word's modification order its entry is either
+//! before the freeze's `fetch_or` (the freeze waited for it: its rows are in the
+//! copy), or it sees `FROZEN` and backs off, or it reads the thaw or later: then the
+//! thaw synchronises with it, `retired = true` happens before its load, and it leaves
+//! without writing and redoes the whole write on the state it loads next (the new
+//! one: the store happened before the thaw too). A buffer-level ndim-2 extend enters
+//! every shard before writing any, in shard order as the freeze does, so it is copied
+//! whole or redone whole. So a write racing a swap lands exactly once, in the storage
+//! the buffer has after it. Samples need none of this: a sample that loaded the old
+//! state reads the old storage, which nobody writes any more.
 //!
 //! ## What checks this
 //!
@@ -202,10 +233,15 @@
 //!   handoff of whole batches from a worker, a loader dropped with a batch in flight,
 //!   an epoch's end handed over in its place, and an error made before the learner
 //!   asked never handed over (removing the worker's wakeup makes these deadlock).
+//!   For swaps: an extend racing a copy into a new storage, an in-place swap to an
+//!   immutable writer, and two swaps in a row, each landing exactly once (these fail
+//!   if an appender skips the retirement check, or a swap thaws before retiring).
 //! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
 //!   rings, every field derived from one counter, and learners updating priorities
 //!   with the trees checked exact afterwards; also run by `scripts/sanitize` under
 //!   ThreadSanitizer (with std rebuilt instrumented) and AddressSanitizer.
+//!   `tests/swap_concurrent.rs` swaps samplers, policies and storages hundreds of
+//!   times while collectors write and learners sample, then accounts for every row.
 //! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`, `tests/sumtree.rs`):
 //!   sequences of operations against the sequential model in [`crate::reference`], and
 //!   tree operations against the locked twin in `sumtree/reference.rs`.

@@ -4,6 +4,7 @@
 
 use super::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
 use crate::storage::layout::ShardWord;
+use crate::storage::shard::Shard;
 use crate::storage::Storage;
 use crate::sync::{Mutex, Ordering};
 
@@ -16,18 +17,25 @@ pub(crate) struct Member {
     leases: Mutex<Vec<usize>>,
     /// The shared-memory object to unlink when this member goes (its creator's).
     unlink: Option<String>,
+    /// The region's shards, to give their leases back.
+    shards: Box<[Shard]>,
 }
 
 impl Member {
     /// Joins the region's process table; `None` if every entry is held by a live
     /// process. The creator's member unlinks `object` when it goes.
-    pub(crate) fn join(table: ProcTable, unlink: Option<String>) -> Option<Member> {
+    pub(crate) fn join(
+        table: ProcTable,
+        shards: Box<[Shard]>,
+        unlink: Option<String>,
+    ) -> Option<Member> {
         let me = table.register()?;
         Some(Member {
             table,
             me,
             leases: Mutex::new(Vec::new()),
             unlink,
+            shards,
         })
     }
 
@@ -76,18 +84,14 @@ impl Member {
         }
         self.lease(storage, std::process::id() as usize)
     }
+}
 
-    /// Gives every lease back, to let a dead process's shards be recovered by others
-    /// or to leave.
-    fn release_all(&self, storage: &Storage) {
-        for k in self.leases.lock().drain(..) {
-            release_lease(storage.shards()[k].word(ShardWord::Lease), self.me);
-        }
-    }
-
+impl Drop for Member {
     /// Leaves the region: leases, entry, and for its creator, the name.
-    pub(crate) fn leave(&self, storage: &Storage) {
-        self.release_all(storage);
+    fn drop(&mut self) {
+        for k in self.leases.lock().drain(..) {
+            release_lease(self.shards[k].word(ShardWord::Lease), self.me);
+        }
         self.table.deregister(self.me);
         if let Some(object) = &self.unlink {
             let _ = crate::region::shared::unlink(object);

@@ -1,5 +1,6 @@
 //! Freezing a storage: holding every writer of its region still, so that the region
-//! can be copied whole (a checkpoint) while learners go on sampling.
+//! can be copied whole (a checkpoint, a swap) while learners go on sampling; and
+//! retiring it, once a swap has replaced it.
 //!
 //! Three kinds of thread write a region: appenders and editors, which each shard's
 //! occupancy word counts and a freeze waits out (`shard.rs`), and updaters (priority
@@ -25,22 +26,52 @@
 //! copied; a checkpoint's trees are rebuilt from its raw priorities when it is loaded
 //! (`recover.rs`), so what loads is consistent either way.
 //!
+//! # Retiring
+//!
+//! A swap (`swap/mod.rs`) freezes the storage it replaces, copies its rows (or keeps
+//! its region), publishes the buffer's new state, and then *retires* the old storage
+//! before thawing it. Writers that waited on the freeze still hold the old state, and
+//! must not write into a storage nobody copies any more: each kind of writer checks
+//! the storage's `retired` flag right after it gets in (appenders and editors after
+//! their shard's occupancy word, updaters after the updaters' word), and if it is set,
+//! leaves again with [`Retired`] before writing anything; its caller then redoes the
+//! whole write on the buffer's current state.
+//!
+//! The flag belongs to the `Storage` value, not to its region: a swap that keeps the
+//! rows in place publishes a second `Storage` over the same region
+//! ([`Storage::view`]), whose writers must go on. It costs an appender one load of a
+//! line it reads anyway; nothing is added to the occupancy word's protocol.
+//!
 //! # Memory ordering
 //!
 //! The thaw (`fetch_and` with Release) pairs with the Acquire load of a waiter, and a
 //! leaving writer's Release `fetch_sub` with the freezer's Acquire loads: everything
 //! a writer did happens before the freezer's copy, and the copy before whatever a
 //! waiter does next.
+//!
+//! Retiring is a store to `retired` made while the storage is frozen, before the
+//! thaw. A writer's entry is a read-modify-write of the word the thaw also changes,
+//! so either the entry comes first in that word's modification order (and the freeze
+//! waited for the writer to leave: its rows are in what the swap copied), or it sees
+//! `FROZEN` and waits, or it reads the thaw or a later value: then the thaw's Release
+//! synchronises with the entry's Acquire, the retiring store happens before the
+//! writer's Acquire load of `retired`, and the writer sees it set.
 
 use smallvec::SmallVec;
 
-use super::shard::FreezeGuard as ShardFreeze;
+use super::shard::{EditGuard, FreezeGuard as ShardFreeze};
+use super::stamp::Claim;
 use super::Storage;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
 const FROZEN: u64 = 1 << 63;
 /// Waits on a shard that does not drain between checks that its writer still lives.
 const DEAD_WRITER_CHECK_WAITS: u32 = 4096;
+
+/// A write refused because a swap retired the storage it was made against: nothing
+/// was written, and the caller redoes it on the buffer's current state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retired;
 
 /// An updater inside the gate; leaving is dropping it.
 pub(crate) struct Inside<'a> {
@@ -56,24 +87,30 @@ impl Drop for Inside<'_> {
 /// A frozen storage; it thaws when this drops.
 pub(crate) struct Frozen<'a> {
     updaters: &'a AtomicU64,
-    _shards: SmallVec<[ShardFreeze<'a>; 8]>,
+    shards: SmallVec<[ShardFreeze<'a>; 8]>,
 }
 
 impl Drop for Frozen<'_> {
     fn drop(&mut self) {
-        // SYNC POINT: pairs with the Acquire load of updaters waiting in `enter_update`.
+        // The shards thaw first: the updaters' bit is what the next freezer takes
+        // turns on, and it must find every shard thawed.
+        self.shards.clear();
+        // SYNC POINT: pairs with the Acquire load of updaters waiting in `enter_update`
+        // (and of the next freezer).
         self.updaters.fetch_and(!FROZEN, Ordering::Release);
     }
 }
 
 impl Storage {
     /// Enters as an updater (a priority update, `set_alpha`, `empty`), waiting while
-    /// the storage is frozen.
-    pub(crate) fn enter_update(&self) -> Inside<'_> {
+    /// the storage is frozen; refused if the storage is retired.
+    pub(crate) fn enter_update(&self) -> Result<Inside<'_>, Retired> {
         let word = &*self.updaters;
         loop {
             if word.fetch_add(1, Ordering::AcqRel) & FROZEN == 0 {
-                return Inside { word };
+                let inside = Inside { word };
+                self.check_retired()?;
+                return Ok(inside);
             }
             word.fetch_sub(1, Ordering::Release);
             let mut backoff = Backoff::new();
@@ -81,6 +118,50 @@ impl Storage {
                 backoff.snooze();
             }
         }
+    }
+
+    /// Enters shard `k` as an appender (see `Shard::enter_append`), waiting while it
+    /// is frozen; refused if the storage is retired. Pass the claim to
+    /// [`Storage::append_entered`].
+    #[inline]
+    pub(crate) fn enter_append(&self, k: usize) -> Result<Claim, Retired> {
+        let shard = &self.shards()[k];
+        let claim = shard.enter_append();
+        if self.is_retired() {
+            shard.leave_append(claim);
+            return Err(Retired);
+        }
+        Ok(claim)
+    }
+
+    /// Enters shard `k` as an editor (see `Shard::enter_edit`), waiting while it is
+    /// frozen; refused if the storage is retired.
+    pub(crate) fn enter_edit(&self, k: usize) -> Result<EditGuard<'_>, Retired> {
+        let guard = self.shards()[k].enter_edit();
+        self.check_retired()?;
+        Ok(guard)
+    }
+
+    /// Whether a swap has retired this storage.
+    #[inline]
+    pub(crate) fn is_retired(&self) -> bool {
+        // SYNC POINT: pairs with the thaw's Release (see the module docs): a writer
+        // that got in after the thaw sees the flag set.
+        self.retired.load(Ordering::Acquire)
+    }
+
+    fn check_retired(&self) -> Result<(), Retired> {
+        if self.is_retired() {
+            Err(Retired)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Retires the storage: every writer that gets in from now on leaves again with
+    /// [`Retired`]. Call it while holding the storage frozen, before thawing.
+    pub(crate) fn retire(&self, _frozen: &Frozen<'_>) {
+        self.retired.store(true, Ordering::Release);
     }
 
     /// Freezes the storage: waits until no appender, editor or priority updater is
@@ -118,9 +199,6 @@ impl Storage {
         while updaters.load(Ordering::Acquire) & !FROZEN != 0 {
             backoff.snooze();
         }
-        Frozen {
-            updaters,
-            _shards: shards,
-        }
+        Frozen { updaters, shards }
     }
 }

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use geometry::Geometry;
 use plan::{Dest, Source};
 use shard::{Shard, Window};
-use stamp::{lap_cmp, Prev, Stamp};
+use stamp::{lap_cmp, Claim, Prev, Stamp};
 
 use atomic_copy::Intent;
 
@@ -45,8 +45,9 @@ use crate::shared::procs::ProcTable;
 use crate::spec::Spec;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
+use freeze::Retired;
 use layout::{Global, Layout, ShardWord};
 use smallvec::SmallVec;
 
@@ -118,10 +119,19 @@ pub(crate) struct Storage {
     /// A shared region's process table, and this process's place in it (`shared/`).
     procs: Option<ProcTable>,
     #[cfg(not(replaybuf_loom))]
-    member: Option<Member>,
+    member: Option<Arc<Member>>,
     region: Arc<Region>,
-    /// This process's updaters and the freeze bit (`freeze.rs`).
-    updaters: CachePadded<AtomicU64>,
+    /// This process's updaters of the region and the freeze bit (`freeze.rs`): one
+    /// word for every `Storage` over the region ([`Storage::view`]), so that their
+    /// freezes take turns as the occupancy words they share require.
+    updaters: Arc<CachePadded<AtomicU64>>,
+    /// Set once, while frozen, when a swap replaced this storage (`freeze.rs`): every
+    /// writer that enters afterwards leaves again and redoes its write on the buffer's
+    /// new state. Read-mostly, beside the fields every append reads anyway.
+    retired: AtomicBool,
+    /// The lap its rings started at: 0, or past every lap of the storage a swap
+    /// copied into this one (see [`Storage::start_at_lap`]).
+    first_lap: u64,
     layout: Layout,
     shards: Box<[Shard]>,
     geometry: Geometry,
@@ -228,9 +238,9 @@ impl Storage {
         let unlink = creator
             .then(|| self.region.shared_object().map(str::to_owned))
             .flatten();
-        match Member::join(table, unlink) {
+        match Member::join(table, self.shards.clone(), unlink) {
             Some(m) => {
-                self.member = Some(m);
+                self.member = Some(Arc::new(m));
                 true
             }
             None => false,
@@ -254,6 +264,12 @@ impl Storage {
     /// Whether the region is shared memory.
     pub(crate) fn is_shared(&self) -> bool {
         self.procs.is_some()
+    }
+
+    /// The lap its rings started at: a generation of an older lap names a row of a
+    /// storage the buffer had before a swap.
+    pub(crate) fn first_lap(&self) -> u64 {
+        self.first_lap
     }
 
     /// Whether the region is a file (a file-backed storage).
@@ -383,16 +399,32 @@ impl Storage {
     /// writer published (and so wrote its raw word) before this one began, and an
     /// updater acts on a row only once it sees it published, so the header's plain
     /// store is ordered after both.
+    ///
+    /// Refused with [`Retired`], before anything is written, if a swap retired this
+    /// storage (`freeze.rs`).
     pub(crate) fn append(
         &self,
         k: usize,
         steps: u64,
         src: &Source<'_>,
         raws: Option<Raws<'_>>,
+    ) -> Result<u64, Retired> {
+        let claim = self.enter_append(k)?;
+        Ok(self.append_entered(k, claim, steps, src, raws))
+    }
+
+    /// [`Storage::append`] by an appender already inside shard `k` (see
+    /// [`Storage::enter_append`]); leaves the shard when done.
+    pub(crate) fn append_entered(
+        &self,
+        k: usize,
+        claim: Claim,
+        steps: u64,
+        src: &Source<'_>,
+        raws: Option<Raws<'_>>,
     ) -> u64 {
         let shard = &self.shards[k];
         let ring = *shard.ring();
-        let claim = shard.enter_append();
         let first = shard.claim(steps);
         // Rows claimed below this by writers that died: their slots are taken over.
         let abandoned = shard.abandoned().load(Ordering::Acquire);
@@ -631,13 +663,46 @@ impl Storage {
             s.empty();
         }
     }
-}
 
-#[cfg(not(replaybuf_loom))]
-impl Drop for Storage {
-    fn drop(&mut self) {
-        if let Some(m) = self.member.take() {
-            m.leave(self);
+    /// A second storage over this one's region, with a retirement flag of its own:
+    /// what a swap that keeps the rows where they are publishes, so that retiring the
+    /// old storage does not retire the region.
+    pub(crate) fn view(&self) -> Storage {
+        Storage {
+            procs: self.procs.clone(),
+            #[cfg(not(replaybuf_loom))]
+            member: self.member.clone(),
+            region: self.region.clone(),
+            updaters: self.updaters.clone(),
+            retired: AtomicBool::new(false),
+            first_lap: self.first_lap,
+            layout: self.layout.clone(),
+            shards: self.shards.clone(),
+            geometry: self.geometry,
+            spec: self.spec.clone(),
+            slot_bytes: self.slot_bytes,
+            header_bytes: self.header_bytes,
+            trees: self.trees.clone(),
+            slices: self.slices.clone(),
+        }
+    }
+
+    /// Starts a new, empty storage's rings at lap `lap`: every shard's cursor, floor
+    /// and abandoned mark at its first sequence number of that lap, and every slice
+    /// lane's turn there too. Its rows then have generations no row of a lower lap
+    /// had (a swap uses this, so that an index and generation sampled before it never
+    /// name a row copied after it). For a storage nobody else uses yet.
+    pub(crate) fn start_at_lap(&mut self, lap: u64) {
+        self.first_lap = lap;
+        for (k, shard) in self.shards.iter().enumerate() {
+            let ring = *shard.ring();
+            let seq = lap * ring.steps;
+            shard.start_at(seq);
+            if let Some(lanes) = self.lanes() {
+                for lane in 0..ring.width {
+                    lanes.recover(self.words(), k, lane, seq, |_| None);
+                }
+            }
         }
     }
 }
@@ -773,7 +838,9 @@ impl Parts {
             #[cfg(not(replaybuf_loom))]
             member: None,
             region,
-            updaters: CachePadded::new(AtomicU64::new(0)),
+            updaters: Arc::new(CachePadded::new(AtomicU64::new(0))),
+            retired: AtomicBool::new(false),
+            first_lap: 0,
             layout,
             shards,
             geometry: self.geometry,

@@ -171,7 +171,7 @@ fn step(ring: &Ring, first: u64, j: u64) -> Step {
 }
 
 /// One shard of a storage.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Shard {
     /// The shard's block in the region (`layout::ShardWord`), of which:
     /// - `Cursor`: sequence numbers claimed so far: the next appender starts here.
@@ -268,6 +268,15 @@ impl Shard {
         if self.floor_word().load(Ordering::Acquire) > hi {
             self.floor_word().store(hi, Ordering::Release);
         }
+    }
+
+    /// Moves an unused shard's cursor, floor and abandoned mark to `seq`: an empty
+    /// shard whose first append claims `seq` and takes its slots over whatever they
+    /// hold (`Prev::Abandoned`). For a region nobody else uses yet.
+    pub(crate) fn start_at(&self, seq: u64) {
+        self.cursor().store(seq, Ordering::Relaxed);
+        self.floor_word().store(seq, Ordering::Release);
+        self.abandoned().store(seq, Ordering::Release);
     }
 
     /// Forgets every row claimed so far.

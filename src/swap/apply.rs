@@ -1,0 +1,193 @@
+//! The swap itself (see the module docs of `swap/mod.rs` for its steps): the new
+//! configuration checked, the new state made, the old one frozen, copied or kept,
+//! replaced, retired and thawed.
+
+use std::sync::Arc;
+
+use super::carry;
+use super::config::Change;
+use crate::buffer::{Inner, ReplayBuffer};
+use crate::builder::{Origin, ReplayBufferBuilder};
+#[cfg(not(replaybuf_loom))]
+use crate::checkpoint::dir::{DirKind, DirMeta};
+use crate::checkpoint::meta::Config;
+use crate::error::{SwapError, SwapErrorKind};
+use crate::sampler::{Engine, Prioritized, Sampler};
+
+/// What a swap will make: the new configuration, and whether its rows stay where they
+/// are.
+struct Target {
+    builder: ReplayBufferBuilder,
+    /// The new state is a view of the old storage's region (no copy).
+    in_place: bool,
+}
+
+/// Checks `change` against the buffer's current state and swaps it in.
+pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapError> {
+    let _reconfiguring = buffer.reconfiguring();
+    // Under the lock nobody else publishes: this is the state the swap replaces.
+    let old: Arc<Inner> = Arc::clone(&buffer.inner());
+    let target = plan(&old, &change)?;
+    // What can fail (memory, files) is done before anything is held.
+    let fresh = if target.in_place {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(dir) = &old.memmap {
+            // The directory's record follows the configuration (its layout is the same).
+            let config = Config::of(&target.builder, old.seed);
+            DirMeta::new(DirKind::Memmap, config)
+                .write(dir)
+                .map_err(|e| SwapError::new(SwapErrorKind::Persist(e)))?;
+        }
+        None
+    } else {
+        let new = target
+            .builder
+            .clone()
+            .build_inner()
+            .map_err(SwapError::build)?;
+        Some(new)
+    };
+    let held = old.policy.hold();
+    let frozen = old.storage.freeze();
+    let mut new = match fresh {
+        Some(mut new) => {
+            carry::carry(&old, &mut new);
+            new
+        }
+        None => in_place(&old, target.builder),
+    };
+    new.hooks = Arc::clone(&old.hooks);
+    new.transforms = Arc::clone(&old.transforms);
+    buffer.shared.publish(new);
+    old.storage.retire(&frozen);
+    drop(frozen);
+    drop(held);
+    Ok(())
+}
+
+/// The configuration the buffer will have, checked, and how it gets there.
+fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
+    if old.storage.is_shared() {
+        // Every process holds its own state over the region: one cannot swap alone.
+        return Err(SwapError::new(SwapErrorKind::Shared));
+    }
+    let mut b = old
+        .config
+        .builder()
+        .map_err(|_| SwapError::new(SwapErrorKind::Config))?;
+    b.seed = Some(old.seed);
+    b.sampler = match &change.sampler {
+        Some(s) => s.clone(),
+        // The same sampler, at the alpha and beta it runs with now.
+        None => live(b.sampler.clone(), &old.sampler),
+    };
+    if let Some(w) = &change.writer {
+        b.writer = w.clone();
+    }
+    b.priority_key = match &change.priority_key {
+        Some(k) => Some(k.clone()),
+        None if prioritized(&b.sampler).is_some() => b.priority_key.take(),
+        None => None,
+    };
+    match &change.storage {
+        Some(storage) => storage.apply_to(&mut b),
+        // Kept in place (or refused below if a file-backed storage would have to move).
+        None => b.memmap = old.memmap.clone(),
+    }
+    b.check().map_err(SwapError::build)?;
+    let current = live(
+        old.config
+            .builder()
+            .map_err(|_| SwapError::new(SwapErrorKind::Config))?
+            .sampler,
+        &old.sampler,
+    );
+    let in_place = change.storage.is_none() && same_region(&current, &b.sampler);
+    if change.storage.is_none() && old.memmap.is_some() {
+        let config = Config::of(&b, old.seed);
+        if !in_place || config.layout_hash() != old.config.layout_hash() {
+            return Err(SwapError::new(SwapErrorKind::FileBacked));
+        }
+    }
+    Ok(Target {
+        builder: b,
+        in_place,
+    })
+}
+
+/// The new state over the old storage's region (`old` is frozen).
+fn in_place(old: &Inner, builder: ReplayBufferBuilder) -> Inner {
+    let checked = builder
+        .check()
+        .expect("replaybuf internal error: a checked configuration no longer checks");
+    let config = Config::of(&builder, old.seed);
+    let sampler = builder.sampler.clone();
+    let new = builder.assemble(
+        checked,
+        config,
+        old.storage.view(),
+        old.seed,
+        Origin::Reused,
+    );
+    // The region keeps alpha and beta: a new sampler's go in. Priority updaters are
+    // held out by the freeze, so the masses can be recomputed here.
+    if let (Some(state), Some(p)) = (new.sampler.prioritized(), prioritized(&sampler)) {
+        if state.alpha() != p.alpha {
+            let _ = state.set_alpha(p.alpha);
+            for tree in new.storage.trees() {
+                state.remass(&tree);
+            }
+        }
+        let _ = state.set_beta(p.beta);
+    }
+    new
+}
+
+/// The prioritized settings of `sampler`, slices' included.
+fn prioritized(sampler: &Sampler) -> Option<&Prioritized> {
+    match sampler {
+        Sampler::Prioritized(p) => Some(p),
+        Sampler::Slice(s) => s.prioritized.as_ref().map(|(p, _)| p),
+        _ => None,
+    }
+}
+
+/// `sampler` with the alpha and beta `engine` runs with now (`set_alpha`, `set_beta`).
+fn live(mut sampler: Sampler, engine: &Engine) -> Sampler {
+    if let Some(state) = engine.prioritized() {
+        let p = match &mut sampler {
+            Sampler::Prioritized(p) => Some(p),
+            Sampler::Slice(s) => s.prioritized.as_mut().map(|(p, _)| p),
+            _ => None,
+        };
+        if let Some(p) = p {
+            p.alpha = state.alpha();
+            p.beta = state.beta();
+        }
+    }
+    sampler
+}
+
+/// Whether a buffer sampled by `old` can be sampled by `new` over the same region:
+/// neither keeps anything in it (uniform, without replacement), or they differ only
+/// in alpha and beta, which the region holds.
+fn same_region(old: &Sampler, new: &Sampler) -> bool {
+    let plain = |s: &Sampler| matches!(s, Sampler::Uniform(_) | Sampler::WithoutReplacement(_));
+    if plain(old) && plain(new) {
+        return true;
+    }
+    let bare = |s: &Sampler| {
+        let mut s = s.clone();
+        let p = match &mut s {
+            Sampler::Prioritized(p) => Some(p),
+            Sampler::Slice(s) => s.prioritized.as_mut().map(|(p, _)| p),
+            _ => None,
+        };
+        if let Some(p) = p {
+            p.alpha = 0.0;
+            p.beta = 0.0;
+        }
+        s
+    };
+    bare(old) == bare(new)
+}

@@ -1,0 +1,300 @@
+//! What a swap into a new storage carries over, and the copy: which old rows go to
+//! which new shard, in what order (the rules are in
+//! [`ReplayBuffer::set_storage`](crate::ReplayBuffer::set_storage)'s docs), then the
+//! rows themselves, their priorities, and the random streams' counters.
+//!
+//! The old storage is frozen throughout: every row claimed in it is published and
+//! none changes. The new one is not published yet: nobody else writes it.
+
+use crate::buffer::{Inner, Prepared};
+use crate::policy::Policy;
+use crate::storage::geometry::Geometry;
+use crate::storage::layout::Global;
+use crate::storage::plan::RowOrder;
+use crate::storage::{Draw, Storage};
+use crate::sync::Ordering;
+
+/// The old rows one new shard receives: oldest first; for ndim 2, step after step,
+/// each step's lanes in order.
+struct Part {
+    shard: usize,
+    steps: u64,
+    draws: Vec<Draw>,
+}
+
+/// Copies `old`'s rows into `new` (see the module docs).
+pub(super) fn carry(old: &Inner, new: &mut Inner) {
+    new.storage.start_at_lap(next_lap(&old.storage));
+    let new = &*new;
+    let counters = [
+        Global::Calls,
+        Global::NextShard,
+        Global::Writers,
+        Global::Learners,
+    ];
+    for g in counters {
+        let value = old.storage.global(g).load(Ordering::Relaxed);
+        new.storage.global(g).store(value, Ordering::Relaxed);
+    }
+    let keep_priorities = match (old.sampler.prioritized(), new.sampler.prioritized()) {
+        (Some(_), Some(state)) => {
+            // The running maximum goes on (priorities are never negative, so their
+            // bit patterns order as the numbers do).
+            let max = old.storage.global(Global::MaxSeen).load(Ordering::Relaxed);
+            new.storage
+                .global(Global::MaxSeen)
+                .fetch_max(max, Ordering::Relaxed);
+            Some(state.new_row_priority(&new.storage.trees()))
+        }
+        _ => None,
+    };
+    let parts = match (&new.policy, *new.storage.geometry()) {
+        (Policy::MaxValue(m), _) => {
+            // The highest-ranked rows that fit, in the order they were written.
+            let all = in_time_order(&old.storage);
+            let rows = old.read_positions(&all);
+            let ranks = m.stored_ranks(&rows);
+            let capacity = new.storage.geometry().capacity() as usize;
+            let mut by_rank: Vec<usize> = (0..all.len()).collect();
+            // Highest first; of equal ranks, the newest.
+            by_rank.sort_by(|&a, &b| ranks[b].total_cmp(&ranks[a]).then(b.cmp(&a)));
+            by_rank.truncate(capacity);
+            by_rank.sort_unstable();
+            let kept = by_rank.into_iter().map(|i| all[i]).collect();
+            flat_parts(vec![kept], &ring_steps(&new.storage))
+        }
+        (_, Geometry::Flat { .. }) => {
+            let sources = match old.storage.geometry() {
+                Geometry::Flat { .. } => (0..old.storage.shards().len())
+                    .map(|k| column(&old.storage, k, 0))
+                    .collect(),
+                Geometry::Grid { .. } => vec![in_time_order(&old.storage)],
+            };
+            flat_parts(sources, &ring_steps(&new.storage))
+        }
+        (_, Geometry::Grid { .. }) => grid_parts(&old.storage, &new.storage),
+    };
+    for part in parts.into_iter().filter(|p| !p.draws.is_empty()) {
+        let rows = old.read_positions(&part.draws);
+        let order = match new.storage.geometry() {
+            Geometry::Flat { .. } => RowOrder::Flat,
+            Geometry::Grid { .. } => RowOrder::TimeMajor {
+                envs: new.storage.shards()[part.shard].ring().width,
+                env0: 0,
+            },
+        };
+        let src = new
+            .source(&rows, order)
+            .expect("replaybuf internal error: a buffer's rows do not fit its own spec");
+        let priorities = keep_priorities.map(|default| raws(&old.storage, &part.draws, default));
+        let rows = Prepared {
+            steps: part.steps,
+            src,
+            priorities,
+        };
+        new.append(Some(part.shard), &rows)
+            .expect("replaybuf internal error: a storage retired before it was published");
+    }
+    new.policy.reload(new);
+}
+
+/// The first lap the new storage's rings start at: beyond every lap the old storage
+/// reached, so that no (index, generation) of an old row names a new one.
+fn next_lap(old: &Storage) -> u64 {
+    old.shards()
+        .iter()
+        .map(|s| s.window().hi.div_ceil(s.ring().steps))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each new shard's ring steps.
+fn ring_steps(storage: &Storage) -> Vec<u64> {
+    storage.shards().iter().map(|s| s.ring().steps).collect()
+}
+
+/// The live rows of lane `lane` of old shard `k`, oldest first.
+fn column(old: &Storage, k: usize, lane: u64) -> Vec<Draw> {
+    let shard = &old.shards()[k];
+    let ring = *shard.ring();
+    let window = shard.window();
+    (window.lo..window.hi)
+        .filter_map(|seq| {
+            old.draw_at(ring.index(seq % ring.steps, lane))
+                .filter(|d| d.seq == seq && u64::from(d.lane) == lane)
+        })
+        .collect()
+}
+
+/// Every environment's column of an ndim-2 storage, by environment.
+fn columns(old: &Storage) -> Vec<Vec<Draw>> {
+    let mut cols = Vec::new();
+    for (k, shard) in old.shards().iter().enumerate() {
+        for lane in 0..shard.ring().width {
+            cols.push(column(old, k, lane));
+        }
+    }
+    cols
+}
+
+/// Every live row in time order: ndim 1, the shards one after another; ndim 2, step
+/// after step from the oldest (columns aligned at their newest step), the
+/// environments of a step in order.
+fn in_time_order(old: &Storage) -> Vec<Draw> {
+    match old.geometry() {
+        Geometry::Flat { .. } => (0..old.shards().len())
+            .flat_map(|k| column(old, k, 0))
+            .collect(),
+        Geometry::Grid { .. } => {
+            let cols = columns(old);
+            let longest = cols.iter().map(Vec::len).max().unwrap_or(0);
+            let mut rows = Vec::new();
+            for age in (0..longest).rev() {
+                for c in &cols {
+                    if let Some(i) = c.len().checked_sub(age + 1) {
+                        rows.push(c[i]);
+                    }
+                }
+            }
+            rows
+        }
+    }
+}
+
+/// The newest `keep` of `rows`.
+fn newest(rows: &[Draw], keep: usize) -> &[Draw] {
+    &rows[rows.len().saturating_sub(keep)..]
+}
+
+/// The parts of new ndim-1 shards of `steps` each from `sources` (each oldest first;
+/// both counts powers of two).
+///
+/// With more shards than sources, source `j` is cut into `k` consecutive runs for
+/// shards `j + m * bitrev(r)`, run `r = 0` the newest (so it stays in shard `j`,
+/// where a writer bound to `j` goes on appending). With fewer, shard `t` takes
+/// sources `t + n * q`, oldest first by the same order. The order is what repeated
+/// halvings give (a split in two sends the older half to the upper shard), so
+/// splitting and merging back, in any steps, gives every row back its place. Each
+/// shard keeps the newest rows it has room for.
+fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<Part> {
+    let (n, m) = (steps.len(), sources.len());
+    let cap = |t: usize| steps[t] as usize;
+    let mut parts: Vec<Part> = (0..n)
+        .map(|shard| Part {
+            shard,
+            steps: 0,
+            draws: Vec::new(),
+        })
+        .collect();
+    if n <= m {
+        let k = m / n;
+        let mut sources: Vec<Option<Vec<Draw>>> = sources.into_iter().map(Some).collect();
+        for (t, part) in parts.iter_mut().enumerate() {
+            // Oldest first: the highest run number first.
+            for r in (0..k).rev() {
+                let j = t + n * bitrev(r, k);
+                part.draws.extend(sources[j].take().unwrap_or_default());
+            }
+            part.draws = newest(&part.draws, cap(t)).to_vec();
+        }
+    } else {
+        let k = n / m;
+        for (j, source) in sources.into_iter().enumerate() {
+            let targets: Vec<usize> = (0..k).map(|r| j + m * bitrev(r, k)).collect();
+            let room: usize = targets.iter().map(|&t| cap(t)).sum();
+            let rows = newest(&source, room);
+            let mut end = rows.len();
+            for (r, &t) in targets.iter().enumerate() {
+                let later: usize = targets[r + 1..].iter().map(|&u| cap(u)).sum();
+                let even = end.div_ceil(k - r);
+                let take = even.max(end.saturating_sub(later)).min(cap(t));
+                parts[t].draws = rows[end - take..end].to_vec();
+                end -= take;
+            }
+        }
+    }
+    for part in &mut parts {
+        part.steps = part.draws.len() as u64;
+    }
+    parts
+}
+
+/// `r` with its `log2(k)` low bits reversed (`k` a power of two).
+fn bitrev(r: usize, k: usize) -> usize {
+    let bits = k.trailing_zeros();
+    if bits == 0 {
+        return 0;
+    }
+    r.reverse_bits() >> (usize::BITS - bits)
+}
+
+/// The parts of a new ndim-2 storage's shards: with the same environments, every
+/// column's rows stay in their column (a shard keeps the newest steps all its columns
+/// have); otherwise the rows in time order fill whole steps of the new environments,
+/// the oldest rows that do not fill one dropped.
+fn grid_parts(old: &Storage, new: &Storage) -> Vec<Part> {
+    let Geometry::Grid { envs, .. } = *new.geometry() else {
+        unreachable!("replaybuf internal error: grid parts of a flat storage")
+    };
+    let same_envs = matches!(*old.geometry(), Geometry::Grid { envs: e, .. } if e == envs);
+    let envs = envs as usize;
+    let mut parts = Vec::new();
+    if same_envs {
+        let cols = columns(old);
+        for (t, shard) in new.shards().iter().enumerate() {
+            let ring = *shard.ring();
+            let group = &cols[ring.index_offset as usize..][..ring.width as usize];
+            let h = group
+                .iter()
+                .map(Vec::len)
+                .min()
+                .unwrap_or(0)
+                .min(ring.steps as usize);
+            let mut draws = Vec::with_capacity(h * group.len());
+            for i in 0..h {
+                draws.extend(group.iter().map(|c| c[c.len() - h + i]));
+            }
+            parts.push(Part {
+                shard: t,
+                steps: h as u64,
+                draws,
+            });
+        }
+    } else {
+        let all = in_time_order(old);
+        let steps = new.shards().first().map_or(0, |s| s.ring().steps) as usize;
+        let h = all.len().min(steps * envs) / envs;
+        let rows = newest(&all, h * envs);
+        for (t, shard) in new.shards().iter().enumerate() {
+            let ring = *shard.ring();
+            let (first, width) = (ring.index_offset as usize, ring.width as usize);
+            let mut draws = Vec::with_capacity(h * width);
+            for i in 0..h {
+                draws.extend_from_slice(&rows[i * envs + first..][..width]);
+            }
+            parts.push(Part {
+                shard: t,
+                steps: h as u64,
+                draws,
+            });
+        }
+    }
+    parts
+}
+
+/// The raw priority of each drawn old row (`default` for one without).
+fn raws(old: &Storage, draws: &[Draw], default: f64) -> Vec<f64> {
+    let trees = old.trees();
+    draws
+        .iter()
+        .map(|d| {
+            let ring = old.shards()[d.shard as usize].ring();
+            let leaf = (d.seq % ring.steps) * ring.width + u64::from(d.lane);
+            let lap = (d.seq / ring.steps) as u16;
+            trees
+                .get(d.shard as usize)
+                .and_then(|t| t.raw(leaf as usize, lap))
+                .unwrap_or(default)
+        })
+        .collect()
+}

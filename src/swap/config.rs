@@ -1,0 +1,164 @@
+//! What a swap is asked for: a new storage's shape and backing ([`StorageConfig`]),
+//! and several changes made at once ([`Reconfigure`]).
+
+use std::path::PathBuf;
+
+use super::apply;
+use crate::buffer::ReplayBuffer;
+use crate::builder::ReplayBufferBuilder;
+use crate::error::SwapError;
+use crate::sampler::Sampler;
+use crate::spec::Key;
+use crate::writer::WritePolicy;
+
+/// A new storage for [`ReplayBuffer::set_storage`] (TorchRL's `LazyTensorStorage` and
+/// `LazyMemmapStorage`): on the heap or in a file-backed directory, with a shape whose
+/// every choice not made here stays as the buffer has it now.
+///
+/// ```
+/// use replaybuf::StorageConfig;
+///
+/// let bigger = StorageConfig::heap().capacity(2_000_000);
+/// let grid = StorageConfig::heap().capacity(8_000).ndim(2).envs(8).shards(2);
+/// let on_disk = StorageConfig::memmap("/tmp/replay");
+/// # let _ = (bigger, grid, on_disk);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StorageConfig {
+    memmap: Option<PathBuf>,
+    capacity: Option<usize>,
+    shards: Option<usize>,
+    ndim: Option<usize>,
+    envs: Option<usize>,
+    dim_extend: Option<usize>,
+}
+
+impl StorageConfig {
+    /// A heap storage (lazily allocated, as the builder makes one).
+    pub fn heap() -> StorageConfig {
+        StorageConfig::default()
+    }
+
+    /// A file-backed storage under `dir` (see
+    /// [`ReplayBufferBuilder::memmap`](crate::ReplayBufferBuilder::memmap)). The
+    /// directory must not hold a buffer already: a swap never opens an existing one.
+    pub fn memmap(dir: impl Into<PathBuf>) -> StorageConfig {
+        StorageConfig {
+            memmap: Some(dir.into()),
+            ..StorageConfig::default()
+        }
+    }
+
+    /// Rows the new storage holds (for ndim 2: `steps * envs`). Default: the current
+    /// capacity.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Shards (a power of two). Default: the current count.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Storage dimensions, 1 or 2. Default: the current ndim. A change of ndim resets
+    /// `dim_extend` to its default (`ndim - 1`) unless one is given.
+    pub fn ndim(mut self, ndim: usize) -> Self {
+        self.ndim = Some(ndim);
+        self
+    }
+
+    /// Environments of an ndim-2 storage. Default: the current ones.
+    pub fn envs(mut self, envs: usize) -> Self {
+        self.envs = Some(envs);
+        self
+    }
+
+    /// Which dimension of an extended batch is time (see
+    /// [`ReplayBufferBuilder::dim_extend`](crate::ReplayBufferBuilder::dim_extend)).
+    pub fn dim_extend(mut self, dim: usize) -> Self {
+        self.dim_extend = Some(dim);
+        self
+    }
+
+    /// Writes these choices over `b`, a builder of the buffer's current configuration.
+    pub(super) fn apply_to(&self, b: &mut ReplayBufferBuilder) {
+        let ndim = self.ndim.unwrap_or(b.ndim);
+        if ndim != b.ndim {
+            b.dim_extend = None;
+            if ndim == 1 {
+                b.envs = None;
+            }
+        }
+        b.ndim = ndim;
+        b.capacity = self.capacity.unwrap_or(b.capacity);
+        b.shards = self.shards.unwrap_or(b.shards);
+        if self.envs.is_some() {
+            b.envs = self.envs;
+        }
+        if self.dim_extend.is_some() {
+            b.dim_extend = self.dim_extend;
+        }
+        b.memmap = self.memmap.clone();
+    }
+}
+
+/// Several changes to a built buffer, made by one swap (see
+/// [`ReplayBuffer::reconfigure`]); nothing happens until [`apply`](Self::apply).
+#[derive(Debug)]
+#[must_use = "a reconfiguration does nothing until `apply`"]
+pub struct Reconfigure<'a> {
+    buffer: &'a ReplayBuffer,
+    pub(super) change: Change,
+}
+
+/// The changes asked for.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Change {
+    pub(super) sampler: Option<Sampler>,
+    pub(super) writer: Option<WritePolicy>,
+    pub(super) storage: Option<StorageConfig>,
+    pub(super) priority_key: Option<Key>,
+}
+
+impl<'a> Reconfigure<'a> {
+    pub(super) fn new(buffer: &'a ReplayBuffer) -> Self {
+        Reconfigure {
+            buffer,
+            change: Change::default(),
+        }
+    }
+
+    /// A new sampler (see [`ReplayBuffer::set_sampler`]).
+    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
+        self.change.sampler = Some(sampler.into());
+        self
+    }
+
+    /// A new write policy (see [`ReplayBuffer::set_writer`]).
+    pub fn writer(mut self, writer: WritePolicy) -> Self {
+        self.change.writer = Some(writer);
+        self
+    }
+
+    /// A new storage (see [`ReplayBuffer::set_storage`]).
+    pub fn storage(mut self, storage: StorageConfig) -> Self {
+        self.change.storage = Some(storage);
+        self
+    }
+
+    /// The field holding priorities (see
+    /// [`ReplayBufferBuilder::priority_key`](crate::ReplayBufferBuilder::priority_key)),
+    /// for a prioritized sampler. Without it a swap keeps the buffer's priority key
+    /// while the sampler stays prioritized, and drops it otherwise.
+    pub fn priority_key(mut self, key: impl Into<Key>) -> Self {
+        self.change.priority_key = Some(key.into());
+        self
+    }
+
+    /// Checks the changes and swaps them in. On an error nothing has changed.
+    pub fn apply(self) -> Result<(), SwapError> {
+        apply::apply(self.buffer, self.change)
+    }
+}
