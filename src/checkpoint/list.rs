@@ -13,9 +13,9 @@
 //! Written and made current as `dump.rs` does its checkpoints: files of the new
 //! generation first, then `meta.json` renamed into place.
 
+use crate::sync::Arc;
 use std::fs;
 use std::path::Path;
-use crate::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
