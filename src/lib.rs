@@ -60,6 +60,7 @@ mod region;
 mod rng;
 mod sampler;
 pub mod shared;
+mod slice_sample;
 mod spec;
 mod storage;
 mod sumtree;

@@ -1,0 +1,431 @@
+//! The slice sample: windows of trajectories picked from the lanes' tables and read
+//! row by row under the slot protocol (see `sampler/slice.rs` for what the storage
+//! keeps and the rules of a window).
+
+use rand::RngExt;
+use smallvec::SmallVec;
+
+use crate::batch::{Batch, Scratch};
+use crate::buffer::{dest_for, Inner};
+use crate::error::SampleError;
+use crate::rng::Rng;
+use crate::sampler::prioritized::{self, Masses};
+use crate::sampler::slice::{
+    self, LaneView, Lanes, Marks, NoPick, Slice, SlicePriority, TRAJ_MASK,
+};
+use crate::sampler::without_replacement::Epochs;
+use crate::storage::plan::Dest;
+use crate::storage::shard::Window as ShardWindow;
+use crate::storage::Miss;
+use crate::sumtree::tree::Tree;
+use crate::sync::Backoff;
+
+impl Inner {
+    /// Samples `n` rows as windows of one trajectory each into `batch`, shaped
+    /// `[num_slices, slice_len]` (see `sampler/slice.rs`). Every window is picked
+    /// first and its first rows prefetched, so that the windows' memory misses overlap;
+    /// then each is read, and one that does not read whole is picked again.
+    pub(crate) fn sample_slices(
+        &self,
+        state: &slice::State,
+        rng: &mut Rng,
+        n: usize,
+        batch: &mut Batch,
+    ) -> Result<(), SampleError> {
+        let cfg = &state.cfg;
+        let (slices, len) = cfg.layout(n).ok_or(SampleError::SliceBatchSize {
+            batch: n,
+            divisor: cfg.divisor(),
+        })?;
+        let map = batch
+            .columns_for(self.storage.spec())
+            .map_err(|_| SampleError::SpecMismatch)?;
+        let lanes = self
+            .storage
+            .lanes()
+            .expect("replaybuf internal error: a slice buffer without lane blocks");
+        let mut scratch = std::mem::take(batch.scratch_mut());
+        let result = (|| {
+            let Scratch {
+                lanes: views,
+                cumulative,
+                slices: windows,
+                windows: shard_windows,
+                ..
+            } = &mut scratch;
+            let trees = self.storage.trees();
+            let prio = state.priorities.as_ref().map(|p| Prio {
+                state: p,
+                over: cfg
+                    .prioritized
+                    .map_or(SlicePriority::Start, |(_, over)| over),
+                min: trees.iter().map(Tree::min).min().unwrap_or(u64::MAX),
+                masses: Masses::new(&trees),
+                trees: &trees,
+                shard_windows,
+                first_view: SmallVec::new(),
+            });
+            let mut picker = Picker {
+                buffer: self,
+                cfg,
+                lanes,
+                views,
+                cumulative,
+                len: len as u64,
+                failures: 0,
+                backoff: Backoff::new(),
+                prio,
+            };
+            windows.clear();
+            if let Some(epochs) = &state.epochs {
+                return self.read_epoch_slices(epochs, picker, windows, slices, batch, &map);
+            }
+            if picker.refresh() == 0 {
+                return Err(SampleError::Empty);
+            }
+            for _ in 0..slices {
+                windows.push(picker.pick(rng)?);
+            }
+            for w in windows.iter() {
+                let rows = (w.to - w.from).min(SLICE_PREFETCH_ROWS);
+                for seq in w.from..w.from + rows {
+                    self.storage.prefetch(w.draw(seq));
+                }
+            }
+            batch.reshape_for_slices(slices, len, picker.prio.is_some());
+            let parts = batch.parts_mut();
+            let marks = parts
+                .marks
+                .expect("replaybuf internal error: a slice batch without marks");
+            let mut dest = dest_for(self.storage.spec(), &map, parts.columns);
+            let mut out = SliceOut {
+                dest: &mut dest,
+                index: parts.index,
+                generation: parts.generation,
+                marks,
+                weight: parts.weight,
+            };
+            for (s, &first_pick) in windows.iter().enumerate() {
+                let mut w = first_pick;
+                while !self.read_window(&w, s * len, len, &mut out) {
+                    picker.failures += 1;
+                    w = picker.pick(rng)?;
+                }
+            }
+            Ok(())
+        })();
+        *batch.scratch_mut() = scratch;
+        result
+    }
+
+    /// The without-replacement slice sample: the open epoch's next `slices` windows
+    /// (see [`Slice::without_replacement`]), each read once; a window whose rows were
+    /// replaced since the epoch began is skipped for the epoch's next one.
+    fn read_epoch_slices(
+        &self,
+        epochs: &Epochs<slice::Window>,
+        mut picker: Picker<'_>,
+        windows: &mut Vec<slice::Window>,
+        slices: usize,
+        batch: &mut Batch,
+        map: &[usize],
+    ) -> Result<(), SampleError> {
+        let (len, strict) = (picker.len, picker.cfg.strict_length);
+        let in_rows = |e| match e {
+            SampleError::NotEnough {
+                requested,
+                available,
+            } => SampleError::NotEnough {
+                requested: requested * len as usize,
+                available: available * len as usize,
+            },
+            e => e,
+        };
+        epochs
+            .take(
+                slices,
+                |out| {
+                    picker.refresh();
+                    let words = self.storage.words();
+                    slice::epoch_windows(picker.lanes, words, picker.views, len, strict, out);
+                },
+                windows,
+            )
+            .map_err(in_rows)?;
+        for w in windows.iter() {
+            for seq in w.from..w.from + (w.to - w.from).min(SLICE_PREFETCH_ROWS) {
+                self.storage.prefetch(w.draw(seq));
+            }
+        }
+        let len = len as usize;
+        batch.reshape_for_slices(slices, len, false);
+        let parts = batch.parts_mut();
+        let marks = parts
+            .marks
+            .expect("replaybuf internal error: a slice batch without marks");
+        let mut dest = dest_for(self.storage.spec(), map, parts.columns);
+        let mut out = SliceOut {
+            dest: &mut dest,
+            index: parts.index,
+            generation: parts.generation,
+            marks,
+            weight: None,
+        };
+        let mut read = 0;
+        let mut next = 0;
+        while read < slices {
+            if next == windows.len() {
+                // A window was skipped: the epoch's next one stands in, if any is left.
+                if !epochs.take_more(1, windows) {
+                    break;
+                }
+            }
+            if self.read_window(&windows[next], read * len, len, &mut out) {
+                read += 1;
+            }
+            next += 1;
+        }
+        drop(dest);
+        let drop_last = epochs.drop_last();
+        if read == 0 || (drop_last && read < slices) {
+            // The windows ran out under this sample: the epoch is over.
+            epochs.close_exhausted();
+            return Err(SampleError::EpochEnd);
+        }
+        batch.reshape_for_slices(read, len, false);
+        Ok(())
+    }
+
+    /// Reads window `w` into rows `first..first + len` of `out`, padding after its
+    /// rows; `false` if a row was lapped or belongs to another trajectory (a table
+    /// entry overwritten under the pick).
+    fn read_window(
+        &self,
+        w: &slice::Window,
+        first: usize,
+        len: usize,
+        out: &mut SliceOut<'_, '_>,
+    ) -> bool {
+        let rows = (w.to - w.from) as usize;
+        for i in 0..rows {
+            let ahead = w.from + (i as u64) + SLICE_PREFETCH_ROWS;
+            if ahead < w.to {
+                self.storage.prefetch(w.draw(ahead));
+            }
+            let (seq, k) = (w.from + i as u64, first + i);
+            let read = loop {
+                match self.storage.read_slice_row(w.draw(seq), out.dest, k) {
+                    Err(Miss::Torn) => continue,
+                    other => break other,
+                }
+            };
+            match read {
+                // A prioritized slice's drawn row must be the one its leaf's mass is for.
+                Ok((stamp, _, _))
+                    if w.drawn
+                        .is_some_and(|(at, tag)| at == seq && stamp.lap() as u16 != tag) =>
+                {
+                    return false
+                }
+                Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
+                    out.index[k] = index;
+                    out.generation[k] = stamp.generation();
+                    out.marks[k] = Marks::of(w, seq, word);
+                }
+                _ => return false,
+            }
+        }
+        for k in first + rows..first + len {
+            out.dest.zero_row(k);
+            out.index[k] = u64::MAX;
+            out.generation[k] = 0;
+            out.marks[k] = Marks::default();
+        }
+        if let Some(weight) = out.weight.as_deref_mut() {
+            weight[first..first + rows].fill(w.weight);
+            weight[first + rows..first + len].fill(0.0);
+        }
+        true
+    }
+}
+
+/// Picks that fail in a row before a slice sample looks at the lanes afresh.
+const SLICE_REFRESH_AFTER: u32 = 64;
+/// Picks that fail in a row before a slice sample gives up.
+const MAX_SLICE_ATTEMPTS: u32 = 1 << 20;
+/// Rows of a window prefetched before its copy starts, and how far ahead of the row
+/// being copied a window prefetches: enough to cover memory latency at 10^7 rows,
+/// few enough not to crowd out the other windows' first rows (measured on the 2-core
+/// machine: 2 to 4 were best; 8 was 15% slower at 10^7 rows, and prefetching all
+/// 32 rows up front slower still).
+const SLICE_PREFETCH_ROWS: u64 = 4;
+
+/// A slice sample's picks: the lanes as last seen, and the failures so far.
+struct Picker<'a> {
+    buffer: &'a Inner,
+    cfg: &'a Slice,
+    lanes: &'a Lanes,
+    views: &'a mut Vec<LaneView>,
+    cumulative: &'a mut Vec<u64>,
+    len: u64,
+    /// Picks and reads that failed in this sample.
+    failures: u32,
+    backoff: Backoff,
+    /// A prioritized slice sampler's trees, as this sample sees them.
+    prio: Option<Prio<'a>>,
+}
+
+/// What a prioritized slice sample draws from.
+struct Prio<'a> {
+    state: &'a prioritized::State,
+    over: SlicePriority,
+    trees: &'a [Tree<'a>],
+    masses: Masses,
+    /// The smallest mass stored, read before the draws (the weights' normaliser).
+    min: u64,
+    shard_windows: &'a mut Vec<ShardWindow>,
+    /// The index in `views` of each shard's first lane.
+    first_view: SmallVec<[usize; 8]>,
+}
+
+impl Picker<'_> {
+    /// Snapshots every lane; returns the trajectories that may have live rows.
+    fn refresh(&mut self) -> u64 {
+        let words = self.buffer.storage.words();
+        self.views.clear();
+        self.cumulative.clear();
+        let mut total = 0;
+        if let Some(p) = &mut self.prio {
+            self.buffer.storage.windows(p.shard_windows);
+            p.masses = Masses::new(p.trees);
+            p.first_view.clear();
+        }
+        for (k, shard) in self.buffer.storage.shards().iter().enumerate() {
+            let lo = shard.window().lo;
+            if let Some(p) = &mut self.prio {
+                p.first_view.push(self.views.len());
+            }
+            for lane in 0..shard.ring().width {
+                let v = self.lanes.view(words, k, lane, lo);
+                total += v.trajectories();
+                self.views.push(v);
+                self.cumulative.push(total);
+            }
+        }
+        total
+    }
+
+    /// A window of a trajectory drawn uniformly, picking again while picks land on
+    /// trajectories with no live row or (strict) too short.
+    fn pick(&mut self, rng: &mut Rng) -> Result<slice::Window, SampleError> {
+        let words = self.buffer.storage.words();
+        loop {
+            if self.failures > 0 && self.failures.is_multiple_of(SLICE_REFRESH_AFTER) {
+                // The writers have moved on, or the picks keep landing on trajectories
+                // too short: look at the lanes afresh, and give up if none can serve.
+                self.backoff.snooze();
+                if self.refresh() == 0 {
+                    return Err(SampleError::Empty);
+                }
+                if self.cfg.strict_length {
+                    let longest = slice::longest(self.lanes, words, self.views);
+                    if longest < self.len {
+                        return Err(SampleError::TrajectoriesTooShort {
+                            slice_len: self.len as usize,
+                            longest,
+                        });
+                    }
+                }
+            }
+            if self.failures >= MAX_SLICE_ATTEMPTS {
+                return Err(SampleError::Starved {
+                    attempts: self.failures,
+                });
+            }
+            let picked = match &self.prio {
+                Some(p) => self.pick_by_priority(p, rng),
+                None => slice::pick(
+                    self.lanes,
+                    words,
+                    self.views,
+                    self.cumulative,
+                    self.cfg,
+                    self.len,
+                    rng,
+                ),
+            };
+            match picked {
+                Ok(w) => return Ok(w),
+                Err(NoPick::Again) => self.failures += 1,
+            }
+        }
+    }
+}
+
+impl Picker<'_> {
+    /// A prioritized pick: a row drawn by mass, then the window it starts (or one
+    /// holding it); a row no window can serve is drawn again.
+    fn pick_by_priority(&self, p: &Prio<'_>, rng: &mut Rng) -> Result<slice::Window, NoPick> {
+        let storage = &self.buffer.storage;
+        let words = storage.words();
+        let d = prioritized::redraw(p.trees, storage.shards(), p.shard_windows, &p.masses, rng)
+            .filter(|d| d.mass > 0)
+            .ok_or(NoPick::Again)?;
+        let (k, lane, seq) = (d.shard as usize, u64::from(d.lane), d.seq);
+        let v = self.views[p.first_view[k] + d.lane as usize];
+        let n = self
+            .lanes
+            .trajectory_of(words, &v, seq)
+            .ok_or(NoPick::Again)?;
+        let start = self.lanes.start(words, k, lane, n);
+        let next = (n + 1 < v.count).then(|| self.lanes.start(words, k, lane, n + 1));
+        let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+        if seq < a || seq >= b || (self.cfg.strict_length && b - a < self.len) {
+            return Err(NoPick::Again);
+        }
+        let (from, to) = match p.over {
+            SlicePriority::Start => {
+                let to = (seq + self.len).min(b);
+                if self.cfg.strict_length && to - seq < self.len {
+                    return Err(NoPick::Again);
+                }
+                (seq, to)
+            }
+            SlicePriority::Window => {
+                let len = self.len.min(b - a);
+                let lowest = (seq + 1).saturating_sub(len).max(a);
+                let from = rng.random_range(lowest..=seq.min(b - len));
+                (from, from + len)
+            }
+        };
+        let mass = match p.over {
+            SlicePriority::Start => d.mass,
+            SlicePriority::Window => {
+                let (tree, ring) = (&p.trees[k], storage.shards()[k].ring());
+                let leaf = |s: u64| ((s % ring.steps) * ring.width + lane) as usize;
+                let sum: u64 = (from..to).map(|s| tree.leaf(leaf(s)).value()).sum();
+                (sum / (to - from)).max(1)
+            }
+        };
+        Ok(slice::Window {
+            shard: d.shard,
+            lane: d.lane,
+            traj: n,
+            start,
+            next,
+            from,
+            to,
+            drawn: Some((seq, d.tag)),
+            weight: p.state.weight(mass, p.min.min(mass)),
+        })
+    }
+}
+
+/// Where a slice sample's rows go.
+struct SliceOut<'a, 'd> {
+    dest: &'a mut Dest<'d>,
+    index: &'a mut [u64],
+    generation: &'a mut [u64],
+    marks: &'a mut [Marks],
+    weight: Option<&'a mut [f32]>,
+}
