@@ -393,7 +393,7 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, Persis
         None => None,
         Some((obs, next)) => Some(
             CompactFields::of(spec, obs, next)
-                .map_err(|why| PersistError::new(dir, Kind::Unsupported(leak(why))))?,
+                .map_err(|why| PersistError::new(dir, Kind::Options(why)))?,
         ),
     };
     let save_hooks = inner.hooks.save();
@@ -466,12 +466,6 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, Persis
         remove_generation(dir, old);
     }
     Ok(true)
-}
-
-/// A message that lives as long as the error holding it (errors carry `&'static str`
-/// reasons; a dump's few formatted ones are leaked, which is bounded by the calls).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 /// Removes any file of generation `g` (left by a dump that died before its meta).

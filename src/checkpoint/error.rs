@@ -44,6 +44,8 @@ pub(crate) enum Kind {
     Busy(&'static str),
     /// The operation does not apply to this buffer.
     Unsupported(&'static str),
+    /// The options given do not fit this buffer (a compact format over fields it lacks).
+    Options(String),
     /// A save or load hook failed.
     Hook(String),
 }
@@ -136,6 +138,7 @@ impl fmt::Display for PersistError {
             Kind::Mismatch(what) => write!(f, "{p}: a buffer of another layout ({what})"),
             Kind::Busy(why) => write!(f, "{p}: {why}"),
             Kind::Unsupported(why) => write!(f, "{p}: {why}"),
+            Kind::Options(why) => write!(f, "{p}: {why}"),
             Kind::Hook(why) => write!(f, "{p}: a hook failed: {why}"),
         }
     }
