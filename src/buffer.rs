@@ -553,20 +553,8 @@ impl Inner {
             }
             None => {
                 // Every shard is entered before any is written, so that a swap finds
-                // the whole extend in the storage it copies, or none of it. Shards are
-                // entered in order, as a freeze does, so neither waits on the other.
-                let mut claims: SmallVec<[Claim; 8]> = SmallVec::new();
-                for k in 0..storage.shards().len() {
-                    match storage.enter_append(k) {
-                        Ok(claim) => claims.push(claim),
-                        Err(retired) => {
-                            for (shard, claim) in storage.shards().iter().zip(claims) {
-                                shard.leave_append(claim);
-                            }
-                            return Err(retired);
-                        }
-                    }
-                }
+                // the whole extend in the storage it copies, or none of it.
+                let claims = storage.enter_append_all()?;
                 for ((k, shard), claim) in storage.shards().iter().enumerate().zip(claims) {
                     let ring = *shard.ring();
                     let group = src.for_group(ring.index_offset);
@@ -847,9 +835,7 @@ impl Inner {
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Every shard is entered before any row is rewritten: all or nothing.
-        let _guards = (0..storage.shards().len())
-            .map(|k| storage.enter_edit(k))
-            .collect::<Result<Vec<_>, Retired>>()?;
+        let _guards = storage.enter_edit_all()?;
         for (i, d) in draws.into_iter().enumerate() {
             // A row emptied after the check above has nothing to rewrite: skip it.
             let _ = storage.edit(d, &src, i as u64);

@@ -260,7 +260,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let ring = *shard.ring();
         let steps = values.len() as u64;
         // As an appender, so that a checkpoint's freeze waits for this append.
-        let claim = shard.enter_append();
+        let claim = shard.enter_append(1);
         let first = shard.claim(steps);
         let skip = steps.saturating_sub(ring.steps) as usize;
         for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip))

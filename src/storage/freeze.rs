@@ -59,7 +59,7 @@
 
 use smallvec::SmallVec;
 
-use super::shard::{EditGuard, FreezeGuard as ShardFreeze};
+use super::shard::{EditGuard, FreezeGuard as ShardFreeze, IsFrozen, Shard};
 use super::stamp::Claim;
 use super::Storage;
 use crate::sync::{AtomicU64, Backoff, Ordering};
@@ -126,7 +126,7 @@ impl Storage {
     #[inline]
     pub(crate) fn enter_append(&self, k: usize) -> Result<Claim, Retired> {
         let shard = &self.shards()[k];
-        let claim = shard.enter_append();
+        let claim = shard.enter_append(self.freezer_holder());
         if self.is_retired() {
             shard.leave_append(claim);
             return Err(Retired);
@@ -137,9 +137,63 @@ impl Storage {
     /// Enters shard `k` as an editor (see `Shard::enter_edit`), waiting while it is
     /// frozen; refused if the storage is retired.
     pub(crate) fn enter_edit(&self, k: usize) -> Result<EditGuard<'_>, Retired> {
-        let guard = self.shards()[k].enter_edit();
+        let guard = self.shards()[k].enter_edit(self.freezer_holder());
         self.check_retired()?;
         Ok(guard)
+    }
+
+    /// Enters every shard as an appender, for one write that spans them all (a
+    /// buffer-level extend of an ndim-2 storage): pass claim `k` to
+    /// [`Storage::append_entered`] for shard `k`. Waits while any shard is frozen,
+    /// but never while counted in another (see [`IsFrozen`]); refused if the storage
+    /// is retired.
+    pub(crate) fn enter_append_all(&self) -> Result<SmallVec<[Claim; 8]>, Retired> {
+        self.enter_all(Shard::try_enter_append, Shard::leave_append)
+    }
+
+    /// Enters every shard as an editor (`write_all`), as
+    /// [`Storage::enter_append_all`] enters them as an appender, then waits for the
+    /// plain appenders inside each to leave.
+    pub(crate) fn enter_edit_all(&self) -> Result<SmallVec<[EditGuard<'_>; 8]>, Retired> {
+        let guards = self.enter_all(Shard::try_enter_edit, |_, guard| drop(guard))?;
+        for guard in &guards {
+            guard.wait_for_plain_appenders();
+        }
+        Ok(guards)
+    }
+
+    /// Enters every shard with `try_enter`, in order. A shard found frozen sends the
+    /// thread out of every shard it entered to wait for the thaw, and back to the
+    /// first: a freezer that froze them all waits for each to drain, so waiting while
+    /// counted in one would wait for it forever.
+    fn enter_all<'s, T>(
+        &'s self,
+        try_enter: impl Fn(&'s Shard) -> Result<T, IsFrozen>,
+        leave: impl Fn(&'s Shard, T),
+    ) -> Result<SmallVec<[T; 8]>, Retired> {
+        let shards = self.shards();
+        'again: loop {
+            let mut entered: SmallVec<[T; 8]> = SmallVec::new();
+            for shard in shards.iter() {
+                match try_enter(shard) {
+                    Ok(unit) => entered.push(unit),
+                    Err(IsFrozen) => {
+                        for (s, unit) in shards.iter().zip(entered) {
+                            leave(s, unit);
+                        }
+                        shard.wait_thawed(self.freezer_holder());
+                        continue 'again;
+                    }
+                }
+            }
+            if self.is_retired() {
+                for (s, unit) in shards.iter().zip(entered) {
+                    leave(s, unit);
+                }
+                return Err(Retired);
+            }
+            return Ok(entered);
+        }
     }
 
     /// Whether a swap has retired this storage.

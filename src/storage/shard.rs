@@ -286,24 +286,35 @@ impl Shard {
     }
 
     /// Enters the shard as an appender; pass the claim to [`Shard::leave_append`].
-    /// Waits while the shard is frozen.
+    /// Waits while the shard is frozen (`me`: see [`Shard::wait_thawed`]).
     #[inline]
-    pub(crate) fn enter_append(&self) -> Claim {
+    pub(crate) fn enter_append(&self, me: u64) -> Claim {
         loop {
-            let before = self.occupancy().fetch_add(PLAIN, Ordering::AcqRel);
-            if before & (EDITORS_MASK | FROZEN) == 0 {
-                return Claim::Plain;
+            match self.try_enter_append() {
+                Ok(claim) => return claim,
+                Err(IsFrozen) => self.wait_thawed(me),
             }
-            if before & FROZEN == 0 {
-                // An editor is inside: count this appender among those claiming by
-                // compare-exchange, which editors do not wait for (a freeze does).
-                self.occupancy()
-                    .fetch_add(EXCHANGE.wrapping_sub(PLAIN), Ordering::AcqRel);
-                return Claim::Exchange;
-            }
-            self.occupancy().fetch_sub(PLAIN, Ordering::Release);
-            self.wait_thawed();
         }
+    }
+
+    /// Enters the shard as an appender, unless it is frozen: then nothing is counted
+    /// and the caller, before waiting for the thaw, leaves every other shard it
+    /// entered (see [`IsFrozen`]).
+    #[inline]
+    pub(crate) fn try_enter_append(&self) -> Result<Claim, IsFrozen> {
+        let before = self.occupancy().fetch_add(PLAIN, Ordering::AcqRel);
+        if before & (EDITORS_MASK | FROZEN) == 0 {
+            return Ok(Claim::Plain);
+        }
+        if before & FROZEN == 0 {
+            // An editor is inside: count this appender among those claiming by
+            // compare-exchange, which editors do not wait for (a freeze does).
+            self.occupancy()
+                .fetch_add(EXCHANGE.wrapping_sub(PLAIN), Ordering::AcqRel);
+            return Ok(Claim::Exchange);
+        }
+        self.occupancy().fetch_sub(PLAIN, Ordering::Release);
+        Err(IsFrozen)
     }
 
     #[inline]
@@ -317,20 +328,26 @@ impl Shard {
 
     /// Enters the shard as an editor, waiting for plain appenders inside to leave.
     /// Waits while the shard is frozen.
-    pub(crate) fn enter_edit(&self) -> EditGuard<'_> {
-        loop {
-            let before = self.occupancy().fetch_add(EDITOR, Ordering::AcqRel);
-            if before & FROZEN == 0 {
-                break;
+    pub(crate) fn enter_edit(&self, me: u64) -> EditGuard<'_> {
+        let guard = loop {
+            match self.try_enter_edit() {
+                Ok(guard) => break guard,
+                Err(IsFrozen) => self.wait_thawed(me),
             }
-            self.occupancy().fetch_sub(EDITOR, Ordering::Release);
-            self.wait_thawed();
+        };
+        guard.wait_for_plain_appenders();
+        guard
+    }
+
+    /// Counts an editor in, unless the shard is frozen (see [`IsFrozen`]). The editor
+    /// may not touch a slot before [`EditGuard::wait_for_plain_appenders`] returns.
+    pub(crate) fn try_enter_edit(&self) -> Result<EditGuard<'_>, IsFrozen> {
+        let before = self.occupancy().fetch_add(EDITOR, Ordering::AcqRel);
+        if before & FROZEN == 0 {
+            return Ok(EditGuard { shard: self });
         }
-        let mut backoff = Backoff::new();
-        while self.occupancy().load(Ordering::Acquire) & PLAIN_MASK != 0 {
-            backoff.snooze();
-        }
-        EditGuard { shard: self }
+        self.occupancy().fetch_sub(EDITOR, Ordering::Release);
+        Err(IsFrozen)
     }
 
     /// Takes back every appender unit of the occupancy word (a dead lease holder's:
@@ -385,8 +402,15 @@ impl Shard {
     }
 
     /// Waits until no freeze holds the shard. In a shared region, a freeze whose
-    /// process died is lifted.
-    fn wait_thawed(&self) {
+    /// process died is lifted by `me` (this process's holder word; see
+    /// [`Shard::begin_freeze`]).
+    ///
+    /// Lifting takes the freezer word over from the dead holder *before* clearing
+    /// `FROZEN`, and gives it back after: while the word names a live process no other
+    /// freezer can take it, so the bit cleared is the dead freeze's and never a new
+    /// freezer's (one that took a word already zero would have its freeze erased, and
+    /// a checkpoint would copy rows being written as if they were published).
+    pub(crate) fn wait_thawed(&self, me: u64) {
         let mut backoff = Backoff::new();
         let mut waits = 0u32;
         while self.occupancy().load(Ordering::Acquire) & FROZEN != 0 {
@@ -396,17 +420,32 @@ impl Shard {
                 let freezer = self.word(ShardWord::Freezer);
                 let holder = freezer.load(Ordering::Acquire);
                 if holder != 0
+                    && holder != me
                     && self.is_dead(holder)
                     && freezer
-                        .compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 {
+                    // SYNC POINT: as a thaw (`FreezeGuard::drop`), pairs with the
+                    // Acquire loads of waiting appenders and editors.
                     self.occupancy().fetch_and(!FROZEN, Ordering::Release);
+                    freezer.store(0, Ordering::Release);
                 }
             }
         }
     }
 }
+
+/// A shard found frozen on entry: nothing was counted.
+///
+/// A thread that enters several shards for one write (a buffer-level extend of an
+/// ndim-2 storage, `write_all`) must never wait for a thaw while it is counted in
+/// another shard: a freezer sets `FROZEN` on every shard before it waits for each to
+/// drain, so it would wait for that thread while the thread waits for it. Such a
+/// thread tries each shard, and on `IsFrozen` leaves every shard it entered, waits for
+/// the thaw ([`Shard::wait_thawed`]) and starts over (`Storage::enter_all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IsFrozen;
 
 /// Waits on a frozen shard between checks that its freezer still lives.
 const DEAD_FREEZER_CHECK_WAITS: u32 = 4096;
@@ -430,6 +469,18 @@ impl Drop for FreezeGuard<'_> {
 /// An editor's presence in a shard; leaving is dropping it.
 pub(crate) struct EditGuard<'a> {
     shard: &'a Shard,
+}
+
+impl EditGuard<'_> {
+    /// Waits until no plain appender is inside the shard: those inside finish their
+    /// one extend (they wait for nothing but their own slots' predecessors), and those
+    /// that come later see the editor and claim by compare-exchange.
+    pub(crate) fn wait_for_plain_appenders(&self) {
+        let mut backoff = Backoff::new();
+        while self.shard.occupancy().load(Ordering::Acquire) & PLAIN_MASK != 0 {
+            backoff.snooze();
+        }
+    }
 }
 
 impl Drop for EditGuard<'_> {
