@@ -121,6 +121,11 @@ impl Block {
 
     /// Word `i` of the block.
     #[inline]
+    /// The region the block is in.
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
     pub(crate) fn word(&self, i: usize) -> &AtomicU64 {
         debug_assert!(i < self.len);
         &self.region.words()[self.at + i]

@@ -89,6 +89,15 @@ impl Region {
         ))
     }
 
+    /// The open shared-memory object behind the region, if it has one: its process
+    /// table's liveness locks are taken through it (`shared/liveness.rs`).
+    pub(crate) fn shared_file(&self) -> Option<&File> {
+        match &self.backing {
+            Backing::Shared { _file: file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
     /// The shared-memory object behind the region, if it has one.
     pub(crate) fn shared_object(&self) -> Option<&str> {
         match &self.backing {

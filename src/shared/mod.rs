@@ -7,7 +7,9 @@
 //! of one process. What shared mode adds is for processes that die:
 //!
 //! - a process table (`procs.rs`) in the region: every process that maps it holds an
-//!   entry, by which the others can tell it still runs;
+//!   entry and keeps a lock on the entry's byte of the region's file, which the kernel
+//!   releases when the process dies (`liveness.rs`): that is how the others tell it
+//!   still runs, whatever PID namespace each is in;
 //! - writer leases: only one process appends to a shard, so everything a writer can
 //!   leave half done belongs to its lease holder. When a process takes over the lease
 //!   of a dead one (`member.rs`), it repairs the shard first
@@ -23,6 +25,8 @@
 //! Each process keeps its own random streams' positions only in the region's shared
 //! counters, and its own without-replacement epochs.
 
+#[cfg(not(replaybuf_loom))]
+pub(crate) mod liveness;
 #[cfg(not(replaybuf_loom))]
 pub(crate) mod member;
 #[cfg(not(replaybuf_loom))]

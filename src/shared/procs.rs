@@ -13,47 +13,51 @@
 //! A process is named in the region by a `Holder` word:
 //!
 //! ```text
-//!  63        56 55     54             32 31                0
-//! +------------+------+-----------------+-------------------+
-//! | entry + 1  | INIT | generation (23) | pid (32)          |
-//! +------------+------+-----------------+-------------------+
+//!  63        56 55 54             32 31                0
+//! +------------+--+-----------------+-------------------+
+//! | entry + 1  |0 | generation (23) | pid (32)          |
+//! +------------+--+-----------------+-------------------+
 //! ```
 //!
-//! An entry's `OWNER` word holds its holder (0: free). A process claims a free entry,
-//! or one whose holder is dead, by compare-exchange, marked `INIT` until it has stored
-//! its start time; the generation grows with every claim, so a holder word names one
-//! claim of one entry and never a later process that reuses it.
+//! An entry's `OWNER` word holds its holder (0: free); the generation grows with every
+//! claim, so a holder word names one claim of one entry and never a later process that
+//! reuses it. The pid is for people (`replaybuf shm list`): it says nothing about
+//! liveness, since in another PID namespace it names another process.
 //!
-//! A holder is alive while its entry still names it and its process runs: `kill(pid,
-//! 0)` succeeds, and the process's start time (`/proc/PID/stat`) is the one recorded,
-//! so that a reused pid is not mistaken for the dead process.
+//! # Liveness
+//!
+//! A holder is alive while its entry's `OWNER` still names it and the entry's byte of
+//! the region's file is locked (`liveness.rs`). A process takes the byte's lock before
+//! it claims the entry (so a free lock means no live holder), and gives it back after
+//! it gave the entry back; the kernel gives it back for a process that dies. A
+//! process that takes an entry whose byte is unlocked owns it: whoever `OWNER` named
+//! is dead.
 //!
 //! # Memory ordering
 //!
-//! Claims and releases are compare-exchanges on `OWNER` and `Lease` words (AcqRel). The
-//! start time is stored before the `INIT` mark is cleared with Release, and read after
-//! an Acquire load of `OWNER`; a checker that sees `INIT` judges by the pid alone.
+//! Claims and releases are compare-exchanges on `OWNER` and `Lease` words (AcqRel).
+//! The lock orders nothing in memory: it only says who lives.
 // Under loom there is no shared memory: only the shards' optional table is compiled.
 #![cfg_attr(replaybuf_loom, allow(dead_code))]
+
+use std::sync::Arc;
 
 use crate::region::Block;
 use crate::storage::layout::PROC_WORDS;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Entries of a shared region's process table: processes that may map it at once.
+/// At most 64: [`ProcTable`] keeps its own entries as bits of one word.
 pub(crate) const PROCS: usize = 64;
 
 /// An entry's words.
 const OWNER: usize = 0;
-/// The owner's start time, in clock ticks after boot (0 if unknown).
-const START: usize = 1;
 /// The last generation used in this entry.
 const GENERATION: usize = 2;
 
 const PID_MASK: u64 = (1 << 32) - 1;
 const GEN_SHIFT: u32 = 32;
 const GEN_MASK: u64 = (1 << 23) - 1;
-const INIT: u64 = 1 << 55;
 const ENTRY_SHIFT: u32 = 56;
 
 /// One process's claim of one entry (see the module docs).
@@ -80,23 +84,10 @@ impl Holder {
             e => Some(e - 1),
         }
     }
-
-    fn without_init(self) -> u64 {
-        self.0 & !INIT
-    }
 }
 
-/// The start time of process `pid`, in clock ticks after boot: field 22 of
-/// `/proc/PID/stat`. `None` where there is no such file.
-pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count from
-    // after its closing parenthesis, which is field 3's start.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether process `pid` runs (a signal to it would be delivered).
+/// Whether process `pid` of this PID namespace runs (a signal to it would be
+/// delivered). Only a hint, for people: liveness in a region is judged by its locks.
 pub(crate) fn runs(pid: u32) -> bool {
     let Some(pid) = rustix::process::Pid::from_raw(pid as i32) else {
         return false;
@@ -111,67 +102,95 @@ pub(crate) fn runs(pid: u32) -> bool {
 #[derive(Clone, Debug)]
 pub(crate) struct ProcTable {
     block: Block,
+    /// The entries whose liveness byte this process locked through this mapping's file
+    /// (bit `e`: entry `e`). The kernel does not report a description's own locks to
+    /// it, so these are known here. Shared by every clone over the same mapping.
+    held: Arc<AtomicU64>,
 }
 
 impl ProcTable {
     /// The table in `block` (`PROCS` entries of `PROC_WORDS`).
     pub(crate) fn new(block: Block) -> ProcTable {
-        ProcTable { block }
+        ProcTable {
+            block,
+            held: Arc::default(),
+        }
     }
 
     fn word(&self, entry: usize, w: usize) -> &AtomicU64 {
         self.block.word(entry * PROC_WORDS + w)
     }
 
+    /// Whether entry `entry`'s liveness byte is locked, by this process or another.
+    fn locked(&self, entry: usize) -> bool {
+        if self.held.load(Ordering::Acquire) & (1 << entry) != 0 {
+            return true;
+        }
+        #[cfg(not(replaybuf_loom))]
+        if let Some(file) = self.block.region().shared_file() {
+            return super::liveness::locked_elsewhere(file, entry);
+        }
+        // No file to ask: never take a holder for dead on a doubt.
+        true
+    }
+
+    /// Locks entry `entry`'s liveness byte for this process; `false` if another holds
+    /// it (or this process does, through this mapping).
+    fn lock(&self, entry: usize) -> bool {
+        if self.held.load(Ordering::Acquire) & (1 << entry) != 0 {
+            return false;
+        }
+        #[cfg(not(replaybuf_loom))]
+        if let Some(file) = self.block.region().shared_file() {
+            if super::liveness::try_lock(file, entry).unwrap_or(false) {
+                self.held.fetch_or(1 << entry, Ordering::AcqRel);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn unlock(&self, entry: usize) {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(file) = self.block.region().shared_file() {
+            super::liveness::unlock(file, entry);
+        }
+        self.held.fetch_and(!(1 << entry), Ordering::AcqRel);
+    }
+
     /// Whether `holder` (a word read from a lease, a freezer or an entry) names a live
     /// process. Zero names nobody: not alive.
     pub(crate) fn alive(&self, holder: u64) -> bool {
-        let h = Holder(holder);
-        let Some(entry) = h.entry().filter(|&e| e < PROCS) else {
+        let Some(entry) = Holder(holder).entry().filter(|&e| e < PROCS) else {
             return false;
         };
-        // SYNC POINT: pairs with the Release store that cleared INIT in `register`.
-        let owner = self.word(entry, OWNER).load(Ordering::Acquire);
-        if owner & !INIT != h.without_init() {
-            // The entry was claimed again since, which happens only once its holder
-            // was found dead.
+        // The entry was claimed again since (only ever once its holder died), or given
+        // back: its holder is gone.
+        if self.word(entry, OWNER).load(Ordering::Acquire) != holder {
             return false;
         }
-        if !runs(h.pid()) {
-            return false;
-        }
-        if owner & INIT != 0 {
-            return true;
-        }
-        let recorded = self.word(entry, START).load(Ordering::Relaxed);
-        match start_time(h.pid()) {
-            Some(now) if recorded != 0 => now == recorded,
-            _ => true,
-        }
+        self.locked(entry)
     }
 
     /// Claims an entry for this process; `None` if every entry is held by a live one.
     pub(crate) fn register(&self) -> Option<Holder> {
         let pid = std::process::id();
         for entry in 0..PROCS {
-            let cur = self.word(entry, OWNER).load(Ordering::Acquire);
-            if cur != 0 && self.alive(cur) {
+            // The lock first: with it, nobody else lives in this entry.
+            if !self.lock(entry) {
                 continue;
             }
+            let cur = self.word(entry, OWNER).load(Ordering::Acquire);
             let generation = self.word(entry, GENERATION).fetch_add(1, Ordering::AcqRel) + 1;
             let me = Holder::new(entry, generation, pid);
             if self
                 .word(entry, OWNER)
-                .compare_exchange(cur, me.0 | INIT, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
+                .compare_exchange(cur, me.0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
             {
-                continue;
+                return Some(me);
             }
-            self.word(entry, START)
-                .store(start_time(pid).unwrap_or(0), Ordering::Relaxed);
-            // SYNC POINT: pairs with the Acquire load of `OWNER` in `alive`.
-            self.word(entry, OWNER).store(me.0, Ordering::Release);
-            return Some(me);
+            self.unlock(entry);
         }
         None
     }
@@ -185,10 +204,12 @@ impl ProcTable {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
+            self.unlock(entry);
         }
     }
 
-    /// The live processes in the table, by pid.
+    /// The live processes in the table, by pid (as each registered it: a pid of its
+    /// own PID namespace).
     pub(crate) fn live(&self) -> Vec<u32> {
         (0..PROCS)
             .map(|e| self.word(e, OWNER).load(Ordering::Acquire))
@@ -249,10 +270,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_has_a_start_time_and_runs() {
-        let me = std::process::id();
-        assert!(start_time(me).is_some_and(|t| t > 0));
-        assert!(runs(me));
+    fn this_process_runs() {
+        assert!(runs(std::process::id()));
         assert!(!runs(u32::MAX >> 1));
     }
 
