@@ -516,6 +516,13 @@ impl Inner {
             Admit::Placed(written) => return Ok(written),
         };
         let rows = self.prepare(shard, &batch)?;
+        if shard.is_none() {
+            // Every shard is written: in a shared region, only by its lease holder, so
+            // that a dead process's damage is its lease's (`shared/procs.rs`).
+            self.storage
+                .lease_all()
+                .map_err(|shard| DataError::ShardLeased { shard })?;
+        }
         Ok(self.append(shard, &rows)?)
     }
 
@@ -798,6 +805,7 @@ impl Inner {
             }
             for k in 0..self.storage.shards().len() {
                 self.storage.reclaim_dead_lease(k);
+                self.storage.reclaim_dead_editor(k);
             }
             draws.to_mut().retain(|&d| !self.storage.is_abandoned(d));
         }

@@ -332,6 +332,15 @@ pub enum DataError {
         /// Shards of the buffer.
         shards: usize,
     },
+    /// A buffer-level extend of a shared ndim-2 buffer writes every shard, and so must
+    /// hold every shard's writer lease; another live process holds this one.
+    #[error(
+        "shard {shard} of the shared buffer is held by another live process's writer,          and a buffer-level extend of an ndim-2 buffer writes every shard; nothing was          written (extend through a writer handle, which owns its shard's environments)"
+    )]
+    ShardLeased {
+        /// The shard another process holds.
+        shard: usize,
+    },
     /// The priority field of a row holds a NaN, infinite or negative value.
     #[error(
         "priority field `{key}` of row {row} is {value}; priorities must be finite and at least 0"

@@ -6,7 +6,7 @@ use super::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable
 use crate::storage::layout::ShardWord;
 use crate::storage::shard::Shard;
 use crate::storage::Storage;
-use crate::sync::{Mutex, Ordering};
+use crate::sync::{Backoff, Mutex, Ordering};
 
 /// This process in a shared region.
 #[derive(Debug)]
@@ -19,6 +19,9 @@ pub(crate) struct Member {
     unlink: Option<String>,
     /// The region's shards, to give their leases back.
     shards: Box<[Shard]>,
+    /// Per shard, this process's editors inside it: while there are any, the process
+    /// holds the shard's `Editor` word.
+    editors: Box<[Mutex<usize>]>,
 }
 
 impl Member {
@@ -35,6 +38,7 @@ impl Member {
             me,
             leases: Mutex::new(Vec::new()),
             unlink,
+            editors: shards.iter().map(|_| Mutex::new(0)).collect(),
             shards,
         })
     }
@@ -76,6 +80,26 @@ impl Member {
         }
     }
 
+    /// Takes the lease of every shard this process does not hold yet (a buffer-level
+    /// extend of an ndim-2 buffer writes them all): free ones, and dead holders' after
+    /// repairing them. `Err(k)`: a live process holds shard `k` (the leases taken so
+    /// far stay this process's).
+    pub(crate) fn lease_all(&self, storage: &Storage) -> Result<(), usize> {
+        let mut held = self.leases.lock();
+        for (k, shard) in storage.shards().iter().enumerate() {
+            if held.contains(&k) {
+                continue;
+            }
+            match take_lease(&self.table, shard.word(ShardWord::Lease), self.me) {
+                Some(Leased::Free) => {}
+                Some(Leased::FromDead) => storage.recover_shard(k),
+                None => return Err(k),
+            }
+            held.push(k);
+        }
+        Ok(())
+    }
+
     /// A shard this process holds, taking one if it holds none (the shard of
     /// buffer-level extends).
     pub(crate) fn any_lease(&self, storage: &Storage) -> Result<usize, NoShard> {
@@ -83,6 +107,56 @@ impl Member {
             return Ok(k);
         }
         self.lease(storage, std::process::id() as usize)
+    }
+}
+
+impl Member {
+    /// Lets one more editor of this process into shard `k`: the first takes the
+    /// shard's `Editor` word, waiting while another live process's editors are in (they
+    /// finish their one rewrite, or die and are repaired here). Call before entering
+    /// the shard's occupancy word, and [`Member::end_edit`] after leaving it.
+    pub(crate) fn begin_edit(&self, storage: &Storage, k: usize) {
+        let mut inside = self.editors[k].lock();
+        if *inside == 0 {
+            let word = self.shards[k].word(ShardWord::Editor);
+            let mut backoff = Backoff::new();
+            loop {
+                match take_lease(&self.table, word, self.me) {
+                    Some(Leased::Free) => break,
+                    Some(Leased::FromDead) => {
+                        storage.recover_editor(k);
+                        break;
+                    }
+                    None => backoff.snooze(),
+                }
+            }
+        }
+        *inside += 1;
+    }
+
+    /// One editor of this process left shard `k`; the last gives the `Editor` word
+    /// back.
+    pub(crate) fn end_edit(&self, k: usize) {
+        let mut inside = self.editors[k].lock();
+        *inside -= 1;
+        if *inside == 0 {
+            release_lease(self.shards[k].word(ShardWord::Editor), self.me);
+        }
+    }
+
+    /// If shard `k`'s editor process died: takes its `Editor` word over, repairs the
+    /// shard (`Storage::recover_editor`) and gives the word back.
+    pub(crate) fn reclaim_dead_editor(&self, storage: &Storage, k: usize) {
+        let word = self.shards[k].word(ShardWord::Editor);
+        if word.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let inside = self.editors[k].lock();
+        if *inside == 0 && take_lease(&self.table, word, self.me) == Some(Leased::FromDead) {
+            storage.recover_editor(k);
+            release_lease(word, self.me);
+        }
+        drop(inside);
     }
 }
 

@@ -84,6 +84,37 @@ impl Drop for Inside<'_> {
     }
 }
 
+/// Editors inside one or more shards; they leave when this drops (the shards first,
+/// then, in a shared region, this process's hold on their `Editor` words).
+pub(crate) struct Editing<'a> {
+    guards: SmallVec<[EditGuard<'a>; 8]>,
+    _held: SmallVec<[EditHold<'a>; 8]>,
+}
+
+impl Drop for Editing<'_> {
+    fn drop(&mut self) {
+        // Out of the occupancy words before the `Editor` words are given back: the
+        // next process's editors count on finding none of ours inside.
+        self.guards.clear();
+    }
+}
+
+/// This process's hold on a shard's `Editor` word in a shared region (`None`
+/// elsewhere), given back on drop.
+pub(crate) struct EditHold<'a>(
+    #[cfg(not(replaybuf_loom))] Option<(&'a crate::shared::member::Member, usize)>,
+    #[cfg(replaybuf_loom)] Option<(&'a (), usize)>,
+);
+
+impl Drop for EditHold<'_> {
+    fn drop(&mut self) {
+        #[cfg(not(replaybuf_loom))]
+        if let Some((m, k)) = self.0 {
+            m.end_edit(k);
+        }
+    }
+}
+
 /// A frozen storage; it thaws when this drops.
 pub(crate) struct Frozen<'a> {
     updaters: &'a AtomicU64,
@@ -136,10 +167,15 @@ impl Storage {
 
     /// Enters shard `k` as an editor (see `Shard::enter_edit`), waiting while it is
     /// frozen; refused if the storage is retired.
-    pub(crate) fn enter_edit(&self, k: usize) -> Result<EditGuard<'_>, Retired> {
+    pub(crate) fn enter_edit(&self, k: usize) -> Result<Editing<'_>, Retired> {
+        let held = self.hold_edit(k);
         let guard = self.shards()[k].enter_edit(self.freezer_holder());
+        let editing = Editing {
+            guards: smallvec::smallvec![guard],
+            _held: smallvec::smallvec![held],
+        };
         self.check_retired()?;
-        Ok(guard)
+        Ok(editing)
     }
 
     /// Enters every shard as an appender, for one write that spans them all (a
@@ -154,12 +190,33 @@ impl Storage {
     /// Enters every shard as an editor (`write_all`), as
     /// [`Storage::enter_append_all`] enters them as an appender, then waits for the
     /// plain appenders inside each to leave.
-    pub(crate) fn enter_edit_all(&self) -> Result<SmallVec<[EditGuard<'_>; 8]>, Retired> {
+    pub(crate) fn enter_edit_all(&self) -> Result<Editing<'_>, Retired> {
+        // In a shared region, every shard's `Editor` word first, in order (so two
+        // processes' editors never wait for each other in a cycle), and before any
+        // occupancy word: they are waited for, and a wait here must not hold a freeze.
+        let held: SmallVec<[EditHold<'_>; 8]> = (0..self.shards().len())
+            .map(|k| self.hold_edit(k))
+            .collect();
         let guards = self.enter_all(Shard::try_enter_edit, |_, guard| drop(guard))?;
         for guard in &guards {
             guard.wait_for_plain_appenders();
         }
-        Ok(guards)
+        Ok(Editing {
+            guards,
+            _held: held,
+        })
+    }
+
+    /// In a shared region, this process's hold on shard `k`'s `Editor` word (see
+    /// `Member::begin_edit`); nothing elsewhere.
+    fn hold_edit(&self, k: usize) -> EditHold<'_> {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = self.member() {
+            m.begin_edit(self, k);
+            return EditHold(Some((m, k)));
+        }
+        let _ = k;
+        EditHold(None)
     }
 
     /// Enters every shard with `try_enter`, in order. A shard found frozen sends the
@@ -243,9 +300,11 @@ impl Storage {
                 backoff.snooze();
                 waits += 1;
                 if waits.is_multiple_of(DEAD_WRITER_CHECK_WAITS) {
-                    // A shared region's appender may have died inside: its lease
-                    // holder's units would never leave. Take the lease over and repair.
+                    // A shared region's appender or editor may have died inside: its
+                    // units would never leave. Take its lease or editor word over and
+                    // repair.
                     self.reclaim_dead_lease(k);
+                    self.reclaim_dead_editor(k);
                 }
             }
         }

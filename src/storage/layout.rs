@@ -71,7 +71,7 @@ pub(crate) enum Header {
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
 /// Words of one shard block: two cache lines, or its six words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 6 } else { 2 * LINE };
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 7 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +91,10 @@ pub(crate) enum ShardWord {
     Lease = 4,
     /// Shared mode: the process whose freeze holds the shard (0: none or unknown).
     Freezer = 5,
+    /// Shared mode: the process whose editors (`write_all`, max-value rewrites) are in
+    /// the shard (a `Holder`, 0: none). One process edits a shard at a time, so the
+    /// editor units of the occupancy word are all its own.
+    Editor = 6,
 }
 
 /// The globals' words: each contended one on its own line.

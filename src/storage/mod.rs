@@ -177,6 +177,12 @@ impl Storage {
         Ok(())
     }
 
+    /// This process's membership of the shared region, if the region is one.
+    #[cfg(not(replaybuf_loom))]
+    pub(crate) fn member(&self) -> Option<&Member> {
+        self.member.as_deref()
+    }
+
     /// The holder word of this process's freezes: its process-table holder in a
     /// shared region, 1 elsewhere.
     pub(crate) fn freezer_holder(&self) -> u64 {
@@ -204,6 +210,18 @@ impl Storage {
         let _ = k;
     }
 
+    /// In a shared region: if shard `k`'s editor process died, takes the shard's
+    /// `Editor` word over, repairs what it left (`Storage::recover_editor`) and gives
+    /// the word back. Nothing elsewhere.
+    pub(crate) fn reclaim_dead_editor(&self, k: usize) {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            m.reclaim_dead_editor(self, k);
+        }
+        #[cfg(replaybuf_loom)]
+        let _ = k;
+    }
+
     /// In a shared region, the shard of this process's `k`-th writer handle (a lease
     /// taken from shard `k` on); `None` elsewhere.
     pub(crate) fn lease_for_writer(
@@ -226,6 +244,17 @@ impl Storage {
             return Some(m.any_lease(self));
         }
         None
+    }
+
+    /// In a shared region, takes the writer lease of every shard (see
+    /// `Member::lease_all`); `Err(k)` if a live process holds shard `k`. `Ok`
+    /// elsewhere.
+    pub(crate) fn lease_all(&self) -> Result<(), usize> {
+        #[cfg(not(replaybuf_loom))]
+        if let Some(m) = &self.member {
+            return m.lease_all(self);
+        }
+        Ok(())
     }
 
     /// Joins a shared region's process table (the creator's membership unlinks the
@@ -454,7 +483,10 @@ impl Storage {
                 }
                 self.prefetch_slot(ring.first_slot + ahead, Intent::Write);
                 let stamp = self.stamp(slot);
-                stamp::begin_append(stamp, prev, step.lap, claim);
+                stamp::begin_append_or(stamp, prev, step.lap, claim, || {
+                    // An editor of another process may have died inside the slot.
+                    self.reclaim_dead_editor(k);
+                });
                 if let Some(raws) = raws {
                     let raw = match raws {
                         Raws::Each(ps) => ps[src.order.row(step.j, lane)],
@@ -578,7 +610,10 @@ impl Storage {
         let stamp = self.stamp(slot);
         let seen = stamp::begin_read(stamp);
         if !seen.is_published() {
-            return Err(Miss::Busy);
+            // A dropped row (its editor died) will never be published: gone, not busy.
+            let dropped = seen.is_dropped()
+                && lap_cmp(seen.lap(), (draw.seq / ring.steps) as u32) != Cmp::Less;
+            return Err(if dropped { Miss::Gone } else { Miss::Busy });
         }
         match (lap_cmp(seen.lap(), (draw.seq / ring.steps) as u32), want) {
             (Cmp::Less, _) => return Err(Miss::Busy),
@@ -594,16 +629,21 @@ impl Storage {
         }
     }
 
-    /// Whether the drawn row was claimed by a writer that died before publishing it.
+    /// Whether the drawn row was claimed by a writer that died before publishing it,
+    /// or dropped by an editor that died while rewriting it.
     pub(crate) fn is_abandoned(&self, d: Draw) -> bool {
         let shard = &self.shards[d.shard as usize];
+        let ring = shard.ring();
+        let stamp = self.stamp_at(ring.slot(d.seq % ring.steps, u64::from(d.lane)));
+        let lap = (d.seq / ring.steps) as u32;
+        if stamp.is_dropped() && stamp.lap() == lap {
+            return true;
+        }
         if d.seq >= shard.abandoned().load(Ordering::Acquire) {
             return false;
         }
-        let ring = shard.ring();
-        let stamp = self.stamp_at(ring.slot(d.seq % ring.steps, u64::from(d.lane)));
         // A newer row there (a lap after) is a row too: a read by position takes it.
-        !(stamp.is_published() && lap_cmp(stamp.lap(), (d.seq / ring.steps) as u32) != Cmp::Less)
+        !(stamp.is_published() && lap_cmp(stamp.lap(), lap) != Cmp::Less)
     }
 
     /// The row currently at storage `index`, as a draw, or `None` if the position is
@@ -628,7 +668,12 @@ impl Storage {
         let ring = self.shards[draw.shard as usize].ring();
         let slot = ring.slot(draw.seq % ring.steps, u64::from(draw.lane));
         let stamp = self.stamp(slot);
-        let Some(published) = stamp::begin_edit(stamp) else {
+        let Some(published) = stamp::begin_edit_or(stamp, || {
+            // The row's appender may have died inside it (shared mode): its lease is
+            // taken over and its unpublished rows abandoned, which this one is then.
+            self.reclaim_dead_lease(draw.shard as usize);
+            self.is_abandoned(draw)
+        }) else {
             return false;
         };
         src.write_row(self.words(), self.row_offset(slot), step, 0);

@@ -21,6 +21,7 @@ use super::layout::ShardWord;
 use super::stamp::Stamp;
 use super::Storage;
 use crate::sampler::prioritized;
+use crate::sumtree::tree::Tree;
 use crate::sumtree::Leaf;
 use crate::sync::Ordering;
 
@@ -74,6 +75,55 @@ impl Storage {
         }
     }
 
+    /// Repairs shard `k` of a shared region after its editor process died, while
+    /// others go on using it: the caller has just taken the shard's `Editor` word
+    /// over, so every editor unit in the occupancy word, and every slot marked as being
+    /// edited, is the dead process's. The units go; each half-rewritten row is dropped
+    /// (`Stamp::dropped`): readers leave it out, and the next lap's appender takes its
+    /// slot over. Its tree leaf, if any, is emptied, so that no draw lands on it.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
+    pub(crate) fn recover_editor(&self, k: usize) {
+        let shard = &self.shards()[k];
+        shard.clear_editors();
+        let ring = *shard.ring();
+        let trees = self.trees();
+        let tree = trees.get(k);
+        for pos in 0..ring.steps {
+            for lane in 0..ring.width {
+                let slot = ring.slot(pos, lane);
+                self.drop_if_edited(slot, tree.map(|t| (t, (pos * ring.width + lane) as usize)));
+            }
+        }
+    }
+
+    /// Drops the row of `slot` if an editor was inside it, emptying its leaf.
+    fn drop_if_edited(&self, slot: u64, leaf: Option<(&Tree<'_>, usize)>) -> bool {
+        let word = self.stamp(slot);
+        let stamp = Stamp::from_bits(word.load(Ordering::Acquire));
+        if !stamp.is_being_edited() {
+            return false;
+        }
+        let dropped = Stamp::dropped(stamp.lap(), stamp.edit());
+        if word
+            .compare_exchange(
+                stamp.to_bits(),
+                dropped.to_bits(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        if let Some((tree, i)) = leaf {
+            let l = tree.leaf(i);
+            if l.value() > 0 {
+                tree.clear(i, l.tag());
+            }
+        }
+        true
+    }
+
     /// Recovers the region (see the module docs). `priorities` is the prioritized
     /// sampler's state, for a buffer with trees.
     pub(crate) fn recover(&self, priorities: Option<&prioritized::State>) -> Recovered {
@@ -82,7 +132,7 @@ impl Storage {
             shard.occupancy().store(0, Ordering::Release);
             // A lease or a freeze of a process that still runs is this process's own
             // (a shared buffer loading a checkpoint, alone): it stays.
-            for w in [ShardWord::Lease, ShardWord::Freezer] {
+            for w in [ShardWord::Lease, ShardWord::Freezer, ShardWord::Editor] {
                 let holder = shard.word(w).load(Ordering::Acquire);
                 if !self.holder_alive(holder) {
                     shard.word(w).store(0, Ordering::Release);
@@ -95,6 +145,9 @@ impl Storage {
             for slot in ring.first_slot..ring.first_slot + ring.steps * ring.width {
                 if Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire)).is_writing() {
                     found.torn += 1;
+                    // A half-rewritten row is dropped; a half-appended one is left to
+                    // the abandoned mark.
+                    self.drop_if_edited(slot, None);
                 }
             }
         }

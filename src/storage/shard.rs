@@ -365,6 +365,21 @@ impl Shard {
         }
     }
 
+    /// Takes back every editor unit of the occupancy word (a dead editor process's: the
+    /// shard's `Editor` word named it, so they are all its own), keeping the rest.
+    #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
+    pub(crate) fn clear_editors(&self) {
+        let occupancy = self.occupancy();
+        let mut cur = occupancy.load(Ordering::Acquire);
+        loop {
+            let kept = cur & !EDITORS_MASK;
+            match occupancy.compare_exchange(cur, kept, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// Starts a freeze by `holder` (this process's holder word in a shared region, 1
     /// elsewhere): takes the shard's freezer word, then sets the `FROZEN` bit. Freezers
     /// take turns through the freezer word, across processes; one that died holding it

@@ -75,7 +75,13 @@ use crate::sync::{fence, AtomicU64, Backoff, Ordering};
 ///
 /// - `WRITING`: a writer holds the slot; its row may be half written.
 /// - `WRITTEN`: the slot has held (or is receiving) a row.
-/// - `edit`: in-place rewrites of this lap's row, wrapping.
+/// - `edit`: in-place rewrites of this lap's row, wrapping past 0: an appender marks
+///   its slot with edit 0 and an editor with 1 or more, so a slot marked as being
+///   written says which kind of writer holds it.
+/// - neither bit, with a lap or edit: a *dropped* row, whose editor died halfway
+///   through rewriting it (shared mode, `Storage::recover_editor`). No reader takes it
+///   and no editor rewrites it; the next lap's appender takes its slot over as it
+///   would a published row of that lap.
 /// - `lap`: `seq / steps` of the row, wrapping; compared with `lap_cmp`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Stamp(u64);
@@ -85,6 +91,7 @@ const WRITTEN: u64 = 2;
 const EDIT_SHIFT: u32 = 2;
 const EDIT_BITS: u32 = 30;
 const LAP_SHIFT: u32 = 32;
+const EDIT_MASK: u32 = (1 << EDIT_BITS) - 1;
 
 impl Stamp {
     /// A slot that never held a row.
@@ -110,6 +117,11 @@ impl Stamp {
         Stamp::new(lap, edit, true)
     }
 
+    /// The stamp's word.
+    pub(crate) fn to_bits(self) -> u64 {
+        self.0
+    }
+
     /// The stamp whose word is `bits`.
     pub(crate) fn from_bits(bits: u64) -> Stamp {
         Stamp(bits)
@@ -128,6 +140,22 @@ impl Stamp {
     /// A writer holds the slot.
     pub fn is_writing(self) -> bool {
         self.0 & WRITING != 0
+    }
+
+    /// The row of `lap`, edited `edit` times, dropped half rewritten by an editor
+    /// that died.
+    pub fn dropped(lap: u32, edit: u32) -> Stamp {
+        Stamp(Stamp::new(lap, edit, false).0 & !WRITTEN)
+    }
+
+    /// A dropped row (see [`Stamp::dropped`]).
+    pub fn is_dropped(self) -> bool {
+        self.0 & (WRITTEN | WRITING) == 0 && self != Stamp::EMPTY
+    }
+
+    /// Marked as being rewritten in place by an editor (not by an appender).
+    pub fn is_being_edited(self) -> bool {
+        self.is_writing() && self.edit() != 0
     }
 
     /// The slot has held, or is receiving, a row.
@@ -189,7 +217,8 @@ pub fn generation_cmp(a: u64, b: u64) -> Cmp {
 pub enum Prev {
     /// Nothing: this is the slot's first row.
     Empty,
-    /// The published row of this lap (any edit count).
+    /// The published row of this lap (any edit count), or that row dropped by an
+    /// editor that died.
     Lap(u32),
     /// Whatever the slot holds: its previous writer died, perhaps halfway through the
     /// row (see `storage/recover.rs`), and nobody else can be inside it.
@@ -200,7 +229,7 @@ impl Prev {
     fn found_in(self, s: Stamp) -> bool {
         match self {
             Prev::Empty => s == Stamp::EMPTY,
-            Prev::Lap(lap) => s.is_published() && s.lap() == lap,
+            Prev::Lap(lap) => (s.is_published() || s.is_dropped()) && s.lap() == lap,
             Prev::Abandoned => true,
         }
     }
@@ -219,8 +248,23 @@ pub enum Claim {
 /// written with `lap`. The row's data stores may follow; end with [`publish`].
 #[inline]
 pub fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
+    begin_append_or(stamp, prev, lap, claim, || {});
+}
+
+/// [`begin_append`], calling `stalled` every [`STALLED_WAITS`] waits: the slot's
+/// previous writer may be an editor whose process died, which `stalled` can look for
+/// and repair (shared mode).
+#[inline]
+pub fn begin_append_or(
+    stamp: &AtomicU64,
+    prev: Prev,
+    lap: u32,
+    claim: Claim,
+    mut stalled: impl FnMut(),
+) {
     let mark = Stamp::writing(lap, 0);
     let mut backoff = Backoff::new();
+    let mut waits = 0u32;
     loop {
         // W0. Acquire: the predecessor's row stores happen before ours.
         let cur = Stamp(stamp.load(Ordering::Acquire));
@@ -249,15 +293,30 @@ pub fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
         );
         // The predecessor's writer (or an editor) is still inside the slot.
         backoff.snooze();
+        waits = waits.wrapping_add(1);
+        if waits.is_multiple_of(STALLED_WAITS) {
+            stalled();
+        }
     }
     // W2. SYNC POINT: pairs with the reader's R2; orders W1 before the data stores.
     fence(Ordering::Release);
 }
 
+/// Waits on one slot after which a writer asks whether the slot's holder died.
+pub const STALLED_WAITS: u32 = if cfg!(replaybuf_loom) { 4 } else { 1 << 12 };
+
 /// W0-W2 for an editor: marks the published row of the slot as being rewritten, and
 /// returns the stamp to [`publish`] afterwards. `None` if the slot holds no row.
 pub fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
+    begin_edit_or(stamp, || false)
+}
+
+/// [`begin_edit`], calling `gone` every [`STALLED_WAITS`] waits for the slot's
+/// writer: `true` if that writer died and its row is not to be had (shared mode),
+/// which ends the wait with `None`.
+pub fn begin_edit_or(stamp: &AtomicU64, mut gone: impl FnMut() -> bool) -> Option<Stamp> {
     let mut backoff = Backoff::new();
+    let mut waits = 0u32;
     loop {
         let cur = Stamp(stamp.load(Ordering::Acquire));
         if !cur.is_written() {
@@ -265,9 +324,18 @@ pub fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
         }
         if cur.is_writing() {
             backoff.snooze();
+            waits = waits.wrapping_add(1);
+            if waits.is_multiple_of(STALLED_WAITS) && gone() {
+                return None;
+            }
             continue;
         }
-        let mark = Stamp::writing(cur.lap(), cur.edit().wrapping_add(1));
+        // Edit counts wrap past 0, which marks appenders (see `Stamp`).
+        let edit = match cur.edit().wrapping_add(1) & EDIT_MASK {
+            0 => 1,
+            e => e,
+        };
+        let mark = Stamp::writing(cur.lap(), edit);
         if stamp
             .compare_exchange(cur.0, mark.0, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
@@ -362,5 +430,24 @@ mod tests {
         publish(&stamp, Stamp::published(1, 0));
         assert_eq!(begin_read(&stamp).lap(), 1);
         assert!(begin_edit(&AtomicU64::new(0)).is_none());
+    }
+
+    #[test]
+    fn edits_wrap_past_zero_and_a_dropped_row_is_taken_over_by_the_next_lap() {
+        let stamp = AtomicU64::new(Stamp::published(3, EDIT_MASK).0);
+        let edited = begin_edit(&stamp).unwrap();
+        assert_eq!(edited.edit(), 1, "0 marks appenders");
+        assert!(begin_read(&stamp).is_being_edited());
+        let dropped = Stamp::dropped(3, 1);
+        assert!(dropped.is_dropped() && !dropped.is_written() && !dropped.is_published());
+        assert!(!Stamp::EMPTY.is_dropped() && !Stamp::published(3, 1).is_dropped());
+        assert_eq!((dropped.lap(), dropped.edit()), (3, 1));
+        stamp.store(dropped.0, Ordering::Relaxed);
+        assert!(
+            begin_edit(&stamp).is_none(),
+            "a dropped row is not rewritten"
+        );
+        begin_append(&stamp, Prev::Lap(3), 4, Claim::Plain);
+        assert_eq!(begin_read(&stamp), Stamp::writing(4, 0));
     }
 }
