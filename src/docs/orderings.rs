@@ -168,6 +168,22 @@
 //!   sees the newcomer. The thaw's Release `fetch_and` pairs with the waiters' Acquire
 //!   loads. Updates from other processes are not held: a loaded checkpoint's trees
 //!   are rebuilt from its raw priorities, so a copy taken mid-update loads consistent.
+//! - **The freeze rule: nobody waits for a thaw while counted inside a shard.** A
+//!   freezer sets `FROZEN` on *every* shard before it waits for any to drain, so a
+//!   writer counted in shard 0 that waited for shard 1 to thaw would wait for the
+//!   freezer while the freezer waited for it. A write that spans shards (a
+//!   buffer-level extend of an ndim-2 storage, `write_all`) tries each shard
+//!   (`Shard::try_enter_append`, `try_enter_edit`), and on finding one frozen leaves
+//!   every shard it entered, waits for the thaw, and starts over (`Storage::enter_all`).
+//!   What it does once inside waits only on other writers that are inside (a slot's
+//!   predecessor, an editor's plain appenders), never on a freezer. Checked by loom:
+//!   `multi_shard_freeze.rs` (a two-shard extend and a two-shard `write_all` racing a
+//!   freeze, an extend racing a swap: each hangs without the rule), and on hardware by
+//!   `tests/never_stuck.rs` (32 shards, with a watchdog).
+//! - A freeze whose process died (shared mode) is lifted by a waiter that first takes
+//!   the freezer word over from the dead holder by compare-exchange, naming itself,
+//!   then clears `FROZEN`, then gives the word back: while the word names a live
+//!   process no new freezer can take it, so the bit cleared is never a new freeze's.
 //! - Everything a region's writers change lives in the region (cursors, floors,
 //!   occupancy, leases, the prioritized globals), so a region whose writers all died
 //!   (a reopened file, a loaded checkpoint) is repaired by one pass with the region to
@@ -176,16 +192,33 @@
 //!   appender whose predecessor row is below `Abandoned` takes the slot over whatever
 //!   it holds (`Prev::Abandoned`): nobody else can be inside it, since everyone who
 //!   claimed below was dead when the word moved.
+//! - **The liveness rule (shared mode).** A process is alive while its process-table
+//!   entry names it and the entry's byte of the region's file is locked with an
+//!   open-file-description lock (`shared/liveness.rs`). It takes the lock before it
+//!   claims the entry and releases it after giving the entry back; the kernel releases
+//!   it when the process dies, whatever PID namespace it lives in. Pids and `/proc`
+//!   start times are not consulted: across namespaces they name other processes.
 //! - In a shared region only the lease holder of a shard appends to it (leases are
 //!   taken and given back by compare-exchange on the shard's lease word, naming a
-//!   process-table entry and its generation). So whatever a shard's occupancy counts,
-//!   whatever is half written in it, belongs to its holder; a process that finds the
-//!   holder dead takes the lease by compare-exchange and repairs the shard while others
-//!   run: it clears the appender units (keeping editors and the freeze bit), moves
+//!   process-table entry and its generation): a writer handle leases its shard, a
+//!   buffer-level extend of an ndim-1 buffer one shard, and of an ndim-2 buffer every
+//!   shard (or it is refused). Editors likewise hold the shard's `Editor` word, one
+//!   process at a time, taken before the occupancy word is entered. So whatever a
+//!   shard's occupancy counts, whatever is half written in it, belongs to its lease
+//!   holder or its editor process; a process that finds the holder dead takes the word
+//!   by compare-exchange and repairs the shard while others run. For a dead lease
+//!   holder it clears the appender units (keeping editors and the freeze bit), moves
 //!   `Abandoned` up (`fetch_max`, AcqRel), empties the leaves of rows never published
 //!   (the trees' own compare-exchange), and closes the shard's lanes in the order an
-//!   appender's turn ends (`count`, then `tail`, both Release). Readers are untouched:
-//!   they skip unpublished rows as always.
+//!   appender's turn ends (`count`, then `tail`, both Release). For a dead editor it
+//!   clears the editor units and *drops* each row marked as being edited (a slot
+//!   marked by an editor has edit count 1 or more, an appender's 0): a dropped stamp
+//!   is neither written nor writing, readers leave it out, and the next lap's appender
+//!   accepts it as its predecessor. Appenders, editors, freezers and reads by position
+//!   that wait long on a slot or a shard look for such dead writers. Readers are
+//!   untouched: they skip unpublished rows as always. Checked with real processes
+//!   killed at random points (`tests/shared_crash.rs`), including a live writer in
+//!   another PID namespace.
 //! ## 11. Swaps (`swap/`, `storage/freeze.rs`)
 //!
 //! Every handle reaches the buffer's state (storage, sampler, write policy) through an
@@ -211,7 +244,7 @@
 //! thaw synchronises with it, `retired = true` happens before its load, and it leaves
 //! without writing and redoes the whole write on the state it loads next (the new
 //! one: the store happened before the thaw too). A buffer-level ndim-2 extend enters
-//! every shard before writing any, in shard order as the freeze does, so it is copied
+//! every shard before writing any (by the freeze rule of section 10), so it is copied
 //! whole or redone whole. So a write racing a swap lands exactly once, in the storage
 //! the buffer has after it. Samples need none of this: a sample that loaded the old
 //! state reads the old storage, which nobody writes any more.
