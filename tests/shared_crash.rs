@@ -4,6 +4,8 @@
 //! times at random points; and a live writer in another PID namespace. Afterwards the
 //! buffer keeps working, `dumps` completes, every row read self-checks, and nothing but
 //! a killed writer's unpublished rows is lost. Waits are bounded by a watchdog.
+// Test threads, not the crate's: the loom facade is for the library.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
