@@ -80,7 +80,8 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum ShmAction {
     /// Every region: size, creator, live and dead processes, and whether it is stale
-    /// (no live process uses it).
+    /// (no live process uses it) or foreign (not this user's alone: not opened, never
+    /// stale).
     List,
     /// Remove regions by name, or every stale one.
     Remove {
@@ -101,13 +102,14 @@ fn shm(action: ShmAction) {
             }
             for r in regions {
                 println!(
-                    "{:<32} {:>12} bytes  creator {:<8} live {:?}  dead {}{}{}",
+                    "{:<32} {:>12} bytes  creator {:<8} live {:?}  dead {}{}{}{}",
                     r.name,
                     r.bytes,
                     r.creator.map_or("?".to_owned(), |p| p.to_string()),
                     r.live,
                     r.dead,
                     if r.is_stale() { "  STALE" } else { "" },
+                    if r.foreign { "  FOREIGN" } else { "" },
                     r.problem.map_or(String::new(), |p| format!("  ({p})")),
                 );
             }

@@ -3,7 +3,8 @@
 //! nothing unless `REPLAYBUF_SHM_ROLE` is set).
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -341,7 +342,14 @@ fn a_bad_region_is_refused_with_a_reason() {
     let path = format!("/dev/shm/replaybuf.{name}");
     let mut bytes = vec![0u8; 8192];
     bytes[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
-    std::fs::write(&path, bytes).unwrap();
+    // Owner-only, as a region must be (one open to others is refused unread).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&bytes))
+        .unwrap();
     let t = Instant::now();
     let e = ReplayBuffer::attach(&name).unwrap_err();
     assert!(

@@ -27,6 +27,10 @@ pub(crate) enum Kind {
     Missing,
     /// Another process holds the storage.
     InUse,
+    /// A shared region that is not the caller's alone: owned by another uid than the
+    /// caller's effective one (`me`), or with group or other permission bits set. It
+    /// was not mapped.
+    Foreign { owner: u32, mode: u32, me: u32 },
     /// Not a replaybuf checkpoint or region.
     NotOurs(String),
     /// Another format version.
@@ -105,6 +109,13 @@ impl PersistError {
     pub fn is_in_use(&self) -> bool {
         matches!(self.kind, Kind::InUse)
     }
+
+    /// Whether a shared region was refused, unread, because it is not this user's
+    /// alone: another user owns it, or its mode lets group or others open it (anyone
+    /// who can write it could change the rows or truncate it under the buffer).
+    pub fn is_foreign(&self) -> bool {
+        matches!(self.kind, Kind::Foreign { .. })
+    }
 }
 
 impl fmt::Display for PersistError {
@@ -119,6 +130,14 @@ impl fmt::Display for PersistError {
             ),
             Kind::Missing => write!(f, "{p}: no buffer there"),
             Kind::InUse => write!(f, "{p} is in use by another process"),
+            Kind::Foreign { owner, mode, me } => write!(
+                f,
+                "{p} is owned by uid {owner} with mode {mode:04o}, but a shared region \
+                 must belong to the user that opens it (uid {me}) with mode 0600: \
+                 another user could read, change or truncate it, so it was not opened. \
+                 If it is not yours, remove it (`replaybuf shm remove`, as its owner or \
+                 root) or choose another name; if it is, `chmod 600` it"
+            ),
             Kind::NotOurs(why) => write!(f, "{p}: not a replaybuf buffer: {why}"),
             Kind::Version { found, expected } => write!(
                 f,

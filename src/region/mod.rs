@@ -35,6 +35,8 @@ pub(crate) enum Backing {
     Shared {
         _file: std::fs::File,
         object: String,
+        /// The object `object` named when it was created or opened.
+        id: shared::ObjectId,
     },
 }
 

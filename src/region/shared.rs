@@ -6,17 +6,101 @@
 //! A region is created with owner-only permissions (0600) and never replaces one that
 //! exists. Nothing inside a region is a pointer: every place is an offset into its
 //! words (`storage/layout.rs`), so each process may map it at another address.
+//!
+//! # Ownership
+//!
+//! The names live in one directory every local user can create in, so a name may be
+//! taken by someone else before its buffer is made. An existing object is mapped only
+//! if it is the caller's alone: owned by the effective user and with none of the
+//! group or other permission bits (`0o077`). Anything else is refused
+//! ([`OpenError::Foreign`]) before a word of it is read: another user who can write
+//! it could poison its rows or truncate it under us (a `SIGBUS`). The check is made
+//! with `fstat` on the descriptor that is then mapped, so there is no window between
+//! the check and the open for the name to be swapped.
+//!
+//! A creator removes its region's name when it goes, but only if the name still
+//! names the object it made ([`ObjectId`], [`unlink_if_same`]): after the name was
+//! removed and given to a newer region, the old creator leaves that one alone.
 
 use std::fs::File;
 use std::io;
 
-use rustix::fs::Mode;
+use rustix::fs::{Mode, Stat};
 use rustix::shm;
 
 use super::{Backing, Region};
 
 /// What every region name starts with.
 pub(crate) const PREFIX: &str = "replaybuf.";
+
+/// Permission bits that let anyone but the owner in: a region has none of them.
+const GROUP_OTHER_BITS: u32 = 0o077;
+
+/// Which object a name stood for: its device and inode, as `fstat` gives them. A name
+/// removed and made again stands for another object, of another inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ObjectId {
+    dev: u64,
+    ino: u64,
+}
+
+impl ObjectId {
+    // The types of `stat`'s fields differ between targets; the casts are for those
+    // where they are not `u64`.
+    #[allow(clippy::unnecessary_cast)]
+    fn of(stat: &Stat) -> ObjectId {
+        ObjectId {
+            dev: stat.st_dev as u64,
+            ino: stat.st_ino as u64,
+        }
+    }
+}
+
+/// An existing object that is not the caller's alone: what was found, and who asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Foreign {
+    /// The uid that owns the object.
+    pub(crate) owner: u32,
+    /// Its permission bits (`0o7777` at most).
+    pub(crate) mode: u32,
+    /// The caller's effective uid.
+    pub(crate) me: u32,
+}
+
+impl Foreign {
+    /// `Some` if the object `stat` describes is not the caller's alone.
+    #[allow(clippy::unnecessary_cast)] // `st_mode` is not `u32` on every target
+    fn of(stat: &Stat) -> Option<Foreign> {
+        let found = Foreign {
+            owner: stat.st_uid,
+            mode: stat.st_mode as u32 & 0o7777,
+            me: rustix::process::geteuid().as_raw(),
+        };
+        (found.owner != found.me || found.mode & GROUP_OTHER_BITS != 0).then_some(found)
+    }
+}
+
+/// Why an existing shared-memory object was not mapped.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// Opening, sizing or mapping it failed: `NotFound` if there is none,
+    /// `InvalidData` if it is not a whole number of words long.
+    Io(io::Error),
+    /// It is not the caller's alone, and was not mapped.
+    Foreign(Foreign),
+}
+
+impl From<io::Error> for OpenError {
+    fn from(e: io::Error) -> OpenError {
+        OpenError::Io(e)
+    }
+}
+
+impl From<rustix::io::Errno> for OpenError {
+    fn from(e: rustix::io::Errno) -> OpenError {
+        OpenError::Io(e.into())
+    }
+}
 
 /// The shared-memory object's name for a region called `name`, or why `name` cannot
 /// be one: empty, too long, or holding a `/` or a NUL.
@@ -42,36 +126,54 @@ impl Region {
             shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
             Mode::RUSR | Mode::WUSR,
         )?;
-        // The umask may only have narrowed the mode; make it exactly owner-only.
-        rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)?;
-        let file = File::from(fd);
-        let made = file
-            .set_len(super::bytes_of(len)? as u64)
-            .and_then(|()| Region::map_shared(file, len, object));
+        let made = (|| {
+            // The umask may only have narrowed the mode; make it exactly owner-only.
+            rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)?;
+            let id = ObjectId::of(&rustix::fs::fstat(&fd)?);
+            let file = File::from(fd);
+            file.set_len(super::bytes_of(len)? as u64)?;
+            Region::map_shared(file, len, object, id)
+        })();
         if made.is_err() {
+            // The name was made exclusively a moment ago, and no buffer was laid out in
+            // it: nobody can have used it yet.
             let _ = shm::unlink(object);
         }
         made
     }
 
-    /// Maps the existing shared-memory object `object` whole. Fails with `NotFound` if
-    /// there is none.
-    pub(crate) fn open_shared(object: &str) -> io::Result<Region> {
-        let fd = shm::open(object, shm::OFlags::RDWR, Mode::empty())?;
-        let file = File::from(fd);
-        let bytes = file.metadata()?.len();
+    /// Maps the existing shared-memory object `object` whole, if it is the caller's
+    /// alone (see the module's `# Ownership`). Fails with `NotFound` if there is none.
+    pub(crate) fn open_shared(object: &str) -> Result<Region, OpenError> {
+        let fd = match shm::open(object, shm::OFlags::RDWR, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(e @ rustix::io::Errno::ACCESS) => return Err(refused_by_path(object, e)),
+            Err(e) => return Err(e.into()),
+        };
+        // The object as this descriptor holds it: swapping the name afterwards
+        // changes nothing of what is checked and mapped.
+        let stat = rustix::fs::fstat(&fd)?;
+        if let Some(foreign) = Foreign::of(&stat) {
+            return Err(OpenError::Foreign(foreign));
+        }
+        let bytes = u64::try_from(stat.st_size).unwrap_or(0);
         if bytes % 8 != 0 || bytes == 0 {
-            return Err(io::Error::new(
+            return Err(OpenError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("the shared region is {bytes} bytes long, not a whole number of words"),
-            ));
+            )));
         }
         let len = usize::try_from(bytes / 8)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "region too large to map"))?;
-        Region::map_shared(file, len, object)
+        Ok(Region::map_shared(
+            File::from(fd),
+            len,
+            object,
+            ObjectId::of(&stat),
+        )?)
     }
 
-    fn map_shared(file: File, len: usize, object: &str) -> io::Result<Region> {
+    fn map_shared(file: File, len: usize, object: &str, id: ObjectId) -> io::Result<Region> {
         let map = memmap2::MmapOptions::new()
             .len(super::bytes_of(len)?)
             .map_raw(&file)?;
@@ -85,6 +187,7 @@ impl Region {
             Backing::Shared {
                 _file: file,
                 object: object.to_owned(),
+                id,
             },
         ))
     }
@@ -98,10 +201,11 @@ impl Region {
         }
     }
 
-    /// The shared-memory object behind the region, if it has one.
-    pub(crate) fn shared_object(&self) -> Option<&str> {
+    /// The shared-memory object behind the region, if it has one: its name, and the
+    /// object the name stood for when it was created or opened.
+    pub(crate) fn shared_object(&self) -> Option<(&str, ObjectId)> {
         match &self.backing {
-            Backing::Shared { object, .. } => Some(object),
+            Backing::Shared { object, id, .. } => Some((object, *id)),
             _ => None,
         }
     }
@@ -110,6 +214,41 @@ impl Region {
 /// Removes the name `object` (processes that mapped it keep their mapping).
 pub(crate) fn unlink(object: &str) -> io::Result<()> {
     shm::unlink(object).map_err(io::Error::from)
+}
+
+/// The refusal of an object that could not be opened at all (`denied`): `Foreign` if
+/// its owner and mode, read by path (Linux's `/dev/shm`), say it is not the caller's
+/// alone (only to say so: nothing is opened by that path), else `denied` itself.
+fn refused_by_path(object: &str, denied: rustix::io::Errno) -> OpenError {
+    match rustix::fs::stat(format!("/dev/shm{object}")) {
+        Ok(stat) => Foreign::of(&stat).map_or(OpenError::Io(denied.into()), OpenError::Foreign),
+        Err(_) => OpenError::Io(denied.into()),
+    }
+}
+
+/// Removes the name `object` if it still stands for the object `id`; whether it did.
+/// A creator's region goes this way, so that a creator whose name was removed and
+/// given to a newer region leaves the newer one alone. The caller still maps the
+/// object `id`, so its inode is alive and no newer object can have its number.
+///
+/// A race remains: another process may remove the name and make it again between the
+/// check here and the unlink. `shm_unlink` takes a name, never an inode, so it cannot
+/// be closed from here; the window is two system calls wide, where without the check
+/// it was the old creator's whole remaining life.
+pub(crate) fn unlink_if_same(object: &str, id: ObjectId) -> io::Result<bool> {
+    let fd = match shm::open(object, shm::OFlags::RDONLY, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if ObjectId::of(&rustix::fs::fstat(&fd)?) != id {
+        return Ok(false);
+    }
+    match shm::unlink(object) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The names of this crate's shared regions on this machine (Linux lists them under

@@ -15,8 +15,9 @@ pub(crate) struct Member {
     me: Holder,
     /// Shards this process holds the lease of, in the order it took them.
     leases: Mutex<Vec<usize>>,
-    /// The shared-memory object to unlink when this member goes (its creator's).
-    unlink: Option<String>,
+    /// The shared-memory object to unlink when this member goes (its creator's), and
+    /// the object its name stood for at creation: a newer object of that name stays.
+    unlink: Option<(String, crate::region::shared::ObjectId)>,
     /// The region's shards, to give their leases back.
     shards: Box<[Shard]>,
     /// Per shard, this process's editors inside it: while there are any, the process
@@ -30,7 +31,7 @@ impl Member {
     pub(crate) fn join(
         table: ProcTable,
         shards: Box<[Shard]>,
-        unlink: Option<String>,
+        unlink: Option<(String, crate::region::shared::ObjectId)>,
     ) -> Option<Member> {
         let me = table.register()?;
         Some(Member {
@@ -167,8 +168,8 @@ impl Drop for Member {
             release_lease(self.shards[k].word(ShardWord::Lease), self.me);
         }
         self.table.deregister(self.me);
-        if let Some(object) = &self.unlink {
-            let _ = crate::region::shared::unlink(object);
+        if let Some((object, id)) = &self.unlink {
+            let _ = crate::region::shared::unlink_if_same(object, *id);
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::checkpoint::dir::{DirKind, DirMeta};
 use crate::checkpoint::error::{Kind, PersistError};
 use crate::checkpoint::memmap::header_error;
 use crate::checkpoint::meta::Config;
-use crate::region::shared::object_name;
+use crate::region::shared::{object_name, Foreign, OpenError};
 use crate::region::Region;
 use crate::storage::layout::{self, HeaderProblem};
 use crate::storage::{Parts, Storage};
@@ -101,13 +101,19 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistEr
     let region = loop {
         let region = match Region::open_shared(object) {
             Ok(r) => r,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(OpenError::Foreign(Foreign { owner, mode, me })) => {
+                return Err(PersistError::new(
+                    shown(name),
+                    Kind::Foreign { owner, mode, me },
+                ))
+            }
+            Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(PersistError::new(shown(name), Kind::Missing))
             }
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::InvalidData => {
                 return Err(PersistError::new(shown(name), Kind::Corrupt(e.to_string())))
             }
-            Err(e) => return Err(PersistError::io(shown(name), e)),
+            Err(OpenError::Io(e)) => return Err(PersistError::io(shown(name), e)),
         };
         match layout::read_header(region.words()) {
             // Its creator is still sizing it or laying it out: a new region reads
@@ -164,7 +170,9 @@ impl crate::buffer::ReplayBuffer {
     /// configuration the region records (its seed included). Refused, with an error
     /// that says why, if there is no such region, if it is of another format version,
     /// or if its creator has not finished laying it out (after waiting two seconds
-    /// for it).
+    /// for it). A region that is not this user's alone (another user owns it, or
+    /// group or others may open it) is refused unread
+    /// ([`PersistError::is_foreign`]).
     pub fn attach(name: &str) -> Result<crate::buffer::ReplayBuffer, PersistError> {
         let config = read_config(name)?;
         let refused = |why: String| {

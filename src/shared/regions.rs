@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::open::shown;
 use super::procs::ProcTable;
 use crate::checkpoint::error::{Kind, PersistError};
-use crate::region::shared::{self, object_name};
+use crate::region::shared::{self, object_name, OpenError};
 use crate::region::{Block, Region};
 use crate::storage::layout::{self, PROC_WORDS};
 
@@ -25,12 +25,20 @@ pub struct RegionInfo {
     /// Why it is not a usable region, if it is not (its creator died while laying it
     /// out, another format version, ...).
     pub problem: Option<String>,
+    /// Whether it is not this user's alone (another user owns it, or group or others
+    /// may open it): it was not opened, so nothing but its name is known of it, and it
+    /// is never stale (`problem` says its owner and mode).
+    pub foreign: bool,
 }
 
 impl RegionInfo {
     /// Whether no live process uses it: left behind by crashed processes, safe to
     /// remove.
     pub fn is_stale(&self) -> bool {
+        if self.foreign {
+            // Unread: whether anyone uses it is not known, and it is not ours to clear.
+            return false;
+        }
         // A region still being laid out has no process yet, but a live creator.
         let being_made = self.problem.is_some()
             && self
@@ -53,10 +61,19 @@ fn info(name: &str) -> RegionInfo {
         live: Vec::new(),
         dead: 0,
         problem: None,
+        foreign: false,
     };
     let region = match object_name(name).map(|o| Region::open_shared(&o)) {
         Ok(Ok(r)) => Arc::new(r),
-        Ok(Err(e)) => {
+        Ok(Err(OpenError::Foreign(f))) => {
+            found.foreign = true;
+            found.problem = Some(format!(
+                "not this user's alone: owned by uid {} with mode {:04o}; not opened",
+                f.owner, f.mode
+            ));
+            return found;
+        }
+        Ok(Err(OpenError::Io(e))) => {
             found.problem = Some(e.to_string());
             return found;
         }

@@ -265,7 +265,11 @@ impl Storage {
             return true;
         };
         let unlink = creator
-            .then(|| self.region.shared_object().map(str::to_owned))
+            .then(|| {
+                self.region
+                    .shared_object()
+                    .map(|(object, id)| (object.to_owned(), id))
+            })
             .flatten();
         match Member::join(table, self.shards.clone(), unlink) {
             Some(m) => {

@@ -1,0 +1,202 @@
+//! Shared mode and the ownership of its regions: a region that is not the caller's
+//! alone is refused, never mapped (issue 12, item 5), and a creator removes only the
+//! region it made, not a newer one of the same name (item 6).
+
+use std::fs::{self, OpenOptions, Permissions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use replaybuf::{DType, PersistError, ReplayBuffer, ReplayBufferBuilder, Spec};
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("x", DType::F32, [2])
+        .build()
+        .unwrap()
+}
+
+/// A unique region name for this test run.
+fn name(test: &str) -> String {
+    format!("test-owner-{test}-{}", std::process::id())
+}
+
+fn path_of(name: &str) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/replaybuf.{name}"))
+}
+
+fn builder(name: &str) -> ReplayBufferBuilder {
+    ReplayBuffer::builder(spec())
+        .capacity(1024)
+        .shards(2)
+        .seed(5)
+        .shared(name)
+}
+
+/// Removes a `/dev/shm` object when the test ends, passed or failed.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// The bytes of a real, ready region of `builder`'s layout: what a user who
+/// pre-creates the name would plant, so that an unchecked attach goes all the way.
+fn real_region_bytes(test: &str) -> Vec<u8> {
+    let name = name(&format!("{test}-model"));
+    let _cleanup = Cleanup(path_of(&name));
+    let rb = builder(&name).build().unwrap();
+    let mut b = rb.batch([4]);
+    b.set("id", &[1u64, 2, 3, 4]).unwrap();
+    b.set("x", &[0f32; 8]).unwrap();
+    rb.extend(&b).unwrap();
+    fs::read(path_of(&name)).unwrap()
+}
+
+/// Plants `bytes` as the region `name`, with permission bits `mode`.
+fn plant(name: &str, bytes: &[u8], mode: u32) -> Cleanup {
+    let path = path_of(name);
+    let _ = fs::remove_file(&path);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    f.write_all(bytes).unwrap();
+    // Past the umask: exactly `mode`.
+    fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
+    Cleanup(path)
+}
+
+/// The persistence error under a build error.
+fn persist_of(e: &replaybuf::BuildError) -> &PersistError {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<PersistError>())
+        .unwrap_or_else(|| panic!("not a persistence error: {e}"))
+}
+
+/// `attach`, `existsok` and the configuration read of `attach` all refuse the planted
+/// region `name`, naming it, its owner and its mode, and leave it as it was.
+fn refused_everywhere(name: &str, owner: u32, mode: u32) {
+    let path = path_of(name);
+    let before = fs::read(&path).unwrap();
+    let shown = format!("{}", path.display());
+    let (owner_said, mode_said) = (format!("uid {owner}"), format!("{mode:o}"));
+
+    let e = match ReplayBuffer::attach(name) {
+        Ok(_) => panic!("attach mapped a region that is not this user's alone"),
+        Err(e) => e,
+    };
+    assert!(e.is_foreign(), "{e}");
+    let said = e.to_string();
+    assert!(said.contains(&shown), "{said}");
+    assert!(said.contains(&owner_said), "{said}");
+    assert!(said.contains(&mode_said), "{said}");
+    assert_eq!(e.path(), Path::new(&path));
+
+    let e = match builder(name).existsok(true).build() {
+        Ok(_) => panic!("existsok mapped a region that is not this user's alone"),
+        Err(e) => e,
+    };
+    assert!(persist_of(&e).is_foreign(), "{e}");
+    assert!(e.to_string().contains(&owner_said), "{e}");
+
+    // Without existsok the name is taken: refused before anything is opened.
+    let e = builder(name).build().err().unwrap();
+    assert!(persist_of(&e).is_exists(), "{e}");
+
+    // Untouched: same length, same bytes, same owner and mode.
+    let meta = fs::metadata(&path).unwrap();
+    assert_eq!(meta.len(), before.len() as u64, "the region was resized");
+    assert!(fs::read(&path).unwrap() == before, "the region was written");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (owner, mode));
+}
+
+#[test]
+fn a_world_writable_region_is_refused_and_left_untouched() {
+    let name = name("world");
+    let bytes = real_region_bytes("world");
+    let _cleanup = plant(&name, &bytes, 0o666);
+    let me = fs::metadata(path_of(&name)).unwrap().uid();
+    refused_everywhere(&name, me, 0o666);
+}
+
+#[test]
+fn a_group_readable_region_is_refused() {
+    let name = name("group");
+    let bytes = real_region_bytes("group");
+    let _cleanup = plant(&name, &bytes, 0o640);
+    let me = fs::metadata(path_of(&name)).unwrap().uid();
+    refused_everywhere(&name, me, 0o640);
+}
+
+#[test]
+fn another_users_owner_only_region_is_refused() {
+    const NOBODY: u32 = 65534;
+    let name = name("nobody");
+    let bytes = real_region_bytes("nobody");
+    let cleanup = plant(&name, &bytes, 0o600);
+    if std::os::unix::fs::chown(&cleanup.0, Some(NOBODY), None).is_err() {
+        // Only root can give a file away; elsewhere there is nothing to test.
+        eprintln!("skipped: chown needs root");
+        return;
+    }
+    refused_everywhere(&name, NOBODY, 0o600);
+}
+
+#[test]
+fn listing_marks_a_foreign_region_without_opening_it_and_never_stale() {
+    let name = name("list");
+    let bytes = real_region_bytes("list");
+    let _cleanup = plant(&name, &bytes, 0o666);
+    let listed = replaybuf::shared::list();
+    let found = listed.iter().find(|r| r.name == name).expect("listed");
+    assert!(found.foreign, "{found:?}");
+    assert!(
+        !found.is_stale(),
+        "a foreign region is never removed as stale"
+    );
+    let why = found.problem.as_deref().unwrap_or_default();
+    assert!(why.contains("666"), "{found:?}");
+    // The command marks it too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_replaybuf"))
+        .args(["shm", "list"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with(&name)).expect("listed");
+    assert!(
+        line.contains("FOREIGN") && !line.contains("STALE"),
+        "{line}"
+    );
+}
+
+#[test]
+fn an_old_creator_leaves_a_newer_region_of_its_name_alone() {
+    let name = name("newer");
+    let path = path_of(&name);
+    let _cleanup = Cleanup(path.clone());
+    let a = builder(&name).build().unwrap();
+    // What `replaybuf shm remove NAME` does: the name goes, A's mapping stays.
+    replaybuf::shared::remove(&name).unwrap();
+    assert!(!path.exists());
+    let b = builder(&name).build().unwrap();
+    drop(a);
+    assert!(
+        path.exists(),
+        "the old creator removed the newer region's name"
+    );
+    let attached = ReplayBuffer::attach(&name).expect("the newer region is attachable");
+    let mut batch = attached.batch([1]);
+    batch.set("id", &[9u64]).unwrap();
+    batch.set("x", &[1f32, 2.0]).unwrap();
+    attached.extend(&batch).unwrap();
+    assert_eq!(b.len(), 1, "attached to B's region");
+    drop(attached);
+    drop(b);
+    assert!(!path.exists(), "the newer creator removes its own name");
+}
