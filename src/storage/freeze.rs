@@ -103,7 +103,9 @@ impl Drop for Editing<'_> {
 /// elsewhere), given back on drop.
 pub(crate) struct EditHold<'a>(
     #[cfg(not(replaybuf_loom))] Option<(&'a crate::shared::member::Member, usize)>,
-    #[cfg(replaybuf_loom)] Option<(&'a (), usize)>,
+    #[cfg(replaybuf_loom)]
+    #[allow(dead_code)] // no shared regions under loom
+    Option<(&'a (), usize)>,
 );
 
 impl Drop for EditHold<'_> {
