@@ -147,11 +147,15 @@ impl ReplayBufferBuilder {
     /// [`ReplayBuffer::attach`](crate::ReplayBuffer::attach) (or this builder and
     /// [`existsok`](Self::existsok)): collector processes extend while learner
     /// processes sample and update priorities, with no lock between them. The region
-    /// is created owner-only; a name already taken is refused unless `existsok`. Each
+    /// is created owner-only; a name already taken is refused unless `existsok`, and
+    /// an existing region is opened only if it is this user's alone (owned by this
+    /// user, no group or other permission bits: see
+    /// [`PersistError::is_foreign`](crate::PersistError::is_foreign)). Each
     /// process's writers hold the leases of the shards they write, so a process that
     /// dies in the middle of a write is repaired around by the others (see the
     /// crate's `shared` module). The creator's buffer removes the name when its last
-    /// handle drops; a crashed creator's region is found and removed with
+    /// handle drops, unless the name was removed and now stands for a newer region;
+    /// a crashed creator's region is found and removed with
     /// `replaybuf shm list` / `replaybuf shm remove --stale`. Linux and other Unix.
     pub fn shared(mut self, name: impl Into<String>) -> Self {
         self.shared = Some(name.into());

@@ -149,6 +149,40 @@ fn another_users_owner_only_region_is_refused() {
 }
 
 #[test]
+fn a_symbolic_link_under_a_regions_name_is_not_followed() {
+    // The link points at an owner-only copy of a real region: followed, it would pass
+    // the owner check and be mapped (and written).
+    let name = name("link");
+    let bytes = real_region_bytes("link");
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("region");
+    fs::write(&target, &bytes).unwrap();
+    fs::set_permissions(&target, Permissions::from_mode(0o600)).unwrap();
+    let path = path_of(&name);
+    let _ = fs::remove_file(&path);
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let _cleanup = Cleanup(path.clone());
+
+    let e = match ReplayBuffer::attach(&name) {
+        Ok(_) => panic!("attach followed a symbolic link"),
+        Err(e) => e,
+    };
+    assert!(e.is_foreign(), "{e}");
+    let e = match builder(&name).existsok(true).build() {
+        Ok(_) => panic!("existsok followed a symbolic link"),
+        Err(e) => e,
+    };
+    assert!(persist_of(&e).is_foreign(), "{e}");
+    assert!(
+        fs::read(&target).unwrap() == bytes,
+        "the link's target was written"
+    );
+    let listed = replaybuf::shared::list();
+    let found = listed.iter().find(|r| r.name == name).expect("listed");
+    assert!(found.foreign && !found.is_stale(), "{found:?}");
+}
+
+#[test]
 fn listing_marks_a_foreign_region_without_opening_it_and_never_stale() {
     let name = name("list");
     let bytes = real_region_bytes("list");

@@ -130,13 +130,20 @@ impl fmt::Display for PersistError {
             ),
             Kind::Missing => write!(f, "{p}: no buffer there"),
             Kind::InUse => write!(f, "{p} is in use by another process"),
-            Kind::Foreign { owner, mode, me } => write!(
+            Kind::Foreign { owner, mode, me } if owner != me => write!(
                 f,
-                "{p} is owned by uid {owner} with mode {mode:04o}, but a shared region \
-                 must belong to the user that opens it (uid {me}) with mode 0600: \
-                 another user could read, change or truncate it, so it was not opened. \
-                 If it is not yours, remove it (`replaybuf shm remove`, as its owner or \
-                 root) or choose another name; if it is, `chmod 600` it"
+                "{p} is owned by uid {owner} (mode {mode:04o}), not by this user (uid \
+                 {me}): a shared region is opened only by its owner, since whoever owns \
+                 it can change or truncate it under the buffer. It was not opened; choose \
+                 another name, or have it removed (`replaybuf shm remove`, as its owner \
+                 or root)"
+            ),
+            Kind::Foreign { owner, mode, .. } => write!(
+                f,
+                "{p} (owned by uid {owner}) has mode {mode:04o}: group or others may \
+                 open it, and could read, change or truncate the buffer. It was not \
+                 opened; if it is yours, `chmod 600` it, else remove it (`replaybuf shm \
+                 remove`) or choose another name"
             ),
             Kind::NotOurs(why) => write!(f, "{p}: not a replaybuf buffer: {why}"),
             Kind::Version { found, expected } => write!(

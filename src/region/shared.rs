@@ -16,7 +16,8 @@
 //! ([`OpenError::Foreign`]) before a word of it is read: another user who can write
 //! it could poison its rows or truncate it under us (a `SIGBUS`). The check is made
 //! with `fstat` on the descriptor that is then mapped, so there is no window between
-//! the check and the open for the name to be swapped.
+//! the check and the open for the name to be swapped; and the open never follows a
+//! symbolic link (a link under a region's name is refused as foreign).
 //!
 //! A creator removes its region's name when it goes, but only if the name still
 //! names the object it made ([`ObjectId`], [`unlink_if_same`]): after the name was
@@ -145,9 +146,11 @@ impl Region {
     /// Maps the existing shared-memory object `object` whole, if it is the caller's
     /// alone (see the module's `# Ownership`). Fails with `NotFound` if there is none.
     pub(crate) fn open_shared(object: &str) -> Result<Region, OpenError> {
-        let fd = match shm::open(object, shm::OFlags::RDWR, Mode::empty()) {
+        let fd = match shm::open(object, shm::OFlags::RDWR | no_follow(), Mode::empty()) {
             Ok(fd) => fd,
-            Err(e @ rustix::io::Errno::ACCESS) => return Err(refused_by_path(object, e)),
+            Err(e @ (rustix::io::Errno::ACCESS | rustix::io::Errno::LOOP)) => {
+                return Err(refused_by_path(object, e))
+            }
             Err(e) => return Err(e.into()),
         };
         // The object as this descriptor holds it: swapping the name afterwards
@@ -216,11 +219,23 @@ pub(crate) fn unlink(object: &str) -> io::Result<()> {
     shm::unlink(object).map_err(io::Error::from)
 }
 
-/// The refusal of an object that could not be opened at all (`denied`): `Foreign` if
-/// its owner and mode, read by path (Linux's `/dev/shm`), say it is not the caller's
-/// alone (only to say so: nothing is opened by that path), else `denied` itself.
+/// The flag that keeps an open of an existing object off symbolic links. glibc's
+/// `shm_open` adds `O_NOFOLLOW` itself, but rustix opens `/dev/shm/NAME` directly on
+/// Linux and does not: without it, a link another user plants under a region's name
+/// would be followed to whatever it points at, and the owner check would see that.
+fn no_follow() -> shm::OFlags {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    return shm::OFlags::from_bits_retain(rustix::fs::OFlags::NOFOLLOW.bits());
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    shm::OFlags::empty()
+}
+
+/// The refusal of an object that could not be opened at all (`denied`: no permission,
+/// or a symbolic link): `Foreign` if its owner and mode, read by path (Linux's
+/// `/dev/shm`, the link itself rather than what it points at), say it is not the
+/// caller's alone (only to say so: nothing is opened by that path), else `denied`.
 fn refused_by_path(object: &str, denied: rustix::io::Errno) -> OpenError {
-    match rustix::fs::stat(format!("/dev/shm{object}")) {
+    match rustix::fs::lstat(format!("/dev/shm{object}")) {
         Ok(stat) => Foreign::of(&stat).map_or(OpenError::Io(denied.into()), OpenError::Foreign),
         Err(_) => OpenError::Io(denied.into()),
     }
@@ -236,7 +251,7 @@ fn refused_by_path(object: &str, denied: rustix::io::Errno) -> OpenError {
 /// be closed from here; the window is two system calls wide, where without the check
 /// it was the old creator's whole remaining life.
 pub(crate) fn unlink_if_same(object: &str, id: ObjectId) -> io::Result<bool> {
-    let fd = match shm::open(object, shm::OFlags::RDONLY, Mode::empty()) {
+    let fd = match shm::open(object, shm::OFlags::RDONLY | no_follow(), Mode::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return Ok(false),
         Err(e) => return Err(e.into()),
