@@ -9,20 +9,38 @@
 //! the batch's priority field. Updates, inserts and draws all run at once from any
 //! threads: the trees take no lock.
 //!
-//! Masses are kept in fixed point (about 1e-6 resolution; see `sumtree/mod.rs`): a
-//! positive mass never rounds to zero, and a mass past the tree's range (at least
-//! 2^16, and 2^24 for a million rows per shard) saturates there.
+//! Masses are integers: `(p + eps)^alpha` in `f64` times a power of two that the
+//! buffer raises and lowers as its priorities move (`mass_scale.rs`), so any priority
+//! from the smallest to the largest finite float keeps its ratio to the others, within
+//! the span of a 64-bit sum; a positive priority never loses its mass, and nothing
+//! saturates.
+//!
+//! # Memory ordering
+//!
+//! A leaf is a cache of its row's raw priority's mass under the buffer's mass function
+//! (the scale word and `alpha`). Every writer of leaves (a collector's new rows, a
+//! priority update, a pass after `set_alpha` or a rescale) reads the scale word, then
+//! `alpha`, computes, writes, and reads the scale word again: if it moved, the writer
+//! brings the leaves it wrote to the new function from their raw words, and repeats.
+//! Whoever moves the word (storing `alpha` first) then passes over every leaf of every
+//! tree. All of these are `SeqCst`, so a leaf written under an old function after the
+//! pass went by belongs to a writer whose second read comes later still, and sees the
+//! new word. Updates write the raw word before the leaf and follow it after (see
+//! `sumtree/tree.rs`). Once writes stop, every leaf holds its raw priority's mass under
+//! the last function: a collector racing `set_alpha` cannot leave a leaf of the old
+//! alpha behind.
 
 use rand::RngExt;
 
 use crate::error::PriorityError;
 use crate::region::Block;
 use crate::rng::Rng;
+use crate::sampler::mass_scale::{MassFn, Scale, TooHeavy, ALPHA_MAX};
 use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
-use crate::sumtree::tree::Tree;
-use crate::sumtree::{to_fixed, Leaf};
+use crate::sumtree::tree::{Tree, Update};
+use crate::sumtree::{quantize, raw_bits, Leaf};
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -122,8 +140,8 @@ impl Prioritized {
     /// Why these settings cannot work with a storage of `capacity` rows, if they can't.
     pub(crate) fn check(&self, capacity: usize) -> Option<&'static str> {
         let ok = |x: f64| x.is_finite() && x >= 0.0;
-        if !ok(self.alpha) {
-            Some("alpha must be finite and at least 0")
+        if !valid_alpha(self.alpha) {
+            Some("alpha must be finite, at least 0 and at most 2^20")
         } else if !ok(self.beta) {
             Some("beta must be finite and at least 0")
         } else if !ok(self.eps) {
@@ -141,8 +159,10 @@ const INITIAL_PRIORITY: f64 = 1.0;
 
 /// A prioritized sampler with its running state, which lives in the storage's region
 /// (so that every process of a shared buffer, and a checkpoint, sees the same):
-/// `Global::Alpha` and `Global::Beta` as `f64` bits, and `Global::MaxSeen`, the
-/// largest priority seen (non-negative `f64` bits order like the floats).
+/// `Global::Alpha` and `Global::Beta` as `f64` bits, `Global::MaxSeen`, the largest
+/// priority seen (non-negative `f64` bits order like the floats), and
+/// `Global::MassScale`, the trees' mass scale and the mass function's epoch
+/// ([`Scale`]).
 #[derive(Debug)]
 pub(crate) struct State {
     globals: Block,
@@ -154,6 +174,15 @@ pub(crate) struct State {
 pub(crate) fn valid(p: f64) -> bool {
     p.is_finite() && p >= 0.0
 }
+
+/// Checks an alpha: a priority, and at most [`ALPHA_MAX`] (which bounds the exponent
+/// a mass may need).
+fn valid_alpha(alpha: f64) -> bool {
+    valid(alpha) && alpha <= ALPHA_MAX
+}
+
+/// Leaves re-massed at once by a pass over a tree: one check of the scale word each.
+const REMASS_CHUNK_LEAVES: usize = 4096;
 
 impl State {
     /// The state of `config` over the region's `globals`, which [`State::initialize`]
@@ -167,6 +196,7 @@ impl State {
     }
 
     /// Writes the configured alpha and beta and the initial maximum into a new region.
+    /// (The scale word starts at zero: priority 1 at the top of the leaves' range.)
     pub(crate) fn initialize(&self) {
         self.word(Global::Alpha)
             .store(self.config.alpha.to_bits(), Ordering::SeqCst);
@@ -201,24 +231,172 @@ impl State {
         Ok(())
     }
 
-    /// Stores a new alpha; the caller then recomputes every leaf ([`State::remass`]).
-    pub(crate) fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
-        if !valid(alpha) {
+    /// The scale word (see the module's ordering notes).
+    fn scale(&self) -> Scale {
+        Scale::from_bits(self.word(Global::MassScale).load(Ordering::SeqCst))
+    }
+
+    /// Replaces the scale word `from` by `to`; whether it was still `from`.
+    fn move_scale(&self, from: Scale, to: Scale) -> bool {
+        self.word(Global::MassScale)
+            .compare_exchange(from.bits(), to.bits(), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// The mass function now, for trees like `tree` (every tree of a storage has the
+    /// same bound): the scale word, then alpha.
+    pub(crate) fn mass_fn(&self, tree: &Tree<'_>) -> MassFn {
+        let scale = self.scale();
+        MassFn::new(
+            scale,
+            self.alpha(),
+            self.config.eps,
+            tree.layout().value_max,
+        )
+    }
+
+    /// Stores a new alpha and moves the scale word's epoch, then brings every leaf of
+    /// `trees` to it. Even the same alpha again moves the epoch and passes over the
+    /// leaves.
+    pub(crate) fn set_alpha(&self, alpha: f64, trees: &[Tree<'_>]) -> Result<(), PriorityError> {
+        if !valid_alpha(alpha) {
             return Err(PriorityError::Invalid {
                 position: 0,
                 value: alpha,
             });
         }
+        // Alpha first: a writer that reads the new word reads the new alpha after it.
         self.word(Global::Alpha)
             .store(alpha.to_bits(), Ordering::SeqCst);
+        loop {
+            let scale = self.scale();
+            if self.move_scale(scale, scale.bumped()) {
+                break;
+            }
+        }
+        self.remass(trees);
+        self.raise_if_light(trees);
         Ok(())
     }
 
-    /// The fixed-point mass of priority `p` under `alpha`, computed in `f32` (TorchRL's
-    /// precision; its relative error, about 1e-7, is below the fixed point's).
-    pub(crate) fn mass(&self, p: f64, alpha: f64, max: u64) -> u64 {
-        let x = (p + self.config.eps) as f32;
-        to_fixed(f64::from(x.powf(alpha as f32)), max)
+    /// Lowers the scale so that a mass `heavy` (too heavy under `f`) fits, unless
+    /// another writer lowered it enough already; whether this call moved it (and so
+    /// owes a pass over every leaf).
+    fn lower_for(&self, f: &MassFn, heavy: TooHeavy) -> bool {
+        loop {
+            let now = self.scale();
+            match f.lowered_for(now, heavy) {
+                None => return false,
+                Some(to) if self.move_scale(now, to) => return true,
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// After a write: raises the scale if the buffer's total mass has fallen below the
+    /// low-water mark (see `mass_scale.rs`), and passes over every leaf if it did.
+    fn raise_if_light(&self, trees: &[Tree<'_>]) {
+        let Some(first) = trees.first() else {
+            return;
+        };
+        let total: u128 = trees.iter().map(|t| u128::from(t.total())).sum();
+        let f = self.mass_fn(first);
+        if !f.is_light(total) {
+            return;
+        }
+        let new_row = quantize(self.new_row_priority(trees));
+        if let Some(to) = f.raised_for(total, new_row) {
+            // Another writer that moved the word first decides instead.
+            if self.move_scale(f.scale(), to) {
+                self.remass(trees);
+            }
+        }
+    }
+
+    /// Brings every leaf of `trees` to the mass function now, a chunk at a time,
+    /// lowering the scale for a priority too heavy for it; again from the start if this
+    /// pass lowered it.
+    pub(crate) fn remass(&self, trees: &[Tree<'_>]) {
+        let mut again = true;
+        while again {
+            again = false;
+            for tree in trees {
+                let leaves = tree.layout().leaves;
+                for first in (0..leaves).step_by(REMASS_CHUNK_LEAVES) {
+                    let n = REMASS_CHUNK_LEAVES.min(leaves - first);
+                    let mut f = self.mass_fn(tree);
+                    loop {
+                        let mut heavy = None;
+                        tree.remass_run(first, n, |p| keep_heavy(&f, p, &mut heavy));
+                        if let Some(h) = heavy {
+                            again |= self.lower_for(&f, h);
+                        } else if self.scale() == f.scale() {
+                            break;
+                        }
+                        f = self.mass_fn(tree);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After leaves were written under `f`: while the scale word is no longer `f`'s,
+    /// brings them (`redo`, given the mass of a priority) to the function now. Then the
+    /// pass a lowering owes (`owed`, or one made here), and a raise if the buffer is
+    /// light.
+    fn settle(
+        &self,
+        trees: &[Tree<'_>],
+        tree: &Tree<'_>,
+        mut f: MassFn,
+        mut owed: bool,
+        mut redo: impl FnMut(&mut dyn FnMut(f64) -> Option<u64>),
+    ) {
+        // A priority too heavy for `f` moves the word (here or in another writer),
+        // so the loop goes round again.
+        while self.scale() != f.scale() {
+            f = self.mass_fn(tree);
+            let mut heavy = None;
+            redo(&mut |p| keep_heavy(&f, p, &mut heavy));
+            if let Some(h) = heavy {
+                owed |= self.lower_for(&f, h);
+            }
+        }
+        if owed {
+            self.remass(trees);
+        }
+        self.raise_if_light(trees);
+    }
+
+    /// Recomputes every leaf of `trees` with plain stores, for a region nobody else
+    /// uses (a recovery, a load): leaf `i` of tree `k` gets the mass of `row(k, i)`'s
+    /// priority, if it holds a live row (`(lap, priority)`), and is emptied otherwise.
+    /// The scale stays (so a loaded checkpoint draws as the original would), unless a
+    /// priority is too heavy for it.
+    pub(crate) fn rebuild(
+        &self,
+        trees: &[Tree<'_>],
+        row: impl Fn(usize, usize) -> Option<(u32, f64)>,
+    ) {
+        let Some(first) = trees.first() else {
+            return;
+        };
+        loop {
+            let f = self.mass_fn(first);
+            let mut heavy = None;
+            for (k, tree) in trees.iter().enumerate() {
+                tree.rebuild(|i| match row(k, i) {
+                    Some((lap, p)) => Leaf::new(lap, keep_heavy(&f, p, &mut heavy).unwrap_or(0)),
+                    None => Leaf::EMPTY,
+                });
+            }
+            match heavy {
+                None => return,
+                Some(h) => {
+                    self.lower_for(&f, h);
+                }
+            }
+        }
     }
 
     /// Records `p` as seen (for the priority of later new rows).
@@ -234,62 +412,119 @@ impl State {
         }
         trees
             .iter()
-            .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).tag())))
+            .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).lap())))
             .fold(None, |acc: Option<f64>, p| {
                 Some(acc.map_or(p, |a| a.max(p)))
             })
             .unwrap_or(INITIAL_PRIORITY)
     }
 
-    /// Sets the priorities of `rows` (`(leaf, lap, p)` each) whose leaves still belong
-    /// to rows of those laps; `applied` receives which did. Recomputes if `alpha`
-    /// changed meanwhile, so that updates racing `set_alpha` do not leave masses of the
-    /// old alpha behind.
-    pub(crate) fn update(&self, tree: &Tree<'_>, rows: &[(usize, u32, f64)], applied: &mut [bool]) {
+    /// Sets the priorities of `rows` of tree `k` (`(leaf, lap, p)` each) whose leaves
+    /// and raw words still belong to rows of those laps; `applied` receives which did.
+    /// Each raw word is set before its leaf; a leaf whose raw word another writer
+    /// changed meanwhile follows that word, and all of them follow a mass function
+    /// that changed meanwhile (see the module's ordering notes).
+    pub(crate) fn update(
+        &self,
+        trees: &[Tree<'_>],
+        k: usize,
+        rows: &[(usize, u32, f64)],
+        applied: &mut [bool],
+    ) {
         if let Some(top) = rows.iter().map(|&(_, _, p)| p).reduce(f64::max) {
             self.saw(top);
         }
-        let max = tree.layout().value_max;
-        loop {
-            let alpha = self.alpha();
-            let items: Vec<(usize, u32, u64, f64)> = rows
-                .iter()
-                .map(|&(leaf, lap, p)| (leaf, lap, self.mass(p, alpha, max), p))
-                .collect();
-            tree.update_many(&items, applied);
-            if self.alpha() == alpha {
-                return;
+        let tree = &trees[k];
+        let mut owed = false;
+        let mut items: Vec<Update> = Vec::with_capacity(rows.len());
+        let f = loop {
+            let f = self.mass_fn(tree);
+            let mut heavy = None;
+            items.clear();
+            items.extend(rows.iter().map(|&(leaf, lap, p)| {
+                let p = quantize(p);
+                Update {
+                    leaf,
+                    lap,
+                    mass: keep_heavy(&f, p, &mut heavy).unwrap_or(0),
+                    raw: raw_bits(lap, Some(p)),
+                }
+            }));
+            match heavy {
+                None => break f,
+                Some(h) => owed |= self.lower_for(&f, h),
+            }
+        };
+        tree.update_many(&items, applied);
+        let applied_items = || items.iter().zip(applied.iter()).filter(|(_, &a)| a);
+        for (u, _) in applied_items() {
+            if tree.raw_bits_at(u.leaf) != u.raw {
+                // Another writer's raw word: this leaf follows it.
+                tree.remass_run(u.leaf, 1, |p| f.mass(p).ok());
             }
         }
+        self.settle(trees, tree, f, owed, |mass_of| {
+            for (u, _) in applied_items() {
+                tree.remass_run(u.leaf, 1, &mut *mass_of);
+            }
+        });
     }
 
-    /// Recomputes every leaf of `tree` from its raw priority under the current alpha.
-    pub(crate) fn remass(&self, tree: &Tree<'_>) {
-        const CHUNK: usize = 4096;
-        let leaves: Vec<usize> = (0..tree.layout().leaves).collect();
-        for chunk in leaves.chunks(CHUNK) {
-            let rows: Vec<(usize, u32, f64)> = chunk
-                .iter()
-                .filter_map(|&i| {
-                    let leaf = tree.leaf(i);
-                    let raw = tree.raw(i, leaf.tag())?;
-                    (leaf.value() > 0).then_some((i, u32::from(leaf.tag()), raw))
-                })
-                .collect();
-            let mut applied = vec![false; rows.len()];
-            self.update(tree, &rows, &mut applied);
+    /// Gives the new rows of runs `(first slot, slots, lap)` of tree `k` their leaves
+    /// (their raw words are stored already): slot `j` of run `r` priority `each(r, j)`,
+    /// or every one `top` without `each`. `top` is at least every priority.
+    pub(crate) fn set_leaves(
+        &self,
+        trees: &[Tree<'_>],
+        k: usize,
+        runs: &[(usize, usize, u32)],
+        top: f64,
+        each: Option<impl Fn(usize, usize) -> f64>,
+    ) {
+        let tree = &trees[k];
+        let mut owed = false;
+        let (f, heaviest) = loop {
+            let f = self.mass_fn(tree);
+            match f.mass(quantize(top)) {
+                Ok(m) => break (f, m),
+                Err(h) => owed |= self.lower_for(&f, h),
+            }
+        };
+        for (r, &(first, n, lap)) in runs.iter().enumerate() {
+            match &each {
+                // Masses grow with priorities: none passes the heaviest's.
+                Some(each) => tree.set_run(first, n, |j| {
+                    let m = f.mass(quantize(each(r, j)));
+                    Leaf::new(lap, m.map_or(heaviest, |m| m.min(heaviest)))
+                }),
+                None => tree.set_run(first, n, |_| Leaf::new(lap, heaviest)),
+            }
         }
-    }
-
-    /// The leaves of new rows of lap `lap` with priorities `p`.
-    pub(crate) fn leaf(&self, lap: u32, p: f64, max: u64) -> (Leaf, f64) {
-        (Leaf::new(lap, self.mass(p, self.alpha(), max)), p)
+        self.settle(trees, tree, f, owed, |mass_of| {
+            for &(first, n, _) in runs {
+                tree.remass_run(first, n, &mut *mass_of);
+            }
+        });
     }
 
     /// The importance weight of a row of mass `m`, given the smallest mass `min`:
     /// `(min / m)^beta`, in `f32` (the weight's own precision).
     pub(crate) fn weight(&self, m: u64, min: u64) -> f32 {
         (min as f32 / m as f32).powf(self.beta() as f32)
+    }
+}
+
+/// The mass of `p` under `f`, or `None` (and the heaviest such priority kept in
+/// `heavy`) if it is too heavy for `f`'s scale.
+fn keep_heavy(f: &MassFn, p: f64, heavy: &mut Option<TooHeavy>) -> Option<u64> {
+    match f.mass(p) {
+        Ok(m) => Some(m),
+        Err(h) => {
+            if heavy.is_none_or(|k| k.0 < h.0) {
+                *heavy = Some(h);
+            }
+            None
+        }
     }
 }
 
@@ -372,7 +607,7 @@ pub(crate) fn draw(
             }
         }
         out.extend(hits.iter().take(len).map(|l| match l {
-            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.tag),
+            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.lap),
             None => Draw::default(),
         }));
     }
@@ -394,7 +629,7 @@ pub(crate) fn redraw(
     let positions = [windows[k].positions(ring.steps)];
     Some(
         match trees[k].descend(t) {
-            Some(l) => to_draw(&shards[k..=k], &positions, 0, l.leaf, l.value, l.tag),
+            Some(l) => to_draw(&shards[k..=k], &positions, 0, l.leaf, l.value, l.lap),
             None => Draw::default(),
         }
         .on_shard(k),
@@ -402,14 +637,14 @@ pub(crate) fn redraw(
 }
 
 /// The draw of slot `leaf` of shard `k`: the live row at its position, with the
-/// leaf's mass and tag (mass 0 if the position holds no live row).
+/// leaf's mass and lap (mass 0 if the position holds no live row).
 fn to_draw(
     shards: &[Shard],
     positions: &[Positions],
     k: usize,
     leaf: usize,
     mass: u64,
-    tag: u16,
+    lap: u32,
 ) -> Draw {
     let ring = shards[k].ring();
     let (pos, lane) = match ring.width {
@@ -422,7 +657,7 @@ fn to_draw(
             lane: lane as u32,
             seq,
             mass,
-            tag,
+            lap,
         },
         None => Draw::default(),
     }
