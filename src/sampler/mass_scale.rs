@@ -313,10 +313,18 @@ mod tests {
         assert_eq!(g.lowered_for(lower, heavy), None, "already low enough");
         // A tiny total rises to the target, unless new rows would not fit.
         let small = 1000u128;
-        let up = f.raised_for(small, 1e-6).unwrap();
+        let up = f.raised_for(small, 1e-30).unwrap();
         let h = MassFn::new(up, 1.0, 0.0, value_max(1000));
         let scaled = small as f64 * 2f64.powi((h.exponent - f.exponent) as i32);
         assert!(scaled <= target as f64 && scaled > target as f64 / 2.0);
+        let capped = f.raised_for(small, 1e-6).unwrap();
+        let m = MassFn::new(capped, 1.0, 0.0, value_max(1000))
+            .mass(1e-6)
+            .unwrap();
+        assert!(
+            m <= target && m > target / 2,
+            "a new row of 1e-6 at the target"
+        );
         assert_eq!(
             f.raised_for(small, 1.0),
             None,
