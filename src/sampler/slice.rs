@@ -53,7 +53,7 @@
 //! concurrent trees of a prioritized buffer, its trajectory found by a binary search
 //! of its lane's table, and the window built from it; a draw no window can serve is
 //! drawn again (the trees are never written by a sample), and the read also requires
-//! the drawn row to be of the lap its leaf's tag names.
+//! the drawn row to be of the lap its leaf names.
 
 use rand::RngExt;
 
