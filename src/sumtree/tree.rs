@@ -339,7 +339,25 @@ impl<'a> Tree<'a> {
         n: usize,
         mut mass_of: impl FnMut(f64) -> Option<u64>,
     ) {
-        self.change_run(first, n, |i| self.follow_raw(i, &mut mass_of));
+        /// Raw words loading ahead: each sits in its own slot, a miss apart.
+        const RAWS_AHEAD: usize = 8;
+        for i in first..(first + RAWS_AHEAD).min(first + n) {
+            self.prefetch_raw(i);
+        }
+        self.change_run(first, n, |i| {
+            if i + RAWS_AHEAD < first + n {
+                self.prefetch_raw(i + RAWS_AHEAD);
+            }
+            self.follow_raw(i, &mut mass_of)
+        });
+    }
+
+    fn prefetch_raw(&self, i: usize) {
+        crate::storage::atomic_copy::prefetch(
+            self.words,
+            self.layout.raw_word(i) * 8,
+            crate::storage::atomic_copy::Intent::Read,
+        );
     }
 
     /// Changes the leaves of slots `first..first + n` by `change(slot)`, which returns
@@ -789,5 +807,87 @@ impl<'a> Tree<'a> {
                     })
             })
         })
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+    use crate::sumtree::quantize;
+
+    /// A tree over `n` leaves on its own words, raw words inside the block.
+    fn words(n: usize) -> (Vec<AtomicU64>, Layout) {
+        let layout = Layout::new(n, 0, true, None);
+        (
+            (0..layout.words()).map(|_| AtomicU64::new(0)).collect(),
+            layout,
+        )
+    }
+
+    fn update(tree: &Tree<'_>, leaf: usize, lap: u32, mass: u64, raw: f64) -> bool {
+        let mut applied = [false];
+        let u = Update {
+            leaf,
+            lap,
+            mass,
+            raw: raw_bits(lap, Some(raw)),
+        };
+        tree.update_many(&[u], &mut applied);
+        applied[0]
+    }
+
+    #[test]
+    fn an_update_needs_both_words_of_its_lap_and_sets_the_raw_word() {
+        let (w, layout) = words(4);
+        let tree = Tree::new(&w, &layout);
+        tree.store_raws(0, &[(Leaf::new(3, 10), 1.0)]);
+        tree.set_run(0, 1, |_| Leaf::new(3, 10));
+        assert!(update(&tree, 0, 3, 20, 2.0));
+        assert_eq!(
+            (tree.leaf(0), tree.raw(0, 3)),
+            (Leaf::new(3, 20), Some(2.0))
+        );
+        // Lap 4's writer stored its raw word and published, but has not set its leaf:
+        // an update for lap 3 finds the raw word taken and changes nothing.
+        w[layout.raw_word(0)].store(raw_bits(4, Some(5.0)), Ordering::SeqCst);
+        assert!(!update(&tree, 0, 3, 30, 3.0));
+        assert_eq!(tree.leaf(0), Leaf::new(3, 20));
+        assert_eq!(tree.raw_tagged(0), (4, Some(5.0)));
+        assert_eq!(tree.total(), 20);
+        // An emptied row takes no update either.
+        tree.store_raws(0, &[(Leaf::new(5, 1), 1.0)]);
+        tree.set_run(0, 1, |_| Leaf::new(5, 1));
+        tree.clear(0, 5);
+        assert_eq!((tree.leaf(0).value(), tree.raw_tagged(0)), (0, (5, None)));
+        assert!(!update(&tree, 0, 5, 9, 9.0));
+        assert_eq!(tree.total(), 0);
+        assert!(tree.is_consistent());
+    }
+
+    #[test]
+    fn a_remass_brings_leaves_to_their_raw_words() {
+        let (w, layout) = words(40);
+        let tree = Tree::new(&w, &layout);
+        let rows: Vec<(Leaf, f64)> = (0..40).map(|i| (Leaf::new(1, 1), i as f64)).collect();
+        tree.store_raws(0, &rows);
+        tree.set_run(0, 40, |i| rows[i].0);
+        // Slot 7 holds lap 2's raw word before its leaf: left alone. Slot 8 is emptied.
+        w[layout.raw_word(7)].store(raw_bits(2, Some(100.0)), Ordering::SeqCst);
+        tree.clear(8, 1);
+        // Masses of ten times the priority; priority 30 and up is "too heavy".
+        tree.remass_run(0, 40, |p| (p < 30.0).then_some((10.0 * p) as u64));
+        for i in 0..40 {
+            let want = match i {
+                7 => 1,
+                8 => 0,
+                i if i >= 30 => 1,
+                i => 10 * i as u64,
+            };
+            assert_eq!(tree.leaf(i).value(), want, "slot {i}");
+        }
+        assert!(tree.is_consistent());
+        let total: u64 = (0..40).map(|i| tree.leaf(i).value()).sum();
+        assert_eq!(tree.total(), total);
+        assert_eq!(quantize(tree.raw(9, 1).unwrap()), 9.0);
     }
 }
