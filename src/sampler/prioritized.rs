@@ -497,7 +497,10 @@ impl State {
                     let m = f.mass(quantize(each(r, j)));
                     Leaf::new(lap, m.map_or(heaviest, |m| m.min(heaviest)))
                 }),
-                None => tree.set_run(first, n, |_| Leaf::new(lap, heaviest)),
+                None => {
+                    let leaf = Leaf::new(lap, heaviest);
+                    tree.set_run(first, n, |_| leaf)
+                }
             }
         }
         self.settle(trees, tree, f, owed, |mass_of| {

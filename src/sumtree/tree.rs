@@ -513,10 +513,11 @@ impl<'a> Tree<'a> {
         }
         let mut changed: SmallVec<[(usize, u64, u64); 64]> = SmallVec::with_capacity(items.len());
         for (u, ok) in items.iter().zip(applied.iter_mut()) {
-            let old = self.apply_update(u);
+            let new = Leaf::new(u.lap, u.mass);
+            let old = self.apply_update(u, new);
             *ok = old.is_some();
             if let Some(old) = old {
-                changed.push((u.leaf, old, Leaf::new(u.lap, u.mass).value()));
+                changed.push((u.leaf, old, new.value()));
             }
         }
         for &(i, old, new) in &changed {
@@ -549,15 +550,14 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// One update of [`Tree::update_many`]: the raw word, then the leaf. The leaf's
-    /// old mass if applied.
-    fn apply_update(&self, u: &Update) -> Option<u64> {
+    /// One update of [`Tree::update_many`]: the raw word, then the leaf (`new`). The
+    /// leaf's old mass if applied.
+    fn apply_update(&self, u: &Update, new: Leaf) -> Option<u64> {
         let leaf = self.leaf_atomic(u.leaf);
         let mut cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
         if !cur.is_of(u.lap) || !self.set_raw(u.leaf, u.lap, u.raw) {
             return None;
         }
-        let new = Leaf::new(u.lap, u.mass);
         loop {
             match leaf.compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
             {
