@@ -63,7 +63,10 @@
 //! on its check, and one that checked before the word moved wrote before the pass
 //! came. Masses of two words may sit side by side while a pass runs (draws follow the
 //! mix for that long, as during `set_alpha` before); each is at most `value_max`, so
-//! the sums never overflow.
+//! the sums never overflow. A pass over a million leaves takes tens of milliseconds,
+//! in the write that moved the word; other threads go on meanwhile. (A process of a
+//! shared buffer that dies during its pass leaves the rest of the leaves under the old
+//! word until the next pass, or a recovery rebuilds them.)
 
 /// Bits of room above the heaviest mass after a lowering, and between a raise's
 /// target total and `value_max`.
