@@ -255,7 +255,12 @@ impl MassFn {
     /// Whether a total of `total` units (under this function) is below the low-water
     /// mark `2^(top - 3 * HEADROOM_BITS)`, and not zero.
     pub(crate) fn is_light(&self, total: u128) -> bool {
-        total > 0 && total < 1u128 << (top(self.value_max) - i64::from(LOW_WATER_BITS))
+        total > 0 && self.under_low_water(total)
+    }
+
+    /// Whether `units` is below the low-water mark.
+    pub(crate) fn under_low_water(&self, units: impl Into<u128>) -> bool {
+        units.into() < 1u128 << (top(self.value_max) - i64::from(LOW_WATER_BITS))
     }
 
     /// The scale word that raises a total of `total` units (under this function) to

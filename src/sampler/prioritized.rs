@@ -340,18 +340,23 @@ impl State {
         }
     }
 
-    /// After leaves were written under `f`: while the scale word is no longer `f`'s,
-    /// brings them (`redo`, given the mass of a priority) to the function now. Then the
-    /// pass a lowering owes (`owed`, or one made here), and a raise if the buffer is
-    /// light.
+    /// After leaves were written under `f`, the heaviest of them `heaviest`: while the
+    /// scale word is no longer `f`'s, brings them (`redo`, given the mass of a
+    /// priority) to the function now. Then the pass a lowering owes (`owed`, or one
+    /// made here), and a raise if the buffer is light: looked at only if the write
+    /// could have made it so (no mass it wrote reaches the low-water mark), so that a
+    /// write of ordinary masses reads no tree roots that other shards' writers change.
     fn settle(
         &self,
         trees: &[Tree<'_>],
         tree: &Tree<'_>,
         mut f: MassFn,
+        heaviest: u64,
         mut owed: bool,
         mut redo: impl FnMut(&mut dyn FnMut(f64) -> Option<u64>),
     ) {
+        let may_be_light = f.under_low_water(heaviest);
+        let moved = self.scale() != f.scale();
         // A priority too heavy for `f` moves the word (here or in another writer),
         // so the loop goes round again.
         while self.scale() != f.scale() {
@@ -365,7 +370,9 @@ impl State {
         if owed {
             self.remass(trees);
         }
-        self.raise_if_light(trees);
+        if may_be_light || moved {
+            self.raise_if_light(trees);
+        }
     }
 
     /// Recomputes every leaf of `trees` with plain stores, for a region nobody else
@@ -456,6 +463,7 @@ impl State {
             }
         };
         tree.update_many(&items, applied);
+        let heaviest = items.iter().map(|u| u.mass).max().unwrap_or(0);
         let applied_items = || items.iter().zip(applied.iter()).filter(|(_, &a)| a);
         for (u, _) in applied_items() {
             if tree.raw_bits_at(u.leaf) != u.raw {
@@ -463,7 +471,7 @@ impl State {
                 tree.remass_run(u.leaf, 1, |p| f.mass(p).ok());
             }
         }
-        self.settle(trees, tree, f, owed, |mass_of| {
+        self.settle(trees, tree, f, heaviest, owed, |mass_of| {
             for (u, _) in applied_items() {
                 tree.remass_run(u.leaf, 1, &mut *mass_of);
             }
@@ -503,7 +511,7 @@ impl State {
                 }
             }
         }
-        self.settle(trees, tree, f, owed, |mass_of| {
+        self.settle(trees, tree, f, heaviest, owed, |mass_of| {
             for &(first, n, _) in runs {
                 tree.remass_run(first, n, &mut *mass_of);
             }
