@@ -347,3 +347,50 @@ fn set_alpha_racing_appends_and_updates_leaves_every_mass_current() {
         "a leaf keeps a mass of another alpha or priority than its row's"
     );
 }
+
+#[test]
+fn an_update_racing_set_alpha_is_never_lost() {
+    // A learner rewrites every row's priority, batch after batch, while alpha is set
+    // again and again (to the value it has): each pass re-masses every leaf from its
+    // raw priority. A pass that reads a raw priority before an update stores it must
+    // not write it back, nor leave its mass beside the new priority.
+    let rb = buffer(8, Prioritized::new(0.6, 1.0).eps(0.0));
+    rb.extend(&rows(&rb, 8)).unwrap();
+    let all = rb.get_many(&[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let last = std::thread::scope(|s| {
+        let learner = s.spawn(|| {
+            let mut p = vec![0.0; 8];
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || k < 1000 {
+                for (j, p) in p.iter_mut().enumerate() {
+                    *p = ((k * 8 + j as u64) % 997) as f64 * 0.01 + 0.01;
+                }
+                let done = rb
+                    .update_priority(all.index(), all.generations(), &p)
+                    .unwrap();
+                assert_eq!(done.applied, 8);
+                k += 1;
+            }
+            p
+        });
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(1500) {
+            rb.set_alpha(0.6).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        learner.join().unwrap()
+    });
+    for (i, &p) in last.iter().enumerate() {
+        let got = rb.priority(i as u64).unwrap();
+        assert!(
+            (got - p).abs() <= p * 2.5e-7,
+            "row {i}: priority {got}, last set {p}: an update was lost"
+        );
+    }
+    assert!(replaybuf::internals::priorities_consistent(&rb));
+    assert!(
+        replaybuf::internals::masses_current(&rb),
+        "a leaf disagrees with its row's priority"
+    );
+}

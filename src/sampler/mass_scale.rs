@@ -11,7 +11,8 @@
 //!
 //! # Choosing the exponent
 //!
-//! Sums must fit a `u64`, so a leaf holds at most `value_max = u64::MAX / leaves` (per
+//! Sums must fit a `u64`, so a leaf holds at most `value_max = u64::MAX / leaves` (and
+//! below 2^63; per
 //! shard, the same bound for every shard: that of the largest). Let `top` be its
 //! `log2`, 43 for a million leaves per shard and 53 for a thousand. The exponent keeps
 //! the heavy end of the buffer near `2^(top - HEADROOM_BITS)`:
@@ -231,7 +232,8 @@ impl MassFn {
             (self.log2_unscaled(p) + self.exponent as f64).exp2()
         };
         if y <= self.value_max_f {
-            let m = (y + 0.5) as u64;
+            // Below 2^63 (`value_max` is): the signed conversion is the short one.
+            let m = (y + 0.5) as i64 as u64;
             // A positive priority keeps at least one unit, however light.
             Ok(if base > 0.0 { m.max(1) } else { m })
         } else if self.exponent == -EXPONENT_LIMIT {
@@ -337,12 +339,12 @@ mod tests {
                 let base = 10f64.powf(f64::from(k) * 0.075);
                 // A scale that puts this base's mass near 2^50 (exact in units).
                 let lx = alpha * base.log2();
-                let f = MassFn::new(Scale(0), alpha, 0.0, u64::MAX);
+                let f = MassFn::new(Scale(0), alpha, 0.0, value_max(1));
                 let g = MassFn::new(
                     Scale(0).next((50.0 - lx).round() as i64 - f.exponent),
                     alpha,
                     0.0,
-                    u64::MAX,
+                    value_max(1),
                 );
                 let exact = base.powf(alpha) * 2f64.powi(g.exponent as i32);
                 let got = g.mass(base).unwrap() as f64;

@@ -40,7 +40,7 @@ use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
 use crate::sumtree::tree::{Tree, Update};
-use crate::sumtree::{quantize, raw_bits, Leaf};
+use crate::sumtree::{priority_in, quantize, raw_bits, Leaf};
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -444,17 +444,21 @@ impl State {
         let tree = &trees[k];
         let mut owed = false;
         let mut items: Vec<Update> = Vec::with_capacity(rows.len());
+        let mut heaviest = 0;
         let f = loop {
             let f = self.mass_fn(tree);
             let mut heavy = None;
             items.clear();
             items.extend(rows.iter().map(|&(leaf, lap, p)| {
-                let p = quantize(p);
+                // The mass of the priority as the raw word keeps it.
+                let raw = raw_bits(lap, Some(p));
+                let mass = keep_heavy(&f, priority_in(raw), &mut heavy).unwrap_or(0);
+                heaviest = heaviest.max(mass);
                 Update {
                     leaf,
                     lap,
-                    mass: keep_heavy(&f, p, &mut heavy).unwrap_or(0),
-                    raw: raw_bits(lap, Some(p)),
+                    mass,
+                    raw,
                 }
             }));
             match heavy {
@@ -463,7 +467,6 @@ impl State {
             }
         };
         tree.update_many(&items, applied);
-        let heaviest = items.iter().map(|u| u.mass).max().unwrap_or(0);
         let applied_items = || items.iter().zip(applied.iter()).filter(|(_, &a)| a);
         for (u, _) in applied_items() {
             if tree.raw_bits_at(u.leaf) != u.raw {

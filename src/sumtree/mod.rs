@@ -190,6 +190,13 @@ pub(crate) fn raw_of(word: u64) -> (u32, Option<f64>) {
     ((word >> 32) as u32, raw)
 }
 
+/// The priority of a raw word that holds one.
+#[inline]
+pub(crate) fn priority_in(word: u64) -> f64 {
+    debug_assert!(word & 0xFFFF_FFFF != 0, "a raw word without a priority");
+    f64::from_bits(((word & 0xFFFF_FFFF).wrapping_sub(1) & 0xFFFF_FFFF) << 31)
+}
+
 /// Priority `p` as a raw word keeps it (22 significant bits): what
 /// [`ReplayBuffer::priority`] reports, and what masses are computed from.
 ///
@@ -199,9 +206,9 @@ pub fn quantize(p: f64) -> f64 {
 }
 
 /// The largest mass a leaf of a tree of `leaves` leaves may hold: the sum of all of
-/// them must fit a `u64`.
+/// them must fit a `u64` (and one alone an `i64`, whatever the leaves).
 pub fn value_max(leaves: usize) -> u64 {
-    mass_at_most(u64::MAX / leaves.max(1) as u64)
+    mass_at_most((u64::MAX / leaves.max(1) as u64).min(i64::MAX as u64))
 }
 
 /// Which of the three trees.
@@ -383,7 +390,9 @@ mod tests {
             let max = value_max(leaves);
             assert_eq!(leaf_mass(max), max, "{leaves}: the bound is a mass");
             assert!(max.checked_mul(leaves as u64).is_some());
-            assert!(max as f64 > (u64::MAX / leaves as u64) as f64 * (1.0 - 2f64.powi(-25)));
+            let bound = (u64::MAX / leaves as u64).min(i64::MAX as u64);
+            assert!(max <= i64::MAX as u64);
+            assert!(max as f64 > bound as f64 * (1.0 - 2f64.powi(-25)));
         }
         let leaf = Leaf::new(0x1_2345, 77);
         assert_eq!((leaf.lap(), leaf.value()), (0x1_2345, 77));
