@@ -11,10 +11,10 @@
 //!
 //! # Choosing the exponent
 //!
-//! Sums must fit a `u64`, so a leaf holds at most `value_max = u64::MAX / leaves` (and
-//! below 2^63; per
-//! shard, the same bound for every shard: that of the largest). Let `top` be its
-//! `log2`, 43 for a million leaves per shard and 53 for a thousand. The exponent keeps
+//! Sums must fit a `u64`, so a leaf holds at most `value_max = u64::MAX / leaves`
+//! (and less than 2^63; per shard, the same bound for every shard: that of the
+//! largest). Let `top` be its `log2`, 43 for a million leaves per shard and 53 for a
+//! thousand. The exponent keeps
 //! the heavy end of the buffer near `2^(top - HEADROOM_BITS)`:
 //!
 //! - **Lowered** when a write would give a leaf more than `value_max`: the exponent
