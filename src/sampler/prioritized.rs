@@ -466,14 +466,11 @@ impl State {
                 Some(h) => owed |= self.lower_for(&f, h),
             }
         };
-        tree.update_many(&items, applied);
-        let applied_items = || items.iter().zip(applied.iter()).filter(|(_, &a)| a);
-        for (u, _) in applied_items() {
-            if tree.raw_bits_at(u.leaf) != u.raw {
-                // Another writer's raw word: this leaf follows it.
-                tree.remass_run(u.leaf, 1, |p| f.mass(p).ok());
-            }
+        for leaf in tree.update_many(&items, applied) {
+            // Another writer's raw word: this leaf follows it.
+            tree.remass_run(leaf, 1, |p| f.mass(p).ok());
         }
+        let applied_items = || items.iter().zip(applied.iter()).filter(|(_, &a)| a);
         self.settle(trees, tree, f, heaviest, owed, |mass_of| {
             for (u, _) in applied_items() {
                 tree.remass_run(u.leaf, 1, &mut *mass_of);

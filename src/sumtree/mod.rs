@@ -488,7 +488,8 @@ impl OwnedTree {
             })
             .collect();
         let mut applied = vec![false; items.len()];
-        self.tree().update_many(&items, &mut applied);
+        // No other writer: no raw word moves under an update.
+        let _moved = self.tree().update_many(&items, &mut applied);
         applied
     }
 

@@ -470,9 +470,15 @@ impl<'a> Tree<'a> {
     /// many updates share (the upper levels) takes one `fetch_add`, not one per update.
     /// Additions commute, so the result is the same as one update at a time.
     ///
-    /// The caller then checks each applied update's raw word is still the one it wrote
-    /// and re-masses the leaf if not (see the module's ordering notes).
-    pub(crate) fn update_many(&self, items: &[Update], applied: &mut [bool]) {
+    /// Returns the slots of applied updates whose raw word another writer changed
+    /// after the update set it (loaded right after the update's leaf, while its line is
+    /// at hand): the caller re-masses those leaves from their raw words (see the
+    /// module's ordering notes).
+    pub(crate) fn update_many(
+        &self,
+        items: &[Update],
+        applied: &mut [bool],
+    ) -> SmallVec<[usize; 4]> {
         /// Levels of at most this many entries gather their deltas densely.
         const DENSE_ENTRIES: usize = 1024;
         let top = self.layout.top();
@@ -512,12 +518,16 @@ impl<'a> Tree<'a> {
             }
         }
         let mut changed: SmallVec<[(usize, u64, u64); 64]> = SmallVec::with_capacity(items.len());
+        let mut moved = SmallVec::new();
         for (u, ok) in items.iter().zip(applied.iter_mut()) {
             let new = Leaf::new(u.lap, u.mass);
             let old = self.apply_update(u, new);
             *ok = old.is_some();
             if let Some(old) = old {
                 changed.push((u.leaf, old, new.value()));
+                if self.raw_bits_at(u.leaf) != u.raw {
+                    moved.push(u.leaf);
+                }
             }
         }
         for &(i, old, new) in &changed {
@@ -548,6 +558,7 @@ impl<'a> Tree<'a> {
         for &(i, old, new) in &changed {
             self.refresh_extrema_after(i, old, new);
         }
+        moved
     }
 
     /// One update of [`Tree::update_many`]: the raw word, then the leaf (`new`). The
@@ -832,7 +843,7 @@ mod tests {
             mass,
             raw: raw_bits(lap, Some(raw)),
         };
-        tree.update_many(&[u], &mut applied);
+        let _moved = tree.update_many(&[u], &mut applied);
         applied[0]
     }
 
