@@ -53,7 +53,9 @@
 //!   of the leaves. Integers cannot drift.
 //! - The **min tree** (the weight normaliser) and the **max tree** (the priority of new
 //!   rows with `max_priority_within_buffer`) cannot be kept by deltas; their entries
-//!   are recomputed from their children and verified (`tree.rs`).
+//!   are recomputed from their children and verified (`tree.rs`). They hold the
+//!   leaves' mass codes, which order as the masses do (the mantissa is normalised above
+//!   2^26), so that a refresh compares words without decoding them.
 //! - Nodes are `ARITY` entries, two adjacent cache lines: a million leaves sit five
 //!   levels deep, and the top three stay cached.
 //!
@@ -152,6 +154,13 @@ impl Leaf {
 
     pub(crate) fn bits(self) -> u64 {
         self.0
+    }
+
+    /// The mass's 32-bit code, which orders as the masses do: what the min and max
+    /// trees keep, so that they compare leaves without decoding them.
+    #[inline]
+    pub(crate) fn code(self) -> u64 {
+        self.0 & ((1 << MASS_BITS) - 1)
     }
 
     pub(crate) fn from_bits(bits: u64) -> Leaf {

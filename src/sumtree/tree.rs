@@ -186,12 +186,15 @@ impl<'a> Tree<'a> {
 
     /// The smallest non-zero mass (`u64::MAX` if none).
     pub(crate) fn min(&self) -> u64 {
-        self.extremum(Kind::Min, self.layout.top(), 0)
+        match self.extremum(Kind::Min, self.layout.top(), 0) {
+            u64::MAX => u64::MAX,
+            code => decode_mass(code),
+        }
     }
 
     /// The largest mass (0 if none).
     pub(crate) fn max(&self) -> u64 {
-        self.extremum(Kind::Max, self.layout.top(), 0)
+        decode_mass(self.extremum(Kind::Max, self.layout.top(), 0))
     }
 
     /// Min and max entries are stored so that a zeroed word is the empty subtree: the
@@ -209,12 +212,13 @@ impl<'a> Tree<'a> {
         Self::encode(kind, self.entry(kind, level, j).load(Ordering::SeqCst))
     }
 
-    /// Entry `j` of level `level` of a min or max tree as its children give it now.
+    /// Entry `j` of level `level` of a min or max tree as its children give it now (a
+    /// mass code; see the module docs of `sumtree`).
     fn recompute(&self, kind: Kind, level: usize, j: usize) -> u64 {
         let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
         children.fold(identity(kind), |acc, c| {
             let v = if level == 1 {
-                match self.leaf(c).value() {
+                match self.leaf(c).code() {
                     0 => identity(kind),
                     v => v,
                 }
@@ -262,10 +266,11 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Carries one leaf's change from `old` to `new` up the min and max trees, skipping
-    /// a tree whose entry above the leaf it cannot change: the entry is not the old
-    /// value and the new one does not beat it. (If the entry is stale, whoever made it
-    /// so is on the way to refresh it, and will read this leaf's new value.)
+    /// Carries one leaf's change from mass code `old` to `new` up the min and max
+    /// trees, skipping a tree whose entry above the leaf it cannot change: the entry is
+    /// not the old code and the new one does not beat it. (If the entry is stale,
+    /// whoever made it so is on the way to refresh it, and will read this leaf's new
+    /// code.)
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
             let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
@@ -517,21 +522,21 @@ impl<'a> Tree<'a> {
                 );
             }
         }
-        let mut changed: SmallVec<[(usize, u64, u64); 64]> = SmallVec::with_capacity(items.len());
+        let mut changed: SmallVec<[(usize, Leaf, Leaf); 64]> = SmallVec::with_capacity(items.len());
         let mut moved = SmallVec::new();
         for (u, ok) in items.iter().zip(applied.iter_mut()) {
             let new = Leaf::new(u.lap, u.mass);
             let old = self.apply_update(u, new);
             *ok = old.is_some();
             if let Some(old) = old {
-                changed.push((u.leaf, old, new.value()));
+                changed.push((u.leaf, old, new));
                 if self.raw_bits_at(u.leaf) != u.raw {
                     moved.push(u.leaf);
                 }
             }
         }
         for &(i, old, new) in &changed {
-            let delta = new as i64 - old as i64;
+            let delta = new.value() as i64 - old.value() as i64;
             if delta == 0 {
                 continue;
             }
@@ -556,14 +561,14 @@ impl<'a> Tree<'a> {
             }
         }
         for &(i, old, new) in &changed {
-            self.refresh_extrema_after(i, old, new);
+            self.refresh_extrema_after(i, old.code(), new.code());
         }
         moved
     }
 
     /// One update of [`Tree::update_many`]: the raw word, then the leaf (`new`). The
-    /// leaf's old mass if applied.
-    fn apply_update(&self, u: &Update, new: Leaf) -> Option<u64> {
+    /// leaf it replaced if applied.
+    fn apply_update(&self, u: &Update, new: Leaf) -> Option<Leaf> {
         let leaf = self.leaf_atomic(u.leaf);
         let mut cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
         if !cur.is_of(u.lap) || !self.set_raw(u.leaf, u.lap, u.raw) {
@@ -572,7 +577,7 @@ impl<'a> Tree<'a> {
         loop {
             match leaf.compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
             {
-                Ok(_) => return Some(cur.value()),
+                Ok(_) => return Some(cur),
                 Err(now) => {
                     cur = Leaf::from_bits(now);
                     // A newer row's writer stored its raw word after this update's
@@ -616,7 +621,7 @@ impl<'a> Tree<'a> {
                 .is_ok()
             {
                 self.add_delta(i, -(cur.value() as i64));
-                self.refresh_extrema_after(i, cur.value(), 0);
+                self.refresh_extrema_after(i, cur.code(), 0);
                 return;
             }
         }
@@ -745,7 +750,7 @@ impl<'a> Tree<'a> {
 
     /// A slot whose mass is the largest (what a max-tree descent finds), or `None`.
     pub(crate) fn argmax(&self) -> Option<usize> {
-        let max = self.max();
+        let max = self.extremum(Kind::Max, self.layout.top(), 0);
         if max == 0 {
             return None;
         }
@@ -756,7 +761,7 @@ impl<'a> Tree<'a> {
                 .clone()
                 .find(|&c| {
                     let v = if level == 1 {
-                        self.leaf(c).value()
+                        self.leaf(c).code()
                     } else {
                         self.extremum(Kind::Max, level - 1, c)
                     };
