@@ -36,19 +36,21 @@
 //!
 //! # What "within 1%" holds for
 //!
-//! Between writes the total is at least `2^(top - 9)` units (or the new-row priority
-//! capped the raise, see above; or the buffer is empty), so a row whose probability is
-//! at least `64 / 2^(top - 9)` has at least 64 units and is drawn within 0.8% of
-//! `x / sum`: every row with a probability of at least `2^-(top - 15)`, about 3.7e-9
-//! with a million leaves per shard and 1.8e-12 with a thousand. Any two priorities
-//! alone, anywhere in the finite range (`1e-8` and `2e-8`, or `1e7` and `1e8`), are
-//! exact to that. What no 64-bit integer sum can hold is a buffer whose masses span
-//! more than that: `1e-8` beside `1e8` at `alpha = 1` is a ratio of 1e16. The light row
-//! keeps one unit, so it is drawn with a probability between `1 / total` and its own
-//! plus `0.5 / total` (at most 2^-(top - 10), about 1.2e-10 with a million leaves):
-//! never lost, as a float sum loses it (cpprb's `f64` trees drop rows below 2^-53 of
-//! the total), but not exact either. The tests of `tests/prioritized_range.rs` check
-//! both sides.
+//! Once writes have returned, the total is at least `2^(top - 9)` units (unless the
+//! buffer is empty), so a row whose probability is at least `64 / 2^(top - 9)` has at
+//! least 64 units and is drawn within 0.8% of `x / sum` (the rounding's half unit; the
+//! 26-bit leaves and the `f32` power add under 1e-5): every row with a probability of
+//! at least `2^-(top - 15)`, about 3.7e-9 with a million leaves per shard and 1.8e-12
+//! with a thousand. Where the new rows' priority capped a raise, that priority's mass
+//! is about `2^(top - 3)` units and the same holds relative to it: a row whose `x` is
+//! at least `2^-(top - 9)` of that priority's is within 1%. Any two priorities alone,
+//! anywhere in the finite range (`1e-8` and `2e-8`, or `1e7` and `1e8`), are exact to
+//! that. What no 64-bit integer sum can hold is a buffer whose masses span more than
+//! that: `1e-8` beside `1e8` at `alpha = 1` is a ratio of 1e16. The light row keeps
+//! one unit, so it is drawn with a probability of `1 / total` instead (at most
+//! `2^-(top - 9)`, about 5.8e-11 with a million leaves per shard): never lost, as a
+//! float sum loses it (cpprb's `f64` trees drop rows below 2^-53 of the total), but not
+//! exact either. The tests of `tests/prioritized_range.rs` check both sides.
 //!
 //! # Changing the exponent (and alpha)
 //!
