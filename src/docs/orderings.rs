@@ -98,7 +98,7 @@
 //! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
 //! memory ordering of string operations).
 //!
-//! ## 7. Priorities (`sumtree/`, `priority.rs`, `sampler/prioritized.rs`)
+//! ## 7. Priorities (`sumtree/`, `priority.rs`, `sampler/leaf_writes.rs`)
 //!
 //! A prioritized row's mass lives in a leaf word of its shard's tree block: the row's
 //! whole 32-bit lap and an integer mass kept to 26 significant bits. Its raw priority
