@@ -58,7 +58,7 @@
 //! epoch that every change of either bumps: `| epoch (32 bits) | offset (i32) |`, the
 //! offset counted from `top - HEADROOM_BITS`, so a zeroed region starts with priority
 //! 1 at the top. A leaf is a cache of its raw priority's mass under the current word;
-//! every writer keeps it so (see `prioritized.rs`): it reads the word (then alpha),
+//! every writer keeps it so (see `leaf_writes.rs`): it reads the word (then alpha),
 //! computes and writes, then reads the word again and, if it moved, brings the leaves it
 //! wrote to the new word from their raw priorities. Whoever moves the word (a rescale,
 //! `set_alpha`) then brings every leaf of every tree to it the same way, chunk by chunk.
