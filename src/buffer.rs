@@ -756,8 +756,8 @@ impl Inner {
                 }
                 let (stamp, at) = storage.read(d, want, dest, k)?;
                 if let Some(w) = &mut weigh {
-                    // The leaf's mass is this row's only if its tag names this lap.
-                    if stamp.lap() as u16 != d.tag {
+                    // The leaf's mass is this row's only if its lap is this row's.
+                    if stamp.lap() != d.lap {
                         return Err(Miss::Gone);
                     }
                     w.out[k] = w.state.weight(d.mass, w.min.min(d.mass));

@@ -114,21 +114,45 @@ pub mod internals {
     /// The concurrent trees of `sumtree/` and their locked twin.
     pub mod sumtree {
         pub use crate::sumtree::reference::ReferenceTree;
-        pub use crate::sumtree::{from_fixed, to_fixed, Leaf, OwnedTree, FRACTION_BITS};
+        pub use crate::sumtree::{leaf_mass, quantize, value_max, Leaf, OwnedTree};
     }
     /// Whether every tree entry of a prioritized buffer equals what its children give
     /// (true whenever no update is in flight): the stress tests' final check.
     pub fn priorities_consistent(rb: &crate::ReplayBuffer) -> bool {
         rb.inner().storage.trees().iter().all(|t| t.is_consistent())
     }
-    /// The leaf and raw word (tag, priority) of shard 0's slot `i` (debugging aid).
+    /// The leaf and raw word (lap, priority) of shard 0's slot `i` (debugging aid).
     pub fn leaf_and_raw(
         rb: &crate::ReplayBuffer,
         i: usize,
-    ) -> Option<(crate::sumtree::Leaf, (u16, f64))> {
+    ) -> Option<(crate::sumtree::Leaf, (u32, Option<f64>))> {
         let inner = rb.inner();
         let trees = inner.storage.trees();
         trees.first().map(|t| (t.leaf(i), t.raw_tagged(i)))
+    }
+    /// Whether every leaf of a prioritized buffer holds the mass of its raw priority
+    /// under the buffer's mass function now (true whenever no write is in flight): a
+    /// leaf whose raw word names another row, or none, is skipped.
+    pub fn masses_current(rb: &crate::ReplayBuffer) -> bool {
+        let inner = rb.inner();
+        let Some(state) = inner.sampler.prioritized() else {
+            return true;
+        };
+        let trees = inner.storage.trees();
+        let current = trees.iter().all(|t| {
+            let f = state.mass_fn(t);
+            (0..t.layout().leaves).all(|i| {
+                let leaf = t.leaf(i);
+                match t.raw_tagged(i) {
+                    (lap, Some(p)) if leaf.is_of(lap) => f
+                        .mass(p)
+                        .is_ok_and(|m| crate::sumtree::leaf_mass(m) == leaf.value()),
+                    (lap, None) if leaf.is_of(lap) => leaf.value() == 0,
+                    _ => true,
+                }
+            })
+        });
+        current
     }
     /// What a frozen storage looks like (see `storage/freeze.rs`): taken while the
     /// storage is frozen, so no writer can be inside.

@@ -1,11 +1,16 @@
 //! Priorities of a prioritized buffer: what new rows enter with, updates from any thread
 //! (dropping those whose row has been replaced), `alpha` and `beta`, and emptying.
 //!
-//! A row's priority lives in its shard's tree block (`sumtree/`); its *generation*
-//! (the stamp a sampled batch reports, [`Batch::generations`]) names which row of a
-//! slot an update is for. An update whose row has since been overwritten, or emptied,
-//! is dropped and counted as stale, never applied to the newer row: the leaf carries
-//! the row's lap, checked in the same compare-exchange that sets it.
+//! A row's priority lives in its slot's raw word and its mass in its shard's tree
+//! block (`sumtree/`); its *generation* (the stamp a sampled batch reports,
+//! [`Batch::generations`]) names which row of a slot an update is for. An update whose
+//! row has since been overwritten, or emptied, is dropped and counted as stale, never
+//! applied to the newer row: the whole generation is checked against the stamp first,
+//! and the raw word and the leaf carry the row's whole 32-bit lap, checked by the
+//! compare-exchanges that set them, so a row replaced after the check (even 65,536 or
+//! more laps later) turns the update away. An in-place rewrite (`write_all`) after the
+//! check keeps the lap and lets the update through: it changes no priority, so the
+//! result is the one of the update coming just before it.
 
 use std::cmp::Ordering;
 
@@ -18,7 +23,6 @@ use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::Raws;
-use crate::sumtree::Leaf;
 use crate::swap::Attempt;
 
 impl Inner {
@@ -85,27 +89,29 @@ impl Inner {
             .sampler
             .prioritized()
             .expect("only a prioritized buffer has leaves");
-        let tree = &self.storage.trees()[k];
+        let trees = self.storage.trees();
         let ring = *self.storage.shards()[k].ring();
-        let max = tree.layout().value_max;
-        // New rows without a priority field share one priority: one mass to compute.
-        let shared = match raws {
-            Raws::All(p) => state.leaf(0, p, max).0.value(),
-            Raws::Each(_) => 0,
-        };
         let width = ring.width as usize;
-        for (start, len) in shard::runs_of(&ring, first, steps) {
-            tree.set_run(
-                (start.pos * ring.width) as usize,
-                len as usize * width,
-                |i| {
-                    let (j, lane) = (start.j + (i / width) as u64, (i % width) as u64);
-                    match raws {
-                        Raws::Each(ps) => state.leaf(start.lap, ps[src.order.row(j, lane)], max).0,
-                        Raws::All(_) => Leaf::new(start.lap, shared),
-                    }
-                },
-            );
+        let runs: smallvec::SmallVec<[(shard::Step, u64); 2]> =
+            shard::runs_of(&ring, first, steps).collect();
+        let slots: smallvec::SmallVec<[(usize, usize, u32); 2]> = runs
+            .iter()
+            .map(|(start, len)| {
+                let at = (start.pos * ring.width) as usize;
+                (at, *len as usize * width, start.lap)
+            })
+            .collect();
+        match raws {
+            // New rows without a priority field share one priority: one mass.
+            Raws::All(p) => state.set_leaves(&trees, k, &slots, p, None::<fn(usize, usize) -> f64>),
+            Raws::Each(ps) => {
+                let top = ps.iter().copied().fold(0.0, f64::max);
+                let each = |r: usize, i: usize| {
+                    let (j, lane) = (runs[r].0.j + (i / width) as u64, (i % width) as u64);
+                    ps[src.order.row(j, lane)]
+                };
+                state.set_leaves(&trees, k, &slots, top, Some(each))
+            }
         }
     }
 
@@ -184,9 +190,12 @@ impl Inner {
         // A swap that retired the storage meanwhile: the caller checks the rows again
         // against the new state and updates them there.
         let _inside = self.storage.enter_update()?;
-        for (tree, rows) in trees.iter().zip(&by_shard) {
+        for (k, rows) in by_shard.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
             let mut applied = vec![false; rows.len()];
-            state.update(tree, rows, &mut applied);
+            state.update(&trees, k, rows, &mut applied);
             let n = applied.iter().filter(|&&a| a).count();
             done.applied += n;
             done.stale += rows.len() - n;
@@ -238,7 +247,7 @@ impl Inner {
             let ring = shard.ring();
             for leaf in 0..tree.layout().leaves {
                 if shard.seq_at(leaf as u64 / ring.width).is_none() {
-                    tree.clear(leaf, tree.leaf(leaf).tag());
+                    tree.clear(leaf, tree.leaf(leaf).lap());
                 }
             }
         }
@@ -377,11 +386,8 @@ impl ReplayBuffer {
             .storage
             .enter_update()
             .map_err(|r| Attempt::<PriorityError>::from(r).unswapped())?;
-        state.set_alpha(alpha)?;
-        for tree in inner.storage.trees() {
-            state.remass(&tree);
-        }
-        Ok(())
+        let trees = inner.storage.trees();
+        state.set_alpha(alpha, &trees)
     }
 
     /// The priority of the live row at `index`, as last set (`None` if the buffer is
@@ -398,6 +404,6 @@ impl ReplayBuffer {
         if !tree.leaf(leaf).is_of(lap) {
             return None;
         }
-        tree.raw(leaf, lap as u16)
+        tree.raw(leaf, lap)
     }
 }

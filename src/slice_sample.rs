@@ -223,7 +223,7 @@ impl Inner {
                 // A prioritized slice's drawn row must be the one its leaf's mass is for.
                 Ok((stamp, _, _))
                     if w.drawn
-                        .is_some_and(|(at, tag)| at == seq && stamp.lap() as u16 != tag) =>
+                        .is_some_and(|(at, lap)| at == seq && stamp.lap() != lap) =>
                 {
                     return false
                 }
@@ -415,7 +415,7 @@ impl Picker<'_> {
             next,
             from,
             to,
-            drawn: Some((seq, d.tag)),
+            drawn: Some((seq, d.lap)),
             weight: p.state.weight(mass, p.min.min(mass)),
         })
     }

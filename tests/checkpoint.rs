@@ -516,7 +516,11 @@ mod damage {
         checkpoint(dir.path());
         let meta = dir.path().join("meta.json");
         let text = std::fs::read_to_string(&meta).unwrap();
-        std::fs::write(&meta, text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+        // Whatever version this build writes becomes 99.
+        let at = text.find("\"version\": ").unwrap() + "\"version\": ".len();
+        let digits = text[at..].find(|c: char| !c.is_ascii_digit()).unwrap();
+        let other = format!("{}99{}", &text[..at], &text[at + digits..]);
+        std::fs::write(&meta, other).unwrap();
         let e = refused(dir.path());
         assert!(
             e.is_version() && e.to_string().contains("version 99"),

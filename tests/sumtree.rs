@@ -18,7 +18,7 @@ enum Op {
     },
     Clear {
         i: usize,
-        tag: u16,
+        lap: u32,
     },
 }
 
@@ -33,7 +33,7 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
                 }
             ),
             (0..n, 0u32..4, value).prop_map(|(i, lap, value)| Op::Update { i, lap, value }),
-            (0..n, 0u16..4).prop_map(|(i, tag)| Op::Clear { i, tag }),
+            (0..n, 0u32..4).prop_map(|(i, lap)| Op::Clear { i, lap }),
         ],
         1..60,
     )
@@ -64,10 +64,10 @@ proptest! {
                     let v = (*value).min(max);
                     prop_assert_eq!(tree.update(*i, *lap, v, 1.0), twin.update(*i, *lap, v, 1.0));
                 }
-                Op::Clear { i, tag } => {
+                Op::Clear { i, lap } => {
                     if *i >= n { continue; }
-                    tree.clear(*i, *tag);
-                    twin.clear(*i, *tag);
+                    tree.clear(*i, *lap);
+                    twin.clear(*i, *lap);
                 }
             }
             prop_assert!(tree.is_consistent());
@@ -75,7 +75,7 @@ proptest! {
             prop_assert_eq!(tree.min(), twin.min());
             prop_assert_eq!(tree.max(), twin.max());
             for i in 0..n {
-                prop_assert_eq!(tree.leaf(i).0, twin.leaf(i).0);
+                prop_assert_eq!(tree.leaf(i), twin.leaf(i));
             }
         }
         // Every target lands where the plain scan says, on a leaf with mass.

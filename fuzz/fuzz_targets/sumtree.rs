@@ -85,8 +85,8 @@ fuzz_target!(|input: Input| {
             }
             Op::Clear { slot, tag } => {
                 let slot = usize::from(*slot) % n;
-                tree.clear(slot, u16::from(*tag));
-                twin.clear(slot, u16::from(*tag));
+                tree.clear(slot, u32::from(*tag));
+                twin.clear(slot, u32::from(*tag));
             }
             Op::Descend(fraction) => {
                 let total = twin.total();

@@ -1,7 +1,8 @@
 //! The concurrent segment trees (`sumtree/`) under every interleaving loom explores: a
 //! descent racing a priority update, a new row's insert racing an update for the row
 //! it replaces, and, through the public API, a stale update dropped rather than
-//! applied to the newer row.
+//! applied to the newer row, and `set_alpha` racing a collector or an update: every
+//! leaf ends with its raw priority's mass under the last alpha.
 #![cfg(replaybuf_loom)]
 
 mod common;
@@ -33,9 +34,9 @@ fn a_descent_racing_an_update_lands_on_mass() {
         // Targets across the old total: each lands on a leaf that has mass when the
         // descent reads it, or is rejected, never lands on an empty leaf.
         for t in [0, 2, 5, 9] {
-            if let Some((leaf, mass, tag)) = tree.descend(t) {
+            if let Some((leaf, mass, lap)) = tree.descend(t) {
                 assert!(mass > 0, "target {t} landed on empty leaf {leaf}");
-                assert_eq!(tag, 0);
+                assert_eq!(lap, 0);
             }
         }
         updater.join().unwrap();
@@ -57,7 +58,7 @@ fn an_insert_racing_an_update_for_the_replaced_row() {
         let applied = tree.update(2, 0, 5, 5.0);
         writer.join().unwrap();
         // Whatever the order, the slot ends with the new row's leaf: an update applied
-        // before the insert was overwritten, one after it found another tag.
+        // before the insert was overwritten, one after it found another lap.
         assert_eq!(tree.leaf(2).0, Leaf::new(1, 7), "applied: {applied}");
         assert!(tree.is_consistent());
         assert_eq!(tree.total(), 1 + 2 + 7 + 4);
@@ -121,5 +122,72 @@ fn sibling_updates_keep_the_min_tree_exact() {
             "a min or max entry disagrees with its children"
         );
         assert_eq!((tree.min(), tree.max()), (5, 9));
+    });
+}
+
+/// A buffer of two rows at alpha 1, the largest priority seen raised to 4 (so that a
+/// new row's mass differs between alphas), and the generation of row 0.
+fn two_rows_seen_4() -> (ReplayBuffer, replaybuf::Batch) {
+    let rb = ReplayBuffer::builder(pair_spec())
+        .capacity(2)
+        .sampler(Prioritized::new(1.0, 0.5).eps(0.0))
+        .seed(6)
+        .build()
+        .unwrap();
+    rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+    let row1 = rb.get(1).unwrap();
+    rb.update_priority(row1.index(), row1.generations(), &[4.0])
+        .unwrap();
+    let row0 = rb.get(0).unwrap();
+    (rb, row0)
+}
+
+#[test]
+fn set_alpha_racing_an_append_leaves_the_new_alpha() {
+    run_model("set_alpha vs extend", || {
+        let (rb, _) = two_rows_seen_4();
+        // The collector replaces row 0 with a row of priority 4 (the largest seen),
+        // whose mass is 4 units at alpha 1 and 2 at alpha 0.5.
+        let collector = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[1], 2)).unwrap())
+        };
+        rb.set_alpha(0.5).unwrap();
+        collector.join().unwrap();
+        assert_eq!(rb.priority(0), Some(4.0));
+        assert!(
+            replaybuf::internals::masses_current(&rb),
+            "a leaf kept a mass of the old alpha: {:?}",
+            replaybuf::internals::leaf_and_raw(&rb, 0)
+        );
+        assert!(replaybuf::internals::priorities_consistent(&rb));
+    });
+}
+
+#[test]
+fn an_update_racing_set_alpha_keeps_leaf_and_priority_agreeing() {
+    run_model("update vs set_alpha (same alpha)", || {
+        let (rb, row0) = two_rows_seen_4();
+        // The same alpha again still re-masses every leaf: a pass that read row 0's
+        // leaf after the update set it, but its raw priority before, would leave the
+        // old priority's mass beside the new priority.
+        let learner = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || {
+                let done = rb
+                    .update_priority(row0.index(), row0.generations(), &[2.0])
+                    .unwrap();
+                assert_eq!(done.applied, 1);
+            })
+        };
+        rb.set_alpha(1.0).unwrap();
+        learner.join().unwrap();
+        assert_eq!(rb.priority(0), Some(2.0));
+        assert!(
+            replaybuf::internals::masses_current(&rb),
+            "row 0's leaf disagrees with its priority: {:?}",
+            replaybuf::internals::leaf_and_raw(&rb, 0)
+        );
+        assert!(replaybuf::internals::priorities_consistent(&rb));
     });
 }

@@ -98,28 +98,50 @@
 //! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
 //! memory ordering of string operations).
 //!
-//! ## 7. Priorities (`sumtree/`, `priority.rs`)
+//! ## 7. Priorities (`sumtree/`, `priority.rs`, `sampler/leaf_writes.rs`)
 //!
-//! A prioritized row's mass lives in a leaf word of its shard's tree block: a 48-bit
-//! fixed-point mass and a 16-bit tag, the low bits of the row's lap. Its raw priority
-//! lives in its slot's header beside the stamp, tagged the same way. The rules
-//! (details in `sumtree/tree.rs`):
+//! A prioritized row's mass lives in a leaf word of its shard's tree block: the row's
+//! whole 32-bit lap and an integer mass kept to 26 significant bits. Its raw priority
+//! lives in its slot's header beside the stamp, in a word with the same whole lap (the
+//! priority kept to 22 significant bits). The mass is `(p + eps)^alpha` times `2^s`,
+//! rounded, where the exponent `s` is one per buffer, lowered when a mass would pass
+//! the leaves' bound and raised when the total gets light (`sampler/mass_scale.rs`,
+//! which also says for which probabilities "within 1%" holds). The rules (details in
+//! `sumtree/tree.rs`):
 //!
 //! - A collector writes a row's raw word while it holds the slot (between W1 and W3),
 //!   and sets the leaf after W3, by compare-exchange: a draw never lands on a row
 //!   before it can be read, and a leaf already holding a newer lap is left alone.
 //! - An update acts only on a row whose stamp it read published with the generation
-//!   the caller sampled, and changes the leaf by a compare-exchange that requires the
-//!   row's tag. An update for a row that has since been replaced finds another tag and
-//!   is dropped; it never lands on the new row. The raw word is set by a tag-checked
-//!   compare-exchange that never replaces a newer tag.
+//!   the caller sampled. It then compare-exchanges the raw word, then the leaf, each
+//!   requiring the row's lap: a row replaced since, however many laps later (up to the
+//!   2^32 of the stamps' own wrap), shows another lap, and the update is dropped; it
+//!   never lands on the new row. (If its raw word went in and the leaf then shows a
+//!   newer lap, that row's writer stored its own raw word after it.) An in-place
+//!   rewrite does not move the lap, and lets the update through: it changes no
+//!   priority, so the outcome is that of the update coming just before it.
+//! - The raw word is the truth; the leaf follows it. Raw before leaf in an update, and
+//!   leaf before raw in a re-mass (which then compare-exchanges the leaf to the raw
+//!   word's mass), all `SeqCst`: a re-mass that reads an update's leaf reads its raw
+//!   word too. After its leaf's compare-exchange, an update loads the raw word again
+//!   and follows it if another writer changed it. Leaves and raw words end agreeing.
+//! - The mass function (the scale word `Global::MassScale`, whose epoch also counts
+//!   changes of `alpha`) is read by every writer of leaves before it computes, and
+//!   again after it writes; if it moved, the writer re-masses the leaves it wrote from
+//!   their raw words, until it reads the same word twice. Whoever moves the word
+//!   (`set_alpha` stores alpha first) then re-masses every leaf. A leaf written under an
+//!   old word after that pass went by belongs to a writer whose second read comes later
+//!   in the `SeqCst` order than the word's change: it sees the change and redoes the
+//!   leaf. So a collector racing `set_alpha` never leaves a leaf of the old alpha, and
+//!   a rescale leaves no leaf of the old scale. Old and new masses may sit side by side
+//!   while a pass runs; each is within the leaves' bound, so sums never overflow.
 //! - Sums are exact integers kept by `fetch_add` of each leaf change's exact delta
 //!   (no drift, whatever the interleaving); min and max entries are recomputed from
 //!   their children, stored by compare-exchange and verified, all `SeqCst`.
 //! - A descent reads `Relaxed` and may see a parent and its children disagree; it
 //!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
-//!   landed on has mass and its tag names the row the stamp shows. Otherwise it draws
-//!   again.
+//!   landed on has mass and its lap is the lap of the row the stamp shows. Otherwise it
+//!   draws again.
 //!
 //! ## 8. Trajectory slices (`sampler/slice.rs`)
 //!
@@ -259,8 +281,12 @@
 //!   and two learners sharing an epoch. Removing either fence of the slot protocol
 //!   makes these fail. For priorities: a descent racing an update on a 4-leaf tree, a
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
-//!   through the public API while a collector laps the ring, and two sibling updates
-//!   under one min entry (which fails without the refresh's verification). For
+//!   through the public API while a collector laps the ring, two sibling updates
+//!   under one min entry (which fails without the refresh's verification), and
+//!   `set_alpha` racing a collector's new row and an update (each leaf ends with its
+//!   raw priority's mass under the last alpha; these fail if a collector does not
+//!   check the mass function again after setting its leaves, or an update sets the
+//!   leaf before the raw word). For
 //!   slices: a window read racing a collector that laps it, and two collectors sharing
 //!   a lane (which fails if an appender does not wait for its turn). For prefetch: the
 //!   handoff of whole batches from a worker, a loader dropped with a batch in flight,
@@ -275,6 +301,11 @@
 //!   ThreadSanitizer (with std rebuilt instrumented) and AddressSanitizer.
 //!   `tests/swap_concurrent.rs` swaps samplers, policies and storages hundreds of
 //!   times while collectors write and learners sample, then accounts for every row.
+//! - **priorities' range and races** (`tests/prioritized_range.rs`): draw frequencies
+//!   and mass ratios for priorities from 1e-8 to 1e8 (within 1%), a positive
+//!   priority never massless, updates 65,536 laps late dropped, and `set_alpha`
+//!   racing collectors and a learner, with every leaf checked against its raw
+//!   priority afterwards.
 //! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`, `tests/sumtree.rs`):
 //!   sequences of operations against the sequential model in [`crate::reference`], and
 //!   tree operations against the locked twin in `sumtree/reference.rs`.

@@ -11,6 +11,8 @@
 //! - [`Slice`]: windows of consecutive steps of one trajectory, with replacement,
 //!   without (in epochs), or by priority.
 
+mod leaf_writes;
+pub(crate) mod mass_scale;
 pub(crate) mod prioritized;
 pub(crate) mod slice;
 mod uniform;

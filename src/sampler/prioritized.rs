@@ -9,20 +9,25 @@
 //! the batch's priority field. Updates, inserts and draws all run at once from any
 //! threads: the trees take no lock.
 //!
-//! Masses are kept in fixed point (about 1e-6 resolution; see `sumtree/mod.rs`): a
-//! positive mass never rounds to zero, and a mass past the tree's range (at least
-//! 2^16, and 2^24 for a million rows per shard) saturates there.
+//! Masses are integers: `(p + eps)^alpha` in `f64` times a power of two that the
+//! buffer raises and lowers as its priorities move (`mass_scale.rs`), so any priority
+//! from the smallest to the largest finite float keeps its ratio to the others, within
+//! the span of a 64-bit sum; a positive priority never loses its mass, and nothing
+//! saturates.
+//!
+//! How leaves are written (updates, new rows, `set_alpha`, rescales) so that each stays
+//! the mass of its row's raw priority: `leaf_writes.rs`.
 
 use rand::RngExt;
 
 use crate::error::PriorityError;
 use crate::region::Block;
 use crate::rng::Rng;
+use crate::sampler::mass_scale::ALPHA_MAX;
 use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
 use crate::sumtree::tree::Tree;
-use crate::sumtree::{to_fixed, Leaf};
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -122,8 +127,8 @@ impl Prioritized {
     /// Why these settings cannot work with a storage of `capacity` rows, if they can't.
     pub(crate) fn check(&self, capacity: usize) -> Option<&'static str> {
         let ok = |x: f64| x.is_finite() && x >= 0.0;
-        if !ok(self.alpha) {
-            Some("alpha must be finite and at least 0")
+        if !valid_alpha(self.alpha) {
+            Some("alpha must be finite, at least 0 and at most 2^20")
         } else if !ok(self.beta) {
             Some("beta must be finite and at least 0")
         } else if !ok(self.eps) {
@@ -141,18 +146,26 @@ const INITIAL_PRIORITY: f64 = 1.0;
 
 /// A prioritized sampler with its running state, which lives in the storage's region
 /// (so that every process of a shared buffer, and a checkpoint, sees the same):
-/// `Global::Alpha` and `Global::Beta` as `f64` bits, and `Global::MaxSeen`, the
-/// largest priority seen (non-negative `f64` bits order like the floats).
+/// `Global::Alpha` and `Global::Beta` as `f64` bits, `Global::MaxSeen`, the largest
+/// priority seen (non-negative `f64` bits order like the floats), and
+/// `Global::MassScale`, the trees' mass scale and the mass function's epoch
+/// (`mass_scale::Scale`), which `leaf_writes.rs` keeps.
 #[derive(Debug)]
 pub(crate) struct State {
     globals: Block,
-    config: Prioritized,
+    pub(super) config: Prioritized,
     pub(crate) reduction: Reduction,
 }
 
 /// Checks a priority: finite and not negative.
 pub(crate) fn valid(p: f64) -> bool {
     p.is_finite() && p >= 0.0
+}
+
+/// Checks an alpha: a priority, and at most [`ALPHA_MAX`] (which bounds the exponent
+/// a mass may need).
+pub(super) fn valid_alpha(alpha: f64) -> bool {
+    valid(alpha) && alpha <= ALPHA_MAX
 }
 
 impl State {
@@ -167,6 +180,7 @@ impl State {
     }
 
     /// Writes the configured alpha and beta and the initial maximum into a new region.
+    /// (The scale word starts at zero: priority 1 at the top of the leaves' range.)
     pub(crate) fn initialize(&self) {
         self.word(Global::Alpha)
             .store(self.config.alpha.to_bits(), Ordering::SeqCst);
@@ -177,7 +191,7 @@ impl State {
     }
 
     #[inline]
-    fn word(&self, g: Global) -> &AtomicU64 {
+    pub(super) fn word(&self, g: Global) -> &AtomicU64 {
         self.globals.word(g.offset())
     }
 
@@ -201,26 +215,6 @@ impl State {
         Ok(())
     }
 
-    /// Stores a new alpha; the caller then recomputes every leaf ([`State::remass`]).
-    pub(crate) fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
-        if !valid(alpha) {
-            return Err(PriorityError::Invalid {
-                position: 0,
-                value: alpha,
-            });
-        }
-        self.word(Global::Alpha)
-            .store(alpha.to_bits(), Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// The fixed-point mass of priority `p` under `alpha`, computed in `f32` (TorchRL's
-    /// precision; its relative error, about 1e-7, is below the fixed point's).
-    pub(crate) fn mass(&self, p: f64, alpha: f64, max: u64) -> u64 {
-        let x = (p + self.config.eps) as f32;
-        to_fixed(f64::from(x.powf(alpha as f32)), max)
-    }
-
     /// Records `p` as seen (for the priority of later new rows).
     pub(crate) fn saw(&self, p: f64) {
         self.word(Global::MaxSeen)
@@ -234,56 +228,11 @@ impl State {
         }
         trees
             .iter()
-            .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).tag())))
+            .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).lap())))
             .fold(None, |acc: Option<f64>, p| {
                 Some(acc.map_or(p, |a| a.max(p)))
             })
             .unwrap_or(INITIAL_PRIORITY)
-    }
-
-    /// Sets the priorities of `rows` (`(leaf, lap, p)` each) whose leaves still belong
-    /// to rows of those laps; `applied` receives which did. Recomputes if `alpha`
-    /// changed meanwhile, so that updates racing `set_alpha` do not leave masses of the
-    /// old alpha behind.
-    pub(crate) fn update(&self, tree: &Tree<'_>, rows: &[(usize, u32, f64)], applied: &mut [bool]) {
-        if let Some(top) = rows.iter().map(|&(_, _, p)| p).reduce(f64::max) {
-            self.saw(top);
-        }
-        let max = tree.layout().value_max;
-        loop {
-            let alpha = self.alpha();
-            let items: Vec<(usize, u32, u64, f64)> = rows
-                .iter()
-                .map(|&(leaf, lap, p)| (leaf, lap, self.mass(p, alpha, max), p))
-                .collect();
-            tree.update_many(&items, applied);
-            if self.alpha() == alpha {
-                return;
-            }
-        }
-    }
-
-    /// Recomputes every leaf of `tree` from its raw priority under the current alpha.
-    pub(crate) fn remass(&self, tree: &Tree<'_>) {
-        const CHUNK: usize = 4096;
-        let leaves: Vec<usize> = (0..tree.layout().leaves).collect();
-        for chunk in leaves.chunks(CHUNK) {
-            let rows: Vec<(usize, u32, f64)> = chunk
-                .iter()
-                .filter_map(|&i| {
-                    let leaf = tree.leaf(i);
-                    let raw = tree.raw(i, leaf.tag())?;
-                    (leaf.value() > 0).then_some((i, u32::from(leaf.tag()), raw))
-                })
-                .collect();
-            let mut applied = vec![false; rows.len()];
-            self.update(tree, &rows, &mut applied);
-        }
-    }
-
-    /// The leaves of new rows of lap `lap` with priorities `p`.
-    pub(crate) fn leaf(&self, lap: u32, p: f64, max: u64) -> (Leaf, f64) {
-        (Leaf::new(lap, self.mass(p, self.alpha(), max)), p)
     }
 
     /// The importance weight of a row of mass `m`, given the smallest mass `min`:
@@ -372,7 +321,7 @@ pub(crate) fn draw(
             }
         }
         out.extend(hits.iter().take(len).map(|l| match l {
-            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.tag),
+            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.lap),
             None => Draw::default(),
         }));
     }
@@ -394,7 +343,7 @@ pub(crate) fn redraw(
     let positions = [windows[k].positions(ring.steps)];
     Some(
         match trees[k].descend(t) {
-            Some(l) => to_draw(&shards[k..=k], &positions, 0, l.leaf, l.value, l.tag),
+            Some(l) => to_draw(&shards[k..=k], &positions, 0, l.leaf, l.value, l.lap),
             None => Draw::default(),
         }
         .on_shard(k),
@@ -402,14 +351,14 @@ pub(crate) fn redraw(
 }
 
 /// The draw of slot `leaf` of shard `k`: the live row at its position, with the
-/// leaf's mass and tag (mass 0 if the position holds no live row).
+/// leaf's mass and lap (mass 0 if the position holds no live row).
 fn to_draw(
     shards: &[Shard],
     positions: &[Positions],
     k: usize,
     leaf: usize,
     mass: u64,
-    tag: u16,
+    lap: u32,
 ) -> Draw {
     let ring = shards[k].ring();
     let (pos, lane) = match ring.width {
@@ -422,7 +371,7 @@ fn to_draw(
             lane: lane as u32,
             seq,
             mass,
-            tag,
+            lap,
         },
         None => Draw::default(),
     }

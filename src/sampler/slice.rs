@@ -53,7 +53,7 @@
 //! concurrent trees of a prioritized buffer, its trajectory found by a binary search
 //! of its lane's table, and the window built from it; a draw no window can serve is
 //! drawn again (the trees are never written by a sample), and the read also requires
-//! the drawn row to be of the lap its leaf's tag names.
+//! the drawn row to be of the lap its leaf names.
 
 use rand::RngExt;
 
@@ -596,9 +596,9 @@ pub(crate) struct Window {
     /// The rows to read: `from..to`.
     pub(crate) from: u64,
     pub(crate) to: u64,
-    /// A prioritized slice: the row its draw landed on, and the tag its leaf had (the
+    /// A prioritized slice: the row its draw landed on, and the lap its leaf had (the
     /// row must still be of that lap).
-    pub(crate) drawn: Option<(u64, u16)>,
+    pub(crate) drawn: Option<(u64, u32)>,
     /// The importance weight of every row (1 unless prioritized).
     pub(crate) weight: f32,
 }

@@ -37,8 +37,10 @@ const SLOTS_ALIGN_WORDS: usize = if cfg!(replaybuf_loom) { 1 } else { 512 };
 
 /// `b"RPLYBUF\0"`: the first word of every region.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPLYBUF\0");
-/// The version of this layout; a region of another version is refused.
-pub(crate) const FORMAT_VERSION: u64 = 1;
+/// The version of this layout; a region of another version is refused. 2: tree leaves
+/// and raw priority words carry the row's whole 32-bit lap, and masses follow a scale
+/// (`Global::MassScale`).
+pub(crate) const FORMAT_VERSION: u64 = 2;
 
 /// Header words of a region.
 pub(crate) const HEADER_WORDS: usize = 16;
@@ -115,10 +117,13 @@ pub(crate) enum Global {
     Beta,
     /// Prioritized sampling: the largest priority seen, as `f64` bits.
     MaxSeen,
+    /// Prioritized sampling: the scale of the trees' masses and the epoch of the mass
+    /// function (`sampler/mass_scale.rs`). Read with `Alpha`, beside it.
+    MassScale,
 }
 
 impl Global {
-    const ALL: [Global; 7] = [
+    const ALL: [Global; 8] = [
         Global::Calls,
         Global::NextShard,
         Global::Writers,
@@ -126,6 +131,7 @@ impl Global {
         Global::Alpha,
         Global::Beta,
         Global::MaxSeen,
+        Global::MassScale,
     ];
 
     /// The word's offset in the globals block: (cache line, word in it), or just its
@@ -141,6 +147,7 @@ impl Global {
             Global::Learners => (2, 1),
             Global::Alpha => (3, 0),
             Global::Beta => (3, 1),
+            Global::MassScale => (3, 2),
             Global::MaxSeen => (4, 0),
         };
         line * LINE + word

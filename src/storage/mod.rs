@@ -62,7 +62,7 @@ const APPEND_AHEAD_SLOTS: u64 = 8;
 pub(crate) const SAMPLE_AHEAD_DRAWS: usize = 16;
 
 /// One drawn row: a ring sequence number and lane in a shard, and for prioritized
-/// draws the mass and tag of the leaf that was drawn (a prioritized draw with no mass
+/// draws the mass and lap of the leaf that was drawn (a prioritized draw with no mass
 /// names no row and is replaced).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Draw {
@@ -70,7 +70,7 @@ pub(crate) struct Draw {
     pub(crate) lane: u32,
     pub(crate) seq: u64,
     pub(crate) mass: u64,
-    pub(crate) tag: u16,
+    pub(crate) lap: u32,
 }
 
 impl Draw {
@@ -498,7 +498,7 @@ impl Storage {
                     };
                     crate::sync::store_beside_rmw(
                         &self.words()[self.raw_word(slot)],
-                        sumtree::raw_bits(step.lap as u16, raw),
+                        sumtree::raw_bits(step.lap, Some(raw)),
                         Ordering::Release,
                     );
                 }

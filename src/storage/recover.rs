@@ -22,7 +22,6 @@ use super::stamp::Stamp;
 use super::Storage;
 use crate::sampler::prioritized;
 use crate::sumtree::tree::Tree;
-use crate::sumtree::Leaf;
 use crate::sync::Ordering;
 
 /// What a recovery found.
@@ -59,7 +58,7 @@ impl Storage {
                     let (slot, leaf) = (ring.slot(pos, lane), (pos * ring.width + lane) as usize);
                     let l = tree.leaf(leaf);
                     if l.value() > 0 && !published_at(slot, seq) {
-                        tree.clear(leaf, l.tag());
+                        tree.clear(leaf, l.lap());
                     }
                 }
             }
@@ -118,7 +117,7 @@ impl Storage {
         if let Some((tree, i)) = leaf {
             let l = tree.leaf(i);
             if l.value() > 0 {
-                tree.clear(i, l.tag());
+                tree.clear(i, l.lap());
             }
         }
         true
@@ -152,26 +151,27 @@ impl Storage {
             }
         }
         if let Some(state) = priorities {
-            let alpha = state.alpha();
-            for (k, (shard, tree)) in self.shards().iter().zip(self.trees()).enumerate() {
-                let ring = *shard.ring();
-                let positions = shard.window().positions(ring.steps);
-                let max = tree.layout().value_max;
-                tree.rebuild(|leaf| {
-                    let pos = leaf as u64 / ring.width;
-                    let stamp = self.stamp_of(k, leaf as u64);
-                    let live = positions
-                        .seq_at(pos)
-                        .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
-                    let raw = tree.raw(leaf, stamp.lap() as u16);
-                    match raw {
-                        Some(p) if live && stamp.is_published() && prioritized::valid(p) => {
-                            Leaf::new(stamp.lap(), state.mass(p, alpha, max))
-                        }
-                        _ => Leaf::EMPTY,
+            let trees = self.trees();
+            let rings: Vec<_> = self
+                .shards()
+                .iter()
+                .map(|s| (*s.ring(), s.window().positions(s.ring().steps)))
+                .collect();
+            state.rebuild(&trees, |k, leaf| {
+                let (ring, positions) = &rings[k];
+                let pos = leaf as u64 / ring.width;
+                let stamp = self.stamp_of(k, leaf as u64);
+                let live = positions
+                    .seq_at(pos)
+                    .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+                let raw = trees[k].raw(leaf, stamp.lap());
+                match raw {
+                    Some(p) if live && stamp.is_published() && prioritized::valid(p) => {
+                        Some((stamp.lap(), p))
                     }
-                });
-            }
+                    _ => None,
+                }
+            });
         }
         if let Some(lanes) = self.lanes() {
             for (k, shard) in self.shards().iter().enumerate() {

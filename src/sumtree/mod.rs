@@ -14,17 +14,48 @@
 //!
 //! [`ReplayBuffer::priority`]: crate::ReplayBuffer::priority
 //!
-//! - A **leaf** is a slot's mass `(p + eps)^alpha` in fixed point (20 fractional bits,
-//!   48 bits in all) with a 16-bit tag: the low bits of the lap of the row it belongs
-//!   to. A priority update for a row that has since been overwritten finds another tag
-//!   and is dropped.
+//! - A **leaf** is a slot's mass and the lap of the row it belongs to, one word:
+//!
+//!   ```text
+//!    63                32 31        26 25                     0
+//!   +--------------------+------------+------------------------+
+//!   |  lap (32 bits)     |  exp (6)   |  mantissa (26 bits)    |
+//!   +--------------------+------------+------------------------+
+//!   mass = mantissa << exp            (an exact integer)
+//!   ```
+//!
+//!   The lap is the row's whole lap, as its stamp has it: a priority update carries the
+//!   lap of the row it was sampled from, and the compare-exchange that sets the leaf
+//!   refuses any other, however many laps (up to 2^32) the slot went round meanwhile.
+//!   The mass is an integer of up to 64 bits kept to 26 significant bits (exact below
+//!   2^26, a relative rounding of at most 2^-27 above): what a priority's mass is in
+//!   these units is the prioritized sampler's business (`sampler/mass_scale.rs`).
+//! - A **raw word** holds the row's priority as the caller gave it, before `eps` and
+//!   `alpha`, and the same full lap:
+//!
+//!   ```text
+//!    63                32 31                                   0
+//!   +--------------------+-------------------------------------+
+//!   |  lap (32 bits)     |  0: no priority (never written, or   |
+//!   |                    |  emptied); else 1 + the priority's   |
+//!   |                    |  f64 bits 62..31, rounded            |
+//!   +--------------------+-------------------------------------+
+//!   ```
+//!
+//!   The priority keeps 22 significant bits (a relative rounding of at most 2^-22,
+//!   about 2.4e-7, a little coarser than an `f32`'s) over the whole finite `f64`
+//!   range down to 2^-1000 (subnormals keep fewer; a positive priority stays
+//!   positive). The raw word is the truth a leaf is computed from: set first, then the leaf
+//!   follows it (see `tree.rs`).
 //! - The **sum tree** holds exact integer sums. A leaf change adds its delta to every
 //!   ancestor with one `fetch_add` each: additions commute, so concurrent updates need
 //!   no lock and no retry, and the root is always, once updates settle, exactly the sum
 //!   of the leaves. Integers cannot drift.
 //! - The **min tree** (the weight normaliser) and the **max tree** (the priority of new
 //!   rows with `max_priority_within_buffer`) cannot be kept by deltas; their entries
-//!   are recomputed from their children and verified (`tree.rs`).
+//!   are recomputed from their children and verified (`tree.rs`). They hold the
+//!   leaves' mass codes, which order as the masses do (the mantissa is normalised above
+//!   2^26), so that a refresh compares words without decoding them.
 //! - Nodes are `ARITY` entries, two adjacent cache lines: a million leaves sit five
 //!   levels deep, and the top three stay cached.
 //!
@@ -46,13 +77,50 @@ fn align(words: usize) -> usize {
     words.div_ceil(LINE_WORDS) * LINE_WORDS
 }
 
-/// Fractional bits of a leaf's fixed-point mass: a resolution of about 1e-6.
-pub const FRACTION_BITS: u32 = 20;
-/// Bits of a leaf's mass; the 16 above hold the tag.
-const VALUE_BITS: u32 = 48;
-pub(crate) const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
+/// Bits of a leaf's mass code; the 32 above hold the lap.
+const MASS_BITS: u32 = 32;
+/// Significant bits of a mass.
+const MANTISSA_BITS: u32 = 26;
+const MANTISSA_MASK: u64 = (1 << MANTISSA_BITS) - 1;
+/// The largest exponent a mass code is given: the largest mass is below 2^64.
+const EXP_MAX: u32 = 64 - MANTISSA_BITS;
 
-/// A leaf word: a 16-bit tag and a 48-bit fixed-point mass.
+/// The code of mass `v`, rounded to the nearest mass a leaf holds (ties up; below
+/// 2^26 every integer is one). A positive mass never rounds to zero.
+fn encode_mass(v: u64) -> u64 {
+    if v <= MANTISSA_MASK {
+        return v;
+    }
+    let exp = 64 - v.leading_zeros() - MANTISSA_BITS;
+    let round_up = (v >> (exp - 1)) & 1;
+    let (mut mantissa, mut exp) = ((v >> exp) + round_up, exp);
+    if mantissa > MANTISSA_MASK {
+        mantissa >>= 1;
+        exp += 1;
+    }
+    if exp > EXP_MAX {
+        // Rounded up past 2^64: the largest mass below it.
+        return (u64::from(EXP_MAX) << MANTISSA_BITS) | MANTISSA_MASK;
+    }
+    (u64::from(exp) << MANTISSA_BITS) | mantissa
+}
+
+/// The mass of a code.
+#[inline]
+fn decode_mass(code: u64) -> u64 {
+    (code & MANTISSA_MASK) << ((code >> MANTISSA_BITS) & 63)
+}
+
+/// The largest mass a leaf holds that is at most `v`.
+fn mass_at_most(v: u64) -> u64 {
+    if v <= MANTISSA_MASK {
+        return v;
+    }
+    let exp = 64 - v.leading_zeros() - MANTISSA_BITS;
+    (v >> exp) << exp
+}
+
+/// A leaf word: the row's 32-bit lap and its mass (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Leaf(u64);
 
@@ -60,29 +128,39 @@ impl Leaf {
     /// An empty slot's leaf.
     pub const EMPTY: Leaf = Leaf(0);
 
-    /// The leaf of a row of lap `lap` with mass `value`.
+    /// The leaf of a row of lap `lap` with mass `value`, rounded to 26 significant
+    /// bits (see [`Leaf::value`]).
     pub fn new(lap: u32, value: u64) -> Leaf {
-        debug_assert!(value <= VALUE_MASK);
-        Leaf((u64::from(lap as u16) << VALUE_BITS) | value)
+        Leaf((u64::from(lap) << MASS_BITS) | encode_mass(value))
     }
 
-    /// The fixed-point mass.
+    /// The mass: an exact integer, what the sums add up.
+    #[inline]
     pub fn value(self) -> u64 {
-        self.0 & VALUE_MASK
+        decode_mass(self.0)
     }
 
-    /// The tag: the low 16 bits of the row's lap.
-    pub fn tag(self) -> u16 {
-        (self.0 >> VALUE_BITS) as u16
+    /// The lap of the row the leaf belongs to.
+    #[inline]
+    pub fn lap(self) -> u32 {
+        (self.0 >> MASS_BITS) as u32
     }
 
     /// Whether this leaf belongs to a row of lap `lap`.
+    #[inline]
     pub fn is_of(self, lap: u32) -> bool {
-        self.tag() == lap as u16
+        self.lap() == lap
     }
 
     pub(crate) fn bits(self) -> u64 {
         self.0
+    }
+
+    /// The mass's 32-bit code, which orders as the masses do: what the min and max
+    /// trees keep, so that they compare leaves without decoding them.
+    #[inline]
+    pub(crate) fn code(self) -> u64 {
+        self.0 & ((1 << MASS_BITS) - 1)
     }
 
     pub(crate) fn from_bits(bits: u64) -> Leaf {
@@ -90,36 +168,56 @@ impl Leaf {
     }
 }
 
-/// A raw priority word: the row's 16-bit tag, then the priority's `f64` bits less the
-/// 16 lowest (a relative precision of about 1e-11).
-pub(crate) fn raw_bits(tag: u16, raw: f64) -> u64 {
-    (u64::from(tag) << 48) | (raw.to_bits() >> 16)
+/// The mass a leaf given `value` holds ([`Leaf::new`]'s rounding).
+pub fn leaf_mass(value: u64) -> u64 {
+    decode_mass(encode_mass(value))
 }
 
-/// The largest mass a leaf of a tree of `leaves` leaves may hold: the sum of all of them
-/// must fit a `u64`.
+/// The largest finite priority's code (the code after it would be infinity's).
+const PRIORITY_CODE_MAX: u64 = 0x7FEF_FFFF_FFFF_FFFF >> 31;
+
+/// The raw word of the row of lap `lap` with priority `raw` (`None`: no priority, an
+/// emptied row). `raw` is finite and not negative; a negative zero is zero.
+pub(crate) fn raw_bits(lap: u32, raw: Option<f64>) -> u64 {
+    let code = match raw {
+        None => 0,
+        Some(p) => {
+            // Rounded to nearest; a positive priority stays positive (the smallest
+            // subnormals round up to 2^-1043).
+            let bits = p.to_bits() & !(1 << 63);
+            let code = ((bits + (1 << 30)) >> 31).min(PRIORITY_CODE_MAX);
+            code.max(u64::from(bits != 0)) + 1
+        }
+    };
+    (u64::from(lap) << 32) | code
+}
+
+/// The lap and priority of a raw word.
+pub(crate) fn raw_of(word: u64) -> (u32, Option<f64>) {
+    let code = word & 0xFFFF_FFFF;
+    let raw = (code != 0).then(|| f64::from_bits((code - 1) << 31));
+    ((word >> 32) as u32, raw)
+}
+
+/// The priority of a raw word that holds one.
+#[inline]
+pub(crate) fn priority_in(word: u64) -> f64 {
+    debug_assert!(word & 0xFFFF_FFFF != 0, "a raw word without a priority");
+    f64::from_bits(((word & 0xFFFF_FFFF).wrapping_sub(1) & 0xFFFF_FFFF) << 31)
+}
+
+/// Priority `p` as a raw word keeps it (22 significant bits): what
+/// [`ReplayBuffer::priority`] reports, and what masses are computed from.
+///
+/// [`ReplayBuffer::priority`]: crate::ReplayBuffer::priority
+pub fn quantize(p: f64) -> f64 {
+    raw_of(raw_bits(0, Some(p))).1.unwrap_or(0.0)
+}
+
+/// The largest mass a leaf of a tree of `leaves` leaves may hold: the sum of all of
+/// them must fit a `u64` (and one alone an `i64`, whatever the leaves).
 pub fn value_max(leaves: usize) -> u64 {
-    VALUE_MASK.min(u64::MAX / leaves.max(1) as u64)
-}
-
-/// `x` in fixed point, rounded, saturating at `max`; any positive `x` gets at least one
-/// unit, so a row with non-zero priority keeps non-zero mass.
-pub fn to_fixed(x: f64, max: u64) -> u64 {
-    if x <= 0.0 || x.is_nan() {
-        return 0;
-    }
-    // Round half up by truncation (a libm `round` call is the slow part otherwise).
-    let v = x * f64::from(1u32 << FRACTION_BITS) + 0.5;
-    if v >= max as f64 {
-        max
-    } else {
-        (v as u64).max(1)
-    }
-}
-
-/// A fixed-point mass as a float.
-pub fn from_fixed(v: u64) -> f64 {
-    v as f64 / f64::from(1u32 << FRACTION_BITS)
+    mass_at_most((u64::MAX / leaves.max(1) as u64).min(i64::MAX as u64))
 }
 
 /// Which of the three trees.
@@ -275,16 +373,72 @@ mod tests {
     }
 
     #[test]
-    fn fixed_point_keeps_positive_mass_and_saturates() {
-        assert_eq!(to_fixed(0.0, 100), 0);
-        assert_eq!(to_fixed(1e-30, 100), 1);
-        assert_eq!(to_fixed(1.0, u64::MAX), 1 << FRACTION_BITS);
-        assert_eq!(to_fixed(1e30, 100), 100);
-        assert!((from_fixed(to_fixed(0.3, u64::MAX)) - 0.3).abs() < 1e-6);
+    fn masses_are_exact_integers_kept_to_26_bits() {
+        for v in [0, 1, 2, 1000, MANTISSA_MASK] {
+            assert_eq!(leaf_mass(v), v, "{v} is exact");
+        }
+        assert_eq!(leaf_mass(MANTISSA_MASK + 1), MANTISSA_MASK + 1);
+        // Rounded to nearest, ties up, within 2^-27.
+        assert_eq!(leaf_mass((1 << 27) + 1), 1 << 27);
+        assert_eq!(leaf_mass((1 << 27) + 2), (1 << 27) + 4);
+        assert_eq!(leaf_mass((1 << 27) + 3), (1 << 27) + 4);
+        for v in [
+            12_345_678_901u64,
+            u64::MAX / 3,
+            1 << 63,
+            u64::MAX / 1_048_576,
+        ] {
+            let m = leaf_mass(v);
+            assert!(
+                (m as f64 - v as f64).abs() <= v as f64 * 2f64.powi(-26),
+                "{v} -> {m}"
+            );
+        }
+        assert_eq!(leaf_mass(u64::MAX), MANTISSA_MASK << EXP_MAX);
+        for leaves in [1, 3, 1000, 1 << 20] {
+            let max = value_max(leaves);
+            assert_eq!(leaf_mass(max), max, "{leaves}: the bound is a mass");
+            assert!(max.checked_mul(leaves as u64).is_some());
+            let bound = (u64::MAX / leaves as u64).min(i64::MAX as u64);
+            assert!(max <= i64::MAX as u64);
+            assert!(max as f64 > bound as f64 * (1.0 - 2f64.powi(-25)));
+        }
         let leaf = Leaf::new(0x1_2345, 77);
-        assert_eq!((leaf.tag(), leaf.value()), (0x2345, 77));
-        assert!(leaf.is_of(0x2345) && leaf.is_of(0x9_2345) && !leaf.is_of(1));
-        assert_eq!(value_max(1 << 20), u64::MAX >> 20);
+        assert_eq!((leaf.lap(), leaf.value()), (0x1_2345, 77));
+        assert!(leaf.is_of(0x1_2345) && !leaf.is_of(0x2345) && !leaf.is_of(0x9_2345));
+        assert!(
+            !Leaf::new(1 << 16, 5).is_of(0),
+            "the whole lap, not 16 bits of it"
+        );
+    }
+
+    #[test]
+    fn raw_words_keep_the_lap_and_22_bits_of_the_priority() {
+        for p in [
+            0.0,
+            1.0,
+            0.5,
+            3.0,
+            999.5,
+            1e-8,
+            1e8,
+            1e-300,
+            f64::MAX,
+            0.3,
+            10.1,
+        ] {
+            let (lap, got) = raw_of(raw_bits(u32::MAX, Some(p)));
+            let got = got.unwrap();
+            assert_eq!(lap, u32::MAX);
+            assert!(got.is_finite());
+            assert!((got - p).abs() <= p * 2f64.powi(-22), "{p} -> {got}");
+            assert_eq!(quantize(got), got, "{p}: quantizing is idempotent");
+        }
+        assert!(quantize(5e-324) > 0.0, "a positive priority stays positive");
+        assert_eq!(raw_of(raw_bits(7, Some(-0.0))), (7, Some(0.0)));
+        assert_eq!(raw_of(raw_bits(7, None)), (7, None));
+        assert_eq!(raw_of(0), (0, None), "a zeroed word holds no priority");
+        assert!(quantize(0.3) < quantize(0.30001));
     }
 }
 
@@ -318,35 +472,47 @@ impl OwnedTree {
         self.layout.value_max
     }
 
-    /// Gives slots `first..` new rows' leaves and raw priorities, as a writer does.
+    /// Gives slots `first..` new rows' leaves and raw priorities, as a writer does
+    /// (the raw word first; a slot holding a newer row keeps both of its words).
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         self.tree().store_raws(first, leaves);
         self.tree().set_run(first, leaves.len(), |k| leaves[k].0)
     }
 
-    /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.
+    /// Sets slot `i`'s mass and raw priority if both its words belong to lap `lap`
+    /// (and the row was not cleared); whether it did.
     pub fn update(&self, i: usize, lap: u32, value: u64, raw: f64) -> bool {
-        let mut applied = [false];
-        self.tree()
-            .update_many(&[(i, lap, value, raw)], &mut applied);
-        applied[0]
+        self.update_many(&[(i, lap, value, raw)])[0]
     }
 
     /// Applies many updates at once (`(slot, lap, mass, raw)` each); whether each was.
     pub fn update_many(&self, items: &[(usize, u32, u64, f64)]) -> Vec<bool> {
+        let items: Vec<tree::Update> = items
+            .iter()
+            .map(|&(leaf, lap, mass, raw)| tree::Update {
+                leaf,
+                lap,
+                mass,
+                raw: raw_bits(lap, Some(raw)),
+            })
+            .collect();
         let mut applied = vec![false; items.len()];
-        self.tree().update_many(items, &mut applied);
+        // No other writer: no raw word moves under an update.
+        let _moved = self.tree().update_many(&items, &mut applied);
         applied
     }
 
-    /// Takes slot `i`'s mass away if its tag is `tag`.
-    pub fn clear(&self, i: usize, tag: u16) {
-        self.tree().clear(i, tag)
+    /// Empties slot `i` (its mass and raw priority) if it holds the row of lap `lap`.
+    pub fn clear(&self, i: usize, lap: u32) {
+        self.tree().clear(i, lap)
     }
 
-    /// The leaf of slot `i` and its raw priority.
+    /// The leaf of slot `i` and its raw priority (0 for none).
     pub fn leaf(&self, i: usize) -> (Leaf, f64) {
-        (self.tree().leaf(i), self.tree().raw_tagged(i).1)
+        (
+            self.tree().leaf(i),
+            self.tree().raw_tagged(i).1.unwrap_or(0.0),
+        )
     }
 
     /// The sum tree's root.
@@ -364,9 +530,9 @@ impl OwnedTree {
         self.tree().max()
     }
 
-    /// The slot a descent for mass `t` lands on, with its mass and tag.
-    pub fn descend(&self, t: u64) -> Option<(usize, u64, u16)> {
-        self.tree().descend(t).map(|l| (l.leaf, l.value, l.tag))
+    /// The slot a descent for mass `t` lands on, with its mass and lap.
+    pub fn descend(&self, t: u64) -> Option<(usize, u64, u32)> {
+        self.tree().descend(t).map(|l| (l.leaf, l.value, l.lap))
     }
 
     /// Whether every entry of all three trees equals what its children give (true once

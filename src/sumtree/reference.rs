@@ -4,57 +4,59 @@
 //! operations and compare every answer (arc-swap keeps a locked strategy for the same
 //! cross-checking).
 
-use super::Leaf;
+use super::{quantize, Leaf};
 use crate::sync::Mutex;
 
-/// A sum, min and max "tree" that is just a locked list of leaves.
+/// A sum, min and max "tree" that is just a locked list of leaves, each with its raw
+/// priority as a raw word keeps it (`None` once cleared).
 #[derive(Debug)]
 pub struct ReferenceTree {
-    leaves: Mutex<Vec<(Leaf, f64)>>,
+    leaves: Mutex<Vec<(Leaf, Option<f64>)>>,
 }
 
 impl ReferenceTree {
     /// `n` empty leaves.
     pub fn new(n: usize) -> Self {
         ReferenceTree {
-            leaves: Mutex::new(vec![(Leaf::EMPTY, 0.0); n]),
+            leaves: Mutex::new(vec![(Leaf::EMPTY, None); n]),
         }
     }
 
     /// Gives slots `first..` new rows' leaves, except where a slot's leaf belongs to a
-    /// newer row (its tag is ahead, counting laps with wrap-around).
+    /// newer row (its lap is ahead, counting laps with wrap-around).
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         let mut stored = self.leaves.lock();
-        for (slot, &new) in stored[first..first + leaves.len()].iter_mut().zip(leaves) {
-            let newer =
-                slot.0 != Leaf::EMPTY && (slot.0.tag().wrapping_sub(new.0.tag()) as i16) > 0;
+        for (slot, &(leaf, raw)) in stored[first..first + leaves.len()].iter_mut().zip(leaves) {
+            let newer = slot.0 != Leaf::EMPTY && (slot.0.lap().wrapping_sub(leaf.lap()) as i32) > 0;
             if !newer {
-                *slot = new;
+                *slot = (leaf, Some(quantize(raw)));
             }
         }
     }
 
-    /// Sets slot `i`'s mass if its leaf belongs to lap `lap`; whether it did.
+    /// Sets slot `i`'s mass if it holds the row of lap `lap` and was not cleared;
+    /// whether it did.
     pub fn update(&self, i: usize, lap: u32, value: u64, raw: f64) -> bool {
         let mut leaves = self.leaves.lock();
-        let ok = leaves[i].0.is_of(lap);
+        let ok = leaves[i].0.is_of(lap) && leaves[i].1.is_some();
         if ok {
-            leaves[i] = (Leaf::new(lap, value), raw);
+            leaves[i] = (Leaf::new(lap, value), Some(quantize(raw)));
         }
         ok
     }
 
-    /// Takes slot `i`'s mass away if its tag is `tag`.
-    pub fn clear(&self, i: usize, tag: u16) {
+    /// Empties slot `i` if it holds the row of lap `lap`.
+    pub fn clear(&self, i: usize, lap: u32) {
         let mut leaves = self.leaves.lock();
-        if leaves[i].0.tag() == tag {
-            leaves[i].0 = Leaf::new(u32::from(tag), 0);
+        if leaves[i].0.is_of(lap) {
+            leaves[i] = (Leaf::new(lap, 0), None);
         }
     }
 
-    /// The leaf of slot `i` and its raw priority.
+    /// The leaf of slot `i` and its raw priority (0 for none).
     pub fn leaf(&self, i: usize) -> (Leaf, f64) {
-        self.leaves.lock()[i]
+        let (leaf, raw) = self.leaves.lock()[i];
+        (leaf, raw.unwrap_or(0.0))
     }
 
     /// The sum of all masses.

@@ -3,11 +3,11 @@
 //! # Memory ordering
 //!
 //! - **Sum tree.** A leaf is changed by one compare-exchange (by the writer of a new
-//!   row, which leaves a newer row's leaf alone, or by a priority update, which needs
-//!   the leaf's tag to name its row), which yields the exact old value; the difference
-//!   is then added to each ancestor with `fetch_add`. A plain store by the writer would
-//!   not do: a stale update landing between its load and its store would be counted
-//!   twice.
+//!   row, which leaves a newer row's leaf alone; by a priority update, which needs the
+//!   leaf's lap to name its row; by a re-mass, which needs the leaf and the raw word to
+//!   name the same row), which yields the exact old value; the difference is then added
+//!   to each ancestor with `fetch_add`. A plain store by the writer would not do: a
+//!   stale update landing between its load and its store would be counted twice.
 //!   Integer additions commute, so whatever the interleaving, once every update has
 //!   returned each entry is exactly the sum of its leaves. `Relaxed` suffices: no other
 //!   memory is published through these words.
@@ -19,18 +19,34 @@
 //!   the entry already right stops there: whoever changed the children since is still
 //!   on its way up and will carry the change. Once updates settle, every entry equals
 //!   its children's min or max.
-//! - **Raw priorities.** A row's writer stores its raw word (tag and priority) with a
-//!   plain store while it holds the slot; the next lap's writer waits for this row's
-//!   publish, and an updater acts only on a row it saw published, so both come after.
-//!   Updaters compare-exchange the word and never replace a newer tag. (Under loom the
-//!   plain store is a swap: loom mis-orders a plain store after another thread's
-//!   read-modify-write on the same atomic, tokio-rs/loom#389; see `sync.rs`.)
+//! - **Raw priorities, then leaves.** The raw word is the truth and the leaf follows
+//!   it. A row's writer stores its raw word with a plain store while it holds the slot;
+//!   the next lap's writer waits for this row's publish, and an updater acts only on a
+//!   row it saw published, so both come after. An update compare-exchanges the raw word
+//!   (only while it names the update's lap and holds a priority) *before* the leaf,
+//!   and after its leaf's compare-exchange loads the raw word again: if another writer
+//!   changed it meanwhile, the leaf is brought to that word's mass ([`Tree::remass_run`],
+//!   by the caller, who knows how priorities become masses). A re-mass loads the leaf,
+//!   then the raw word, and compare-exchanges the leaf to that word's mass, then checks
+//!   the raw word did not move. All `SeqCst`, so in their single total order: a re-mass
+//!   that reads an update's leaf reads its raw word too (or a later one); and whoever
+//!   writes a raw word last then moves the leaf to it, or finds a leaf change after its
+//!   own that was computed from its word. Leaves and raw words end agreeing. (Under
+//!   loom the writer's plain store is a swap: loom mis-orders a plain store after
+//!   another thread's read-modify-write on the same atomic, tokio-rs/loom#389; see
+//!   `sync.rs`.)
+//! - **Whole laps.** Leaves and raw words carry the row's full 32-bit lap, compared
+//!   for equality, so an update stalled any number of laps short of 2^32 (the stamps'
+//!   own wrap) finds another lap and is dropped. An update whose raw compare-exchange
+//!   succeeded but whose leaf then shows a newer row leaves no trace: that row's writer
+//!   stored its raw word before publishing and setting its leaf, so after the update's
+//!   compare-exchange (which would otherwise have failed on the lap).
 //! - **Descent.** Loads are `Relaxed`; a descent that races an update may see an
 //!   ancestor and its children disagree. It clamps to the last child with mass, and
-//!   reports the leaf it lands on with that leaf's value and tag. The caller checks the
-//!   leaf still has mass and the row is the one the tag names before using it.
+//!   reports the leaf it lands on with that leaf's value and lap. The caller checks the
+//!   leaf still has mass and the row is the one the lap names before using it.
 
-use super::{Kind, Layout, Leaf, ARITY};
+use super::{decode_mass, raw_bits, raw_of, Kind, Layout, Leaf, ARITY};
 use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
@@ -46,7 +62,18 @@ pub(crate) struct Tree<'a> {
 pub(crate) struct Landing {
     pub(crate) leaf: usize,
     pub(crate) value: u64,
-    pub(crate) tag: u16,
+    /// The lap of the row the leaf belongs to.
+    pub(crate) lap: u32,
+}
+
+/// One priority update: the leaf of the row of lap `lap` gets mass `mass`, its raw
+/// word `raw` (a word of [`super::raw_bits`] naming `lap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Update {
+    pub(crate) leaf: usize,
+    pub(crate) lap: u32,
+    pub(crate) mass: u64,
+    pub(crate) raw: u64,
 }
 
 /// A min or max tree's combining rule.
@@ -90,54 +117,62 @@ impl<'a> Tree<'a> {
         Leaf::from_bits(self.leaf_atomic(i).load(Ordering::SeqCst))
     }
 
-    /// The priority last given to slot `i`, before `eps` and `alpha`, and the tag of
-    /// the row it was given to (a word of [`super::raw_bits`]). The tag keeps a slow
-    /// update for a replaced row from leaving its priority beside the new row's leaf.
-    pub(crate) fn raw_tagged(&self, i: usize) -> (u16, f64) {
-        let word = self.words[self.layout.raw_word(i)].load(Ordering::SeqCst);
-        (
-            (word >> 48) as u16,
-            f64::from_bits((word & super::VALUE_MASK) << 16),
-        )
+    fn raw_atomic(&self, i: usize) -> &AtomicU64 {
+        &self.words[self.layout.raw_word(i)]
     }
 
-    /// The priority last given to the row with tag `tag` at slot `i`, if the raw word
-    /// is that row's.
-    pub(crate) fn raw(&self, i: usize, tag: u16) -> Option<f64> {
-        let (t, raw) = self.raw_tagged(i);
-        (t == tag).then_some(raw)
+    /// Slot `i`'s raw word (see [`super::raw_bits`]).
+    pub(crate) fn raw_bits_at(&self, i: usize) -> u64 {
+        self.raw_atomic(i).load(Ordering::SeqCst)
     }
 
-    /// Records the raw priorities of new rows at slots `first..`, as their writer does
-    /// (`Storage::append`): writers of one slot do this in lap order (the stamp
-    /// protocol makes each wait for the previous rows' publish), and a stale updater's
-    /// compare-exchange refuses a newer tag, so plain stores suffice.
+    /// The lap of the row slot `i`'s raw word belongs to, and the priority last given
+    /// to it before `eps` and `alpha` (`None` if emptied or never written).
+    pub(crate) fn raw_tagged(&self, i: usize) -> (u32, Option<f64>) {
+        raw_of(self.raw_bits_at(i))
+    }
+
+    /// The priority last given to the row of lap `lap` at slot `i`, if the raw word is
+    /// that row's and holds one.
+    pub(crate) fn raw(&self, i: usize, lap: u32) -> Option<f64> {
+        let (l, raw) = self.raw_tagged(i);
+        raw.filter(|_| l == lap)
+    }
+
+    /// Records the raw priorities of new rows at slots `first..`, for a tree on its own
+    /// ([`super::OwnedTree`]), whose callers may give an older lap after a newer one: a
+    /// word already naming a newer lap is kept, as [`Tree::set_run`] keeps such a leaf.
+    /// (A storage's writers store raw words in lap order, by the slot protocol.)
     pub(crate) fn store_raws(&self, first: usize, leaves: &[(Leaf, f64)]) {
         for (k, &(leaf, raw)) in leaves.iter().enumerate() {
-            let word = super::raw_bits(leaf.tag(), raw);
-            // Release (a plain store on x86): ordered after the previous lap's raw
-            // priorities, which the stamp protocol made visible to this writer.
-            crate::sync::store_beside_rmw(
-                &self.words[self.layout.raw_word(first + k)],
-                word,
-                Ordering::Release,
-            );
+            let atomic = self.raw_atomic(first + k);
+            let word = raw_bits(leaf.lap(), Some(raw));
+            let mut cur = atomic.load(Ordering::SeqCst);
+            loop {
+                let newer = cur != 0 && (raw_of(cur).0.wrapping_sub(leaf.lap()) as i32) > 0;
+                if newer {
+                    break;
+                }
+                match atomic.compare_exchange(cur, word, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
         }
     }
 
-    /// Records `raw` as the priority of the row with tag `tag` at slot `i`, unless the
-    /// word already belongs to a newer row.
-    fn set_raw(&self, i: usize, tag: u16, raw: f64) {
-        let atomic = &self.words[self.layout.raw_word(i)];
-        let new = super::raw_bits(tag, raw);
+    /// Sets slot `i`'s raw word to `word` if it names lap `lap` and holds a priority
+    /// (the row is neither replaced nor emptied); whether it did.
+    fn set_raw(&self, i: usize, lap: u32, word: u64) -> bool {
+        let atomic = self.raw_atomic(i);
         let mut cur = atomic.load(Ordering::SeqCst);
         loop {
-            let cur_tag = (cur >> 48) as u16;
-            if cur != 0 && cur_tag != tag && (cur_tag.wrapping_sub(tag) as i16) > 0 {
-                return;
+            let (l, raw) = raw_of(cur);
+            if l != lap || raw.is_none() {
+                return false;
             }
-            match atomic.compare_exchange(cur, new, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return,
+            match atomic.compare_exchange(cur, word, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
@@ -151,12 +186,15 @@ impl<'a> Tree<'a> {
 
     /// The smallest non-zero mass (`u64::MAX` if none).
     pub(crate) fn min(&self) -> u64 {
-        self.extremum(Kind::Min, self.layout.top(), 0)
+        match self.extremum(Kind::Min, self.layout.top(), 0) {
+            u64::MAX => u64::MAX,
+            code => decode_mass(code),
+        }
     }
 
     /// The largest mass (0 if none).
     pub(crate) fn max(&self) -> u64 {
-        self.extremum(Kind::Max, self.layout.top(), 0)
+        decode_mass(self.extremum(Kind::Max, self.layout.top(), 0))
     }
 
     /// Min and max entries are stored so that a zeroed word is the empty subtree: the
@@ -174,12 +212,13 @@ impl<'a> Tree<'a> {
         Self::encode(kind, self.entry(kind, level, j).load(Ordering::SeqCst))
     }
 
-    /// Entry `j` of level `level` of a min or max tree as its children give it now.
+    /// Entry `j` of level `level` of a min or max tree as its children give it now (a
+    /// mass code; see the module docs of `sumtree`).
     fn recompute(&self, kind: Kind, level: usize, j: usize) -> u64 {
         let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
         children.fold(identity(kind), |acc, c| {
             let v = if level == 1 {
-                match self.leaf(c).value() {
+                match self.leaf(c).code() {
                     0 => identity(kind),
                     v => v,
                 }
@@ -227,10 +266,11 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Carries one leaf's change from `old` to `new` up the min and max trees, skipping
-    /// a tree whose entry above the leaf it cannot change: the entry is not the old
-    /// value and the new one does not beat it. (If the entry is stale, whoever made it
-    /// so is on the way to refresh it, and will read this leaf's new value.)
+    /// Carries one leaf's change from mass code `old` to `new` up the min and max
+    /// trees, skipping a tree whose entry above the leaf it cannot change: the entry is
+    /// not the old code and the new one does not beat it. (If the entry is stale,
+    /// whoever made it so is on the way to refresh it, and will read this leaf's new
+    /// code.)
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
             let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
@@ -289,10 +329,48 @@ impl<'a> Tree<'a> {
     /// `leaf_of(k)`. A slot whose leaf already belongs to a newer row (a writer that
     /// lapped this one) keeps it. Each leaf changes by a compare-exchange, which yields
     /// its exact old mass for the sums even while a stale priority update races it.
+    pub(crate) fn set_run(&self, first: usize, n: usize, leaf_of: impl Fn(usize) -> Leaf) {
+        self.change_run(first, n, |i| self.give_leaf(i, leaf_of(i - first)));
+    }
+
+    /// Brings the leaves of slots `first..first + n` to the masses of their raw words:
+    /// `mass_of(p)` for a priority `p`, none for a row without one. A leaf whose raw word
+    /// names another row (a new row's writer between publishing and setting its leaf,
+    /// which then sets it) is left alone, and so is one whose priority `mass_of` refuses
+    /// (`None`: too heavy for the caller's scale, which the caller then changes).
+    pub(crate) fn remass_run(
+        &self,
+        first: usize,
+        n: usize,
+        mut mass_of: impl FnMut(f64) -> Option<u64>,
+    ) {
+        /// Raw words loading ahead: each sits in its own slot, a miss apart.
+        const RAWS_AHEAD: usize = 8;
+        for i in first..(first + RAWS_AHEAD).min(first + n) {
+            self.prefetch_raw(i);
+        }
+        self.change_run(first, n, |i| {
+            if i + RAWS_AHEAD < first + n {
+                self.prefetch_raw(i + RAWS_AHEAD);
+            }
+            self.follow_raw(i, &mut mass_of)
+        });
+    }
+
+    fn prefetch_raw(&self, i: usize) {
+        crate::storage::atomic_copy::prefetch(
+            self.words,
+            self.layout.raw_word(i) * 8,
+            crate::storage::atomic_copy::Intent::Read,
+        );
+    }
+
+    /// Changes the leaves of slots `first..first + n` by `change(slot)`, which returns
+    /// the slot's change in mass, and carries the changes up the trees.
     ///
     /// One pass, a node at a time: its leaves, then the sum entry and extrema above
     /// them, while the leaves are in cache; then the levels above, aggregated.
-    pub(crate) fn set_run(&self, first: usize, n: usize, leaf_of: impl Fn(usize) -> Leaf) {
+    fn change_run(&self, first: usize, n: usize, mut change: impl FnMut(usize) -> i64) {
         if n == 0 {
             return;
         }
@@ -312,7 +390,7 @@ impl<'a> Tree<'a> {
         for node in lo..hi {
             let mut delta = 0i64;
             for i in (node * ARITY).max(first)..((node + 1) * ARITY).min(end) {
-                delta += self.give_leaf(i, leaf_of(i - first));
+                delta += change(i);
             }
             if delta != 0 {
                 self.entry(Kind::Sum, 1, node)
@@ -336,7 +414,7 @@ impl<'a> Tree<'a> {
         let atomic = self.leaf_atomic(i);
         let mut cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
         loop {
-            if cur != Leaf::EMPTY && (cur.tag().wrapping_sub(leaf.tag()) as i16) > 0 {
+            if cur != Leaf::EMPTY && (cur.lap().wrapping_sub(leaf.lap()) as i32) > 0 {
                 return 0;
             }
             match atomic.compare_exchange(
@@ -351,12 +429,61 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Applies many priority updates at once: `(leaf, lap, value, raw)` each, `applied`
-    /// receiving whether each was (it is not if the leaf's tag no longer names `lap`:
-    /// its row was replaced). Each leaf still changes by its own compare-exchange; the ancestors' deltas are gathered first, so that an
-    /// entry many updates share (the upper levels) takes one `fetch_add`, not one per
-    /// update. Additions commute, so the result is the same as one update at a time.
-    pub(crate) fn update_many(&self, items: &[(usize, u32, u64, f64)], applied: &mut [bool]) {
+    /// Brings slot `i`'s leaf to the mass of its raw word, if both name one row (see
+    /// [`Tree::remass_run`]); the change in mass.
+    fn follow_raw(&self, i: usize, mass_of: &mut impl FnMut(f64) -> Option<u64>) -> i64 {
+        let (leaf, raw) = (self.leaf_atomic(i), self.raw_atomic(i));
+        let mut delta = 0i64;
+        loop {
+            // The leaf before the raw word: a leaf an update set is read with that
+            // update's raw word or a later one (see the module's ordering notes).
+            let cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
+            let word = raw.load(Ordering::SeqCst);
+            let (lap, p) = raw_of(word);
+            if !cur.is_of(lap) {
+                return delta;
+            }
+            let mass = match p {
+                None => 0,
+                Some(p) => match mass_of(p) {
+                    Some(m) => m,
+                    None => return delta,
+                },
+            };
+            let new = Leaf::new(lap, mass);
+            if new != cur {
+                if leaf
+                    .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err()
+                {
+                    continue;
+                }
+                delta += new.value() as i64 - cur.value() as i64;
+            }
+            // A raw word that moved since: its writer may have set the leaf before
+            // this did; follow it again.
+            if raw.load(Ordering::SeqCst) == word {
+                return delta;
+            }
+        }
+    }
+
+    /// Applies many priority updates at once, `applied` receiving whether each was (it
+    /// is not if the leaf or the raw word no longer names the update's lap: its row was
+    /// replaced, or emptied). Each sets the raw word first, then the leaf, each by its
+    /// own compare-exchange; the ancestors' deltas are gathered first, so that an entry
+    /// many updates share (the upper levels) takes one `fetch_add`, not one per update.
+    /// Additions commute, so the result is the same as one update at a time.
+    ///
+    /// Returns the slots of applied updates whose raw word another writer changed
+    /// after the update set it (loaded right after the update's leaf, while its line is
+    /// at hand): the caller re-masses those leaves from their raw words (see the
+    /// module's ordering notes).
+    pub(crate) fn update_many(
+        &self,
+        items: &[Update],
+        applied: &mut [bool],
+    ) -> SmallVec<[usize; 4]> {
         /// Levels of at most this many entries gather their deltas densely.
         const DENSE_ENTRIES: usize = 1024;
         let top = self.layout.top();
@@ -375,7 +502,7 @@ impl<'a> Tree<'a> {
         // Everything the updates will write, loading at once: each leaf, its raw word
         // and the sum entry above it. Each locked instruction below then finds its line
         // ready instead of waiting out a miss, one after another.
-        for &(i, _, _, _) in items {
+        for &Update { leaf: i, .. } in items {
             for word in [
                 self.layout.leaf_word(i),
                 self.layout.raw_word(i),
@@ -395,29 +522,21 @@ impl<'a> Tree<'a> {
                 );
             }
         }
-        let mut changed = Vec::with_capacity(items.len());
-        for (&(i, lap, value, raw), ok) in items.iter().zip(applied.iter_mut()) {
-            let leaf = self.leaf_atomic(i);
-            *ok = loop {
-                let cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
-                if !cur.is_of(lap) {
-                    break false;
+        let mut changed: SmallVec<[(usize, Leaf, Leaf); 64]> = SmallVec::with_capacity(items.len());
+        let mut moved = SmallVec::new();
+        for (u, ok) in items.iter().zip(applied.iter_mut()) {
+            let new = Leaf::new(u.lap, u.mass);
+            let old = self.apply_update(u, new);
+            *ok = old.is_some();
+            if let Some(old) = old {
+                changed.push((u.leaf, old, new));
+                if self.raw_bits_at(u.leaf) != u.raw {
+                    moved.push(u.leaf);
                 }
-                let new = Leaf::new(lap, value);
-                if leaf
-                    .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-                {
-                    changed.push((i, cur.value(), value, lap as u16, raw));
-                    break true;
-                }
-            };
+            }
         }
-        for &(i, _, _, tag, raw) in &changed {
-            self.set_raw(i, tag, raw);
-        }
-        for &(i, old, new, _, _) in &changed {
-            let delta = new as i64 - old as i64;
+        for &(i, old, new) in &changed {
+            let delta = new.value() as i64 - old.value() as i64;
             if delta == 0 {
                 continue;
             }
@@ -441,27 +560,68 @@ impl<'a> Tree<'a> {
                 }
             }
         }
-        for &(i, old, new, _, _) in &changed {
-            self.refresh_extrema_after(i, old, new);
+        for &(i, old, new) in &changed {
+            self.refresh_extrema_after(i, old.code(), new.code());
+        }
+        moved
+    }
+
+    /// One update of [`Tree::update_many`]: the raw word, then the leaf (`new`). The
+    /// leaf it replaced if applied.
+    fn apply_update(&self, u: &Update, new: Leaf) -> Option<Leaf> {
+        let leaf = self.leaf_atomic(u.leaf);
+        let mut cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
+        if !cur.is_of(u.lap) || !self.set_raw(u.leaf, u.lap, u.raw) {
+            return None;
+        }
+        loop {
+            match leaf.compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(cur),
+                Err(now) => {
+                    cur = Leaf::from_bits(now);
+                    // A newer row's writer stored its raw word after this update's
+                    // (the update's compare-exchange would have failed on the lap
+                    // otherwise): nothing of the update is left.
+                    if !cur.is_of(u.lap) {
+                        return None;
+                    }
+                }
+            }
         }
     }
 
-    /// Takes the mass of slot `i` away if its leaf still has tag `tag` (an emptied
-    /// row); a leaf a writer has since given to a new row is left alone.
-    pub(crate) fn clear(&self, i: usize, tag: u16) {
+    /// Empties slot `i` if it holds the row of lap `lap`: its raw word first (an
+    /// update that comes later finds no priority and is dropped; one whose leaf lands
+    /// later finds the raw word changed and follows it), then its mass. A slot a writer
+    /// has since given to a new row is left alone.
+    pub(crate) fn clear(&self, i: usize, lap: u32) {
+        let raw = self.raw_atomic(i);
+        let mut word = raw.load(Ordering::SeqCst);
+        while raw_of(word).0 == lap && raw_of(word).1.is_some() {
+            match raw.compare_exchange(
+                word,
+                raw_bits(lap, None),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => word = now,
+            }
+        }
         let leaf = self.leaf_atomic(i);
         loop {
             let cur = Leaf::from_bits(leaf.load(Ordering::SeqCst));
-            if cur.tag() != tag || cur.value() == 0 {
+            if !cur.is_of(lap) || cur.value() == 0 {
                 return;
             }
-            let new = Leaf::new(u32::from(tag), 0);
+            let new = Leaf::new(lap, 0);
             if leaf
                 .compare_exchange(cur.bits(), new.bits(), Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
             {
                 self.add_delta(i, -(cur.value() as i64));
-                self.refresh_extrema_after(i, cur.value(), 0);
+                self.refresh_extrema_after(i, cur.code(), 0);
                 return;
             }
         }
@@ -494,7 +654,7 @@ impl<'a> Tree<'a> {
             *landing = (l.value() > *t && *t != u64::MAX).then_some(Landing {
                 leaf,
                 value: l.value(),
-                tag: l.tag(),
+                lap: l.lap(),
             });
         }
     }
@@ -515,13 +675,27 @@ impl<'a> Tree<'a> {
     /// becomes the mass left within that child. Clamps to the last child with mass if
     /// a racing update made the children sum to less than `*t`.
     fn pick_child(&self, level: usize, j: usize, t: &mut u64) -> usize {
+        if level == 1 {
+            self.pick_child_of::<true>(level, j, t)
+        } else {
+            self.pick_child_of::<false>(level, j, t)
+        }
+    }
+
+    /// [`Tree::pick_child`] among leaves (`LEAVES`: their words hold a lap and a mass
+    /// code) or sum entries.
+    #[inline(always)]
+    fn pick_child_of<const LEAVES: bool>(&self, level: usize, j: usize, t: &mut u64) -> usize {
         let (word, size) = self.layout.sum_levels[level - 1];
         let first = ARITY * j;
         let node = &self.words[word + first..word + size.min(first + ARITY)];
-        let mask = if level == 1 {
-            super::VALUE_MASK
-        } else {
-            u64::MAX
+        let mass = |w: &AtomicU64| {
+            let w = w.load(Ordering::Relaxed);
+            if LEAVES {
+                decode_mass(w)
+            } else {
+                w
+            }
         };
         // Branch-free: the child holding `t` is the number of children whose running
         // total ends at or before `t` (a child without mass never holds it); the mass
@@ -534,7 +708,7 @@ impl<'a> Tree<'a> {
             Ok(node) => {
                 let mut totals = [0u64; ARITY + 1];
                 for (k, w) in node.iter().enumerate() {
-                    totals[k + 1] = totals[k].wrapping_add(w.load(Ordering::Relaxed) & mask);
+                    totals[k + 1] = totals[k].wrapping_add(mass(w));
                 }
                 let mut c = 0;
                 let mut step = ARITY / 2;
@@ -548,7 +722,7 @@ impl<'a> Tree<'a> {
             Err(_) => {
                 let (mut acc, mut before, mut c) = (0u64, 0u64, 0usize);
                 for w in node {
-                    acc = acc.wrapping_add(w.load(Ordering::Relaxed) & mask);
+                    acc = acc.wrapping_add(mass(w));
                     let past = acc <= *t;
                     c += usize::from(past);
                     before = if past { acc } else { before };
@@ -562,12 +736,9 @@ impl<'a> Tree<'a> {
         }
         // `t` is past this node's mass: a racing update shrank it. Clamp to the last child
         // with mass; with none, the caller's check of the landing leaf rejects the draw.
-        match node
-            .iter()
-            .rposition(|w| w.load(Ordering::Relaxed) & mask > 0)
-        {
+        match node.iter().rposition(|w| mass(w) > 0) {
             Some(c) => {
-                *t = (node[c].load(Ordering::Relaxed) & mask).saturating_sub(1);
+                *t = mass(&node[c]).saturating_sub(1);
                 first + c
             }
             None => {
@@ -579,7 +750,7 @@ impl<'a> Tree<'a> {
 
     /// A slot whose mass is the largest (what a max-tree descent finds), or `None`.
     pub(crate) fn argmax(&self) -> Option<usize> {
-        let max = self.max();
+        let max = self.extremum(Kind::Max, self.layout.top(), 0);
         if max == 0 {
             return None;
         }
@@ -590,7 +761,7 @@ impl<'a> Tree<'a> {
                 .clone()
                 .find(|&c| {
                     let v = if level == 1 {
-                        self.leaf(c).value()
+                        self.leaf(c).code()
                     } else {
                         self.extremum(Kind::Max, level - 1, c)
                     };
@@ -604,7 +775,7 @@ impl<'a> Tree<'a> {
     /// Sets every leaf to `leaf_of(i)` and recomputes every entry of the three trees
     /// from them, with plain stores: for a tree nobody else touches (a region being
     /// recovered or loaded).
-    pub(crate) fn rebuild(&self, leaf_of: impl Fn(usize) -> Leaf) {
+    pub(crate) fn rebuild(&self, mut leaf_of: impl FnMut(usize) -> Leaf) {
         for i in 0..self.layout.leaves {
             self.leaf_atomic(i)
                 .store(leaf_of(i).bits(), Ordering::Relaxed);
@@ -652,5 +823,87 @@ impl<'a> Tree<'a> {
                     })
             })
         })
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+    use crate::sumtree::quantize;
+
+    /// A tree over `n` leaves on its own words, raw words inside the block.
+    fn words(n: usize) -> (Vec<AtomicU64>, Layout) {
+        let layout = Layout::new(n, 0, true, None);
+        (
+            (0..layout.words()).map(|_| AtomicU64::new(0)).collect(),
+            layout,
+        )
+    }
+
+    fn update(tree: &Tree<'_>, leaf: usize, lap: u32, mass: u64, raw: f64) -> bool {
+        let mut applied = [false];
+        let u = Update {
+            leaf,
+            lap,
+            mass,
+            raw: raw_bits(lap, Some(raw)),
+        };
+        let _moved = tree.update_many(&[u], &mut applied);
+        applied[0]
+    }
+
+    #[test]
+    fn an_update_needs_both_words_of_its_lap_and_sets_the_raw_word() {
+        let (w, layout) = words(4);
+        let tree = Tree::new(&w, &layout);
+        tree.store_raws(0, &[(Leaf::new(3, 10), 1.0)]);
+        tree.set_run(0, 1, |_| Leaf::new(3, 10));
+        assert!(update(&tree, 0, 3, 20, 2.0));
+        assert_eq!(
+            (tree.leaf(0), tree.raw(0, 3)),
+            (Leaf::new(3, 20), Some(2.0))
+        );
+        // Lap 4's writer stored its raw word and published, but has not set its leaf:
+        // an update for lap 3 finds the raw word taken and changes nothing.
+        w[layout.raw_word(0)].store(raw_bits(4, Some(5.0)), Ordering::SeqCst);
+        assert!(!update(&tree, 0, 3, 30, 3.0));
+        assert_eq!(tree.leaf(0), Leaf::new(3, 20));
+        assert_eq!(tree.raw_tagged(0), (4, Some(5.0)));
+        assert_eq!(tree.total(), 20);
+        // An emptied row takes no update either.
+        tree.store_raws(0, &[(Leaf::new(5, 1), 1.0)]);
+        tree.set_run(0, 1, |_| Leaf::new(5, 1));
+        tree.clear(0, 5);
+        assert_eq!((tree.leaf(0).value(), tree.raw_tagged(0)), (0, (5, None)));
+        assert!(!update(&tree, 0, 5, 9, 9.0));
+        assert_eq!(tree.total(), 0);
+        assert!(tree.is_consistent());
+    }
+
+    #[test]
+    fn a_remass_brings_leaves_to_their_raw_words() {
+        let (w, layout) = words(40);
+        let tree = Tree::new(&w, &layout);
+        let rows: Vec<(Leaf, f64)> = (0..40).map(|i| (Leaf::new(1, 1), i as f64)).collect();
+        tree.store_raws(0, &rows);
+        tree.set_run(0, 40, |i| rows[i].0);
+        // Slot 7 holds lap 2's raw word before its leaf: left alone. Slot 8 is emptied.
+        w[layout.raw_word(7)].store(raw_bits(2, Some(100.0)), Ordering::SeqCst);
+        tree.clear(8, 1);
+        // Masses of ten times the priority; priority 30 and up is "too heavy".
+        tree.remass_run(0, 40, |p| (p < 30.0).then_some((10.0 * p) as u64));
+        for i in 0..40 {
+            let want = match i {
+                7 => 1,
+                8 => 0,
+                i if i >= 30 => 1,
+                i => 10 * i as u64,
+            };
+            assert_eq!(tree.leaf(i).value(), want, "slot {i}");
+        }
+        assert!(tree.is_consistent());
+        let total: u64 = (0..40).map(|i| tree.leaf(i).value()).sum();
+        assert_eq!(tree.total(), total);
+        assert_eq!(quantize(tree.raw(9, 1).unwrap()), 9.0);
     }
 }

@@ -133,10 +133,7 @@ fn in_place(old: &Inner, builder: ReplayBufferBuilder) -> Inner {
     // held out by the freeze, so the masses can be recomputed here.
     if let (Some(state), Some(p)) = (new.sampler.prioritized(), prioritized(&sampler)) {
         if state.alpha() != p.alpha {
-            let _ = state.set_alpha(p.alpha);
-            for tree in new.storage.trees() {
-                state.remass(&tree);
-            }
+            let _ = state.set_alpha(p.alpha, &new.storage.trees());
         }
         let _ = state.set_beta(p.beta);
     }

@@ -290,7 +290,7 @@ fn raws(old: &Storage, draws: &[Draw], default: f64) -> Vec<f64> {
         .map(|d| {
             let ring = old.shards()[d.shard as usize].ring();
             let leaf = (d.seq % ring.steps) * ring.width + u64::from(d.lane);
-            let lap = (d.seq / ring.steps) as u16;
+            let lap = (d.seq / ring.steps) as u32;
             trees
                 .get(d.shard as usize)
                 .and_then(|t| t.raw(leaf as usize, lap))
