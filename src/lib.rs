@@ -76,7 +76,7 @@ mod writer;
 pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
-pub use checkpoint::dump::{DumpOptions, Progress};
+pub use checkpoint::dump::{DumpOptions, ProgressFn};
 pub use checkpoint::error::PersistError;
 pub use checkpoint::hooks::HookResult;
 pub use checkpoint::inspect::{inspect, Inspection};

@@ -406,24 +406,18 @@ fn no_free_shard_is_an_error_not_a_hang() {
 }
 
 #[test]
-fn a_crashed_creators_region_is_found_and_removed_by_the_command() {
+fn a_crashed_creators_region_is_found_stale_and_removed() {
     let name = name("crashed");
     let mut c = spawn(&name, "creator", 0, 0);
     let mut out = lines(&mut c);
     while !out.next().unwrap().contains("created") {}
     c.kill().unwrap();
     c.wait().unwrap();
-    let exe = env!("CARGO_BIN_EXE_replaybuf");
-    let listed = Command::new(exe).args(["shm", "list"]).output().unwrap();
-    let text = String::from_utf8_lossy(&listed.stdout);
-    let line = text.lines().find(|l| l.starts_with(&name)).expect("listed");
-    assert!(line.contains("STALE"), "{line}");
-    let removed = Command::new(exe)
-        .args(["shm", "remove", "--stale"])
-        .output()
-        .unwrap();
-    assert!(removed.status.success());
-    assert!(String::from_utf8_lossy(&removed.stdout).contains(&format!("removed {name}")));
+    // What `replaybuf shm list` / `shm remove --stale` do (cli/tests/commands.rs).
+    let listed = replaybuf::shared::list();
+    let region = listed.iter().find(|r| r.name == name).expect("listed");
+    assert!(region.is_stale(), "{region:?}");
+    replaybuf::shared::remove(&name).unwrap();
     assert!(!std::path::Path::new(&format!("/dev/shm/replaybuf.{name}")).exists());
 }
 

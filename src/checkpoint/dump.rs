@@ -32,7 +32,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
@@ -51,31 +51,29 @@ use crate::storage::{atomic_copy, Storage};
 
 /// Bytes moved per read or write call.
 pub(crate) const CHUNK_BYTES: usize = 8 << 20;
-/// A dump or load that runs longer than this shows a progress bar (with
-/// [`Progress::Auto`]).
-const PROGRESS_AFTER: Duration = Duration::from_secs(1);
-
-/// When a dump or load shows a progress bar on standard error.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Progress {
-    /// Once it has run for a second.
-    #[default]
-    Auto,
-    /// From the start.
-    Always,
-    /// Never.
-    Never,
-}
+/// A caller's report of a dump's progress: called with the bytes written so far and
+/// the bytes in all, after each chunk. The library draws nothing itself; the caller
+/// decides what progress looks like (a bar, a log line, nothing).
+pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a checkpoint is written (see [`ReplayBuffer::dumps_with`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct DumpOptions {
     pub(crate) compact: Option<(Key, Key)>,
-    pub(crate) progress: Progress,
+    pub(crate) progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for DumpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DumpOptions")
+            .field("compact", &self.compact)
+            .field("progress", &self.progress.as_ref().map(|_| "Fn"))
+            .finish()
+    }
 }
 
 impl DumpOptions {
-    /// The default: every row as stored, a progress bar after a second.
+    /// The default: every row as stored, no progress reports.
     pub fn new() -> DumpOptions {
         DumpOptions::default()
     }
@@ -89,9 +87,9 @@ impl DumpOptions {
         self
     }
 
-    /// When to show a progress bar.
-    pub fn progress(mut self, progress: Progress) -> DumpOptions {
-        self.progress = progress;
+    /// Reports progress to `report(bytes_done, bytes_total)` after each chunk written.
+    pub fn progress(mut self, report: impl Fn(u64, u64) + Send + Sync + 'static) -> DumpOptions {
+        self.progress = Some(Arc::new(report));
         self
     }
 }
@@ -153,62 +151,26 @@ impl Part {
     }
 }
 
-/// A progress bar that shows itself when asked, or once the work is slow.
+/// Counts the bytes a dump or load has moved, for the caller's progress report.
 pub(crate) struct Meter {
-    mode: Progress,
-    started: Instant,
+    report: Option<ProgressFn>,
     total: u64,
     done: u64,
-    bar: Option<indicatif::ProgressBar>,
-    what: &'static str,
 }
 
 impl Meter {
-    pub(crate) fn new(mode: Progress, total: u64, what: &'static str) -> Meter {
-        let mut m = Meter {
-            mode,
-            started: Instant::now(),
+    pub(crate) fn new(report: Option<ProgressFn>, total: u64) -> Meter {
+        Meter {
+            report,
             total,
             done: 0,
-            bar: None,
-            what,
-        };
-        if mode == Progress::Always {
-            m.show();
         }
-        m
-    }
-
-    fn show(&mut self) {
-        let bar = indicatif::ProgressBar::new(self.total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .expect("a valid progress template")
-            .progress_chars("=> "),
-        );
-        bar.set_message(self.what);
-        bar.set_position(self.done);
-        self.bar = Some(bar);
     }
 
     pub(crate) fn add(&mut self, bytes: u64) {
         self.done += bytes;
-        if self.bar.is_none()
-            && self.mode == Progress::Auto
-            && self.started.elapsed() >= PROGRESS_AFTER
-        {
-            self.show();
-        }
-        if let Some(bar) = &self.bar {
-            bar.set_position(self.done);
-        }
-    }
-
-    pub(crate) fn finish(self) {
-        if let Some(bar) = self.bar {
-            bar.finish();
+        if let Some(report) = &self.report {
+            report(self.done, self.total);
         }
     }
 }
@@ -328,7 +290,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner().hooks.add_save(std::sync::Arc::new(hook));
+        self.inner().hooks.add_save(Arc::new(hook));
     }
 
     /// Adds a load hook (TorchRL's `register_load_hook`): every later load passes the
@@ -337,7 +299,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner().hooks.add_load(std::sync::Arc::new(hook));
+        self.inner().hooks.add_load(Arc::new(hook));
     }
 }
 
@@ -406,7 +368,7 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, Persis
     let g = previous.as_ref().map_or(1, |(g, _)| g + 1);
     remove_generation(dir, g);
     let layout = storage.layout();
-    let mut meter = Meter::new(options.progress, layout.words as u64 * 8, "dumps");
+    let mut meter = Meter::new(options.progress.clone(), layout.words as u64 * 8);
     let mut written = Written { sinks: Vec::new() };
     let frozen = storage.freeze();
     if storage.is_retired() {
@@ -435,7 +397,6 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, Persis
             return Err(err);
         }
     }
-    meter.finish();
     let mut meta = DirMeta::new(DirKind::Checkpoint, inner.config.clone());
     meta.checkpoint = Some(CheckpointMeta {
         generation: g,

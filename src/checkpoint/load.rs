@@ -15,7 +15,7 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::dir::{DirKind, DirMeta};
-use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part, Progress};
+use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part};
 use super::epochs;
 use super::error::{IoAt, Kind, PersistError};
 use super::hooks;
@@ -98,13 +98,13 @@ impl ReplayBuffer {
                 meta.config.seed,
                 Origin::Reused,
             );
-            read_into(&new, dir, &checkpoint, true, Progress::Auto)?;
+            read_into(&new, dir, &checkpoint, true)?;
             new
         } else {
             let mut fresh = builder.build_inner().map_err(|e| refused(e.to_string()))?;
             // The hooks belong to this buffer: the fresh state reads with them.
             fresh.hooks = Arc::clone(&old.hooks);
-            read_into(&fresh, dir, &checkpoint, false, Progress::Auto)?;
+            read_into(&fresh, dir, &checkpoint, false)?;
             fresh
         };
         new.hooks = Arc::clone(&old.hooks);
@@ -125,7 +125,7 @@ pub(crate) fn load_built(
     let (meta, checkpoint) = read_meta(dir)?;
     let rb = build(dir, &meta, tweak)?;
     let inner = rb.inner();
-    read_into(&inner, dir, &checkpoint, false, Progress::Auto)?;
+    read_into(&inner, dir, &checkpoint, false)?;
     inner.policy.reload(&inner);
     drop(inner);
     Ok(rb)
@@ -278,12 +278,11 @@ fn read_into(
     dir: &Path,
     checkpoint: &CheckpointMeta,
     verify_first: bool,
-    progress: Progress,
 ) -> Result<(), PersistError> {
     let storage = &inner.storage;
     let layout = storage.layout();
     let total: u64 = checkpoint.files.iter().map(|f| f.bytes).sum();
-    let mut meter = Meter::new(progress, total * (1 + u64::from(verify_first)), "loads");
+    let mut meter = Meter::new(None, total * (1 + u64::from(verify_first)));
     let missing = |part: Part| {
         PersistError::new(
             dir,
@@ -399,7 +398,6 @@ fn read_into(
             .map_err(|why| PersistError::new(dir, Kind::Hook(why)))?;
     }
     storage.recover(inner.sampler.prioritized());
-    meter.finish();
     Ok(())
 }
 

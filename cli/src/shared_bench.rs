@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::bench::{concurrent_run, configs, learner_loop, report, BenchArgs, Run};
-use super::workloads::Workload;
+use crate::bench::{concurrent_run, configs, learner_loop, report, BenchArgs, Run};
+use crate::workloads::Workload;
 use replaybuf::ReplayBuffer;
 
 /// Runs every configuration three times: collector threads on the heap

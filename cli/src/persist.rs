@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::workloads::Workload;
-use replaybuf::{DumpOptions, Progress, ReplayBuffer};
+use crate::workloads::Workload;
+use replaybuf::{DumpOptions, ReplayBuffer};
 
 const DD_BLOCK: u64 = 8 << 20;
 const ROUNDS: usize = 3;
@@ -85,7 +85,7 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
         writer.extend(&chunk).expect("extend");
     }
     let ck = work.join("checkpoint");
-    let options = DumpOptions::new().progress(Progress::Never);
+    let options = DumpOptions::new();
     rb.dumps_with(&ck, &options).expect("dumps");
     let bytes = dir_bytes(&ck);
     let blocks = bytes.div_ceil(DD_BLOCK);

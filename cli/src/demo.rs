@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use replaybuf::{DType, ReplayBuffer, Spec};
 
-use super::sim::{self, Pendulum};
+use crate::sim::{self, Pendulum};
 
 /// The demonstration's knobs.
 #[derive(Clone, Debug)]

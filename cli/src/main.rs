@@ -4,9 +4,17 @@
 // uses std's threads and counters directly.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods, missing_docs)]
 
-mod cli;
+mod bench;
+mod demo;
+mod persist;
+mod shared_bench;
+mod sim;
+mod workloads;
 
 use clap::{Parser, Subcommand};
+
+use bench::BenchArgs;
+use workloads::Workload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -141,6 +149,42 @@ fn shm(action: ShmAction) {
     }
 }
 
+/// The WORKLOADS.md measurements `args` names, as JSON lines.
+fn bench(args: &BenchArgs) {
+    let wants = |name: &str| args.workload.as_deref().is_none_or(|w| w == name);
+    if wants("mujoco") {
+        bench::single(Workload::mujoco(args.quick), 2000);
+    }
+    if wants("mujoco-prioritized") {
+        bench::single(Workload::mujoco_prioritized(args.quick), 2000);
+    }
+    if wants("mujoco-slice") {
+        bench::single(Workload::mujoco_slice(args.quick), 2000);
+    }
+    if wants("mujoco-prefetch") {
+        bench::prefetch(Workload::mujoco(args.quick), 2000);
+    }
+    if wants("atari") {
+        bench::single(Workload::atari(args.quick), 500);
+    }
+    if args.workload.as_deref() == Some("persist") {
+        persist::run(args.quick, args.scratch.as_deref());
+    }
+    if args.workload.as_deref() == Some("concurrent-shared") {
+        shared_bench::run(args, Workload::mujoco(args.quick));
+    }
+    if wants("concurrent") {
+        bench::concurrent(args, Workload::mujoco(args.quick), "concurrent");
+    }
+    if wants("concurrent-prioritized") {
+        bench::concurrent(
+            args,
+            Workload::mujoco_prioritized(args.quick),
+            "concurrent-prioritized",
+        );
+    }
+}
+
 fn parse_config(s: &str) -> Result<(usize, usize), String> {
     let (w, l) = s
         .split_once('x')
@@ -152,7 +196,7 @@ fn parse_config(s: &str) -> Result<(usize, usize), String> {
 fn main() {
     let cli = Cli::parse();
     match cli.command {
-        None => cli::demo::run(&cli::demo::DemoArgs {
+        None => demo::run(&demo::DemoArgs {
             collectors: cli.collectors,
             learners: cli.learners,
             seconds: cli.seconds,
@@ -164,7 +208,7 @@ fn main() {
             name,
             seconds,
             quick,
-        }) => cli::shared_bench::collector(&name, seconds, quick),
+        }) => shared_bench::collector(&name, seconds, quick),
         Some(Command::Inspect { dir }) => match replaybuf::inspect(&dir) {
             Ok(found) => {
                 println!("{found}");
@@ -183,7 +227,7 @@ fn main() {
             seconds,
             configs,
             scratch,
-        }) => cli::bench::run(&cli::bench::BenchArgs {
+        }) => bench(&BenchArgs {
             quick,
             workload,
             seconds: if quick { seconds.min(1.0) } else { seconds },

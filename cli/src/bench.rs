@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::workloads::Workload;
+use crate::workloads::Workload;
 use replaybuf::ReplayBuffer;
 
 /// Which workloads to run and how big.
@@ -58,49 +58,14 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-pub fn run(args: &BenchArgs) {
-    let wants = |name: &str| args.workload.as_deref().is_none_or(|w| w == name);
-    if wants("mujoco") {
-        single(Workload::mujoco(args.quick), 2000);
-    }
-    if wants("mujoco-prioritized") {
-        single(Workload::mujoco_prioritized(args.quick), 2000);
-    }
-    if wants("mujoco-slice") {
-        single(Workload::mujoco_slice(args.quick), 2000);
-    }
-    if wants("mujoco-prefetch") {
-        prefetch(Workload::mujoco(args.quick), 2000);
-    }
-    if wants("atari") {
-        single(Workload::atari(args.quick), 500);
-    }
-    if args.workload.as_deref() == Some("persist") {
-        super::persist::run(args.quick, args.scratch.as_deref());
-    }
-    if args.workload.as_deref() == Some("concurrent-shared") {
-        super::shared_bench::run(args, Workload::mujoco(args.quick));
-    }
-    if wants("concurrent") {
-        concurrent(args, Workload::mujoco(args.quick), "concurrent");
-    }
-    if wants("concurrent-prioritized") {
-        concurrent(
-            args,
-            Workload::mujoco_prioritized(args.quick),
-            "concurrent-prioritized",
-        );
-    }
-}
-
 /// Fresh priorities in [0.1, 1.1), as the peers' sample+update uses.
-pub(super) struct FreshPriorities {
+pub struct FreshPriorities {
     state: u64,
     values: Vec<f64>,
 }
 
 impl FreshPriorities {
-    pub(super) fn new(n: usize, seed: u64) -> FreshPriorities {
+    pub fn new(n: usize, seed: u64) -> FreshPriorities {
         FreshPriorities {
             state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             values: vec![0.0; n],
@@ -120,7 +85,7 @@ impl FreshPriorities {
 
 /// One learner step: a sample of `batch`'s rows, and for prioritized workloads an update
 /// of their priorities.
-pub(super) fn learner_step(
+pub fn learner_step(
     learner: &mut replaybuf::Learner,
     batch: &mut replaybuf::Batch,
     fresh: Option<&mut FreshPriorities>,
@@ -135,7 +100,7 @@ pub(super) fn learner_step(
 }
 
 /// fill, steady extend, sample and memory of one workload.
-fn single(w: Workload, samples: usize) {
+pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
     let mut chunk = w.chunk_data(&rb, w.chunk, 1);
     let mut traj_ids = w.traj_ids();
@@ -215,7 +180,7 @@ const PREFETCH_DEPTH: usize = 2;
 /// `sample_into` of a learner handle (op `sample-no-prefetch`) beside a loader with
 /// prefetch 2 (op `prefetch`), whose batches a worker prepares during the learner's
 /// step. `us_per_op` is the mean; `p50_us` the median.
-fn prefetch(w: Workload, samples: usize) {
+pub fn prefetch(w: Workload, samples: usize) {
     let rb = w
         .builder(7)
         .batch_size(w.batch)
@@ -272,12 +237,7 @@ fn prefetch(w: Workload, samples: usize) {
 
 /// One learner thread of a concurrent run: samples (and, prioritized, updates) until
 /// `stop`; the latency of every step.
-pub(super) fn learner_loop(
-    rb: &ReplayBuffer,
-    w: Workload,
-    l: usize,
-    stop: &AtomicBool,
-) -> Vec<u64> {
+pub fn learner_loop(rb: &ReplayBuffer, w: Workload, l: usize, stop: &AtomicBool) -> Vec<u64> {
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
     let mut fresh = w
@@ -293,17 +253,17 @@ pub(super) fn learner_loop(
 }
 
 /// One concurrent run's totals.
-pub(super) struct Run {
-    pub(super) rows_written: usize,
-    pub(super) extends: usize,
-    pub(super) rows_sampled: usize,
-    pub(super) latencies_ns: Vec<u64>,
-    pub(super) secs: f64,
+pub struct Run {
+    pub rows_written: usize,
+    pub extends: usize,
+    pub rows_sampled: usize,
+    pub latencies_ns: Vec<u64>,
+    pub secs: f64,
 }
 
 /// One concurrent configuration with collector threads, on the heap, or in the shared
 /// region `shared`.
-pub(super) fn concurrent_run(
+pub fn concurrent_run(
     w: Workload,
     writers: usize,
     learners: usize,
@@ -384,7 +344,7 @@ pub(super) fn concurrent_run(
 }
 
 /// The (writers, learners) configurations to run.
-pub(super) fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
+pub fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.configs.is_empty() {
         let mut c = vec![(1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2)];
@@ -397,7 +357,7 @@ pub(super) fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
     }
 }
 
-fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
+pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
     for (writers, learners) in configs(args) {
         let run = concurrent_run(w, writers, learners, args.seconds, None);
         report(name, w, writers, learners, run);
@@ -405,7 +365,7 @@ fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
 }
 
 /// The JSON lines of one concurrent run.
-pub(super) fn report(name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
+pub fn report(name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tags = json!({"writers": writers, "learners": learners, "cores": cores});
     if writers > 0 {

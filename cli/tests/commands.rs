@@ -1,0 +1,183 @@
+//! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
+//! `shm list` and `shm remove`. The library's side of each (what `inspect` and
+//! `shared::list` find) is tested in the library's own tests.
+
+use std::fs::{self, OpenOptions, Permissions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use replaybuf::{DType, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
+
+fn replaybuf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_replaybuf"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("x", DType::F32, [2])
+        .build()
+        .unwrap()
+}
+
+fn shared(name: &str) -> ReplayBufferBuilder {
+    ReplayBuffer::builder(spec())
+        .capacity(1024)
+        .shards(2)
+        .seed(5)
+        .shared(name)
+}
+
+fn name(test: &str) -> String {
+    format!("test-cli-{test}-{}", std::process::id())
+}
+
+fn path_of(name: &str) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/replaybuf.{name}"))
+}
+
+/// Removes a `/dev/shm` object when the test ends, passed or failed.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn fill(rb: &ReplayBuffer, n: usize) {
+    let mut b = rb.batch([n]);
+    let ids: Vec<u64> = (0..n as u64).collect();
+    b.set("id", &ids).unwrap();
+    rb.extend(&b).unwrap();
+}
+
+#[test]
+fn inspect_reports_contents_and_fails_on_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(1000)
+        .shards(2)
+        .sampler(Prioritized::new(0.6, 0.4))
+        .seed(3)
+        .build()
+        .unwrap();
+    fill(&rb, 350); // one shard
+    fill(&rb, 350); // the other
+    rb.dumps(dir.path()).unwrap();
+    let out = replaybuf(&["inspect", path]);
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains("700 of 1000 rows"),
+        "{}",
+        stdout(&out)
+    );
+    // One flipped bit in the slots: status 1, naming the damage.
+    let slots = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("slots.")
+        })
+        .unwrap();
+    let mut bytes = fs::read(&slots).unwrap();
+    bytes[100] ^= 1;
+    fs::write(&slots, bytes).unwrap();
+    let out = replaybuf(&["inspect", path]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("DAMAGED") && text.contains("checksum"),
+        "{text}"
+    );
+    // No directory at all: an error, status 2.
+    let missing = dir.path().join("nothing");
+    let out = replaybuf(&["inspect", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The child of `a_crashed_creators_region_is_listed_stale_and_removed`: creates the
+/// region, says so, and waits to be killed.
+#[test]
+fn creator_child() {
+    let Ok(name) = std::env::var("REPLAYBUF_CLI_CREATOR") else {
+        return;
+    };
+    let rb = shared(&name).build().unwrap();
+    fill(&rb, 10);
+    println!("created");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+#[test]
+fn a_crashed_creators_region_is_listed_stale_and_removed() {
+    let name = name("crashed");
+    let _cleanup = Cleanup(path_of(&name));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "creator_child", "--nocapture"])
+        .env("REPLAYBUF_CLI_CREATOR", &name)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().contains("created") {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let listed = stdout(&replaybuf(&["shm", "list"]));
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(&name))
+        .expect("listed");
+    assert!(line.contains("STALE"), "{line}");
+    let removed = replaybuf(&["shm", "remove", "--stale"]);
+    assert!(removed.status.success());
+    assert!(stdout(&removed).contains(&format!("removed {name}")));
+    assert!(!path_of(&name).exists());
+}
+
+#[test]
+fn listing_marks_a_foreign_region_and_never_stale() {
+    // A real region's bytes, planted under another name open to everyone.
+    let model = name("foreign-model");
+    let bytes = {
+        let _cleanup = Cleanup(path_of(&model));
+        let rb = shared(&model).build().unwrap();
+        fill(&rb, 4);
+        fs::read(path_of(&model)).unwrap()
+    };
+    let name = name("foreign");
+    let path = path_of(&name);
+    let _ = fs::remove_file(&path);
+    let _cleanup = Cleanup(path.clone());
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    f.write_all(&bytes).unwrap();
+    fs::set_permissions(&path, Permissions::from_mode(0o666)).unwrap();
+    let listed = stdout(&replaybuf(&["shm", "list"]));
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(&name))
+        .expect("listed");
+    assert!(
+        line.contains("FOREIGN") && !line.contains("STALE"),
+        "{line}"
+    );
+}
