@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
-use crate::sampler::slice::{LaneView, Marks, Window as SliceWindow};
-use crate::spec::{Field, KeyLike, Spec};
+use crate::key::KeyLike;
+use crate::sampler::slice::{Marks, Window as SliceWindow};
+use crate::spec::{Field, Spec};
+use crate::storage::lanes::LaneView;
 use crate::storage::shard::Window;
 use crate::storage::Draw;
 

@@ -14,9 +14,9 @@ use smallvec::SmallVec;
 
 use crate::batch::{Batch, Column, Scratch};
 use crate::builder::ReplayBufferBuilder;
-use crate::checkpoint::error::PersistError;
 use crate::checkpoint::hooks::Hooks;
 use crate::checkpoint::meta::Config;
+use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::policy::{Admit, Policy};

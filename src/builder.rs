@@ -9,13 +9,14 @@ use crate::checkpoint::memmap;
 use crate::checkpoint::meta::Config;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
+use crate::key::Key;
 use crate::policy::Policy;
-use crate::sampler::slice::Bounds;
 use crate::sampler::{Engine, Sampler};
 #[cfg(not(replaybuf_loom))]
 use crate::shared::{self, procs::PROCS};
-use crate::spec::{Key, Spec};
+use crate::spec::Spec;
 use crate::storage::geometry::Geometry;
+use crate::storage::lanes::Bounds;
 use crate::storage::{Parts, Storage};
 use crate::writer::WritePolicy;
 
@@ -385,7 +386,7 @@ impl ReplayBufferBuilder {
         match origin {
             Origin::Fresh => engine.initialize(),
             Origin::Reopened => {
-                storage.recover(engine.prioritized());
+                engine.recover(&storage);
             }
             Origin::Reused => {}
         }

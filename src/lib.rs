@@ -48,6 +48,7 @@ mod dtype;
 mod ensemble;
 mod error;
 mod iter;
+mod key;
 mod learner;
 mod list;
 mod loader;
@@ -77,23 +78,25 @@ pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use checkpoint::dump::{DumpOptions, ProgressFn};
-pub use checkpoint::error::PersistError;
+
 pub use checkpoint::hooks::HookResult;
 pub use checkpoint::inspect::{inspect, Inspection};
 pub use dtype::{DType, Element};
 pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
+pub use error::PersistError;
 pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
     Stage, SwapError, TransformIndexError,
 };
 pub use iter::Batches;
+pub use key::{Key, KeyLike};
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
 pub use loader::{Loader, LoaderBuilder, PreprocessFn};
 pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
-pub use spec::{Field, Key, KeyLike, Spec, SpecBuilder, MAX_ROW_BYTES};
+pub use spec::{Field, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use swap::{Reconfigure, StorageConfig};
 pub use tmrl::{Tensor, TmrlBatch, TmrlBuilder, TmrlKeys, TmrlMemory};
 pub use trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};

@@ -275,7 +275,7 @@ pub(crate) enum Replaced {
 }
 
 /// A float column of `batch` as `f64`s, or `None` if the batch lacks it.
-fn column_f64(batch: &Batch, key: &crate::spec::Key) -> Option<Vec<f64>> {
+fn column_f64(batch: &Batch, key: &crate::key::Key) -> Option<Vec<f64>> {
     Some(match batch.dtype(key).ok()? {
         DType::F64 => batch.column::<f64>(key).ok()?.to_vec(),
         DType::F32 => batch

@@ -10,10 +10,9 @@ use crate::buffer::{dest_for, Inner};
 use crate::error::SampleError;
 use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Masses};
-use crate::sampler::slice::{
-    self, LaneView, Lanes, Marks, NoPick, Slice, SlicePriority, TRAJ_MASK,
-};
+use crate::sampler::slice::{self, Marks, NoPick, Slice, SlicePriority};
 use crate::sampler::without_replacement::Epochs;
+use crate::storage::lanes::{LaneView, Lanes, TRAJ_MASK};
 use crate::storage::plan::Dest;
 use crate::storage::shard::Window as ShardWindow;
 use crate::storage::Miss;

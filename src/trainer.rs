@@ -18,8 +18,9 @@ use crate::dtype::DType;
 use crate::error::{
     BuildError, BuildErrorKind, DataError, PriorityError, PriorityUpdate, SampleError,
 };
+use crate::key::Key;
 use crate::loader::Loader;
-use crate::spec::{Key, Spec};
+use crate::spec::Spec;
 use crate::writer::Written;
 use std::sync::Arc;
 

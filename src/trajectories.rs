@@ -14,7 +14,8 @@ use std::ops::Range;
 use crate::batch::Batch;
 use crate::dtype::DType;
 use crate::error::DataError;
-use crate::spec::{Field, Key};
+use crate::key::Key;
+use crate::spec::Field;
 
 /// How [`split_trajectories`] finds where trajectories end, and which axis of the batch
 /// is time.

@@ -13,7 +13,7 @@ use crate::batch::Scratch;
 use crate::buffer::{Inner, Prepared, ReplayBuffer};
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::DumpOptions;
-use crate::checkpoint::error::PersistError;
+use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
@@ -254,7 +254,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         if !buffer.spec().same_fields(&want) {
             return Err(PersistError::new(
                 path,
-                crate::checkpoint::error::Kind::Mismatch(format!(
+                crate::error::persist::Kind::Mismatch(format!(
                     "not a buffer of {}-byte rows",
                     std::mem::size_of::<T>()
                 )),

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use super::dir::{DirKind, DirMeta};
-use super::error::{Kind, PersistError};
 use crate::buffer::ReplayBuffer;
+use crate::error::persist::{Kind, PersistError};
 use crate::writer::WritePolicy;
 
 impl ReplayBuffer {

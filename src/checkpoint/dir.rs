@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{IoAt, Kind, PersistError};
 use super::meta::Config;
+use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::storage::layout::FORMAT_VERSION;
 
 /// The `format` field of every `meta.json`.

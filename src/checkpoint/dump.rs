@@ -39,12 +39,12 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::dir::{self, DirKind, DirMeta};
 use super::epochs;
-use super::error::{IoAt, Kind, PersistError};
 use super::hooks;
 use crate::batch::Batch;
 use crate::buffer::{dest_for, Inner, ReplayBuffer};
+use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::key::Key;
 use crate::sampler::Engine;
-use crate::spec::Key;
 use crate::storage::layout::Section;
 use crate::storage::stamp::Stamp;
 use crate::storage::{atomic_copy, Storage};

@@ -10,9 +10,9 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::dir::{DirKind, DirMeta, STORAGE};
 use super::dump::CHUNK_BYTES;
-use super::error::{IoAt, PersistError};
 use super::meta::{Config, SamplerMeta};
 use crate::buffer::ReplayBuffer;
+use crate::error::persist::{IoAt, PersistError};
 
 /// What [`inspect`] found in a buffer directory.
 #[derive(Clone, Debug)]
@@ -124,7 +124,7 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
         if len != bytes {
             return Err(PersistError::new(
                 path,
-                super::error::Kind::Length {
+                crate::error::persist::Kind::Length {
                     expected: bytes,
                     found: len,
                 },
@@ -143,7 +143,7 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
         if found != xxh3 {
             return Err(PersistError::new(
                 path,
-                super::error::Kind::Checksum {
+                crate::error::persist::Kind::Checksum {
                     expected: xxh3,
                     found,
                 },

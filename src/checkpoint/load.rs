@@ -17,15 +17,15 @@ use xxhash_rust::xxh3::Xxh3;
 use super::dir::{DirKind, DirMeta};
 use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part};
 use super::epochs;
-use super::error::{IoAt, Kind, PersistError};
 use super::hooks;
 use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::checkpoint::meta::Config;
+use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::key::Key;
 use crate::sampler::slice::Window;
 use crate::sampler::Engine;
-use crate::spec::Key;
 use crate::storage::layout::Section;
 use crate::storage::{atomic_copy, Draw, Storage};
 
@@ -397,7 +397,7 @@ fn read_into(
         run_load_hooks(storage, &load_hooks)
             .map_err(|why| PersistError::new(dir, Kind::Hook(why)))?;
     }
-    storage.recover(inner.sampler.prioritized());
+    inner.sampler.recover(storage);
     Ok(())
 }
 

@@ -13,13 +13,13 @@
 
 use std::path::Path;
 
-use super::error::PersistError;
 use super::meta::Config;
+use crate::error::persist::PersistError;
 use crate::storage::{Parts, Storage};
 #[cfg(not(replaybuf_loom))]
 use {
     super::dir::{DirKind, DirMeta, META, STORAGE},
-    super::error::{IoAt, Kind},
+    crate::error::persist::{IoAt, Kind},
     crate::region::{Access, Region},
     crate::storage::layout::{self, HeaderProblem},
     std::fs::{self, TryLockError},
@@ -36,7 +36,7 @@ pub(crate) fn open(
 ) -> Result<Opened, PersistError> {
     Err(PersistError::new(
         dir,
-        super::error::Kind::Unsupported("file-backed storage is not built under loom"),
+        crate::error::persist::Kind::Unsupported("file-backed storage is not built under loom"),
     ))
 }
 

@@ -19,11 +19,12 @@ use serde::{Deserialize, Serialize};
 use crate::builder::ReplayBufferBuilder;
 use crate::dtype::DType;
 use crate::error::SpecError;
+use crate::key::Key;
 use crate::sampler::slice::SliceShape;
 use crate::sampler::{
     Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
-use crate::spec::{Key, Spec};
+use crate::spec::Spec;
 use crate::writer::WritePolicy;
 
 /// Everything a buffer was built with.

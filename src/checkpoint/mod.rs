@@ -4,7 +4,6 @@ pub(crate) mod dataset;
 pub(crate) mod dir;
 pub(crate) mod dump;
 pub(crate) mod epochs;
-pub(crate) mod error;
 pub(crate) mod hooks;
 pub(crate) mod inspect;
 pub(crate) mod list;

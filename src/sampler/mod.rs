@@ -26,7 +26,7 @@ use crate::error::SampleError;
 use crate::region::Block;
 use crate::rng::Rng;
 use crate::storage::shard::{Shard, Window};
-use crate::storage::{Draw, Miss, Want};
+use crate::storage::{Draw, Miss, Storage, Want};
 use crate::sync::Backoff;
 
 /// Draws tried for one row before a sample gives up with [`SampleError::Starved`].
@@ -133,6 +133,18 @@ impl Engine {
                 ..
             }) => Some(state),
             _ => None,
+        }
+    }
+
+    /// Recovers `storage` after a crash, a reopening or a load (`storage/recover.rs`),
+    /// then rebuilds a prioritized buffer's trees from its live rows' raw priorities.
+    pub(crate) fn recover(&self, storage: &Storage) {
+        storage.recover();
+        if let Some(state) = self.prioritized() {
+            let live = storage.live_priorities();
+            state.rebuild(&storage.trees(), |k, leaf| {
+                live(k, leaf).filter(|&(_, p)| prioritized::valid(p))
+            });
         }
     }
 

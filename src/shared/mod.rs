@@ -28,7 +28,6 @@
 #[cfg(not(replaybuf_loom))]
 pub(crate) mod liveness;
 #[cfg(not(replaybuf_loom))]
-pub(crate) mod member;
 #[cfg(not(replaybuf_loom))]
 pub(crate) mod open;
 pub(crate) mod procs;

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::dir::{DirKind, DirMeta};
-use crate::checkpoint::error::{Kind, PersistError};
 use crate::checkpoint::memmap::header_error;
 use crate::checkpoint::meta::Config;
+use crate::error::persist::{Kind, PersistError};
 use crate::region::shared::{object_name, Foreign, OpenError};
 use crate::region::Region;
 use crate::storage::layout::{self, HeaderProblem};

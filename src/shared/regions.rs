@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::open::shown;
 use super::procs::ProcTable;
-use crate::checkpoint::error::{Kind, PersistError};
+use crate::error::persist::{Kind, PersistError};
 use crate::region::shared::{self, object_name, OpenError};
 use crate::region::{Block, Region};
 use crate::storage::layout::{self, PROC_WORDS};

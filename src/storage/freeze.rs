@@ -102,7 +102,7 @@ impl Drop for Editing<'_> {
 /// This process's hold on a shard's `Editor` word in a shared region (`None`
 /// elsewhere), given back on drop.
 pub(crate) struct EditHold<'a>(
-    #[cfg(not(replaybuf_loom))] Option<(&'a crate::shared::member::Member, usize)>,
+    #[cfg(not(replaybuf_loom))] Option<(&'a crate::storage::member::Member, usize)>,
     #[cfg(replaybuf_loom)]
     #[allow(dead_code)] // no shared regions under loom
     Option<(&'a (), usize)>,

@@ -20,7 +20,9 @@
 pub mod atomic_copy;
 pub(crate) mod freeze;
 pub(crate) mod geometry;
+pub(crate) mod lanes;
 pub(crate) mod layout;
+pub(crate) mod member;
 pub(crate) mod plan;
 pub(crate) mod recover;
 pub(crate) mod shard;
@@ -38,11 +40,11 @@ use stamp::{lap_cmp, Claim, Prev, Stamp};
 use atomic_copy::Intent;
 
 use crate::region::{Block, Region};
-use crate::sampler::slice::{Bounds, Lanes, Turn};
-#[cfg(not(replaybuf_loom))]
-use crate::shared::member::Member;
 use crate::shared::procs::ProcTable;
 use crate::spec::Spec;
+use crate::storage::lanes::{Bounds, Lanes, Turn};
+#[cfg(not(replaybuf_loom))]
+use crate::storage::member::Member;
 use crate::sumtree::tree::Tree;
 use crate::sumtree::{self, Layout as TreeLayout};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};

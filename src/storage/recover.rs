@@ -20,7 +20,6 @@
 use super::layout::ShardWord;
 use super::stamp::Stamp;
 use super::Storage;
-use crate::sampler::prioritized;
 use crate::sumtree::tree::Tree;
 use crate::sync::Ordering;
 
@@ -123,9 +122,9 @@ impl Storage {
         true
     }
 
-    /// Recovers the region (see the module docs). `priorities` is the prioritized
-    /// sampler's state, for a buffer with trees.
-    pub(crate) fn recover(&self, priorities: Option<&prioritized::State>) -> Recovered {
+    /// Recovers the region (see the module docs). A prioritized buffer's trees are
+    /// rebuilt after, by its sampler, from [`Storage::live_priorities`].
+    pub(crate) fn recover(&self) -> Recovered {
         let mut found = Recovered::default();
         for shard in self.shards() {
             shard.occupancy().store(0, Ordering::Release);
@@ -150,29 +149,6 @@ impl Storage {
                 }
             }
         }
-        if let Some(state) = priorities {
-            let trees = self.trees();
-            let rings: Vec<_> = self
-                .shards()
-                .iter()
-                .map(|s| (*s.ring(), s.window().positions(s.ring().steps)))
-                .collect();
-            state.rebuild(&trees, |k, leaf| {
-                let (ring, positions) = &rings[k];
-                let pos = leaf as u64 / ring.width;
-                let stamp = self.stamp_of(k, leaf as u64);
-                let live = positions
-                    .seq_at(pos)
-                    .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
-                let raw = trees[k].raw(leaf, stamp.lap());
-                match raw {
-                    Some(p) if live && stamp.is_published() && prioritized::valid(p) => {
-                        Some((stamp.lap(), p))
-                    }
-                    _ => None,
-                }
-            });
-        }
         if let Some(lanes) = self.lanes() {
             for (k, shard) in self.shards().iter().enumerate() {
                 let ring = *shard.ring();
@@ -188,5 +164,27 @@ impl Storage {
             }
         }
         found
+    }
+
+    /// The raw priority of every live, published row, by tree and leaf: `(lap,
+    /// priority)`, or `None` for a leaf that holds no such row. For rebuilding the
+    /// trees after a recovery or a load.
+    pub(crate) fn live_priorities(&self) -> impl Fn(usize, usize) -> Option<(u32, f64)> + '_ {
+        let trees = self.trees();
+        let rings: Vec<_> = self
+            .shards()
+            .iter()
+            .map(|s| (*s.ring(), s.window().positions(s.ring().steps)))
+            .collect();
+        move |k, leaf| {
+            let (ring, positions) = &rings[k];
+            let pos = leaf as u64 / ring.width;
+            let stamp = self.stamp_of(k, leaf as u64);
+            let live = positions
+                .seq_at(pos)
+                .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+            let p = trees[k].raw(leaf, stamp.lap())?;
+            (live && stamp.is_published()).then_some((stamp.lap(), p))
+        }
     }
 }

@@ -7,8 +7,8 @@ use super::apply;
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::error::SwapError;
+use crate::key::Key;
 use crate::sampler::Sampler;
-use crate::spec::Key;
 use crate::writer::WritePolicy;
 
 /// A new storage for [`ReplayBuffer::set_storage`] (TorchRL's `LazyTensorStorage` and

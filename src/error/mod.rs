@@ -3,12 +3,18 @@
 //!
 //! Every error is returned before anything changes: a rejected `extend` wrote no row,
 //! a rejected `sample` moved no epoch, a rejected `write_all` touched no slot.
+//!
+//! Layer: base. Checkpoint and attach errors ([`PersistError`]) are in `persist.rs`.
 
 use std::fmt;
 use std::io;
 
 use crate::dtype::DType;
-use crate::spec::Key;
+use crate::key::Key;
+
+pub(crate) mod persist;
+
+pub use persist::PersistError;
 
 /// A [`Spec`](crate::Spec) that cannot be laid out.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +76,7 @@ pub(crate) enum BuildErrorKind {
     RankKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
-    Persist(crate::checkpoint::error::PersistError),
+    Persist(crate::error::persist::PersistError),
     Rows(DataError),
     Loader { reason: &'static str },
     Spawn(io::Error),
@@ -189,7 +195,7 @@ pub(crate) enum SwapErrorKind {
     Build(BuildError),
     /// A file-backed directory's record of the configuration could not be rewritten.
     #[cfg_attr(replaybuf_loom, allow(dead_code))]
-    Persist(crate::checkpoint::error::PersistError),
+    Persist(crate::error::persist::PersistError),
     /// A file-backed storage asked to change what its file's layout records.
     FileBacked,
     /// The buffer's recorded configuration does not build again.

@@ -2,7 +2,7 @@
 //! shards it holds the writer lease of, given back when the process's last handle of
 //! the buffer drops (a process that dies gives nothing back: others find it dead).
 
-use super::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
+use crate::shared::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
 use crate::storage::layout::ShardWord;
 use crate::storage::shard::Shard;
 use crate::storage::Storage;
