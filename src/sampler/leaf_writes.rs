@@ -10,9 +10,15 @@
 //! `alpha`, computes, writes, and reads the scale word again: if it moved, the writer
 //! brings the leaves it wrote to the new function from their raw words, and repeats.
 //! Whoever moves the word (storing `alpha` first) then passes over every leaf of every
-//! tree. All of these are `SeqCst`, so a leaf written under an old function after the
-//! pass went by belongs to a writer whose second read comes later still, and sees the
-//! new word. Updates write the raw word before the leaf and follow it after (see
+//! tree. The two sides meet as in Dekker's protocol: a writer's leaf writes, a `SeqCst`
+//! fence, its second read of the word; a mover's change of the word, a `SeqCst` fence,
+//! its pass (`State::word_after_writes`, `State::move_scale`). Of the two fences,
+//! one comes first in their single total order: if the writer's does, the pass reads
+//! its leaves; if the mover's does, the writer's second read sees the new word and it
+//! redoes its leaves. (The fences, not `SeqCst` on the accesses alone, are what loom
+//! models: it treats a `SeqCst` load as `Acquire`, and at preemption bound 3 found
+//! the writer's stale second read that the fences forbid.) Updates write the raw word
+//! before the leaf and follow it after (see
 //! `sumtree/tree.rs`). Once writes stop, every leaf holds its raw priority's mass under
 //! the last function: a collector racing `set_alpha` cannot leave a leaf of the old
 //! alpha behind.
@@ -23,7 +29,7 @@ use crate::error::PriorityError;
 use crate::storage::layout::Global;
 use crate::sumtree::tree::{Tree, Update};
 use crate::sumtree::{priority_in, quantize, raw_bits, Leaf};
-use crate::sync::Ordering;
+use crate::sync::{fence, Ordering};
 
 /// Leaves re-massed at once by a pass over a tree: one check of the scale word each.
 const REMASS_CHUNK_LEAVES: usize = 4096;
@@ -34,11 +40,25 @@ impl State {
         Scale::from_bits(self.word(Global::MassScale).load(Ordering::SeqCst))
     }
 
-    /// Replaces the scale word `from` by `to`; whether it was still `from`.
+    /// The scale word, read again after writing leaves under an earlier read of it:
+    /// the writer's side of the module's fence pairing.
+    fn word_after_writes(&self) -> Scale {
+        fence(Ordering::SeqCst);
+        self.scale()
+    }
+
+    /// Replaces the scale word `from` by `to`; whether it was still `from`. A move is
+    /// followed by a fence before the pass it owes reads any leaf (the mover's side of
+    /// the module's fence pairing).
     fn move_scale(&self, from: Scale, to: Scale) -> bool {
-        self.word(Global::MassScale)
+        let moved = self
+            .word(Global::MassScale)
             .compare_exchange(from.bits(), to.bits(), Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+            .is_ok();
+        if moved {
+            fence(Ordering::SeqCst);
+        }
+        moved
     }
 
     /// The mass function now, for trees like `tree` (every tree of a storage has the
@@ -128,7 +148,7 @@ impl State {
                         tree.remass_run(first, n, |p| keep_heavy(&f, p, &mut heavy));
                         if let Some(h) = heavy {
                             again |= self.lower_for(&f, h);
-                        } else if self.scale() == f.scale() {
+                        } else if self.word_after_writes() == f.scale() {
                             break;
                         }
                         f = self.mass_fn(tree);
@@ -154,10 +174,10 @@ impl State {
         mut redo: impl FnMut(&mut dyn FnMut(f64) -> Option<u64>),
     ) {
         let may_be_light = f.under_low_water(heaviest);
-        let moved = self.scale() != f.scale();
+        let moved = self.word_after_writes() != f.scale();
         // A priority too heavy for `f` moves the word (here or in another writer),
         // so the loop goes round again.
-        while self.scale() != f.scale() {
+        while self.word_after_writes() != f.scale() {
             f = self.mass_fn(tree);
             let mut heavy = None;
             redo(&mut |p| keep_heavy(&f, p, &mut heavy));

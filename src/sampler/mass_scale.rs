@@ -62,9 +62,10 @@
 //! computes and writes, then reads the word again and, if it moved, brings the leaves it
 //! wrote to the new word from their raw priorities. Whoever moves the word (a rescale,
 //! `set_alpha`) then brings every leaf of every tree to it the same way, chunk by chunk.
-//! All `SeqCst`: a writer whose leaf lands after the pass went by reads the new word
-//! on its check, and one that checked before the word moved wrote before the pass
-//! came. Masses of two words may sit side by side while a pass runs (draws follow the
+//! A `SeqCst` fence between a writer's leaves and its check, and another between a
+//! move and its pass (see `leaf_writes.rs`): a writer whose leaf lands after the pass
+//! went by reads the new word on its check, and one that checked before the word moved
+//! wrote before the pass came. Masses of two words may sit side by side while a pass runs (draws follow the
 //! mix for that long, as during `set_alpha` before); each is at most `value_max`, so
 //! the sums never overflow. A pass over a million leaves takes tens of milliseconds,
 //! in the write that moved the word; other threads go on meanwhile. (A process of a
