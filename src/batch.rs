@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
 use crate::key::KeyLike;
-use crate::sampler::slice::{Marks, Window as SliceWindow};
+use crate::sampler::slice::{Marks, SliceWindow};
 use crate::spec::{Field, Spec};
 use crate::storage::lanes::LaneView;
 use crate::storage::shard::Window;

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::batch::{Batch, Column, Scratch};
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::hooks::Hooks;
-use crate::checkpoint::meta::Config;
+use crate::config::Config;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
@@ -867,7 +867,7 @@ pub(crate) struct Prepared<'a> {
 
 /// What a prioritized gather needs to weigh the rows it reads.
 pub(crate) struct Weigh<'a> {
-    state: &'a prioritized::State,
+    state: &'a prioritized::Priorities,
     /// The smallest mass of any stored row, read before the draws.
     min: u64,
     out: &'a mut [f32],

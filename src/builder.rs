@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::checkpoint::memmap;
-use crate::checkpoint::meta::Config;
+use crate::config::{
+    key_meta, key_of, Config, ConfigError, FieldMeta, ReductionMeta, SamplerMeta, WriterMeta,
+};
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::key::Key;
@@ -285,7 +287,7 @@ impl ReplayBufferBuilder {
         let (geometry, trees) = (checked.geometry, checked.trees);
         let slices = checked.slices;
         let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
-        let mut config = Config::of(&self, seed);
+        let mut config = self.config(seed);
         let (storage, origin) = match (&self.memmap, &self.shared) {
             (Some(_), Some(_)) => {
                 return err(BuildErrorKind::Writer {
@@ -466,4 +468,168 @@ pub(crate) fn geometry(
         None => Geometry::flat(capacity as u64, shards as u64),
         Some(envs) => Geometry::grid((capacity / envs) as u64, envs as u64, shards as u64),
     })
+}
+
+/// A builder's configuration as plain data, and back (`config.rs`).
+impl ReplayBufferBuilder {
+    /// The configuration this builder builds with `seed` (for checkpoints and regions).
+    pub(crate) fn config(&self, seed: u64) -> Config {
+        Config {
+            spec: self
+                .spec
+                .fields()
+                .iter()
+                .map(|f| FieldMeta {
+                    key: key_meta(f.key()),
+                    dtype: f.dtype(),
+                    shape: f.shape().to_vec(),
+                })
+                .collect(),
+            capacity: self.capacity,
+            shards: self.shards,
+            ndim: self.ndim,
+            envs: self.envs,
+            dim_extend: self.dim_extend.unwrap_or(self.ndim.saturating_sub(1)),
+            batch_size: self.batch_size,
+            seed,
+            sampler: SamplerMeta::of(&self.sampler),
+            writer: match &self.writer {
+                WritePolicy::RoundRobin => WriterMeta::RoundRobin,
+                WritePolicy::Immutable => WriterMeta::Immutable,
+                WritePolicy::MaxValue {
+                    rank_key,
+                    reduction,
+                } => WriterMeta::MaxValue {
+                    rank_key: key_meta(rank_key),
+                    reduction: ReductionMeta::of(*reduction),
+                },
+            },
+            priority_key: self.priority_key.as_ref().map(key_meta),
+        }
+    }
+
+    /// A builder that builds `config` again (the builder checks it).
+    pub(crate) fn from_config(config: &Config) -> Result<ReplayBufferBuilder, ConfigError> {
+        let spec = config.spec().map_err(ConfigError::Spec)?;
+        let mut b = ReplayBufferBuilder::new(Arc::new(spec))
+            .capacity(config.capacity)
+            .shards(config.shards)
+            .ndim(config.ndim)
+            .dim_extend(config.dim_extend)
+            .seed(config.seed)
+            .sampler(config.sampler.sampler().ok_or(ConfigError::Sampler)?)
+            .writer(match &config.writer {
+                WriterMeta::RoundRobin => WritePolicy::RoundRobin,
+                WriterMeta::Immutable => WritePolicy::Immutable,
+                WriterMeta::MaxValue {
+                    rank_key,
+                    reduction,
+                } => WritePolicy::MaxValue {
+                    rank_key: key_of(rank_key),
+                    reduction: reduction.reduction(),
+                },
+            });
+        if let Some(envs) = config.envs {
+            b = b.envs(envs);
+        }
+        if let Some(n) = config.batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(k) = &config.priority_key {
+            b = b.priority_key(key_of(k));
+        }
+        Ok(b)
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod config_tests {
+    //! A builder round-trips through its configuration (`config.rs`).
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::sampler::{
+        Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+    };
+    use crate::DType;
+
+    fn spec() -> Arc<Spec> {
+        Arc::new(
+            Spec::builder()
+                .field("obs", DType::F32, [3])
+                .field(("next", "done"), DType::Bool, [])
+                .field("traj", DType::I64, [])
+                .field("td", DType::F32, [2])
+                .build()
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn every_sampler_round_trips_through_json() {
+        let p = Prioritized::new(0.6, 0.4)
+            .eps(1e-3)
+            .max_capacity(1000)
+            .reduction(Reduction::Median)
+            .max_priority_within_buffer(true);
+        let samplers: Vec<Sampler> = vec![
+            Uniform.into(),
+            WithoutReplacement::new()
+                .drop_last(true)
+                .shuffle(false)
+                .into(),
+            p.into(),
+            Slice::num_slices(4).traj_key("traj").span(1, 2).into(),
+            Slice::slice_len(8)
+                .truncated_key(("next", "done"))
+                .strict_length(false)
+                .without_replacement(WithoutReplacement::new())
+                .into(),
+            Slice::slice_len(8)
+                .traj_key("traj")
+                .prioritized(p, SlicePriority::Window)
+                .into(),
+        ];
+        for sampler in samplers {
+            let builder = ReplayBufferBuilder::new(spec())
+                .capacity(64)
+                .shards(2)
+                .batch_size(16)
+                .sampler(sampler.clone())
+                .priority_key("td");
+            let config = builder.config(7);
+            let json = serde_json::to_string(&config).unwrap();
+            let back: Config = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, config);
+            assert_eq!(back.sampler.sampler(), Some(sampler));
+            assert_eq!(
+                ReplayBufferBuilder::from_config(&back).unwrap().config(7),
+                config
+            );
+        }
+    }
+
+    #[test]
+    fn the_layout_hash_ignores_run_time_settings_only() {
+        let base = ReplayBufferBuilder::new(spec())
+            .capacity(64)
+            .sampler(Prioritized::new(0.6, 0.4));
+        let config = base.config(1);
+        let same = base
+            .clone()
+            .sampler(Prioritized::new(0.9, 0.1))
+            .batch_size(8)
+            .config(2);
+        assert_eq!(config.layout_hash(), same.layout_hash());
+        assert_eq!(config.layout_difference(&same), None);
+        let other = base.clone().capacity(128).config(1);
+        assert_ne!(config.layout_hash(), other.layout_hash());
+        assert_eq!(
+            config.layout_difference(&other).unwrap(),
+            "capacity 64 vs 128"
+        );
+        let eps = base.sampler(Prioritized::new(0.6, 0.4).eps(0.1)).config(1);
+        assert_eq!(config.layout_difference(&eps).unwrap(), "the sampler");
+    }
 }

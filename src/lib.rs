@@ -44,6 +44,7 @@ mod batch;
 mod buffer;
 mod builder;
 mod checkpoint;
+mod config;
 mod dtype;
 mod ensemble;
 mod error;

@@ -71,7 +71,7 @@ struct Filled<T> {
     item: Result<T, SampleError>,
 }
 
-struct State<T> {
+struct Slots<T> {
     /// Items ready for the learner, oldest first.
     ready: VecDeque<Filled<T>>,
     /// Takes the learner has started: a fill records it as its ticket.
@@ -91,8 +91,8 @@ struct State<T> {
     poisoned: bool,
 }
 
-struct Shared<T> {
-    state: Mutex<State<T>>,
+struct Handoff<T> {
+    state: Mutex<Slots<T>>,
     /// Wakes the learner: an item is ready.
     ready: Condvar,
     /// Wakes a worker: there is room for a fill, or it must stop.
@@ -102,7 +102,7 @@ struct Shared<T> {
 
 /// A learner's pool of prefetch workers.
 pub(crate) struct Prefetch<T: Send + 'static> {
-    shared: Arc<Shared<T>>,
+    shared: Arc<Handoff<T>>,
     workers: Vec<thread::JoinHandle<()>>,
 }
 
@@ -111,8 +111,8 @@ impl<T: Send + 'static> Prefetch<T> {
     /// (`depth >= 1`) ready.
     pub(crate) fn spawn(depth: usize, fills: Vec<Fill<T>>, name: &str) -> io::Result<Self> {
         debug_assert!(depth >= 1 && !fills.is_empty());
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
+        let shared = Arc::new(Handoff {
+            state: Mutex::new(Slots {
                 ready: VecDeque::with_capacity(depth),
                 asks: 0,
                 free: Vec::with_capacity(depth),
@@ -180,7 +180,7 @@ impl<T: Send + 'static> Prefetch<T> {
 
     /// Pops the oldest ready item under the lock and runs `with` on it there, dropping
     /// errors prepared before this ask.
-    fn take_with<R>(&self, with: impl FnOnce(&mut State<T>, Result<T, SampleError>) -> R) -> R {
+    fn take_with<R>(&self, with: impl FnOnce(&mut Slots<T>, Result<T, SampleError>) -> R) -> R {
         let mut st = self.shared.state.lock();
         st.asks += 1;
         let ask = st.asks;
@@ -214,14 +214,14 @@ impl<T: Send + 'static> Prefetch<T> {
 }
 
 /// Keeps `item` as a buffer to reuse, unless `depth` are kept already.
-fn keep<T>(st: &mut State<T>, item: T, depth: usize) {
+fn keep<T>(st: &mut Slots<T>, item: T, depth: usize) {
     if st.free.len() < depth {
         st.free.push(item);
     }
 }
 
 /// A worker: fills items while there is room, until stopped.
-fn work<T>(shared: &Shared<T>, mut fill: Fill<T>) {
+fn work<T>(shared: &Handoff<T>, mut fill: Fill<T>) {
     let mut st = shared.state.lock();
     let mut polls = 0;
     loop {

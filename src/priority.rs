@@ -18,7 +18,7 @@ use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::dtype::DType;
 use crate::error::{DataError, PriorityError, PriorityUpdate};
-use crate::sampler::prioritized::{self, State};
+use crate::sampler::prioritized::{self, Priorities};
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
@@ -26,7 +26,7 @@ use crate::storage::Raws;
 use crate::swap::Attempt;
 
 impl Inner {
-    fn prioritized(&self) -> Result<&State, PriorityError> {
+    fn prioritized(&self) -> Result<&Priorities, PriorityError> {
         self.sampler
             .prioritized()
             .ok_or(PriorityError::NotPrioritized)
@@ -360,12 +360,12 @@ impl ReplayBuffer {
 
     /// The priority exponent (`None` unless prioritized).
     pub fn alpha(&self) -> Option<f64> {
-        self.inner().sampler.prioritized().map(State::alpha)
+        self.inner().sampler.prioritized().map(Priorities::alpha)
     }
 
     /// The importance-correction exponent (`None` unless prioritized).
     pub fn beta(&self) -> Option<f64> {
-        self.inner().sampler.prioritized().map(State::beta)
+        self.inner().sampler.prioritized().map(Priorities::beta)
     }
 
     /// Changes `beta` for the samples that follow (annealing).

@@ -26,7 +26,7 @@ impl Inner {
     /// then each is read, and one that does not read whole is picked again.
     pub(crate) fn sample_slices(
         &self,
-        state: &slice::State,
+        state: &slice::SliceState,
         rng: &mut Rng,
         n: usize,
         batch: &mut Batch,
@@ -122,9 +122,9 @@ impl Inner {
     /// replaced since the epoch began is skipped for the epoch's next one.
     fn read_epoch_slices(
         &self,
-        epochs: &Epochs<slice::Window>,
+        epochs: &Epochs<slice::SliceWindow>,
         mut picker: Picker<'_>,
-        windows: &mut Vec<slice::Window>,
+        windows: &mut Vec<slice::SliceWindow>,
         slices: usize,
         batch: &mut Batch,
         map: &[usize],
@@ -200,7 +200,7 @@ impl Inner {
     /// entry overwritten under the pick).
     fn read_window(
         &self,
-        w: &slice::Window,
+        w: &slice::SliceWindow,
         first: usize,
         len: usize,
         out: &mut SliceOut<'_, '_>,
@@ -276,7 +276,7 @@ struct Picker<'a> {
 
 /// What a prioritized slice sample draws from.
 struct Prio<'a> {
-    state: &'a prioritized::State,
+    state: &'a prioritized::Priorities,
     over: SlicePriority,
     trees: &'a [Tree<'a>],
     masses: Masses,
@@ -316,7 +316,7 @@ impl Picker<'_> {
 
     /// A window of a trajectory drawn uniformly, picking again while picks land on
     /// trajectories with no live row or (strict) too short.
-    fn pick(&mut self, rng: &mut Rng) -> Result<slice::Window, SampleError> {
+    fn pick(&mut self, rng: &mut Rng) -> Result<slice::SliceWindow, SampleError> {
         let words = self.buffer.storage.words();
         loop {
             if self.failures > 0 && self.failures.is_multiple_of(SLICE_REFRESH_AFTER) {
@@ -364,7 +364,7 @@ impl Picker<'_> {
 impl Picker<'_> {
     /// A prioritized pick: a row drawn by mass, then the window it starts (or one
     /// holding it); a row no window can serve is drawn again.
-    fn pick_by_priority(&self, p: &Prio<'_>, rng: &mut Rng) -> Result<slice::Window, NoPick> {
+    fn pick_by_priority(&self, p: &Prio<'_>, rng: &mut Rng) -> Result<slice::SliceWindow, NoPick> {
         let storage = &self.buffer.storage;
         let words = storage.words();
         let d = prioritized::redraw(p.trees, storage.shards(), p.shard_windows, &p.masses, rng)
@@ -406,7 +406,7 @@ impl Picker<'_> {
                 (sum / (to - from)).max(1)
             }
         };
-        Ok(slice::Window {
+        Ok(slice::SliceWindow {
             shard: d.shard,
             lane: d.lane,
             traj: n,

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 /// How collector batches become rows.
 #[derive(Clone, Debug)]
-enum Layout {
+enum Shape {
     /// `[E, T]` becomes `E * T` rows of the buffer's own spec.
     Flatten,
     /// `[E, T]` becomes `envs` rows, each a trajectory of `steps` steps (the buffer's
@@ -45,7 +45,7 @@ enum Layout {
 #[derive(Debug)]
 pub struct ReplayBufferTrainer {
     buffer: ReplayBuffer,
-    layout: Layout,
+    layout: Shape,
     /// The collector's validity field (`[E, T]` bools), by key.
     mask_key: Option<Key>,
     loader: Loader,
@@ -129,7 +129,7 @@ impl TrainerBuilder {
                         _ => return err("the mask key must be a bool field of one value"),
                     }
                 }
-                Layout::Flatten
+                Shape::Flatten
             }
             Some((envs, steps)) => {
                 if steps == 0 || envs == Some(0) {
@@ -160,7 +160,7 @@ impl TrainerBuilder {
                 if let Some(key) = &self.mask_key {
                     step = step.field(key.clone(), DType::Bool, []);
                 }
-                Layout::Pad {
+                Shape::Pad {
                     envs,
                     steps,
                     mask,
@@ -194,8 +194,8 @@ impl ReplayBufferTrainer {
     /// [`ReplayBufferTrainer::extend`] takes.
     pub fn collector_batch(&self, envs: usize, steps: usize) -> Batch {
         match &self.layout {
-            Layout::Flatten => self.buffer.batch([envs, steps]),
-            Layout::Pad { step_spec, .. } => Batch::zeros(step_spec.clone(), [envs, steps]),
+            Shape::Flatten => self.buffer.batch([envs, steps]),
+            Shape::Pad { step_spec, .. } => Batch::zeros(step_spec.clone(), [envs, steps]),
         }
     }
 
@@ -204,8 +204,8 @@ impl ReplayBufferTrainer {
     /// Returns where the rows went.
     pub fn extend(&self, collected: &Batch) -> Result<Written, DataError> {
         let rows = match &self.layout {
-            Layout::Flatten => self.flatten(collected)?,
-            Layout::Pad {
+            Shape::Flatten => self.flatten(collected)?,
+            Shape::Pad {
                 envs,
                 steps,
                 mask,

@@ -303,7 +303,7 @@ pub enum TrajectoryError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn split_trajectories(batch: &Batch, split: &Split) -> Result<Trajectories, TrajectoryError> {
-    let layout = Layout::of(batch.shape(), split.time_first)?;
+    let layout = Axes::of(batch.shape(), split.time_first)?;
     let pieces = match (&split.by, &split.truncated) {
         (Boundary::TrajKey(_), Some(truncated)) => {
             return Err(TrajectoryError::TruncatedWithTrajKey {
@@ -326,27 +326,27 @@ pub fn split_trajectories(batch: &Batch, split: &Split) -> Result<Trajectories, 
 
 /// Where step `step` of environment `env` sits in the rows of the input batch.
 #[derive(Clone, Copy, Debug)]
-struct Layout {
+struct Axes {
     envs: usize,
     steps: usize,
     /// `[T, E]`: one environment's steps are `envs` rows apart.
     time_first: bool,
 }
 
-impl Layout {
-    fn of(shape: &[usize], time_first: bool) -> Result<Layout, TrajectoryError> {
+impl Axes {
+    fn of(shape: &[usize], time_first: bool) -> Result<Axes, TrajectoryError> {
         let layout = match *shape {
-            [steps] => Layout {
+            [steps] => Axes {
                 envs: 1,
                 steps,
                 time_first: false,
             },
-            [steps, envs] if time_first => Layout {
+            [steps, envs] if time_first => Axes {
                 envs,
                 steps,
                 time_first,
             },
-            [envs, steps] => Layout {
+            [envs, steps] => Axes {
                 envs,
                 steps,
                 time_first,
@@ -386,7 +386,7 @@ struct Piece {
     len: usize,
 }
 
-fn cut_at_id_changes(ids: &[i128], layout: Layout) -> Result<Vec<Piece>, TrajectoryError> {
+fn cut_at_id_changes(ids: &[i128], layout: Axes) -> Result<Vec<Piece>, TrajectoryError> {
     // The environment of every id met so far; only looked up, never iterated.
     let mut env_of: HashMap<i128, usize> = HashMap::new();
     let mut pieces = Vec::new();
@@ -415,7 +415,7 @@ fn cut_at_id_changes(ids: &[i128], layout: Layout) -> Result<Vec<Piece>, Traject
     Ok(pieces)
 }
 
-fn cut_after_ends(ends: &[bool], layout: Layout) -> Vec<Piece> {
+fn cut_after_ends(ends: &[bool], layout: Axes) -> Vec<Piece> {
     let mut pieces = Vec::new();
     for env in 0..layout.envs {
         let mut start = 0;
@@ -497,7 +497,7 @@ fn widened(batch: &Batch, field: &Field) -> Result<Option<Vec<i128>>, DataError>
 }
 
 /// Copies every piece's rows, field by field, into a zeroed `[count, max_len]` batch.
-fn pad(batch: &Batch, layout: Layout, pieces: Vec<Piece>) -> Result<Trajectories, TrajectoryError> {
+fn pad(batch: &Batch, layout: Axes, pieces: Vec<Piece>) -> Result<Trajectories, TrajectoryError> {
     let count = pieces.len();
     let max_len = pieces.iter().map(|p| p.len).max().unwrap_or(0);
     let spec = batch.spec();

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::dir::{DirKind, DirMeta};
 use crate::buffer::ReplayBuffer;
+use crate::builder::ReplayBufferBuilder;
 use crate::error::persist::{Kind, PersistError};
 use crate::writer::WritePolicy;
 
@@ -37,8 +38,7 @@ pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
             let refused = |why: String| {
                 PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
             };
-            meta.config
-                .builder()
+            ReplayBufferBuilder::from_config(&meta.config)
                 .map_err(|e| refused(format!("{e:?}")))?
                 .memmap(dir)
                 .existsok(true)
@@ -56,9 +56,7 @@ pub(crate) fn open_copy(dir: &Path) -> Result<ReplayBuffer, PersistError> {
     let meta = DirMeta::read(dir)?;
     let refused =
         |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
-    let mut builder = meta
-        .config
-        .builder()
+    let mut builder = ReplayBufferBuilder::from_config(&meta.config)
         .map_err(|e| refused(format!("{e:?}")))?
         .memmap(dir)
         .writer(WritePolicy::Immutable);

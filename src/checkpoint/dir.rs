@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::meta::Config;
+use crate::config::Config;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::storage::layout::FORMAT_VERSION;
 

@@ -487,7 +487,7 @@ fn write_sections(
 pub(crate) fn encode_epochs(engine: &Engine) -> Option<Vec<u8>> {
     match engine {
         Engine::WithoutReplacement(e) => Some(epochs::encode(&e.state())),
-        Engine::Slice(crate::sampler::slice::State {
+        Engine::Slice(crate::sampler::slice::SliceState {
             epochs: Some(e), ..
         }) => Some(epochs::encode(&e.state())),
         _ => None,

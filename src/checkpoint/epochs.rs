@@ -11,7 +11,7 @@
 //! checks every item against the buffer's geometry, so a damaged file is an error,
 //! never a draw outside the storage.
 
-use crate::sampler::slice::Window;
+use crate::sampler::slice::SliceWindow;
 use crate::sampler::without_replacement::{EpochState, OpenEpoch};
 use crate::storage::geometry::Geometry;
 use crate::storage::Draw;
@@ -62,7 +62,7 @@ impl Item for Draw {
     }
 }
 
-impl Item for Window {
+impl Item for SliceWindow {
     const KIND: u64 = 2;
     const BYTES: usize = 48;
 
@@ -81,10 +81,10 @@ impl Item for Window {
         }
     }
 
-    fn decode(b: &[u8], geometry: &Geometry) -> Option<Window> {
+    fn decode(b: &[u8], geometry: &Geometry) -> Option<SliceWindow> {
         let (shard, lane) = (u32_at(b, 0), u32_at(b, 4));
         let next = u64_at(b, 24);
-        let w = Window {
+        let w = SliceWindow {
             shard,
             lane,
             traj: u64_at(b, 8),
@@ -189,7 +189,10 @@ mod tests {
         };
         let bytes = encode(&state);
         assert_eq!(decode::<Draw>(&bytes, &g).unwrap(), state);
-        assert!(decode::<Window>(&bytes, &g).is_err(), "wrong item kind");
+        assert!(
+            decode::<SliceWindow>(&bytes, &g).is_err(),
+            "wrong item kind"
+        );
         assert!(decode::<Draw>(&bytes[..bytes.len() - 1], &g).is_err());
         let mut bad = bytes.clone();
         bad[8 * HEADER_WORDS] = 7; // shard 7 of 2

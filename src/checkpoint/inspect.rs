@@ -10,8 +10,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::dir::{DirKind, DirMeta, STORAGE};
 use super::dump::CHUNK_BYTES;
-use super::meta::{Config, SamplerMeta};
 use crate::buffer::ReplayBuffer;
+use crate::config::{Config, SamplerMeta};
 use crate::error::persist::{IoAt, PersistError};
 
 /// What [`inspect`] found in a buffer directory.

@@ -24,7 +24,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::dir::{self, FORMAT};
 use super::dump::{encode_epochs, FileMeta, Part};
 use super::epochs;
-use super::meta::SamplerMeta;
+use crate::config::SamplerMeta;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::list::{Entry, ListBuffer};
 use crate::sampler::Engine;

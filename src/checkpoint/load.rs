@@ -21,10 +21,9 @@ use super::hooks;
 use crate::batch::Batch;
 use crate::buffer::{Inner, ReplayBuffer};
 use crate::builder::{Origin, ReplayBufferBuilder};
-use crate::checkpoint::meta::Config;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::key::Key;
-use crate::sampler::slice::Window;
+use crate::sampler::slice::SliceWindow;
 use crate::sampler::Engine;
 use crate::storage::layout::Section;
 use crate::storage::{atomic_copy, Draw, Storage};
@@ -81,16 +80,14 @@ impl ReplayBuffer {
         let refused = |why: String| {
             PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
         };
-        let builder = old
-            .config
-            .builder()
+        let builder = ReplayBufferBuilder::from_config(&old.config)
             .map_err(|e| refused(format!("{e:?}")))?
             .seed(meta.config.seed);
         let mut new = if old.storage.is_file_backed() || old.storage.is_shared() {
             // The region is the file or the shared memory: a state over it, and every
             // file checked before anything is written.
             let checked = builder.check().map_err(|e| refused(e.to_string()))?;
-            let config = Config::of(&builder, meta.config.seed);
+            let config = builder.config(meta.config.seed);
             let new = builder.assemble(
                 checked,
                 config,
@@ -161,13 +158,9 @@ fn build(
 ) -> Result<ReplayBuffer, PersistError> {
     let refused =
         |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
-    tweak(
-        meta.config
-            .builder()
-            .map_err(|e| refused(format!("{e:?}")))?,
-    )
-    .build()
-    .map_err(|e| refused(e.to_string()))
+    tweak(ReplayBufferBuilder::from_config(&meta.config).map_err(|e| refused(format!("{e:?}")))?)
+        .build()
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// One checkpoint file, opened and checked against its record.
@@ -484,9 +477,9 @@ fn restore_epochs(engine: &Engine, storage: &Storage, bytes: &[u8]) -> Result<()
     let geometry = storage.geometry();
     match engine {
         Engine::WithoutReplacement(e) => e.restore(epochs::decode::<Draw>(bytes, geometry)?),
-        Engine::Slice(crate::sampler::slice::State {
+        Engine::Slice(crate::sampler::slice::SliceState {
             epochs: Some(e), ..
-        }) => e.restore(epochs::decode::<Window>(bytes, geometry)?),
+        }) => e.restore(epochs::decode::<SliceWindow>(bytes, geometry)?),
         _ => {}
     }
     Ok(())

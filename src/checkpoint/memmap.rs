@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::meta::Config;
+use crate::config::Config;
 use crate::error::persist::PersistError;
 use crate::storage::{Parts, Storage};
 #[cfg(not(replaybuf_loom))]

@@ -9,4 +9,3 @@ pub(crate) mod inspect;
 pub(crate) mod list;
 pub(crate) mod load;
 pub(crate) mod memmap;
-pub(crate) mod meta;

@@ -24,7 +24,7 @@
 //! alpha behind.
 
 use super::mass_scale::{MassFn, Scale, TooHeavy};
-use super::prioritized::{valid_alpha, State};
+use super::prioritized::{valid_alpha, Priorities};
 use crate::error::PriorityError;
 use crate::storage::layout::Global;
 use crate::sumtree::tree::{Tree, Update};
@@ -34,7 +34,7 @@ use crate::sync::{fence, Ordering};
 /// Leaves re-massed at once by a pass over a tree: one check of the scale word each.
 const REMASS_CHUNK_LEAVES: usize = 4096;
 
-impl State {
+impl Priorities {
     /// The scale word (see the module's ordering notes).
     fn scale(&self) -> Scale {
         Scale::from_bits(self.word(Global::MassScale).load(Ordering::SeqCst))

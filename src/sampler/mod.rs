@@ -87,8 +87,8 @@ impl From<WithoutReplacement> for Sampler {
 pub(crate) enum Engine {
     Uniform,
     WithoutReplacement(without_replacement::Epochs),
-    Prioritized(prioritized::State),
-    Slice(slice::State),
+    Prioritized(prioritized::Priorities),
+    Slice(slice::SliceState),
 }
 
 impl Engine {
@@ -99,8 +99,10 @@ impl Engine {
             Sampler::WithoutReplacement(w) => {
                 Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
-            Sampler::Prioritized(p) => Engine::Prioritized(prioritized::State::new(p, globals)),
-            Sampler::Slice(s) => Engine::Slice(slice::State::new(s, seed, globals)),
+            Sampler::Prioritized(p) => {
+                Engine::Prioritized(prioritized::Priorities::new(p, globals))
+            }
+            Sampler::Slice(s) => Engine::Slice(slice::SliceState::new(s, seed, globals)),
         }
     }
 
@@ -117,7 +119,7 @@ impl Engine {
     }
 
     /// The slice sampler's state, if this is one.
-    pub(crate) fn slice_state(&self) -> Option<&slice::State> {
+    pub(crate) fn slice_state(&self) -> Option<&slice::SliceState> {
         match self {
             Engine::Slice(s) => Some(s),
             _ => None,
@@ -125,10 +127,10 @@ impl Engine {
     }
 
     /// The priorities' state of a prioritized sampler, slices included.
-    pub(crate) fn prioritized(&self) -> Option<&prioritized::State> {
+    pub(crate) fn prioritized(&self) -> Option<&prioritized::Priorities> {
         match self {
             Engine::Prioritized(state) => Some(state),
-            Engine::Slice(slice::State {
+            Engine::Slice(slice::SliceState {
                 priorities: Some(state),
                 ..
             }) => Some(state),
@@ -153,7 +155,7 @@ impl Engine {
     pub(crate) fn reset(&self) {
         match self {
             Engine::WithoutReplacement(epochs) => epochs.close(),
-            Engine::Slice(slice::State {
+            Engine::Slice(slice::SliceState {
                 epochs: Some(epochs),
                 ..
             }) => epochs.close(),

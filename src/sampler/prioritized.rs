@@ -151,7 +151,7 @@ const INITIAL_PRIORITY: f64 = 1.0;
 /// `Global::MassScale`, the trees' mass scale and the mass function's epoch
 /// (`mass_scale::Scale`), which `leaf_writes.rs` keeps.
 #[derive(Debug)]
-pub(crate) struct State {
+pub(crate) struct Priorities {
     globals: Block,
     pub(super) config: Prioritized,
     pub(crate) reduction: Reduction,
@@ -168,11 +168,11 @@ pub(super) fn valid_alpha(alpha: f64) -> bool {
     valid(alpha) && alpha <= ALPHA_MAX
 }
 
-impl State {
-    /// The state of `config` over the region's `globals`, which [`State::initialize`]
+impl Priorities {
+    /// The state of `config` over the region's `globals`, which [`Priorities::initialize`]
     /// fills in a new region.
-    pub(crate) fn new(config: Prioritized, globals: Block) -> State {
-        State {
+    pub(crate) fn new(config: Prioritized, globals: Block) -> Priorities {
+        Priorities {
             globals,
             reduction: config.reduction,
             config,

@@ -285,7 +285,7 @@ impl Slice {
 
 /// A picked window: trajectory `traj` of a lane, its live extent and the rows read.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Window {
+pub(crate) struct SliceWindow {
     pub(crate) shard: u32,
     pub(crate) lane: u32,
     pub(crate) traj: u64,
@@ -303,7 +303,7 @@ pub(crate) struct Window {
     pub(crate) weight: f32,
 }
 
-impl Window {
+impl SliceWindow {
     /// Row `seq` of the window's lane, as a draw.
     #[inline]
     pub(crate) fn draw(&self, seq: u64) -> Draw {
@@ -332,7 +332,7 @@ pub(crate) fn pick(
     cfg: &Slice,
     len: u64,
     rng: &mut Rng,
-) -> Result<Window, NoPick> {
+) -> Result<SliceWindow, NoPick> {
     let total = *cumulative.last().unwrap_or(&0);
     let r = rng.random_range(0..total);
     let i = cumulative.partition_point(|&c| c <= r);
@@ -357,7 +357,7 @@ pub(crate) fn pick(
     let w0 = rng.random_range(lowest..=highest);
     let from = w0.max(a as i128) as u64;
     let to = (w0 + len as i128).min(b as i128) as u64;
-    Ok(Window {
+    Ok(SliceWindow {
         shard: v.shard,
         lane: v.lane,
         traj: n,
@@ -373,19 +373,19 @@ pub(crate) fn pick(
 /// A slice sampler's running state: its settings, and its epochs when it samples
 /// without replacement.
 #[derive(Debug)]
-pub(crate) struct State {
+pub(crate) struct SliceState {
     pub(crate) cfg: Slice,
-    pub(crate) epochs: Option<Epochs<Window>>,
-    pub(crate) priorities: Option<prioritized::State>,
+    pub(crate) epochs: Option<Epochs<SliceWindow>>,
+    pub(crate) priorities: Option<prioritized::Priorities>,
 }
 
-impl State {
-    pub(crate) fn new(cfg: Slice, seed: u64, globals: Block) -> State {
-        State {
+impl SliceState {
+    pub(crate) fn new(cfg: Slice, seed: u64, globals: Block) -> SliceState {
+        SliceState {
             epochs: cfg.without_replacement.map(|w| Epochs::new(w, seed)),
             priorities: cfg
                 .prioritized
-                .map(|(p, _)| prioritized::State::new(p, globals)),
+                .map(|(p, _)| prioritized::Priorities::new(p, globals)),
             cfg,
         }
     }
@@ -400,7 +400,7 @@ pub(crate) fn epoch_windows(
     views: &[LaneView],
     len: u64,
     strict: bool,
-    out: &mut Vec<Window>,
+    out: &mut Vec<SliceWindow>,
 ) {
     for v in views {
         let (k, lane) = (v.shard as usize, u64::from(v.lane));
@@ -411,7 +411,7 @@ pub(crate) fn epoch_windows(
             let mut from = a;
             while from < b && (!strict || b - from >= len) {
                 let to = (from + len).min(b);
-                out.push(Window {
+                out.push(SliceWindow {
                     shard: v.shard,
                     lane: v.lane,
                     traj: n,
@@ -481,7 +481,7 @@ impl Marks {
     }
 
     /// The marks of row `seq` of window `w`, whose trajectory word is `word`.
-    pub(crate) fn of(w: &Window, seq: u64, word: u64) -> Marks {
+    pub(crate) fn of(w: &SliceWindow, seq: u64, word: u64) -> Marks {
         let mut m = Self::VALID;
         if seq == w.start {
             m |= Self::START;

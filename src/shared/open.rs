@@ -4,9 +4,10 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dir::{DirKind, DirMeta};
 use crate::checkpoint::memmap::header_error;
-use crate::checkpoint::meta::Config;
+use crate::config::Config;
 use crate::error::persist::{Kind, PersistError};
 use crate::region::shared::{object_name, Foreign, OpenError};
 use crate::region::Region;
@@ -181,8 +182,7 @@ impl crate::buffer::ReplayBuffer {
                 Kind::Corrupt(format!("its configuration: {why}")),
             )
         };
-        let mut builder = config
-            .builder()
+        let mut builder = ReplayBufferBuilder::from_config(&config)
             .map_err(|e| refused(format!("{e:?}")))?
             .shared(name);
         builder.attach_only = true;

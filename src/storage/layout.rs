@@ -166,7 +166,7 @@ pub(crate) const PROC_WORDS: usize = LINE;
 
 /// Where each part of a storage's region lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub(crate) struct RegionLayout {
     pub(crate) meta_at: usize,
     pub(crate) meta_bytes: usize,
     shards_at: usize,
@@ -197,7 +197,7 @@ pub(crate) enum Section {
     Lanes,
 }
 
-impl Layout {
+impl RegionLayout {
     /// The layout of a region with `meta_bytes` of meta, `shards` shards, `procs`
     /// process-table entries and `capacity` slots of `slot_words` words; the trees
     /// and lanes take the words their own layouts ask for: `trees` is given where the
@@ -211,7 +211,7 @@ impl Layout {
         slot_words: usize,
         trees: impl FnOnce(usize, usize) -> Option<usize>,
         lanes: impl FnOnce(usize) -> Option<usize>,
-    ) -> Option<Layout> {
+    ) -> Option<RegionLayout> {
         let meta_at = HEADER_WORDS;
         let shards_at = align(meta_at + meta_bytes.div_ceil(8), LINE)?;
         let globals_at = shards_at.checked_add(shards.checked_mul(SHARD_WORDS)?)?;
@@ -226,7 +226,7 @@ impl Layout {
         let words = lanes_at.checked_add(lanes(lanes_at)?)?;
         // The region is addressed in bytes too.
         words.checked_mul(8).filter(|&b| b <= isize::MAX as usize)?;
-        Some(Layout {
+        Some(RegionLayout {
             meta_at,
             meta_bytes,
             shards_at,
@@ -279,7 +279,12 @@ pub(crate) fn header(words: &[AtomicU64], h: Header) -> u64 {
 
 /// Writes a new region's header and meta, then marks it ready: the last store, with
 /// Release, so that a process that sees `READY` (Acquire) sees every word before it.
-pub(crate) fn write_header(words: &[AtomicU64], layout: &Layout, layout_hash: u64, meta: &[u8]) {
+pub(crate) fn write_header(
+    words: &[AtomicU64],
+    layout: &RegionLayout,
+    layout_hash: u64,
+    meta: &[u8],
+) {
     assert!(
         meta.len() <= layout.meta_bytes,
         "replaybuf internal error: meta larger than its section"
@@ -397,7 +402,7 @@ mod tests {
 
     #[test]
     fn sections_start_where_they_should_and_do_not_overlap() {
-        let l = Layout::new(100, 4, 2, 1000, 22, |_, _| Some(333), |_| Some(77)).unwrap();
+        let l = RegionLayout::new(100, 4, 2, 1000, 22, |_, _| Some(333), |_| Some(77)).unwrap();
         assert_eq!(l.meta_at, HEADER_WORDS);
         assert!(l.shards_at >= l.meta_at + 13 && l.shards_at.is_multiple_of(LINE));
         assert_eq!(l.slots_at % SLOTS_ALIGN_WORDS, 0);
@@ -419,13 +424,15 @@ mod tests {
             Global::ALL.iter().map(|&g| l.global(g)).collect();
         assert_eq!(globals.len(), Global::ALL.len(), "two globals share a word");
         assert!(globals.iter().all(|&w| w >= l.globals_at && w < l.procs_at));
-        assert!(Layout::new(0, 1, 0, usize::MAX / 4, 8, |_, _| Some(0), |_| Some(0)).is_none());
+        assert!(
+            RegionLayout::new(0, 1, 0, usize::MAX / 4, 8, |_, _| Some(0), |_| Some(0)).is_none()
+        );
     }
 
     #[test]
     fn a_written_header_reads_back_and_damage_is_named() {
         let meta = br#"{"hello":"world"}"#;
-        let l = Layout::new(meta.len(), 1, 0, 4, 2, |_, _| Some(0), |_| Some(0)).unwrap();
+        let l = RegionLayout::new(meta.len(), 1, 0, 4, 2, |_, _| Some(0), |_| Some(0)).unwrap();
         let words: Vec<AtomicU64> = (0..l.words).map(|_| AtomicU64::new(0)).collect();
         assert_eq!(read_header(&words), Err(HeaderProblem::Magic { found: 0 }));
         write_header(&words, &l, 0xabc, meta);

@@ -46,11 +46,11 @@ use crate::storage::lanes::{Bounds, Lanes, Turn};
 #[cfg(not(replaybuf_loom))]
 use crate::storage::member::Member;
 use crate::sumtree::tree::Tree;
-use crate::sumtree::{self, Layout as TreeLayout};
+use crate::sumtree::{self, TreeLayout};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 use freeze::Retired;
-use layout::{Global, Layout, ShardWord};
+use layout::{Global, RegionLayout, ShardWord};
 use smallvec::SmallVec;
 
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
@@ -134,7 +134,7 @@ pub(crate) struct Storage {
     /// The lap its rings started at: 0, or past every lap of the storage a swap
     /// copied into this one (see [`Storage::start_at_lap`]).
     first_lap: u64,
-    layout: Layout,
+    layout: RegionLayout,
     shards: Box<[Shard]>,
     geometry: Geometry,
     spec: Arc<Spec>,
@@ -316,7 +316,7 @@ impl Storage {
     }
 
     /// The region's layout.
-    pub(crate) fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &RegionLayout {
         &self.layout
     }
 
@@ -763,7 +763,7 @@ impl Storage {
 /// its values outside any region.
 pub(crate) fn shards_only(geometry: &Geometry) -> io::Result<(Box<[Shard]>, Block)> {
     let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
-    let layout = Layout::new(
+    let layout = RegionLayout::new(
         0,
         geometry.shards() as usize,
         0,
@@ -793,7 +793,7 @@ pub(crate) fn shards_only(geometry: &Geometry) -> io::Result<(Box<[Shard]>, Bloc
 /// gives.
 #[derive(Debug)]
 pub(crate) struct Parts {
-    pub(crate) layout: Layout,
+    pub(crate) layout: RegionLayout,
     spec: Arc<Spec>,
     geometry: Geometry,
     slot_bytes: usize,
@@ -820,7 +820,7 @@ impl Parts {
         let capacity = usize::try_from(geometry.capacity()).map_err(|_| too_large())?;
         let mut tree_layouts = Vec::new();
         let mut lanes = None;
-        let layout = Layout::new(
+        let layout = RegionLayout::new(
             meta_bytes,
             geometry.shards() as usize,
             procs,

@@ -230,7 +230,7 @@ pub(crate) enum Kind {
 
 /// Where one shard's tree block lives, and its shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub(crate) struct TreeLayout {
     /// Leaves: the shard's slots.
     pub(crate) leaves: usize,
     /// First word of the block in the region.
@@ -252,7 +252,7 @@ pub(crate) struct Layout {
     pub(crate) sum_levels: Vec<(usize, usize)>,
 }
 
-impl Layout {
+impl TreeLayout {
     /// The block of a tree over `leaves` slots, from word `base` on. `raws` places the
     /// raw priorities outside the block (first word, stride in words); `None` keeps
     /// them in it.
@@ -261,7 +261,7 @@ impl Layout {
         base: usize,
         with_max: bool,
         raws: Option<(usize, usize)>,
-    ) -> Layout {
+    ) -> TreeLayout {
         let mut levels = Vec::new();
         let (mut size, mut offset) = (leaves.max(1), 0);
         loop {
@@ -273,7 +273,7 @@ impl Layout {
             }
         }
         let base = align(base);
-        let mut layout = Layout {
+        let mut layout = TreeLayout {
             leaves,
             base,
             raws: raws.unwrap_or((base + align(leaves), 1)),
@@ -363,13 +363,13 @@ mod tests {
     #[test]
     fn layouts_end_in_one_root() {
         for n in [1, 2, 7, 8, 9, 64, 65, 1000, 1 << 20] {
-            let l = Layout::new(n, 0, true, None);
+            let l = TreeLayout::new(n, 0, true, None);
             assert_eq!(l.levels.last().unwrap().1, 1, "{n} leaves");
             for level in 1..=l.top() {
                 assert_eq!(l.size(level), l.size(level - 1).div_ceil(ARITY));
             }
         }
-        assert_eq!(Layout::new(1 << 20, 0, false, None).top(), 5);
+        assert_eq!(TreeLayout::new(1 << 20, 0, false, None).top(), 5);
     }
 
     #[test]
@@ -448,13 +448,13 @@ mod tests {
 #[derive(Debug)]
 pub struct OwnedTree {
     words: Box<[crate::sync::AtomicU64]>,
-    layout: Layout,
+    layout: TreeLayout,
 }
 
 impl OwnedTree {
     /// A tree over `leaves` slots, all empty.
     pub fn new(leaves: usize) -> OwnedTree {
-        let layout = Layout::new(leaves, 0, true, None);
+        let layout = TreeLayout::new(leaves, 0, true, None);
         OwnedTree {
             words: (0..layout.words())
                 .map(|_| crate::sync::AtomicU64::new(0))

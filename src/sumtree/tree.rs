@@ -46,7 +46,7 @@
 //!   reports the leaf it lands on with that leaf's value and lap. The caller checks the
 //!   leaf still has mass and the row is the one the lap names before using it.
 
-use super::{decode_mass, raw_bits, raw_of, Kind, Layout, Leaf, ARITY};
+use super::{decode_mass, raw_bits, raw_of, Kind, Leaf, TreeLayout, ARITY};
 use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
@@ -54,7 +54,7 @@ use smallvec::SmallVec;
 #[derive(Clone, Copy)]
 pub(crate) struct Tree<'a> {
     words: &'a [AtomicU64],
-    layout: &'a Layout,
+    layout: &'a TreeLayout,
 }
 
 /// Where a descent landed.
@@ -95,12 +95,12 @@ fn identity(kind: Kind) -> u64 {
 }
 
 impl<'a> Tree<'a> {
-    pub(crate) fn new(words: &'a [AtomicU64], layout: &'a Layout) -> Tree<'a> {
+    pub(crate) fn new(words: &'a [AtomicU64], layout: &'a TreeLayout) -> Tree<'a> {
         debug_assert!(layout.end() <= words.len());
         Tree { words, layout }
     }
 
-    pub(crate) fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &TreeLayout {
         self.layout
     }
 
@@ -832,8 +832,8 @@ mod tests {
     use crate::sumtree::quantize;
 
     /// A tree over `n` leaves on its own words, raw words inside the block.
-    fn words(n: usize) -> (Vec<AtomicU64>, Layout) {
-        let layout = Layout::new(n, 0, true, None);
+    fn words(n: usize) -> (Vec<AtomicU64>, TreeLayout) {
+        let layout = TreeLayout::new(n, 0, true, None);
         (
             (0..layout.words()).map(|_| AtomicU64::new(0)).collect(),
             layout,

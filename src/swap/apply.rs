@@ -10,7 +10,6 @@ use crate::buffer::{Inner, ReplayBuffer};
 use crate::builder::{Origin, ReplayBufferBuilder};
 #[cfg(not(replaybuf_loom))]
 use crate::checkpoint::dir::{DirKind, DirMeta};
-use crate::checkpoint::meta::Config;
 use crate::error::{SwapError, SwapErrorKind};
 use crate::sampler::{Engine, Prioritized, Sampler};
 
@@ -33,7 +32,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
         #[cfg(not(replaybuf_loom))]
         if let Some(dir) = &old.memmap {
             // The directory's record follows the configuration (its layout is the same).
-            let config = Config::of(&target.builder, old.seed);
+            let config = target.builder.config(old.seed);
             DirMeta::new(DirKind::Memmap, config)
                 .write(dir)
                 .map_err(|e| SwapError::new(SwapErrorKind::Persist(e)))?;
@@ -71,9 +70,7 @@ fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
         // Every process holds its own state over the region: one cannot swap alone.
         return Err(SwapError::new(SwapErrorKind::Shared));
     }
-    let mut b = old
-        .config
-        .builder()
+    let mut b = ReplayBufferBuilder::from_config(&old.config)
         .map_err(|_| SwapError::new(SwapErrorKind::Config))?;
     b.seed = Some(old.seed);
     b.sampler = match &change.sampler {
@@ -96,15 +93,14 @@ fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
     }
     b.check().map_err(SwapError::build)?;
     let current = live(
-        old.config
-            .builder()
+        ReplayBufferBuilder::from_config(&old.config)
             .map_err(|_| SwapError::new(SwapErrorKind::Config))?
             .sampler,
         &old.sampler,
     );
     let in_place = change.storage.is_none() && same_region(&current, &b.sampler);
     if change.storage.is_none() && old.memmap.is_some() {
-        let config = Config::of(&b, old.seed);
+        let config = b.config(old.seed);
         if !in_place || config.layout_hash() != old.config.layout_hash() {
             return Err(SwapError::new(SwapErrorKind::FileBacked));
         }
@@ -120,7 +116,7 @@ fn in_place(old: &Inner, builder: ReplayBufferBuilder) -> Inner {
     let checked = builder
         .check()
         .expect("replaybuf internal error: a checked configuration no longer checks");
-    let config = Config::of(&builder, old.seed);
+    let config = builder.config(old.seed);
     let sampler = builder.sampler.clone();
     let new = builder.assemble(
         checked,

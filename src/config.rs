@@ -12,11 +12,8 @@
 //! with one layout hash can share a region or trade checkpoints; a seed, batch size or
 //! `dim_extend` may differ.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
-use crate::builder::ReplayBufferBuilder;
 use crate::dtype::DType;
 use crate::error::SpecError;
 use crate::key::Key;
@@ -25,7 +22,6 @@ use crate::sampler::{
     Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 use crate::spec::Spec;
-use crate::writer::WritePolicy;
 
 /// Everything a buffer was built with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,17 +113,17 @@ pub(crate) enum WriterMeta {
     },
 }
 
-fn key_meta(key: &Key) -> Vec<String> {
+pub(crate) fn key_meta(key: &Key) -> Vec<String> {
     key.components().map(str::to_owned).collect()
 }
 
-fn key_of(parts: &[String]) -> Key {
+pub(crate) fn key_of(parts: &[String]) -> Key {
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     Key::from(&parts[..])
 }
 
 impl ReductionMeta {
-    fn of(r: Reduction) -> ReductionMeta {
+    pub(crate) fn of(r: Reduction) -> ReductionMeta {
         match r {
             Reduction::Max => ReductionMeta::Max,
             Reduction::Min => ReductionMeta::Min,
@@ -137,7 +133,7 @@ impl ReductionMeta {
         }
     }
 
-    fn reduction(self) -> Reduction {
+    pub(crate) fn reduction(self) -> Reduction {
         match self {
             ReductionMeta::Max => Reduction::Max,
             ReductionMeta::Min => Reduction::Min,
@@ -173,7 +169,7 @@ impl PrioritizedMeta {
 }
 
 impl SamplerMeta {
-    fn of(sampler: &Sampler) -> SamplerMeta {
+    pub(crate) fn of(sampler: &Sampler) -> SamplerMeta {
         match sampler {
             Sampler::Uniform(_) => SamplerMeta::Uniform,
             Sampler::WithoutReplacement(w) => SamplerMeta::WithoutReplacement {
@@ -300,42 +296,6 @@ pub(crate) enum ConfigError {
 }
 
 impl Config {
-    /// The configuration of `builder`, built with `seed`.
-    pub(crate) fn of(builder: &ReplayBufferBuilder, seed: u64) -> Config {
-        Config {
-            spec: builder
-                .spec
-                .fields()
-                .iter()
-                .map(|f| FieldMeta {
-                    key: key_meta(f.key()),
-                    dtype: f.dtype(),
-                    shape: f.shape().to_vec(),
-                })
-                .collect(),
-            capacity: builder.capacity,
-            shards: builder.shards,
-            ndim: builder.ndim,
-            envs: builder.envs,
-            dim_extend: builder.dim_extend.unwrap_or(builder.ndim.saturating_sub(1)),
-            batch_size: builder.batch_size,
-            seed,
-            sampler: SamplerMeta::of(&builder.sampler),
-            writer: match &builder.writer {
-                WritePolicy::RoundRobin => WriterMeta::RoundRobin,
-                WritePolicy::Immutable => WriterMeta::Immutable,
-                WritePolicy::MaxValue {
-                    rank_key,
-                    reduction,
-                } => WriterMeta::MaxValue {
-                    rank_key: key_meta(rank_key),
-                    reduction: ReductionMeta::of(*reduction),
-                },
-            },
-            priority_key: builder.priority_key.as_ref().map(key_meta),
-        }
-    }
-
     /// The spec.
     pub(crate) fn spec(&self) -> Result<Spec, SpecError> {
         self.spec
@@ -344,39 +304,6 @@ impl Config {
                 b.field(key_of(&f.key), f.dtype, &f.shape)
             })
             .build()
-    }
-
-    /// A builder that builds this configuration again (the builder checks it).
-    pub(crate) fn builder(&self) -> Result<ReplayBufferBuilder, ConfigError> {
-        let spec = self.spec().map_err(ConfigError::Spec)?;
-        let mut b = ReplayBufferBuilder::new(Arc::new(spec))
-            .capacity(self.capacity)
-            .shards(self.shards)
-            .ndim(self.ndim)
-            .dim_extend(self.dim_extend)
-            .seed(self.seed)
-            .sampler(self.sampler.sampler().ok_or(ConfigError::Sampler)?)
-            .writer(match &self.writer {
-                WriterMeta::RoundRobin => WritePolicy::RoundRobin,
-                WriterMeta::Immutable => WritePolicy::Immutable,
-                WriterMeta::MaxValue {
-                    rank_key,
-                    reduction,
-                } => WritePolicy::MaxValue {
-                    rank_key: key_of(rank_key),
-                    reduction: reduction.reduction(),
-                },
-            });
-        if let Some(envs) = self.envs {
-            b = b.envs(envs);
-        }
-        if let Some(n) = self.batch_size {
-            b = b.batch_size(n);
-        }
-        if let Some(k) = &self.priority_key {
-            b = b.priority_key(key_of(k));
-        }
-        Ok(b)
     }
 
     /// The hash of everything that decides the region's layout (see the module docs).
@@ -431,89 +358,5 @@ impl Config {
             diffs.push("the priority key".to_owned());
         }
         Some(diffs.join(", "))
-    }
-}
-
-#[cfg(all(test, not(replaybuf_loom)))]
-mod tests {
-    use super::*;
-    use crate::DType;
-
-    fn spec() -> Arc<Spec> {
-        Arc::new(
-            Spec::builder()
-                .field("obs", DType::F32, [3])
-                .field(("next", "done"), DType::Bool, [])
-                .field("traj", DType::I64, [])
-                .field("td", DType::F32, [2])
-                .build()
-                .unwrap(),
-        )
-    }
-
-    #[test]
-    fn every_sampler_round_trips_through_json() {
-        let p = Prioritized::new(0.6, 0.4)
-            .eps(1e-3)
-            .max_capacity(1000)
-            .reduction(Reduction::Median)
-            .max_priority_within_buffer(true);
-        let samplers: Vec<Sampler> = vec![
-            Uniform.into(),
-            WithoutReplacement::new()
-                .drop_last(true)
-                .shuffle(false)
-                .into(),
-            p.into(),
-            Slice::num_slices(4).traj_key("traj").span(1, 2).into(),
-            Slice::slice_len(8)
-                .truncated_key(("next", "done"))
-                .strict_length(false)
-                .without_replacement(WithoutReplacement::new())
-                .into(),
-            Slice::slice_len(8)
-                .traj_key("traj")
-                .prioritized(p, SlicePriority::Window)
-                .into(),
-        ];
-        for sampler in samplers {
-            let builder = ReplayBufferBuilder::new(spec())
-                .capacity(64)
-                .shards(2)
-                .batch_size(16)
-                .sampler(sampler.clone())
-                .priority_key("td");
-            let config = Config::of(&builder, 7);
-            let json = serde_json::to_string(&config).unwrap();
-            let back: Config = serde_json::from_str(&json).unwrap();
-            assert_eq!(back, config);
-            assert_eq!(back.sampler.sampler(), Some(sampler));
-            assert_eq!(Config::of(&back.builder().unwrap(), 7), config);
-        }
-    }
-
-    #[test]
-    fn the_layout_hash_ignores_run_time_settings_only() {
-        let base = ReplayBufferBuilder::new(spec())
-            .capacity(64)
-            .sampler(Prioritized::new(0.6, 0.4));
-        let config = Config::of(&base, 1);
-        let same = Config::of(
-            &base
-                .clone()
-                .sampler(Prioritized::new(0.9, 0.1))
-                .batch_size(8),
-            2,
-        );
-        assert_eq!(config.layout_hash(), same.layout_hash());
-        assert_eq!(config.layout_difference(&same), None);
-        let other = Config::of(&base.clone().capacity(128), 1);
-        assert_ne!(config.layout_hash(), other.layout_hash());
-        assert_eq!(
-            config.layout_difference(&other).unwrap(),
-            "capacity 64 vs 128"
-        );
-        let eps = Config::of(&base.sampler(Prioritized::new(0.6, 0.4).eps(0.1)), 1);
-        assert_eq!(config.layout_difference(&eps).unwrap(), "the sampler");
     }
 }
