@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::buffer::{Inner, ReplayBuffer};
+use crate::batch::Batch;
+use crate::buffer::ReplayBuffer;
 use crate::checkpoint::memmap;
 use crate::config::{
     key_meta, key_of, Config, ConfigError, FieldMeta, ReductionMeta, SamplerMeta, WriterMeta,
@@ -17,6 +18,7 @@ use crate::sampler::{Engine, Sampler};
 #[cfg(not(replaybuf_loom))]
 use crate::shared::{self, procs::PROCS};
 use crate::spec::Spec;
+use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::lanes::Bounds;
 use crate::storage::{Parts, Storage};
@@ -190,7 +192,7 @@ impl ReplayBufferBuilder {
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
-        Ok(ReplayBuffer::from_inner(self.build_inner()?))
+        Ok(ReplayBuffer::from_state(self.build_inner()?))
     }
 
     /// Checks every choice, reserving nothing.
@@ -281,7 +283,7 @@ impl ReplayBufferBuilder {
     }
 
     /// The state of a new buffer: checked, with its storage reserved (or reopened).
-    pub(crate) fn build_inner(self) -> Result<Inner, BuildError> {
+    pub(crate) fn build_inner(self) -> Result<State, BuildError> {
         let err = |k| Err(BuildError::new(k));
         let checked = self.check()?;
         let (geometry, trees) = (checked.geometry, checked.trees);
@@ -383,7 +385,7 @@ impl ReplayBufferBuilder {
         storage: Storage,
         seed: u64,
         origin: Origin,
-    ) -> Inner {
+    ) -> State {
         let engine = Engine::new(self.sampler, seed, storage.globals());
         match origin {
             Origin::Fresh => engine.initialize(),
@@ -392,7 +394,7 @@ impl ReplayBufferBuilder {
             }
             Origin::Reused => {}
         }
-        let mut inner = Inner::new(
+        let mut inner = State::new(
             config,
             storage,
             engine,
@@ -539,6 +541,37 @@ impl ReplayBufferBuilder {
             b = b.priority_key(key_of(k));
         }
         Ok(b)
+    }
+}
+
+impl ReplayBufferBuilder {
+    /// Builds the buffer and writes `rows` into it before any handle exists: how a
+    /// read-only dataset ([`WritePolicy::Immutable`]) gets its rows, and a quick way
+    /// to start any buffer from data. ndim 1: `[n]` rows, spread evenly over the
+    /// shards in order (so `n` up to the capacity all stay); ndim 2: `[t, envs]` steps
+    /// (or `[envs, t]` with `dim_extend = 1`).
+    ///
+    /// ```
+    /// use replaybuf::{DType, DataError, ReplayBuffer, Spec, WritePolicy};
+    ///
+    /// let spec = Spec::builder().field("obs", DType::F32, [2]).build()?;
+    /// let mut rows = replaybuf::Batch::zeros(spec.clone(), [100]);
+    /// rows.column_mut::<f32>("obs")?.fill(1.0);
+    /// let dataset = ReplayBuffer::builder(spec)
+    ///     .capacity(100)
+    ///     .writer(WritePolicy::Immutable)
+    ///     .build_from(&rows)?;
+    /// assert_eq!(dataset.len(), 100);
+    /// assert_eq!(dataset.extend(&rows).unwrap_err(), DataError::Immutable);
+    /// assert_eq!(dataset.sample(8)?.column::<f32>("obs")?, &[1.0; 16]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_from(self, rows: &Batch) -> Result<ReplayBuffer, BuildError> {
+        let rb = self.build()?;
+        rb.state()
+            .write_initial(rows)
+            .map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
+        Ok(rb)
     }
 }
 

@@ -321,8 +321,8 @@ impl ReplayBufferEnsemble {
         let shares = self.shares(&mut rng, n);
         for ((buffer, part), &share) in e.buffers.iter().zip(&mut out.parts).zip(&shares) {
             if share > 0 {
-                let inner = buffer.inner();
-                inner.sample_into(&mut rng, share, part)?;
+                let inner = buffer.state();
+                inner.core.sample_into(&mut rng, share, part)?;
                 inner.transforms.apply(part)?;
             }
         }

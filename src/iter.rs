@@ -69,7 +69,7 @@ impl IntoIterator for &ReplayBuffer {
     fn into_iter(self) -> Batches {
         Batches {
             learner: self.learner(),
-            rows: self.inner().batch_size.ok_or(SampleError::NoBatchSize),
+            rows: self.state().core.batch_size.ok_or(SampleError::NoBatchSize),
         }
     }
 }

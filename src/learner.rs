@@ -34,16 +34,16 @@ impl Learner {
     /// Samples into `batch`, reusing its buffers (no allocation once warm). Draws the
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.buffer.inner();
-        let n = inner.batch_size_for(batch)?;
-        inner.sample_into(&mut self.rng, n, batch)?;
+        let inner = self.buffer.state();
+        let n = inner.core.batch_size_for(batch)?;
+        inner.core.sample_into(&mut self.rng, n, batch)?;
         inner.transforms.apply(batch)
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
     pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.buffer.inner();
-        inner.sample_into(&mut self.rng, n, batch)?;
+        let inner = self.buffer.state();
+        inner.core.sample_into(&mut self.rng, n, batch)?;
         inner.transforms.apply(batch)
     }
 }

@@ -45,6 +45,7 @@ mod buffer;
 mod builder;
 mod checkpoint;
 mod config;
+mod core;
 mod dtype;
 mod ensemble;
 mod error;
@@ -56,14 +57,13 @@ mod loader;
 mod max_value;
 mod policy;
 mod prefetch;
-mod priority;
 pub mod reference;
 mod region;
 mod rng;
 mod sampler;
 pub mod shared;
-mod slice_sample;
 mod spec;
+mod state;
 mod storage;
 mod sumtree;
 mod swap;
@@ -123,26 +123,31 @@ pub mod internals {
     /// Whether every tree entry of a prioritized buffer equals what its children give
     /// (true whenever no update is in flight): the stress tests' final check.
     pub fn priorities_consistent(rb: &crate::ReplayBuffer) -> bool {
-        rb.inner().storage.trees().iter().all(|t| t.is_consistent())
+        rb.state()
+            .core
+            .storage
+            .trees()
+            .iter()
+            .all(|t| t.is_consistent())
     }
     /// The leaf and raw word (lap, priority) of shard 0's slot `i` (debugging aid).
     pub fn leaf_and_raw(
         rb: &crate::ReplayBuffer,
         i: usize,
     ) -> Option<(crate::sumtree::Leaf, (u32, Option<f64>))> {
-        let inner = rb.inner();
-        let trees = inner.storage.trees();
+        let inner = rb.state();
+        let trees = inner.core.storage.trees();
         trees.first().map(|t| (t.leaf(i), t.raw_tagged(i)))
     }
     /// Whether every leaf of a prioritized buffer holds the mass of its raw priority
     /// under the buffer's mass function now (true whenever no write is in flight): a
     /// leaf whose raw word names another row, or none, is skipped.
     pub fn masses_current(rb: &crate::ReplayBuffer) -> bool {
-        let inner = rb.inner();
-        let Some(state) = inner.sampler.prioritized() else {
+        let inner = rb.state();
+        let Some(state) = inner.core.sampler.prioritized() else {
             return true;
         };
-        let trees = inner.storage.trees();
+        let trees = inner.core.storage.trees();
         let current = trees.iter().all(|t| {
             let f = state.mass_fn(t);
             (0..t.layout().leaves).all(|i| {
@@ -173,8 +178,8 @@ pub mod internals {
     }
     /// Freezes the buffer's storage, looks at it, and thaws it.
     pub fn frozen_view(rb: &crate::ReplayBuffer) -> FrozenView {
-        let inner = rb.inner();
-        let storage = &inner.storage;
+        let inner = rb.state();
+        let storage = &inner.core.storage;
         let _frozen = storage.freeze();
         let mut view = FrozenView {
             claimed: storage.shards().iter().map(|s| s.window().hi).sum(),

@@ -203,14 +203,14 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     /// Checks the choices and starts the workers, if any.
     pub fn build(self) -> Result<Loader<T>, BuildError> {
         let err = |reason| Err(BuildError::new(BuildErrorKind::Loader { reason }));
-        let inner = self.buffer.inner();
-        let Some(rows) = self.batch_size.or(inner.batch_size) else {
+        let inner = self.buffer.state();
+        let Some(rows) = self.batch_size.or(inner.core.batch_size) else {
             return err("no batch size: set one on the loader or on the buffer's builder");
         };
         if rows == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroBatchSize));
         }
-        if let Some(slice) = inner.sampler.slice() {
+        if let Some(slice) = inner.core.sampler.slice() {
             if slice.layout(rows).is_none() {
                 return Err(BuildError::new(BuildErrorKind::SliceBatchSize {
                     batch_size: rows,
@@ -232,7 +232,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             if self.workers == 0 {
                 return err("a prefetching loader needs at least one worker");
             }
-            let workers = if has_epochs(&inner.sampler) {
+            let workers = if has_epochs(&inner.core.sampler) {
                 1
             } else {
                 self.workers.min(self.prefetch)

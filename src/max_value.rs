@@ -26,17 +26,17 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::batch::Batch;
-use crate::buffer::Inner;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind, DataError};
 use crate::key::Key;
 use crate::policy::rows_of;
 use crate::sampler::{Reduction, Sampler};
 use crate::spec::Spec;
+use crate::state::Attempt;
+use crate::state::State;
 use crate::storage::freeze::Retired;
 use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
-use crate::swap::Attempt;
 use crate::sync::{Mutex, MutexGuard};
 use crate::writer::Written;
 
@@ -157,8 +157,8 @@ impl MaxValue {
     }
 
     /// Each row's rank: its rank field's values reduced. Refuses NaN or infinite ones.
-    fn ranks_of(&self, inner: &Inner, batch: &Batch) -> Result<Vec<Rank>, DataError> {
-        let key = inner.storage.spec().fields()[self.field].key();
+    fn ranks_of(&self, inner: &State, batch: &Batch) -> Result<Vec<Rank>, DataError> {
+        let key = inner.core.storage.spec().fields()[self.field].key();
         let values = numeric_column(batch, key)?;
         let rows = batch.len();
         let per_row = values.len() / rows.max(1);
@@ -189,13 +189,13 @@ impl MaxValue {
     /// and then its first write is the one refused.
     pub(crate) fn place(
         &self,
-        inner: &Inner,
+        inner: &State,
         first: usize,
         batch: &Batch,
     ) -> Result<Written, Attempt<DataError>> {
-        let prepared = inner.prepare(None, batch)?;
+        let prepared = inner.core.prepare(None, batch)?;
         let ranks = self.ranks_of(inner, batch)?;
-        let storage = &inner.storage;
+        let storage = &inner.core.storage;
         let shards = storage.shards();
         let mut held = self.ranks.lock();
 
@@ -284,7 +284,7 @@ impl MaxValue {
 
     /// Takes the lock for a `write_all` of `data`: the rewrite happens under it, and
     /// [`Rerank::finish`] records the rewritten rows' ranks.
-    pub(crate) fn rerank(&self, inner: &Inner, data: &Batch) -> Result<Rerank<'_>, DataError> {
+    pub(crate) fn rerank(&self, inner: &State, data: &Batch) -> Result<Rerank<'_>, DataError> {
         let ranks = self.ranks_of(inner, data)?;
         Ok(Rerank {
             held: self.ranks.lock(),
@@ -294,10 +294,10 @@ impl MaxValue {
 
     /// Ranks the rows the storage holds now, forgetting the ranks known before: for a
     /// buffer whose rows came from elsewhere (a checkpoint, a reopened file, a swap).
-    pub(crate) fn rerank_stored(&self, inner: &Inner) {
+    pub(crate) fn rerank_stored(&self, inner: &State) {
         let mut held = self.ranks.lock();
         held.clear();
-        let rows = inner.read_positions(&inner.live_draws());
+        let rows = inner.core.read_positions(&inner.core.live_draws());
         for (&index, rank) in rows.index().iter().zip(self.stored_ranks(&rows)) {
             held.set(index, Rank(rank));
         }
@@ -349,9 +349,9 @@ pub(crate) struct Rerank<'a> {
 
 impl Rerank<'_> {
     /// Records the ranks of the rows now at positions `0..end`.
-    pub(crate) fn finish(mut self, inner: &Inner, end: u64) {
+    pub(crate) fn finish(mut self, inner: &State, end: u64) {
         for (index, &rank) in (0..end).zip(&self.ranks) {
-            if inner.storage.draw_at(index).is_some() {
+            if inner.core.storage.draw_at(index).is_some() {
                 self.held.set(index, rank);
             }
         }
@@ -361,12 +361,12 @@ impl Rerank<'_> {
 /// Rewrites the live row at `index` in place with row `row` of `src`, under an editor
 /// guard; returns its new generation, or `None` if the position holds no row.
 fn rewrite(
-    inner: &Inner,
+    inner: &State,
     index: u64,
     src: &crate::storage::plan::Source<'_>,
     row: usize,
 ) -> Result<Option<u64>, Retired> {
-    let storage = &inner.storage;
+    let storage = &inner.core.storage;
     let Some(draw) = storage.draw_at(index) else {
         return Ok(None);
     };

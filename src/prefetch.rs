@@ -92,7 +92,7 @@ struct Slots<T> {
 }
 
 struct Handoff<T> {
-    state: Mutex<Slots<T>>,
+    slots: Mutex<Slots<T>>,
     /// Wakes the learner: an item is ready.
     ready: Condvar,
     /// Wakes a worker: there is room for a fill, or it must stop.
@@ -102,7 +102,7 @@ struct Handoff<T> {
 
 /// A learner's pool of prefetch workers.
 pub(crate) struct Prefetch<T: Send + 'static> {
-    shared: Arc<Handoff<T>>,
+    handoff: Arc<Handoff<T>>,
     workers: Vec<thread::JoinHandle<()>>,
 }
 
@@ -111,8 +111,8 @@ impl<T: Send + 'static> Prefetch<T> {
     /// (`depth >= 1`) ready.
     pub(crate) fn spawn(depth: usize, fills: Vec<Fill<T>>, name: &str) -> io::Result<Self> {
         debug_assert!(depth >= 1 && !fills.is_empty());
-        let shared = Arc::new(Handoff {
-            state: Mutex::new(Slots {
+        let handoff = Arc::new(Handoff {
+            slots: Mutex::new(Slots {
                 ready: VecDeque::with_capacity(depth),
                 asks: 0,
                 free: Vec::with_capacity(depth),
@@ -127,16 +127,16 @@ impl<T: Send + 'static> Prefetch<T> {
             depth,
         });
         let mut pool = Prefetch {
-            shared,
+            handoff,
             workers: Vec::with_capacity(fills.len()),
         };
         for (i, fill) in fills.into_iter().enumerate() {
-            let shared = pool.shared.clone();
+            let handoff = pool.handoff.clone();
             // On an error the workers started so far are stopped and joined by `pool`'s
             // drop.
             pool.workers
                 .push(thread::spawn(format!("{name}-{i}"), move || {
-                    work(&shared, fill)
+                    work(&handoff, fill)
                 })?);
         }
         Ok(pool)
@@ -144,12 +144,12 @@ impl<T: Send + 'static> Prefetch<T> {
 
     /// Items ready now.
     pub(crate) fn ready(&self) -> usize {
-        self.shared.state.lock().ready.len()
+        self.handoff.slots.lock().ready.len()
     }
 
     /// The most items prepared ahead.
     pub(crate) fn depth(&self) -> usize {
-        self.shared.depth
+        self.handoff.depth
     }
 
     /// Waits for the oldest ready item and moves it into `out`; `out`'s previous item
@@ -159,29 +159,29 @@ impl<T: Send + 'static> Prefetch<T> {
         let item = self.take_with(|st, item| {
             let mut item = item?;
             std::mem::swap(out, &mut item);
-            keep(st, item, self.shared.depth);
+            keep(st, item, self.handoff.depth);
             Ok(())
         });
-        self.shared.room.notify_one();
+        self.handoff.room.notify_one();
         item
     }
 
     /// Waits for the oldest ready item and hands it over.
     pub(crate) fn take(&self) -> Result<T, SampleError> {
         let item = self.take_with(|_, item| item);
-        self.shared.room.notify_one();
+        self.handoff.room.notify_one();
         item
     }
 
     /// Gives a buffer back for reuse.
     pub(crate) fn recycle(&self, item: T) {
-        keep(&mut self.shared.state.lock(), item, self.shared.depth);
+        keep(&mut self.handoff.slots.lock(), item, self.handoff.depth);
     }
 
     /// Pops the oldest ready item under the lock and runs `with` on it there, dropping
     /// errors prepared before this ask.
     fn take_with<R>(&self, with: impl FnOnce(&mut Slots<T>, Result<T, SampleError>) -> R) -> R {
-        let mut st = self.shared.state.lock();
+        let mut st = self.handoff.slots.lock();
         st.asks += 1;
         let ask = st.asks;
         loop {
@@ -205,10 +205,10 @@ impl<T: Send + 'static> Prefetch<T> {
                     return with(&mut st, item);
                 }
                 // Prepared before the learner asked: ask again.
-                self.shared.room.notify_one();
+                self.handoff.room.notify_one();
                 continue;
             }
-            st = self.shared.ready.wait(st);
+            st = self.handoff.ready.wait(st);
         }
     }
 }
@@ -221,23 +221,23 @@ fn keep<T>(st: &mut Slots<T>, item: T, depth: usize) {
 }
 
 /// A worker: fills items while there is room, until stopped.
-fn work<T>(shared: &Handoff<T>, mut fill: Fill<T>) {
-    let mut st = shared.state.lock();
+fn work<T>(handoff: &Handoff<T>, mut fill: Fill<T>) {
+    let mut st = handoff.slots.lock();
     let mut polls = 0;
     loop {
         if st.stop {
             return;
         }
-        if st.paused || st.ready.len() + st.busy >= shared.depth {
+        if st.paused || st.ready.len() + st.busy >= handoff.depth {
             // No room: look again after a nap, and after enough of them sleep until
             // the learner (or the drop) wakes this worker.
             if polls < POLLS_BEFORE_PARK {
                 polls += 1;
                 drop(st);
                 crate::sync::nap(POLL_NAP);
-                st = shared.state.lock();
+                st = handoff.slots.lock();
             } else {
-                st = shared.room.wait(st);
+                st = handoff.room.wait(st);
             }
             continue;
         }
@@ -247,7 +247,7 @@ fn work<T>(shared: &Handoff<T>, mut fill: Fill<T>) {
         let mut slot = st.free.pop();
         drop(st);
         let filled = panic::catch_unwind(AssertUnwindSafe(|| fill(&mut slot)));
-        st = shared.state.lock();
+        st = handoff.slots.lock();
         st.busy -= 1;
         match filled {
             Ok(Ok(())) => {
@@ -260,7 +260,7 @@ fn work<T>(shared: &Handoff<T>, mut fill: Fill<T>) {
             Ok(Err(e)) => {
                 st.paused = true;
                 if let Some(buffer) = slot {
-                    keep(&mut st, buffer, shared.depth);
+                    keep(&mut st, buffer, handoff.depth);
                 }
                 st.ready.push_back(Filled {
                     ticket,
@@ -270,19 +270,19 @@ fn work<T>(shared: &Handoff<T>, mut fill: Fill<T>) {
             Err(payload) => {
                 st.panic = Some(payload);
                 st.stop = true;
-                shared.room.notify_all();
-                shared.ready.notify_all();
+                handoff.room.notify_all();
+                handoff.ready.notify_all();
                 return;
             }
         }
-        shared.ready.notify_one();
+        handoff.ready.notify_one();
     }
 }
 
 impl<T: Send + 'static> Drop for Prefetch<T> {
     fn drop(&mut self) {
-        self.shared.state.lock().stop = true;
-        self.shared.room.notify_all();
+        self.handoff.slots.lock().stop = true;
+        self.handoff.room.notify_all();
         for worker in self.workers.drain(..) {
             // A worker's own panics are caught in `work`; a join error cannot carry
             // anything the learner has not been given already.
@@ -294,7 +294,7 @@ impl<T: Send + 'static> Drop for Prefetch<T> {
 impl<T: Send + 'static> std::fmt::Debug for Prefetch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prefetch")
-            .field("depth", &self.shared.depth)
+            .field("depth", &self.handoff.depth)
             .field("workers", &self.workers.len())
             .finish()
     }

@@ -17,8 +17,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::batch::Batch;
-use crate::buffer::ReplayBuffer;
-use crate::error::{DataError, SampleError, Stage, TransformIndexError};
+use crate::error::{DataError, SampleError, Stage};
 use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
 
 /// The closures are shared read-only, never part of a protocol loom checks, and
@@ -176,7 +175,7 @@ impl Transforms {
     }
 
     /// Replaces the list by `change` of a copy of it.
-    fn change<R>(&self, change: impl FnOnce(&mut Vec<Transform>) -> R) -> R {
+    pub(crate) fn change<R>(&self, change: impl FnOnce(&mut Vec<Transform>) -> R) -> R {
         let _held = self.edit.lock();
         let mut list = self.list.load().map_or_else(Vec::new, |l| (*l).clone());
         let out = change(&mut list);
@@ -190,48 +189,7 @@ impl Transforms {
         out
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.list.load().map_or(0, |l| l.len())
-    }
-}
-
-impl ReplayBuffer {
-    /// Adds a transform at the end of the list: it runs last on sampled batches (and
-    /// its inverse first on written data). A closure converts into a forward-only
-    /// [`Transform`]. Safe while other threads sample and write: each call uses the
-    /// list as it was before or after the change.
-    pub fn append_transform(&self, transform: impl Into<Transform>) {
-        let t = transform.into();
-        self.inner().transforms.change(|list| list.push(t));
-    }
-
-    /// Inserts a transform at `position` of the list (`0` runs first on sampled
-    /// batches). A position past the end is refused and changes nothing.
-    pub fn insert_transform(
-        &self,
-        position: usize,
-        transform: impl Into<Transform>,
-    ) -> Result<(), TransformIndexError> {
-        let t = transform.into();
-        self.inner().transforms.change(|list| {
-            if position > list.len() {
-                return Err(TransformIndexError {
-                    position,
-                    len: list.len(),
-                });
-            }
-            list.insert(position, t);
-            Ok(())
-        })
-    }
-
-    /// Transforms in the list.
-    pub fn transforms(&self) -> usize {
-        self.inner().transforms.len()
-    }
-
-    /// Removes every transform.
-    pub fn clear_transforms(&self) {
-        self.inner().transforms.change(Vec::clear);
     }
 }

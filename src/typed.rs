@@ -10,16 +10,19 @@ use bytemuck::Pod;
 use smallvec::smallvec;
 
 use crate::batch::Scratch;
-use crate::buffer::{Inner, Prepared, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::DumpOptions;
+use crate::core::Prepared;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::sampler::Sampler;
 use crate::spec::Spec;
+use crate::state::Attempt;
+use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
-use crate::swap::{Attempt, StorageConfig};
+use crate::swap::StorageConfig;
 use crate::writer::{WritePolicy, Written};
 
 /// Why a typed buffer refuses a max-value writer.
@@ -358,16 +361,16 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     /// Appends to the buffer state `inner`.
-    fn append_to(inner: &Inner, items: &[T]) -> Result<Written, Attempt<DataError>> {
-        match *inner.storage.geometry() {
+    fn append_to(inner: &State, items: &[T]) -> Result<Written, Attempt<DataError>> {
+        match *inner.core.storage.geometry() {
             Geometry::Flat { .. } => {
-                let shard = inner.pick_shard()?;
+                let shard = inner.core.pick_shard()?;
                 let rows = Prepared {
                     steps: items.len() as u64,
                     src: Self::source(items, RowOrder::Flat),
                     priorities: None,
                 };
-                Ok(inner.append(Some(shard), &rows)?)
+                Ok(inner.core.append(Some(shard), &rows)?)
             }
             Geometry::Grid { envs, .. } => {
                 if !(items.len() as u64).is_multiple_of(envs) {
@@ -378,13 +381,13 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
                     .into());
                 }
                 let t = items.len() as u64 / envs;
-                let order = inner.order_for(t, envs);
+                let order = inner.core.order_for(t, envs);
                 let rows = Prepared {
                     steps: t,
                     src: Self::source(items, order),
                     priorities: None,
                 };
-                Ok(inner.append(None, &rows)?)
+                Ok(inner.core.append(None, &rows)?)
             }
         }
     }
@@ -399,7 +402,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Samples into `batch`, reusing its buffers (no allocation once warm): the
     /// builder's `batch_size` values, or as many as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let n = match (self.buffer.inner().batch_size, batch.len()) {
+        let n = match (self.buffer.state().core.batch_size, batch.len()) {
             (Some(n), _) => n,
             (None, 0) => return Err(SampleError::NoBatchSize),
             (None, n) => n,
@@ -408,17 +411,17 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let inner = self.buffer.inner();
-        let mut rng = inner.call_rng();
+        let inner = self.buffer.state();
+        let mut rng = inner.core.call_rng();
         let scratch = &mut batch.scratch;
-        inner.draw(&mut rng, n, scratch)?;
+        inner.core.draw(&mut rng, n, scratch)?;
         let m = scratch.draws.len();
         batch.rows.resize(m, T::zeroed());
         batch.index.resize(m, 0);
         batch.generation.resize(m, 0);
         if let Some(w) = &mut batch.weight {
             w.resize(m, 0.0);
-        } else if inner.sampler.prioritized().is_some() {
+        } else if inner.core.sampler.prioritized().is_some() {
             batch.weight = Some(vec![0.0; m]);
         }
         let mut dest = Dest {
@@ -428,14 +431,14 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
                 offset: 0,
             }],
         };
-        let weight = match (&mut batch.weight, inner.sampler.prioritized()) {
+        let weight = match (&mut batch.weight, inner.core.sampler.prioritized()) {
             (w, Some(_)) => Some(&mut w.get_or_insert_with(Vec::new)[..]),
             (w, None) => {
                 *w = None;
                 None
             }
         };
-        inner.gather_sampled(
+        inner.core.gather_sampled(
             &mut rng,
             scratch,
             &mut dest,

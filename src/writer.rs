@@ -5,10 +5,11 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use crate::batch::Batch;
-use crate::buffer::{Inner, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
 use crate::error::DataError;
 use crate::key::Key;
 use crate::sampler::Reduction;
+use crate::state::State;
 use crate::storage::geometry::Ring;
 use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
@@ -214,18 +215,18 @@ impl Writer {
     /// The shard this handle writes (after a swap to fewer shards, the one its shard
     /// went to: `shard % shards`).
     pub fn shard(&self) -> usize {
-        self.shard_of(&self.buffer.inner())
+        self.shard_of(&self.buffer.state())
     }
 
     /// This handle's shard in the buffer state `inner`.
-    fn shard_of(&self, inner: &Inner) -> usize {
-        self.shard % inner.storage.shards().len()
+    fn shard_of(&self, inner: &State) -> usize {
+        self.shard % inner.core.storage.shards().len()
     }
 
     /// The environments this handle owns on an ndim-2 storage (`None` for ndim 1).
     pub fn envs(&self) -> Option<Range<usize>> {
-        let inner = self.buffer.inner();
-        let storage = &inner.storage;
+        let inner = self.buffer.state();
+        let storage = &inner.core.storage;
         (storage.geometry().ndim() == 2).then(|| {
             let ring = storage.shards()[self.shard_of(&inner)].ring();
             ring.index_offset as usize..(ring.index_offset + ring.width) as usize

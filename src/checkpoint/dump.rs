@@ -41,10 +41,12 @@ use super::dir::{self, DirKind, DirMeta};
 use super::epochs;
 use super::hooks;
 use crate::batch::Batch;
-use crate::buffer::{dest_for, Inner, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
+use crate::core::dest_for;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::key::Key;
 use crate::sampler::Engine;
+use crate::state::State;
 use crate::storage::layout::Section;
 use crate::storage::stamp::Stamp;
 use crate::storage::{atomic_copy, Storage};
@@ -278,7 +280,7 @@ impl ReplayBuffer {
         options: &DumpOptions,
     ) -> Result<(), PersistError> {
         // A dump that froze a storage a swap has just replaced dumps the new one.
-        while !dump(&self.inner(), dir.as_ref(), options)? {}
+        while !dump(&self.state(), dir.as_ref(), options)? {}
         Ok(())
     }
 
@@ -290,7 +292,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner().hooks.add_save(Arc::new(hook));
+        self.state().hooks.add_save(Arc::new(hook));
     }
 
     /// Adds a load hook (TorchRL's `register_load_hook`): every later load passes the
@@ -299,7 +301,7 @@ impl ReplayBuffer {
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
     ) {
-        self.inner().hooks.add_load(Arc::new(hook));
+        self.state().hooks.add_load(Arc::new(hook));
     }
 }
 
@@ -335,7 +337,7 @@ impl CompactFields {
 }
 
 /// Dumps `inner`; `false` (nothing written) if a swap retired its storage meanwhile.
-fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, PersistError> {
+fn dump(inner: &State, dir: &Path, options: &DumpOptions) -> Result<bool, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
     let previous = match DirMeta::read(dir) {
         Ok(m) if m.kind == DirKind::Memmap => {
@@ -349,7 +351,7 @@ fn dump(inner: &Inner, dir: &Path, options: &DumpOptions) -> Result<bool, Persis
         Err(e) if e.is_missing() || e.is_corrupt() || e.is_version() => None,
         Err(e) => return Err(e),
     };
-    let storage = &inner.storage;
+    let storage = &inner.core.storage;
     let spec = storage.spec();
     let compact = match &options.compact {
         None => None,
@@ -446,7 +448,7 @@ fn remove_generation(dir: &Path, g: u64) {
 
 /// Writes every section of a frozen storage as generation `g`.
 fn write_sections(
-    inner: &Inner,
+    inner: &State,
     dir: &Path,
     g: u64,
     compact: Option<CompactFields>,
@@ -454,7 +456,7 @@ fn write_sections(
     meter: &mut Meter,
     written: &mut Written,
 ) -> Result<(), PersistError> {
-    let storage = &inner.storage;
+    let storage = &inner.core.storage;
     let layout = storage.layout();
     let mut buf = Vec::with_capacity(CHUNK_BYTES);
     let mut section = |part: Part, written: &mut Written, meter: &mut Meter, s: Section| {
@@ -475,7 +477,7 @@ fn write_sections(
         (None, false) => write_hooked(storage, save_hooks, dir, g, meter, written)?,
         (None, true) => section(Part::Slots, written, meter, Section::Slots)?,
     }
-    if let Some(bytes) = encode_epochs(&inner.sampler) {
+    if let Some(bytes) = encode_epochs(&inner.core.sampler) {
         let mut sink = Sink::create(dir, Part::Epochs, g)?;
         sink.put(&bytes, meter)?;
         written.sinks.push(sink.close());

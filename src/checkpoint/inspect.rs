@@ -155,8 +155,8 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
 }
 
 fn contents_of(rb: &ReplayBuffer) -> Contents {
-    let inner = rb.inner();
-    let storage = &inner.storage;
+    let inner = rb.state();
+    let storage = &inner.core.storage;
     let per_shard = storage
         .shards()
         .iter()

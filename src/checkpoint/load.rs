@@ -19,12 +19,13 @@ use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part};
 use super::epochs;
 use super::hooks;
 use crate::batch::Batch;
-use crate::buffer::{Inner, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::key::Key;
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::Engine;
+use crate::state::State;
 use crate::storage::layout::Section;
 use crate::storage::{atomic_copy, Draw, Storage};
 
@@ -53,11 +54,11 @@ impl ReplayBuffer {
     pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         let (meta, checkpoint) = read_meta(dir)?;
-        let old: Arc<Inner> = Arc::clone(&self.inner());
+        let old: Arc<State> = Arc::clone(&self.state());
         if let Some(what) = old.config.layout_difference(&meta.config) {
             return Err(PersistError::new(dir, Kind::Mismatch(what)));
         }
-        if Arc::get_mut(&mut self.shared).is_none() {
+        if Arc::get_mut(&mut self.cell).is_none() {
             return Err(PersistError::new(
                 dir,
                 Kind::Busy(
@@ -67,7 +68,7 @@ impl ReplayBuffer {
                 ),
             ));
         }
-        if old.storage.is_shared() && !old.storage.other_processes().is_empty() {
+        if old.core.storage.is_shared() && !old.core.storage.other_processes().is_empty() {
             return Err(PersistError::new(
                 dir,
                 Kind::Busy(
@@ -83,7 +84,7 @@ impl ReplayBuffer {
         let builder = ReplayBufferBuilder::from_config(&old.config)
             .map_err(|e| refused(format!("{e:?}")))?
             .seed(meta.config.seed);
-        let mut new = if old.storage.is_file_backed() || old.storage.is_shared() {
+        let mut new = if old.core.storage.is_file_backed() || old.core.storage.is_shared() {
             // The region is the file or the shared memory: a state over it, and every
             // file checked before anything is written.
             let checked = builder.check().map_err(|e| refused(e.to_string()))?;
@@ -91,7 +92,7 @@ impl ReplayBuffer {
             let new = builder.assemble(
                 checked,
                 config,
-                old.storage.view(),
+                old.core.storage.view(),
                 meta.config.seed,
                 Origin::Reused,
             );
@@ -108,7 +109,7 @@ impl ReplayBuffer {
         new.transforms = Arc::clone(&old.transforms);
         new.memmap = old.memmap.clone();
         new.policy.reload(&new);
-        self.shared.publish(new);
+        self.cell.publish(new);
         Ok(())
     }
 }
@@ -121,7 +122,7 @@ pub(crate) fn load_built(
 ) -> Result<ReplayBuffer, PersistError> {
     let (meta, checkpoint) = read_meta(dir)?;
     let rb = build(dir, &meta, tweak)?;
-    let inner = rb.inner();
+    let inner = rb.state();
     read_into(&inner, dir, &checkpoint, false)?;
     inner.policy.reload(&inner);
     drop(inner);
@@ -267,12 +268,12 @@ fn record(checkpoint: &CheckpointMeta, part: Part) -> Option<&FileMeta> {
 /// Reads a checkpoint into `inner`'s storage and sampler. With `verify_first`, every
 /// file is read and checked once before any byte is written.
 fn read_into(
-    inner: &Inner,
+    inner: &State,
     dir: &Path,
     checkpoint: &CheckpointMeta,
     verify_first: bool,
 ) -> Result<(), PersistError> {
-    let storage = &inner.storage;
+    let storage = &inner.core.storage;
     let layout = storage.layout();
     let total: u64 = checkpoint.files.iter().map(|f| f.bytes).sum();
     let mut meter = Meter::new(None, total * (1 + u64::from(verify_first)));
@@ -315,7 +316,9 @@ fn read_into(
         plan.push((Part::Omit, Some(storage.geometry().capacity().div_ceil(8))));
         plan.push((Part::Kept, None));
     }
-    if dump::encode_epochs(&inner.sampler).is_some() && record(checkpoint, Part::Epochs).is_some() {
+    if dump::encode_epochs(&inner.core.sampler).is_some()
+        && record(checkpoint, Part::Epochs).is_some()
+    {
         plan.push((Part::Epochs, None));
     }
     if let Some(extra) = checkpoint
@@ -378,7 +381,7 @@ fn read_into(
             .map_err(|why| PersistError::new(dir, Kind::Corrupt(why)))?;
     }
     if let Some(bytes) = epochs_file {
-        restore_epochs(&inner.sampler, storage, &bytes).map_err(|why| {
+        restore_epochs(&inner.core.sampler, storage, &bytes).map_err(|why| {
             PersistError::new(
                 dir.join(Part::Epochs.file(checkpoint.generation)),
                 Kind::Corrupt(why),
@@ -390,7 +393,7 @@ fn read_into(
         run_load_hooks(storage, &load_hooks)
             .map_err(|why| PersistError::new(dir, Kind::Hook(why)))?;
     }
-    inner.sampler.recover(storage);
+    inner.core.sampler.recover(storage);
     Ok(())
 }
 

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use super::carry;
 use super::config::Change;
-use crate::buffer::{Inner, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
 #[cfg(not(replaybuf_loom))]
 use crate::checkpoint::dir::{DirKind, DirMeta};
 use crate::error::{SwapError, SwapErrorKind};
 use crate::sampler::{Engine, Prioritized, Sampler};
+use crate::state::State;
 
 /// What a swap will make: the new configuration, and whether its rows stay where they
 /// are.
@@ -25,14 +26,14 @@ struct Target {
 pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapError> {
     let _reconfiguring = buffer.reconfiguring();
     // Under the lock nobody else publishes: this is the state the swap replaces.
-    let old: Arc<Inner> = Arc::clone(&buffer.inner());
+    let old: Arc<State> = Arc::clone(&buffer.state());
     let target = plan(&old, &change)?;
     // What can fail (memory, files) is done before anything is held.
     let fresh = if target.in_place {
         #[cfg(not(replaybuf_loom))]
         if let Some(dir) = &old.memmap {
             // The directory's record follows the configuration (its layout is the same).
-            let config = target.builder.config(old.seed);
+            let config = target.builder.config(old.core.seed);
             DirMeta::new(DirKind::Memmap, config)
                 .write(dir)
                 .map_err(|e| SwapError::new(SwapErrorKind::Persist(e)))?;
@@ -47,7 +48,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
         Some(new)
     };
     let held = old.policy.hold();
-    let frozen = old.storage.freeze();
+    let frozen = old.core.storage.freeze();
     let mut new = match fresh {
         Some(mut new) => {
             carry::carry(&old, &mut new);
@@ -57,26 +58,26 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     };
     new.hooks = Arc::clone(&old.hooks);
     new.transforms = Arc::clone(&old.transforms);
-    buffer.shared.publish(new);
-    old.storage.retire(&frozen);
+    buffer.cell.publish(new);
+    old.core.storage.retire(&frozen);
     drop(frozen);
     drop(held);
     Ok(())
 }
 
 /// The configuration the buffer will have, checked, and how it gets there.
-fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
-    if old.storage.is_shared() {
+fn plan(old: &State, change: &Change) -> Result<Target, SwapError> {
+    if old.core.storage.is_shared() {
         // Every process holds its own state over the region: one cannot swap alone.
         return Err(SwapError::new(SwapErrorKind::Shared));
     }
     let mut b = ReplayBufferBuilder::from_config(&old.config)
         .map_err(|_| SwapError::new(SwapErrorKind::Config))?;
-    b.seed = Some(old.seed);
+    b.seed = Some(old.core.seed);
     b.sampler = match &change.sampler {
         Some(s) => s.clone(),
         // The same sampler, at the alpha and beta it runs with now.
-        None => live(b.sampler.clone(), &old.sampler),
+        None => live(b.sampler.clone(), &old.core.sampler),
     };
     if let Some(w) = &change.writer {
         b.writer = w.clone();
@@ -96,11 +97,11 @@ fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
         ReplayBufferBuilder::from_config(&old.config)
             .map_err(|_| SwapError::new(SwapErrorKind::Config))?
             .sampler,
-        &old.sampler,
+        &old.core.sampler,
     );
     let in_place = change.storage.is_none() && same_region(&current, &b.sampler);
     if change.storage.is_none() && old.memmap.is_some() {
-        let config = b.config(old.seed);
+        let config = b.config(old.core.seed);
         if !in_place || config.layout_hash() != old.config.layout_hash() {
             return Err(SwapError::new(SwapErrorKind::FileBacked));
         }
@@ -112,24 +113,24 @@ fn plan(old: &Inner, change: &Change) -> Result<Target, SwapError> {
 }
 
 /// The new state over the old storage's region (`old` is frozen).
-fn in_place(old: &Inner, builder: ReplayBufferBuilder) -> Inner {
+fn in_place(old: &State, builder: ReplayBufferBuilder) -> State {
     let checked = builder
         .check()
         .expect("replaybuf internal error: a checked configuration no longer checks");
-    let config = builder.config(old.seed);
+    let config = builder.config(old.core.seed);
     let sampler = builder.sampler.clone();
     let new = builder.assemble(
         checked,
         config,
-        old.storage.view(),
-        old.seed,
+        old.core.storage.view(),
+        old.core.seed,
         Origin::Reused,
     );
     // The region keeps alpha and beta: a new sampler's go in. Priority updaters are
     // held out by the freeze, so the masses can be recomputed here.
-    if let (Some(state), Some(p)) = (new.sampler.prioritized(), prioritized(&sampler)) {
+    if let (Some(state), Some(p)) = (new.core.sampler.prioritized(), prioritized(&sampler)) {
         if state.alpha() != p.alpha {
-            let _ = state.set_alpha(p.alpha, &new.storage.trees());
+            let _ = state.set_alpha(p.alpha, &new.core.storage.trees());
         }
         let _ = state.set_beta(p.beta);
     }

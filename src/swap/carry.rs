@@ -6,8 +6,9 @@
 //! The old storage is frozen throughout: every row claimed in it is published and
 //! none changes. The new one is not published yet: nobody else writes it.
 
-use crate::buffer::{Inner, Prepared};
+use crate::core::Prepared;
 use crate::policy::Policy;
+use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::plan::RowOrder;
@@ -23,8 +24,8 @@ struct Part {
 }
 
 /// Copies `old`'s rows into `new` (see the module docs).
-pub(super) fn carry(old: &Inner, new: &mut Inner) {
-    new.storage.start_at_lap(next_lap(&old.storage));
+pub(super) fn carry(old: &State, new: &mut State) {
+    new.core.storage.start_at_lap(next_lap(&old.core.storage));
     let new = &*new;
     let counters = [
         Global::Calls,
@@ -33,66 +34,77 @@ pub(super) fn carry(old: &Inner, new: &mut Inner) {
         Global::Learners,
     ];
     for g in counters {
-        let value = old.storage.global(g).load(Ordering::Relaxed);
-        new.storage.global(g).store(value, Ordering::Relaxed);
+        let value = old.core.storage.global(g).load(Ordering::Relaxed);
+        new.core.storage.global(g).store(value, Ordering::Relaxed);
     }
-    let keep_priorities = match (old.sampler.prioritized(), new.sampler.prioritized()) {
+    let keep_priorities = match (
+        old.core.sampler.prioritized(),
+        new.core.sampler.prioritized(),
+    ) {
         (Some(_), Some(state)) => {
             // The running maximum goes on (priorities are never negative, so their
             // bit patterns order as the numbers do).
-            let max = old.storage.global(Global::MaxSeen).load(Ordering::Relaxed);
-            new.storage
+            let max = old
+                .core
+                .storage
+                .global(Global::MaxSeen)
+                .load(Ordering::Relaxed);
+            new.core
+                .storage
                 .global(Global::MaxSeen)
                 .fetch_max(max, Ordering::Relaxed);
-            Some(state.new_row_priority(&new.storage.trees()))
+            Some(state.new_row_priority(&new.core.storage.trees()))
         }
         _ => None,
     };
-    let parts = match (&new.policy, *new.storage.geometry()) {
+    let parts = match (&new.policy, *new.core.storage.geometry()) {
         (Policy::MaxValue(m), _) => {
             // The highest-ranked rows that fit, in the order they were written.
-            let all = in_time_order(&old.storage);
-            let rows = old.read_positions(&all);
+            let all = in_time_order(&old.core.storage);
+            let rows = old.core.read_positions(&all);
             let ranks = m.stored_ranks(&rows);
-            let capacity = new.storage.geometry().capacity() as usize;
+            let capacity = new.core.storage.geometry().capacity() as usize;
             let mut by_rank: Vec<usize> = (0..all.len()).collect();
             // Highest first; of equal ranks, the newest.
             by_rank.sort_by(|&a, &b| ranks[b].total_cmp(&ranks[a]).then(b.cmp(&a)));
             by_rank.truncate(capacity);
             by_rank.sort_unstable();
             let kept = by_rank.into_iter().map(|i| all[i]).collect();
-            flat_parts(vec![kept], &ring_steps(&new.storage))
+            flat_parts(vec![kept], &ring_steps(&new.core.storage))
         }
         (_, Geometry::Flat { .. }) => {
-            let sources = match old.storage.geometry() {
-                Geometry::Flat { .. } => (0..old.storage.shards().len())
-                    .map(|k| column(&old.storage, k, 0))
+            let sources = match old.core.storage.geometry() {
+                Geometry::Flat { .. } => (0..old.core.storage.shards().len())
+                    .map(|k| column(&old.core.storage, k, 0))
                     .collect(),
-                Geometry::Grid { .. } => vec![in_time_order(&old.storage)],
+                Geometry::Grid { .. } => vec![in_time_order(&old.core.storage)],
             };
-            flat_parts(sources, &ring_steps(&new.storage))
+            flat_parts(sources, &ring_steps(&new.core.storage))
         }
-        (_, Geometry::Grid { .. }) => grid_parts(&old.storage, &new.storage),
+        (_, Geometry::Grid { .. }) => grid_parts(&old.core.storage, &new.core.storage),
     };
     for part in parts.into_iter().filter(|p| !p.draws.is_empty()) {
-        let rows = old.read_positions(&part.draws);
-        let order = match new.storage.geometry() {
+        let rows = old.core.read_positions(&part.draws);
+        let order = match new.core.storage.geometry() {
             Geometry::Flat { .. } => RowOrder::Flat,
             Geometry::Grid { .. } => RowOrder::TimeMajor {
-                envs: new.storage.shards()[part.shard].ring().width,
+                envs: new.core.storage.shards()[part.shard].ring().width,
                 env0: 0,
             },
         };
         let src = new
+            .core
             .source(&rows, order)
             .expect("replaybuf internal error: a buffer's rows do not fit its own spec");
-        let priorities = keep_priorities.map(|default| raws(&old.storage, &part.draws, default));
+        let priorities =
+            keep_priorities.map(|default| raws(&old.core.storage, &part.draws, default));
         let rows = Prepared {
             steps: part.steps,
             src,
             priorities,
         };
-        new.append(Some(part.shard), &rows)
+        new.core
+            .append(Some(part.shard), &rows)
             .expect("replaybuf internal error: a storage retired before it was published");
     }
     new.policy.reload(new);

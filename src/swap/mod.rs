@@ -3,7 +3,7 @@
 //!
 //! Every handle of a buffer (clones, [`Writer`](crate::Writer)s,
 //! [`Learner`](crate::Learner)s, loaders' workers, ensembles) reaches the buffer's
-//! state, an [`Inner`] (storage, sampler engine, write policy, configuration), through
+//! state, an [`State`] (storage, sampler engine, write policy, configuration), through
 //! one [`ArcSwap`] in [`Shared`]. An operation loads it once (no lock, no reference
 //! count on the fast path) and works on that state to the end. A swap builds a new
 //! state and publishes it whole; operations that loaded the old one finish on it.
@@ -55,126 +55,12 @@ mod config;
 
 pub use config::{Reconfigure, StorageConfig};
 
-use std::sync::Arc;
-
-use crate::buffer::{Inner, ReplayBuffer};
-use crate::error::{AccessError, DataError, PriorityError, SwapError};
+use crate::buffer::ReplayBuffer;
+use crate::error::SwapError;
 use crate::sampler::Sampler;
-use crate::spec::Spec;
-use crate::storage::freeze::Retired;
-use crate::sync::{ArcSwap, Guard, Mutex, MutexGuard};
 use crate::writer::WritePolicy;
 
-/// What every handle of one buffer shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// The buffer's state. Replaced whole by a swap, under `reconfigure`.
-    current: ArcSwap<Inner>,
-    /// The spec of every row: no swap changes it.
-    spec: Arc<Spec>,
-    /// Held by a swap from its checks to its thaw, and by the cold-path setters whose
-    /// values a swap carries over (`set_alpha`, `set_beta`).
-    reconfigure: Mutex<()>,
-}
-
-impl Shared {
-    pub(crate) fn new(inner: Inner) -> Shared {
-        Shared {
-            spec: inner.storage.spec().clone(),
-            current: ArcSwap::new(Arc::new(inner)),
-            reconfigure: Mutex::new(()),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn current(&self) -> Guard<Inner> {
-        self.current.load()
-    }
-
-    /// Makes `inner` the buffer's state (a swap, under the reconfiguration lock).
-    pub(crate) fn publish(&self, inner: Inner) {
-        self.current.store(Arc::new(inner));
-    }
-
-    pub(crate) fn spec(&self) -> &Arc<Spec> {
-        &self.spec
-    }
-}
-
-/// The outcome of one attempt at a write against one state: its own error, or
-/// [`Retired`] (the state's storage was retired by a swap; nothing was written).
-#[derive(Debug)]
-pub(crate) enum Attempt<E> {
-    Failed(E),
-    Retired,
-}
-
-impl<E> From<Retired> for Attempt<E> {
-    fn from(_: Retired) -> Self {
-        Attempt::Retired
-    }
-}
-
-impl From<DataError> for Attempt<DataError> {
-    fn from(e: DataError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl From<AccessError> for Attempt<AccessError> {
-    fn from(e: AccessError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl From<DataError> for Attempt<AccessError> {
-    fn from(e: DataError) -> Self {
-        Attempt::Failed(AccessError::Data(e))
-    }
-}
-
-impl From<PriorityError> for Attempt<PriorityError> {
-    fn from(e: PriorityError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl<E> Attempt<E> {
-    /// The error of an attempt that cannot have met a swap (a buffer still being
-    /// built, or one the caller holds the reconfiguration lock of).
-    pub(crate) fn unswapped(self) -> E {
-        match self {
-            Attempt::Failed(e) => e,
-            Attempt::Retired => {
-                panic!("replaybuf internal error: a storage retired while no swap could run")
-            }
-        }
-    }
-}
-
 impl ReplayBuffer {
-    /// Runs `op` on the current state until it is not refused as [`Retired`]: a write
-    /// that raced a swap and found its storage retired is redone, whole, on the state
-    /// the swap published. It wrote nothing the first time.
-    #[inline]
-    pub(crate) fn retrying<T, E>(
-        &self,
-        mut op: impl FnMut(&Inner) -> Result<T, Attempt<E>>,
-    ) -> Result<T, E> {
-        loop {
-            match op(&self.inner()) {
-                Ok(v) => return Ok(v),
-                Err(Attempt::Failed(e)) => return Err(e),
-                Err(Attempt::Retired) => continue,
-            }
-        }
-    }
-
-    /// Holds the reconfiguration lock: no swap runs until the guard drops.
-    pub(crate) fn reconfiguring(&self) -> MutexGuard<'_, ()> {
-        self.shared.reconfigure.lock()
-    }
-
     /// Replaces the sampler (TorchRL's `set_sampler`), keeping the rows and the write
     /// policy: a cold-path operation, safe while other threads hold handles and use
     /// them. Priorities are kept from one prioritized sampler to another; epochs

@@ -11,22 +11,24 @@
 //! more laps later) turns the update away. An in-place rewrite (`write_all`) after the
 //! check keeps the lap and lets the update through: it changes no priority, so the
 //! result is the one of the update coming just before it.
+//!
+//! Layer: core.
 
 use std::cmp::Ordering;
 
+use super::Core;
 use crate::batch::Batch;
-use crate::buffer::{Inner, ReplayBuffer};
 use crate::dtype::DType;
 use crate::error::{DataError, PriorityError, PriorityUpdate};
 use crate::sampler::prioritized::{self, Priorities};
+use crate::state::Attempt;
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::Raws;
-use crate::swap::Attempt;
 
-impl Inner {
-    fn prioritized(&self) -> Result<&Priorities, PriorityError> {
+impl Core {
+    pub(crate) fn prioritized(&self) -> Result<&Priorities, PriorityError> {
         self.sampler
             .prioritized()
             .ok_or(PriorityError::NotPrioritized)
@@ -275,7 +277,7 @@ pub(crate) enum Replaced {
 }
 
 /// A float column of `batch` as `f64`s, or `None` if the batch lacks it.
-fn column_f64(batch: &Batch, key: &crate::key::Key) -> Option<Vec<f64>> {
+pub(crate) fn column_f64(batch: &Batch, key: &crate::key::Key) -> Option<Vec<f64>> {
     Some(match batch.dtype(key).ok()? {
         DType::F64 => batch.column::<f64>(key).ok()?.to_vec(),
         DType::F32 => batch
@@ -298,112 +300,4 @@ fn column_f64(batch: &Batch, key: &crate::key::Key) -> Option<Vec<f64>> {
             .collect(),
         _ => return None,
     })
-}
-
-impl ReplayBuffer {
-    /// Sets the priorities of sampled rows, from any thread, at any time.
-    ///
-    /// `index` and `generation` come from a sampled batch ([`Batch::index`],
-    /// [`Batch::generations`]); `priority` holds one value per row, or `k` per row
-    /// (reduced by the sampler's reduction). A row that a collector has replaced (or
-    /// that was emptied) since it was sampled is skipped and counted as stale: its
-    /// priority would belong to another row. NaN, infinite or negative priorities,
-    /// slices that do not line up, indices out of range, and rows this buffer never
-    /// held (an unwritten slot, or a generation ahead of the slot's) are refused, and
-    /// then nothing is changed.
-    ///
-    /// Skipping replaced rows, rather than refusing the update, is what a learner
-    /// racing collectors needs: with a writer lapping a full ring, some rows of most
-    /// batches are replaced between sample and update. [`update_priority_all`] refuses
-    /// instead.
-    ///
-    /// [`update_priority_all`]: ReplayBuffer::update_priority_all
-    pub fn update_priority(
-        &self,
-        index: &[u64],
-        generation: &[u64],
-        priority: &[f64],
-    ) -> Result<PriorityUpdate, PriorityError> {
-        self.retrying(|inner| inner.update_priority(index, generation, priority, Replaced::Skip))
-    }
-
-    /// Like [`update_priority`], but all or nothing: if any row has been replaced
-    /// since it was sampled, returns [`PriorityError::Replaced`] and changes nothing.
-    ///
-    /// The rows are checked together, then set. A collector may still replace a row
-    /// between the two; its update is then dropped (counted in
-    /// [`PriorityUpdate::stale`]), as if the update had come first and the new row
-    /// had reset the slot's priority after it.
-    ///
-    /// [`update_priority`]: ReplayBuffer::update_priority
-    pub fn update_priority_all(
-        &self,
-        index: &[u64],
-        generation: &[u64],
-        priority: &[f64],
-    ) -> Result<PriorityUpdate, PriorityError> {
-        self.retrying(|inner| inner.update_priority(index, generation, priority, Replaced::Refuse))
-    }
-
-    /// Sets priorities from a sampled batch's priority field (TorchRL's
-    /// `update_tensordict_priority`): the batch's `index`, `generations` and its values
-    /// of the builder's `priority_key`.
-    pub fn update_priority_from(&self, batch: &Batch) -> Result<PriorityUpdate, PriorityError> {
-        self.retrying(|inner| {
-            inner.prioritized()?;
-            let field = inner.priority_field.ok_or(PriorityError::NoPriorityField)?;
-            let key = inner.storage.spec().fields()[field].key();
-            let values = column_f64(batch, key).ok_or(PriorityError::NoPriorityField)?;
-            inner.update_priority(batch.index(), batch.generations(), &values, Replaced::Skip)
-        })
-    }
-
-    /// The priority exponent (`None` unless prioritized).
-    pub fn alpha(&self) -> Option<f64> {
-        self.inner().sampler.prioritized().map(Priorities::alpha)
-    }
-
-    /// The importance-correction exponent (`None` unless prioritized).
-    pub fn beta(&self) -> Option<f64> {
-        self.inner().sampler.prioritized().map(Priorities::beta)
-    }
-
-    /// Changes `beta` for the samples that follow (annealing).
-    pub fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
-        // A swap carries beta over: it does not run meanwhile.
-        let _reconfiguring = self.reconfiguring();
-        self.inner().prioritized()?.set_beta(beta)
-    }
-
-    /// Changes `alpha`, recomputing every row's mass from its stored priority: a pass
-    /// over the trees, so a cold-path call. Samples and updates may run meanwhile.
-    pub fn set_alpha(&self, alpha: f64) -> Result<(), PriorityError> {
-        // A swap carries alpha over: it does not run meanwhile.
-        let _reconfiguring = self.reconfiguring();
-        let inner = self.inner();
-        let state = inner.prioritized()?;
-        let _inside = inner
-            .storage
-            .enter_update()
-            .map_err(|r| Attempt::<PriorityError>::from(r).unswapped())?;
-        let trees = inner.storage.trees();
-        state.set_alpha(alpha, &trees)
-    }
-
-    /// The priority of the live row at `index`, as last set (`None` if the buffer is
-    /// not prioritized or the position holds no live row).
-    pub fn priority(&self, index: u64) -> Option<f64> {
-        let inner = self.inner();
-        inner.sampler.prioritized()?;
-        let (k, pos, lane) = inner.storage.geometry().locate(index)?;
-        let shard = &inner.storage.shards()[k as usize];
-        let seq = shard.seq_at(pos)?;
-        let tree = &inner.storage.trees()[k as usize];
-        let leaf = (pos * shard.ring().width + lane) as usize;
-        let lap = (seq / shard.ring().steps) as u32;
-        if !tree.leaf(leaf).is_of(lap) {
-            return None;
-        }
-        tree.raw(leaf, lap)
-    }
 }

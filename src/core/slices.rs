@@ -5,8 +5,9 @@
 use rand::RngExt;
 use smallvec::SmallVec;
 
+use super::Core;
 use crate::batch::{Batch, Scratch};
-use crate::buffer::{dest_for, Inner};
+use crate::core::dest_for;
 use crate::error::SampleError;
 use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Masses};
@@ -19,7 +20,7 @@ use crate::storage::Miss;
 use crate::sumtree::tree::Tree;
 use crate::sync::Backoff;
 
-impl Inner {
+impl Core {
     /// Samples `n` rows as windows of one trajectory each into `batch`, shaped
     /// `[num_slices, slice_len]` (see `sampler/slice.rs`). Every window is picked
     /// first and its first rows prefetched, so that the windows' memory misses overlap;
@@ -261,7 +262,7 @@ const SLICE_PREFETCH_ROWS: u64 = 4;
 
 /// A slice sample's picks: the lanes as last seen, and the failures so far.
 struct Picker<'a> {
-    buffer: &'a Inner,
+    buffer: &'a Core,
     cfg: &'a Slice,
     lanes: &'a Lanes,
     views: &'a mut Vec<LaneView>,

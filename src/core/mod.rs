@@ -1,28 +1,17 @@
-//! [`ReplayBuffer`]: a storage and a sampler wired together and shared by every
-//! handle, with the paths every handle takes: extend, sample, reads and rewrites by
-//! position. Its choices are made and checked in `builder.rs`.
+//! The core of one buffer state: its storage and sampler engine, and the settings
+//! that say how batches map onto them (seed, batch size, `dim_extend`, the priority
+//! field). Every path that reads or writes rows runs here: extends after the write
+//! policy's gate (`state.rs`), samples, reads and rewrites by position, and the row
+//! priorities of a prioritized buffer (`priorities.rs`) and slice samples
+//! (`slices.rs`). The gates above it (write policy, max-value ranks) are given a
+//! `&Core`, never the whole state.
 //!
-//! The handles share the buffer's current [`Inner`] through `swap/mod.rs`: every
-//! operation loads it once and works on that one, and a swap (`set_sampler`, ...)
-//! replaces it whole. A write that finds its storage retired by a swap redoes itself
-//! on the new one ([`ReplayBuffer::retrying`]).
-
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use smallvec::SmallVec;
+//! Layer: core.
 
 use crate::batch::{Batch, Column, Scratch};
-use crate::builder::ReplayBufferBuilder;
-use crate::checkpoint::hooks::Hooks;
-use crate::config::Config;
-use crate::error::persist::PersistError;
-use crate::error::{AccessError, DataError, SampleError};
-use crate::learner::Learner;
-use crate::policy::{Admit, Policy};
+use crate::error::{DataError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
-use crate::sampler::slice::Slice;
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
 use crate::spec::Spec;
 use crate::storage::freeze::Retired;
@@ -33,355 +22,31 @@ use crate::storage::shard::Shard;
 use crate::storage::stamp::Claim;
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
-use crate::swap::{Attempt, Shared};
-use crate::sync::{Guard, Ordering};
-use crate::transform::Transforms;
-use crate::writer::{Writer, Written};
+use crate::sync::Ordering;
+use crate::writer::Written;
+use smallvec::SmallVec;
 
-/// A buffer's state: what a swap replaces whole (see `swap/mod.rs`). Every handle
-/// reaches the current one through [`ReplayBuffer::inner`].
+mod priorities;
+mod slices;
+
+pub(crate) use priorities::{column_f64, Replaced};
+
+/// A buffer state's storage and sampler, and how batches map onto them.
 #[derive(Debug)]
-pub(crate) struct Inner {
-    /// What the buffer was built with (its seed resolved): for checkpoints.
-    pub(crate) config: Config,
-    /// The directory of a file-backed storage.
-    pub(crate) memmap: Option<PathBuf>,
-    /// Save and load hooks of checkpoints, shared by every state of the buffer.
-    pub(crate) hooks: Arc<Hooks>,
+pub(crate) struct Core {
     pub(crate) storage: Storage,
     pub(crate) sampler: Engine,
+    /// The seed of every draw.
     pub(crate) seed: u64,
     pub(crate) batch_size: Option<usize>,
-    dim_extend: usize,
+    /// Which batch dimension an ndim-2 extend's time runs along (TorchRL's
+    /// `dim_extend`).
+    pub(crate) dim_extend: usize,
     /// The spec field holding priorities (`priority_key`), by position.
     pub(crate) priority_field: Option<usize>,
-    /// The write policy and its state: every write passes its gate (`policy.rs`).
-    pub(crate) policy: Policy,
-    /// Closures on sampled batches, and their inverses on written data, shared by
-    /// every state of the buffer.
-    pub(crate) transforms: Arc<Transforms>,
 }
 
-/// A replay buffer: many collectors extend it while many learners sample it, with no
-/// lock between them.
-///
-/// Cloning a `ReplayBuffer` is cheap and gives another handle to the same buffer. For
-/// heavy use, give each collector thread a [`Writer`] ([`ReplayBuffer::writer`]) and
-/// each learner thread a [`Learner`] ([`ReplayBuffer::learner`]).
-///
-/// ```
-/// use replaybuf::{DType, ReplayBuffer, Spec};
-///
-/// let spec = Spec::builder()
-///     .field("obs", DType::F32, [4])
-///     .field("reward", DType::F32, [])
-///     .build()?;
-/// let rb = ReplayBuffer::builder(spec).capacity(1000).seed(7).build()?;
-///
-/// let mut chunk = rb.batch([10]);
-/// chunk.column_mut::<f32>("reward")?.fill(1.0);
-/// let written = rb.extend(&chunk)?;
-/// assert_eq!(written.to_vec(), (0..10).collect::<Vec<u64>>());
-///
-/// let batch = rb.sample(4)?;
-/// assert_eq!(batch.column::<f32>("reward")?, &[1.0; 4]);
-/// assert!(batch.index().iter().all(|&i| i < 10));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct ReplayBuffer {
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl ReplayBuffer {
-    /// Starts a buffer of rows of `spec`.
-    pub fn builder(spec: impl Into<Arc<Spec>>) -> ReplayBufferBuilder {
-        ReplayBufferBuilder::new(spec.into())
-    }
-
-    /// A buffer whose first state is `inner`.
-    pub(crate) fn from_inner(inner: Inner) -> ReplayBuffer {
-        ReplayBuffer {
-            shared: Arc::new(Shared::new(inner)),
-        }
-    }
-
-    /// The buffer's current state, for one operation: no lock, and no reference count
-    /// on the fast path. Everything one operation reads must come from one load.
-    #[inline]
-    pub(crate) fn inner(&self) -> Guard<Inner> {
-        self.shared.current()
-    }
-
-    /// The spec of every row.
-    pub fn spec(&self) -> &Arc<Spec> {
-        self.shared.spec()
-    }
-
-    /// Rows the storage holds when full.
-    pub fn capacity(&self) -> usize {
-        self.inner().storage.geometry().capacity() as usize
-    }
-
-    /// Rows stored now.
-    pub fn len(&self) -> usize {
-        self.inner().storage.len() as usize
-    }
-
-    /// Whether no row is stored.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Rows written since the buffer was built or last emptied, evicted ones included
-    /// (after a swap into a new storage: the rows carried over, and those written
-    /// since).
-    pub fn write_count(&self) -> u64 {
-        self.inner().storage.write_count()
-    }
-
-    /// Shards of the storage.
-    pub fn shards(&self) -> usize {
-        self.inner().storage.shards().len()
-    }
-
-    /// Storage dimensions (1 or 2).
-    pub fn ndim(&self) -> usize {
-        self.inner().storage.geometry().ndim()
-    }
-
-    /// Environments of an ndim-2 storage (1 for ndim 1).
-    pub fn envs(&self) -> usize {
-        match *self.inner().storage.geometry() {
-            Geometry::Flat { .. } => 1,
-            Geometry::Grid { envs, .. } => envs as usize,
-        }
-    }
-
-    /// The slice sampler's settings, if this buffer samples slices.
-    pub fn slice_sampler(&self) -> Option<Slice> {
-        self.inner().sampler.slice().cloned()
-    }
-
-    /// The seed of every draw.
-    pub fn seed(&self) -> u64 {
-        self.inner().seed
-    }
-
-    /// Bytes of address space the storage reserved (pages become resident as written).
-    pub fn reserved_bytes(&self) -> usize {
-        self.inner().storage.reserved_bytes()
-    }
-
-    /// A zeroed batch of this buffer's spec with batch shape `shape`.
-    pub fn batch(&self, shape: impl AsRef<[usize]>) -> Batch {
-        Batch::zeros(self.spec().clone(), shape)
-    }
-
-    /// A collector's handle. Handle `k` writes shard `k % shards`, so with as many
-    /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
-    /// its shard's environments and extends them with `[t, group]` batches.
-    ///
-    /// After a swap to fewer shards ([`set_storage`](Self::set_storage)) a handle bound
-    /// to shard `k` writes shard `k % shards`; its rows carried over went there too.
-    ///
-    /// In a [`shared`](crate::ReplayBufferBuilder::shared) buffer, a handle writes a
-    /// shard whose lease this process holds: a free one if there is any, else one
-    /// another handle of this process writes.
-    ///
-    /// # Panics
-    ///
-    /// In a shared buffer whose every shard is leased to another live process; use
-    /// [`try_writer`](Self::try_writer) to get that as an error.
-    pub fn writer(&self) -> Writer {
-        self.try_writer()
-            .unwrap_or_else(|e| panic!("replaybuf: no writer handle: {e}"))
-    }
-
-    /// A collector's handle, as [`writer`](Self::writer) gives, or
-    /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
-    /// another live process.
-    pub fn try_writer(&self) -> Result<Writer, DataError> {
-        let inner = self.inner();
-        let storage = &inner.storage;
-        let k = storage
-            .global(Global::Writers)
-            .fetch_add(1, Ordering::Relaxed);
-        let shards = storage.shards().len();
-        let shard = match storage.lease_for_writer(k as usize) {
-            Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
-            None => (k % shards as u64) as usize,
-        };
-        Ok(Writer::new(self.clone(), shard))
-    }
-
-    /// A learner's handle, with its own random stream.
-    pub fn learner(&self) -> Learner {
-        let inner = self.inner();
-        let k = inner
-            .storage
-            .global(Global::Learners)
-            .fetch_add(1, Ordering::Relaxed);
-        Learner::new(
-            self.clone(),
-            rng::stream(inner.seed, rng::Stream::Learner(k)),
-        )
-    }
-
-    /// Adds one transition (a batch of shape `[1]`) and returns its index.
-    /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
-    pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.extend_rows(row, true).map(|w| w.index(0))
-    }
-
-    /// Appends a batch and returns where its rows went.
-    ///
-    /// ndim 1: a batch of shape `[n]` goes to one shard (round robin across calls;
-    /// always shard 0 with a slice sampler, so that one caller's trajectories stay in
-    /// one ring: give each further collector its own [`Writer`]).
-    /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
-    /// with `dim_extend = 1`) appends `t` steps to every environment's column.
-    pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        self.extend_rows(batch, false)
-    }
-
-    /// Validates first, then takes the round-robin turn: a rejected batch changes
-    /// nothing, not even which shard the next extend goes to.
-    fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
-        self.retrying(|inner| {
-            if one_row {
-                inner.check_one_row(batch)?;
-            }
-            let batch = match inner.admit(None, batch)? {
-                Admit::Append(batch) => batch,
-                Admit::Placed(written) => return Ok(written),
-            };
-            let rows = inner.prepare(None, &batch)?;
-            let shard = match inner.storage.geometry() {
-                Geometry::Flat { .. } => Some(inner.pick_shard()?),
-                Geometry::Grid { .. } => None,
-            };
-            Ok(inner.append(shard, &rows)?)
-        })
-    }
-
-    /// Samples `n` rows into a new batch, with their `index` and `generations`.
-    pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
-        let mut batch = self.batch([0]);
-        let inner = self.inner();
-        inner.sample_into(&mut inner.call_rng(), n, &mut batch)?;
-        inner.transforms.apply(&mut batch)?;
-        Ok(batch)
-    }
-
-    /// Samples the builder's `batch_size` rows into a new batch.
-    pub fn sample_default(&self) -> Result<Batch, SampleError> {
-        self.sample(self.inner().batch_size.ok_or(SampleError::NoBatchSize)?)
-    }
-
-    /// Samples into `batch`, reusing its buffers: once `batch` has held a batch of this
-    /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
-    /// as `batch` holds when none was set.
-    pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.inner();
-        let n = inner.batch_size_for(batch)?;
-        inner.sample_into(&mut inner.call_rng(), n, batch)?;
-        inner.transforms.apply(batch)
-    }
-
-    /// The row at storage `index`, as a batch of one.
-    pub fn get(&self, index: u64) -> Result<Batch, AccessError> {
-        self.get_many(&[index])
-    }
-
-    /// The rows at `indices`, in that order.
-    pub fn get_many(&self, indices: &[u64]) -> Result<Batch, AccessError> {
-        let inner = self.inner();
-        let storage = &inner.storage;
-        let mut draws = Vec::with_capacity(indices.len());
-        for &index in indices {
-            let capacity = storage.geometry().capacity();
-            if index >= capacity {
-                return Err(AccessError::OutOfRange { index, capacity });
-            }
-            draws.push(
-                storage
-                    .draw_at(index)
-                    .ok_or(AccessError::NotWritten { index })?,
-            );
-        }
-        Ok(inner.read_positions(&draws))
-    }
-
-    /// Every stored row among the first `end` storage positions (all of them when
-    /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
-    pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {
-        let inner = self.inner();
-        let storage = &inner.storage;
-        let end = end.map_or(storage.geometry().capacity(), |e| {
-            (e as u64).min(storage.geometry().capacity())
-        });
-        let draws: Vec<Draw> = (0..end).filter_map(|i| storage.draw_at(i)).collect();
-        inner.read_positions(&draws)
-    }
-
-    /// Overwrites storage positions `0..end` in place with the first `end` rows of
-    /// `data` (all of them when `None`), in storage order (TorchRL's `rb[:end] = data`).
-    /// Every position must hold a row; on any error nothing is written.
-    pub fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
-        self.retrying(|inner| inner.write_all(data, end))
-    }
-
-    /// Writes a file-backed storage's changes through to its file and the disk
-    /// (`msync` and `fsync`); nothing for other storages. A file-backed buffer's rows
-    /// outlive its process without this; it guards against the machine going down.
-    pub fn flush(&self) -> Result<(), PersistError> {
-        self.inner().storage.flush()
-    }
-
-    /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
-    /// sampler too). Rows being written meanwhile are dropped as well.
-    pub fn empty(&self) {
-        self.retrying::<_, std::convert::Infallible>(|inner| {
-            // The policy's lock first, then the updaters' gate: a swap takes them in
-            // that order too.
-            inner.policy.emptying(|| {
-                let _inside = inner.storage.enter_update()?;
-                inner.storage.empty();
-                inner.sampler.reset();
-                inner.clear_emptied();
-                Ok(())
-            })
-        })
-        .unwrap_or_else(|never| match never {});
-    }
-}
-
-impl Inner {
-    pub(crate) fn new(
-        config: Config,
-        storage: Storage,
-        sampler: Engine,
-        seed: u64,
-        batch_size: Option<usize>,
-        dim_extend: usize,
-        priority_field: Option<usize>,
-    ) -> Inner {
-        Inner {
-            config,
-            memmap: None,
-            hooks: Arc::default(),
-            priority_field,
-            storage,
-            sampler,
-            seed,
-            batch_size,
-            dim_extend,
-            policy: Policy::RoundRobin,
-            transforms: Arc::default(),
-        }
-    }
-
+impl Core {
     /// The shard of the next buffer-level extend: round robin across calls.
     pub(crate) fn pick_shard(&self) -> Result<usize, DataError> {
         if let Some(leased) = self.storage.process_lease() {
@@ -440,7 +105,7 @@ impl Inner {
         Ok(Source { cols, order })
     }
 
-    fn check_one_row(&self, row: &Batch) -> Result<(), DataError> {
+    pub(crate) fn check_one_row(&self, row: &Batch) -> Result<(), DataError> {
         if self.storage.geometry().ndim() != 1 || row.len() != 1 {
             return Err(DataError::BatchShape {
                 expected: "one row ([1]) on an ndim-1 storage",
@@ -448,11 +113,6 @@ impl Inner {
             });
         }
         Ok(())
-    }
-
-    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, Attempt<DataError>> {
-        self.check_one_row(row)?;
-        Ok(self.extend(Some(shard), row)?.index(0))
     }
 
     pub(crate) fn order_for(&self, t: u64, envs: u64) -> RowOrder {
@@ -502,28 +162,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
-    /// every shard (`None`, ndim 2 only).
-    pub(crate) fn extend(
-        &self,
-        shard: Option<usize>,
-        batch: &Batch,
-    ) -> Result<Written, Attempt<DataError>> {
-        let batch = match self.admit(shard, batch)? {
-            Admit::Append(batch) => batch,
-            Admit::Placed(written) => return Ok(written),
-        };
-        let rows = self.prepare(shard, &batch)?;
-        if shard.is_none() {
-            // Every shard is written: in a shared region, only by its lease holder, so
-            // that a dead process's damage is its lease's (`shared/procs.rs`).
-            self.storage
-                .lease_all()
-                .map_err(|shard| DataError::ShardLeased { shard })?;
-        }
-        Ok(self.append(shard, &rows)?)
     }
 
     /// Checks `batch` for an extend of `shard` (or of the whole buffer) and returns what
@@ -809,48 +447,6 @@ impl Inner {
             }
             draws.to_mut().retain(|&d| !self.storage.is_abandoned(d));
         }
-    }
-
-    fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), Attempt<AccessError>> {
-        let rewrite = self.admit_rewrite(data)?;
-        let data = &*rewrite.data;
-        let storage = &self.storage;
-        let rows = data.len() as u64;
-        let end = end.map_or(rows, |e| e as u64);
-        let capacity = storage.geometry().capacity();
-        if end > rows {
-            return Err(AccessError::from(DataError::BatchShape {
-                expected: "at least `end` rows",
-                found: data.shape().to_vec(),
-            })
-            .into());
-        }
-        if end > capacity {
-            return Err(AccessError::OutOfRange {
-                index: end - 1,
-                capacity,
-            }
-            .into());
-        }
-        let src = self
-            .source(data, RowOrder::Flat)
-            .map_err(AccessError::from)?;
-        let draws = (0..end)
-            .map(|i| {
-                storage
-                    .draw_at(i)
-                    .ok_or(AccessError::NotWritten { index: i })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // Every shard is entered before any row is rewritten: all or nothing.
-        let _guards = storage.enter_edit_all()?;
-        for (i, d) in draws.into_iter().enumerate() {
-            // A row emptied after the check above has nothing to rewrite: skip it.
-            let _ = storage.edit(d, &src, i as u64);
-        }
-        drop(src);
-        rewrite.finish(self, end);
-        Ok(())
     }
 }
 

@@ -1,0 +1,362 @@
+//! [`ReplayBuffer`]: a storage and a sampler wired together and shared by every
+//! handle, with the paths every handle takes: extend, sample, reads and rewrites by
+//! position. Its choices are made and checked in `builder.rs`.
+//!
+//! The handles share the buffer's current state (`state.rs`) through its cell: every
+//! operation loads it once and works on that one, and a swap (`set_sampler`, ...)
+//! replaces it whole. A write that finds its storage retired by a swap redoes itself
+//! on the new one ([`ReplayBuffer::retrying`]).
+//!
+//! Layer: api. The buffer's methods are grouped by topic: this file (build, write,
+//! sample, read), `priorities.rs`, `transforms.rs`; checkpoints in `checkpoint/`,
+//! swaps in `swap/`, attaching in `shared/open.rs`.
+
+use crate::batch::Batch;
+use crate::builder::ReplayBufferBuilder;
+use crate::error::persist::PersistError;
+use crate::error::{AccessError, DataError, SampleError};
+use crate::learner::Learner;
+use crate::policy::Admit;
+use crate::rng::{self};
+use crate::sampler::slice::Slice;
+use crate::spec::Spec;
+use crate::state::{Attempt, State, StateCell};
+use crate::storage::geometry::Geometry;
+use crate::storage::layout::Global;
+use crate::storage::Draw;
+use crate::sync::{Guard, MutexGuard, Ordering};
+use crate::writer::{Writer, Written};
+use std::sync::Arc;
+
+mod priorities;
+mod transforms;
+
+/// A replay buffer: many collectors extend it while many learners sample it, with no
+/// lock between them.
+///
+/// Cloning a `ReplayBuffer` is cheap and gives another handle to the same buffer. For
+/// heavy use, give each collector thread a [`Writer`] ([`ReplayBuffer::writer`]) and
+/// each learner thread a [`Learner`] ([`ReplayBuffer::learner`]).
+///
+/// ```
+/// use replaybuf::{DType, ReplayBuffer, Spec};
+///
+/// let spec = Spec::builder()
+///     .field("obs", DType::F32, [4])
+///     .field("reward", DType::F32, [])
+///     .build()?;
+/// let rb = ReplayBuffer::builder(spec).capacity(1000).seed(7).build()?;
+///
+/// let mut chunk = rb.batch([10]);
+/// chunk.column_mut::<f32>("reward")?.fill(1.0);
+/// let written = rb.extend(&chunk)?;
+/// assert_eq!(written.to_vec(), (0..10).collect::<Vec<u64>>());
+///
+/// let batch = rb.sample(4)?;
+/// assert_eq!(batch.column::<f32>("reward")?, &[1.0; 4]);
+/// assert!(batch.index().iter().all(|&i| i < 10));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ReplayBuffer {
+    pub(crate) cell: Arc<StateCell>,
+}
+
+impl ReplayBuffer {
+    /// Starts a buffer of rows of `spec`.
+    pub fn builder(spec: impl Into<Arc<Spec>>) -> ReplayBufferBuilder {
+        ReplayBufferBuilder::new(spec.into())
+    }
+
+    /// A buffer whose first state is `inner`.
+    pub(crate) fn from_state(state: State) -> ReplayBuffer {
+        ReplayBuffer {
+            cell: Arc::new(StateCell::new(state)),
+        }
+    }
+
+    /// The buffer's current state, for one operation: no lock, and no reference count
+    /// on the fast path. Everything one operation reads must come from one load.
+    #[inline]
+    pub(crate) fn state(&self) -> Guard<State> {
+        self.cell.current()
+    }
+
+    /// The spec of every row.
+    pub fn spec(&self) -> &Arc<Spec> {
+        self.cell.spec()
+    }
+
+    /// Rows the storage holds when full.
+    pub fn capacity(&self) -> usize {
+        self.state().core.storage.geometry().capacity() as usize
+    }
+
+    /// Rows stored now.
+    pub fn len(&self) -> usize {
+        self.state().core.storage.len() as usize
+    }
+
+    /// Whether no row is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows written since the buffer was built or last emptied, evicted ones included
+    /// (after a swap into a new storage: the rows carried over, and those written
+    /// since).
+    pub fn write_count(&self) -> u64 {
+        self.state().core.storage.write_count()
+    }
+
+    /// Shards of the storage.
+    pub fn shards(&self) -> usize {
+        self.state().core.storage.shards().len()
+    }
+
+    /// Storage dimensions (1 or 2).
+    pub fn ndim(&self) -> usize {
+        self.state().core.storage.geometry().ndim()
+    }
+
+    /// Environments of an ndim-2 storage (1 for ndim 1).
+    pub fn envs(&self) -> usize {
+        match *self.state().core.storage.geometry() {
+            Geometry::Flat { .. } => 1,
+            Geometry::Grid { envs, .. } => envs as usize,
+        }
+    }
+
+    /// The slice sampler's settings, if this buffer samples slices.
+    pub fn slice_sampler(&self) -> Option<Slice> {
+        self.state().core.sampler.slice().cloned()
+    }
+
+    /// The seed of every draw.
+    pub fn seed(&self) -> u64 {
+        self.state().core.seed
+    }
+
+    /// Bytes of address space the storage reserved (pages become resident as written).
+    pub fn reserved_bytes(&self) -> usize {
+        self.state().core.storage.reserved_bytes()
+    }
+
+    /// A zeroed batch of this buffer's spec with batch shape `shape`.
+    pub fn batch(&self, shape: impl AsRef<[usize]>) -> Batch {
+        Batch::zeros(self.spec().clone(), shape)
+    }
+
+    /// A collector's handle. Handle `k` writes shard `k % shards`, so with as many
+    /// shards as collectors no two collectors share a cursor. For ndim 2, a handle owns
+    /// its shard's environments and extends them with `[t, group]` batches.
+    ///
+    /// After a swap to fewer shards ([`set_storage`](Self::set_storage)) a handle bound
+    /// to shard `k` writes shard `k % shards`; its rows carried over went there too.
+    ///
+    /// In a [`shared`](crate::ReplayBufferBuilder::shared) buffer, a handle writes a
+    /// shard whose lease this process holds: a free one if there is any, else one
+    /// another handle of this process writes.
+    ///
+    /// # Panics
+    ///
+    /// In a shared buffer whose every shard is leased to another live process; use
+    /// [`try_writer`](Self::try_writer) to get that as an error.
+    pub fn writer(&self) -> Writer {
+        self.try_writer()
+            .unwrap_or_else(|e| panic!("replaybuf: no writer handle: {e}"))
+    }
+
+    /// A collector's handle, as [`writer`](Self::writer) gives, or
+    /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
+    /// another live process.
+    pub fn try_writer(&self) -> Result<Writer, DataError> {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        let k = storage
+            .global(Global::Writers)
+            .fetch_add(1, Ordering::Relaxed);
+        let shards = storage.shards().len();
+        let shard = match storage.lease_for_writer(k as usize) {
+            Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
+            None => (k % shards as u64) as usize,
+        };
+        Ok(Writer::new(self.clone(), shard))
+    }
+
+    /// A learner's handle, with its own random stream.
+    pub fn learner(&self) -> Learner {
+        let inner = self.state();
+        let k = inner
+            .core
+            .storage
+            .global(Global::Learners)
+            .fetch_add(1, Ordering::Relaxed);
+        Learner::new(
+            self.clone(),
+            rng::stream(inner.core.seed, rng::Stream::Learner(k)),
+        )
+    }
+
+    /// Adds one transition (a batch of shape `[1]`) and returns its index.
+    /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
+    pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
+        self.extend_rows(row, true).map(|w| w.index(0))
+    }
+
+    /// Appends a batch and returns where its rows went.
+    ///
+    /// ndim 1: a batch of shape `[n]` goes to one shard (round robin across calls;
+    /// always shard 0 with a slice sampler, so that one caller's trajectories stay in
+    /// one ring: give each further collector its own [`Writer`]).
+    /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
+    /// with `dim_extend = 1`) appends `t` steps to every environment's column.
+    pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
+        self.extend_rows(batch, false)
+    }
+
+    /// Validates first, then takes the round-robin turn: a rejected batch changes
+    /// nothing, not even which shard the next extend goes to.
+    fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
+        self.retrying(|inner| {
+            if one_row {
+                inner.core.check_one_row(batch)?;
+            }
+            let batch = match inner.admit(None, batch)? {
+                Admit::Append(batch) => batch,
+                Admit::Placed(written) => return Ok(written),
+            };
+            let rows = inner.core.prepare(None, &batch)?;
+            let shard = match inner.core.storage.geometry() {
+                Geometry::Flat { .. } => Some(inner.core.pick_shard()?),
+                Geometry::Grid { .. } => None,
+            };
+            Ok(inner.core.append(shard, &rows)?)
+        })
+    }
+
+    /// Samples `n` rows into a new batch, with their `index` and `generations`.
+    pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
+        let mut batch = self.batch([0]);
+        let inner = self.state();
+        inner
+            .core
+            .sample_into(&mut inner.core.call_rng(), n, &mut batch)?;
+        inner.transforms.apply(&mut batch)?;
+        Ok(batch)
+    }
+
+    /// Samples the builder's `batch_size` rows into a new batch.
+    pub fn sample_default(&self) -> Result<Batch, SampleError> {
+        self.sample(
+            self.state()
+                .core
+                .batch_size
+                .ok_or(SampleError::NoBatchSize)?,
+        )
+    }
+
+    /// Samples into `batch`, reusing its buffers: once `batch` has held a batch of this
+    /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
+    /// as `batch` holds when none was set.
+    pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
+        let inner = self.state();
+        let n = inner.core.batch_size_for(batch)?;
+        inner
+            .core
+            .sample_into(&mut inner.core.call_rng(), n, batch)?;
+        inner.transforms.apply(batch)
+    }
+
+    /// The row at storage `index`, as a batch of one.
+    pub fn get(&self, index: u64) -> Result<Batch, AccessError> {
+        self.get_many(&[index])
+    }
+
+    /// The rows at `indices`, in that order.
+    pub fn get_many(&self, indices: &[u64]) -> Result<Batch, AccessError> {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        let mut draws = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let capacity = storage.geometry().capacity();
+            if index >= capacity {
+                return Err(AccessError::OutOfRange { index, capacity });
+            }
+            draws.push(
+                storage
+                    .draw_at(index)
+                    .ok_or(AccessError::NotWritten { index })?,
+            );
+        }
+        Ok(inner.core.read_positions(&draws))
+    }
+
+    /// Every stored row among the first `end` storage positions (all of them when
+    /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
+    pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        let end = end.map_or(storage.geometry().capacity(), |e| {
+            (e as u64).min(storage.geometry().capacity())
+        });
+        let draws: Vec<Draw> = (0..end).filter_map(|i| storage.draw_at(i)).collect();
+        inner.core.read_positions(&draws)
+    }
+
+    /// Overwrites storage positions `0..end` in place with the first `end` rows of
+    /// `data` (all of them when `None`), in storage order (TorchRL's `rb[:end] = data`).
+    /// Every position must hold a row; on any error nothing is written.
+    pub fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
+        self.retrying(|inner| inner.write_all(data, end))
+    }
+
+    /// Writes a file-backed storage's changes through to its file and the disk
+    /// (`msync` and `fsync`); nothing for other storages. A file-backed buffer's rows
+    /// outlive its process without this; it guards against the machine going down.
+    pub fn flush(&self) -> Result<(), PersistError> {
+        self.state().core.storage.flush()
+    }
+
+    /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
+    /// sampler too). Rows being written meanwhile are dropped as well.
+    pub fn empty(&self) {
+        self.retrying::<_, std::convert::Infallible>(|inner| {
+            // The policy's lock first, then the updaters' gate: a swap takes them in
+            // that order too.
+            inner.policy.emptying(|| {
+                let _inside = inner.core.storage.enter_update()?;
+                inner.core.storage.empty();
+                inner.core.sampler.reset();
+                inner.core.clear_emptied();
+                Ok(())
+            })
+        })
+        .unwrap_or_else(|never| match never {});
+    }
+}
+
+/// Running an operation against the current state.
+impl ReplayBuffer {
+    /// Runs `op` on the current state until it is not refused as [`Retired`]: a write
+    /// that raced a swap and found its storage retired is redone, whole, on the state
+    /// the swap published. It wrote nothing the first time.
+    #[inline]
+    pub(crate) fn retrying<T, E>(
+        &self,
+        mut op: impl FnMut(&State) -> Result<T, Attempt<E>>,
+    ) -> Result<T, E> {
+        loop {
+            match op(&self.state()) {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::Retired) => continue,
+            }
+        }
+    }
+
+    /// Holds the reconfiguration lock: no swap runs until the guard drops.
+    pub(crate) fn reconfiguring(&self) -> MutexGuard<'_, ()> {
+        self.cell.reconfigure.lock()
+    }
+}

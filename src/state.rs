@@ -1,0 +1,316 @@
+//! A buffer's state and the cell that holds it. [`State`] is what a swap replaces
+//! whole: the [`Core`] (storage, sampler), the write policy, the configuration, and
+//! the hooks and transforms every state of the buffer shares. [`StateCell`] is what
+//! every handle of one buffer shares: the current state behind one `ArcSwap`, the
+//! spec, and the reconfiguration lock. The write paths that pass the policy's gate
+//! (extend, add, rewrites) start here and go down to the core.
+//!
+//! Layer: state.
+
+use crate::batch::Batch;
+use crate::checkpoint::hooks::Hooks;
+use crate::config::Config;
+use crate::core::{Core, Prepared};
+use crate::error::PriorityError;
+use crate::error::{AccessError, DataError};
+use crate::policy::{rows_of, Admit, Policy, Rewrite};
+use crate::sampler::Engine;
+use crate::spec::Spec;
+use crate::storage::freeze::Retired;
+use crate::storage::geometry::Geometry;
+use crate::storage::plan::RowOrder;
+use crate::storage::Storage;
+use crate::sync::Guard;
+use crate::sync::{ArcSwap, Mutex};
+use crate::transform::Transforms;
+use crate::writer::Written;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A buffer's state: what a swap replaces whole (see `swap/mod.rs`). Every handle
+/// reaches the current one through [`ReplayBuffer::state`](crate::ReplayBuffer).
+#[derive(Debug)]
+pub(crate) struct State {
+    /// The storage, the sampler and how batches map onto them.
+    pub(crate) core: Core,
+    /// What the buffer was built with (its seed resolved): for checkpoints.
+    pub(crate) config: Config,
+    /// The directory of a file-backed storage.
+    pub(crate) memmap: Option<PathBuf>,
+    /// Save and load hooks of checkpoints, shared by every state of the buffer.
+    pub(crate) hooks: Arc<Hooks>,
+    /// The write policy and its state: every write passes its gate (`policy.rs`).
+    pub(crate) policy: Policy,
+    /// Closures on sampled batches, and their inverses on written data, shared by
+    /// every state of the buffer.
+    pub(crate) transforms: Arc<Transforms>,
+}
+
+impl State {
+    pub(crate) fn new(
+        config: Config,
+        storage: Storage,
+        sampler: Engine,
+        seed: u64,
+        batch_size: Option<usize>,
+        dim_extend: usize,
+        priority_field: Option<usize>,
+    ) -> State {
+        State {
+            config,
+            memmap: None,
+            hooks: Arc::default(),
+            core: Core {
+                storage,
+                sampler,
+                seed,
+                batch_size,
+                dim_extend,
+                priority_field,
+            },
+            policy: Policy::RoundRobin,
+            transforms: Arc::default(),
+        }
+    }
+
+    pub(crate) fn add(&self, shard: usize, row: &Batch) -> Result<u64, Attempt<DataError>> {
+        self.core.check_one_row(row)?;
+        Ok(self.extend(Some(shard), row)?.index(0))
+    }
+
+    /// Appends `batch` to shard `shard` (ndim 1, or one env group of ndim 2), or to
+    /// every shard (`None`, ndim 2 only).
+    pub(crate) fn extend(
+        &self,
+        shard: Option<usize>,
+        batch: &Batch,
+    ) -> Result<Written, Attempt<DataError>> {
+        let batch = match self.admit(shard, batch)? {
+            Admit::Append(batch) => batch,
+            Admit::Placed(written) => return Ok(written),
+        };
+        let rows = self.core.prepare(shard, &batch)?;
+        if shard.is_none() {
+            // Every shard is written: in a shared region, only by its lease holder, so
+            // that a dead process's damage is its lease's (`shared/procs.rs`).
+            self.core
+                .storage
+                .lease_all()
+                .map_err(|shard| DataError::ShardLeased { shard })?;
+        }
+        Ok(self.core.append(shard, &rows)?)
+    }
+
+    pub(crate) fn write_all(
+        &self,
+        data: &Batch,
+        end: Option<usize>,
+    ) -> Result<(), Attempt<AccessError>> {
+        let rewrite = self.admit_rewrite(data)?;
+        let data = &*rewrite.data;
+        let storage = &self.core.storage;
+        let rows = data.len() as u64;
+        let end = end.map_or(rows, |e| e as u64);
+        let capacity = storage.geometry().capacity();
+        if end > rows {
+            return Err(AccessError::from(DataError::BatchShape {
+                expected: "at least `end` rows",
+                found: data.shape().to_vec(),
+            })
+            .into());
+        }
+        if end > capacity {
+            return Err(AccessError::OutOfRange {
+                index: end - 1,
+                capacity,
+            }
+            .into());
+        }
+        let src = self
+            .core
+            .source(data, RowOrder::Flat)
+            .map_err(AccessError::from)?;
+        let draws = (0..end)
+            .map(|i| {
+                storage
+                    .draw_at(i)
+                    .ok_or(AccessError::NotWritten { index: i })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Every shard is entered before any row is rewritten: all or nothing.
+        let _guards = storage.enter_edit_all()?;
+        for (i, d) in draws.into_iter().enumerate() {
+            // A row emptied after the check above has nothing to rewrite: skip it.
+            let _ = storage.edit(d, &src, i as u64);
+        }
+        drop(src);
+        rewrite.finish(self, end);
+        Ok(())
+    }
+}
+
+impl State {
+    /// The gate of every append: refuses it (immutable), or hands back the rows to
+    /// append. `shard` is the writer handle's shard (`None` for the buffer's own).
+    pub(crate) fn admit<'a>(
+        &self,
+        shard: Option<usize>,
+        batch: &'a Batch,
+    ) -> Result<Admit<'a>, Attempt<DataError>> {
+        if let Policy::Immutable = &self.policy {
+            return Err(DataError::Immutable.into());
+        }
+        let batch = self.transforms.invert(batch)?;
+        match &self.policy {
+            Policy::MaxValue(m) => {
+                // A writer handle fills its own shard first; the buffer, shard 0.
+                m.place(self, shard.unwrap_or(0), &batch).map(Admit::Placed)
+            }
+            Policy::RoundRobin | Policy::Immutable => Ok(Admit::Append(batch)),
+        }
+    }
+
+    /// The gate of an in-place rewrite (`write_all`).
+    pub(crate) fn admit_rewrite<'a>(&'a self, data: &'a Batch) -> Result<Rewrite<'a>, DataError> {
+        if let Policy::Immutable = &self.policy {
+            return Err(DataError::Immutable);
+        }
+        let data = self.transforms.invert(data)?;
+        let rerank = match &self.policy {
+            Policy::MaxValue(m) => Some(m.rerank(self, &data)?),
+            Policy::RoundRobin | Policy::Immutable => None,
+        };
+        Ok(Rewrite { data, rerank })
+    }
+
+    /// The gate of the typed face, whose values are rows already: refused when
+    /// immutable (a typed buffer cannot be built with a max-value writer).
+    pub(crate) fn admit_typed(&self) -> Result<(), DataError> {
+        match &self.policy {
+            Policy::Immutable => Err(DataError::Immutable),
+            Policy::RoundRobin | Policy::MaxValue(_) => Ok(()),
+        }
+    }
+
+    /// Writes a new buffer's first rows past the gate (an immutable buffer's only
+    /// rows). ndim 1: the rows are split evenly across the shards, in order, so that a
+    /// dataset as large as the capacity fits whole; ndim 2: `[t, envs]` steps, as
+    /// `extend` takes them.
+    pub(crate) fn write_initial(&self, rows: &Batch) -> Result<(), DataError> {
+        if let Policy::MaxValue(m) = &self.policy {
+            return m.place(self, 0, rows).map(drop).map_err(Attempt::unswapped);
+        }
+        let prepared = self.core.prepare(None, rows)?;
+        let unswapped =
+            |r: Result<Written, Retired>| r.map_err(|r| Attempt::<DataError>::from(r).unswapped());
+        let Geometry::Flat { .. } = self.core.storage.geometry() else {
+            unswapped(self.core.append(None, &prepared))?;
+            return Ok(());
+        };
+        let shards = self.core.storage.shards().len() as u64;
+        let n = prepared.steps;
+        for k in 0..shards {
+            let (a, b) = (n * k / shards, n * (k + 1) / shards);
+            if a == b {
+                continue;
+            }
+            let part = Prepared {
+                steps: b - a,
+                src: rows_of(&prepared.src, a, b),
+                priorities: prepared
+                    .priorities
+                    .as_ref()
+                    .map(|p| p[a as usize..b as usize].to_vec()),
+            };
+            unswapped(self.core.append(Some(k as usize), &part))?;
+        }
+        Ok(())
+    }
+}
+
+/// What every handle of one buffer shares.
+#[derive(Debug)]
+pub(crate) struct StateCell {
+    /// The buffer's state. Replaced whole by a swap, under `reconfigure`.
+    current: ArcSwap<State>,
+    /// The spec of every row: no swap changes it.
+    spec: Arc<Spec>,
+    /// Held by a swap from its checks to its thaw, and by the cold-path setters whose
+    /// values a swap carries over (`set_alpha`, `set_beta`).
+    pub(crate) reconfigure: Mutex<()>,
+}
+
+impl StateCell {
+    pub(crate) fn new(inner: State) -> StateCell {
+        StateCell {
+            spec: inner.core.storage.spec().clone(),
+            current: ArcSwap::new(Arc::new(inner)),
+            reconfigure: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn current(&self) -> Guard<State> {
+        self.current.load()
+    }
+
+    /// Makes `inner` the buffer's state (a swap, under the reconfiguration lock).
+    pub(crate) fn publish(&self, inner: State) {
+        self.current.store(Arc::new(inner));
+    }
+
+    pub(crate) fn spec(&self) -> &Arc<Spec> {
+        &self.spec
+    }
+}
+
+/// The outcome of one attempt at a write against one state: its own error, or
+/// [`Retired`] (the state's storage was retired by a swap; nothing was written).
+#[derive(Debug)]
+pub(crate) enum Attempt<E> {
+    Failed(E),
+    Retired,
+}
+
+impl<E> From<Retired> for Attempt<E> {
+    fn from(_: Retired) -> Self {
+        Attempt::Retired
+    }
+}
+
+impl From<DataError> for Attempt<DataError> {
+    fn from(e: DataError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl From<AccessError> for Attempt<AccessError> {
+    fn from(e: AccessError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl From<DataError> for Attempt<AccessError> {
+    fn from(e: DataError) -> Self {
+        Attempt::Failed(AccessError::Data(e))
+    }
+}
+
+impl From<PriorityError> for Attempt<PriorityError> {
+    fn from(e: PriorityError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl<E> Attempt<E> {
+    /// The error of an attempt that cannot have met a swap (a buffer still being
+    /// built, or one the caller holds the reconfiguration lock of).
+    pub(crate) fn unswapped(self) -> E {
+        match self {
+            Attempt::Failed(e) => e,
+            Attempt::Retired => {
+                panic!("replaybuf internal error: a storage retired while no swap could run")
+            }
+        }
+    }
+}
