@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::backing::file;
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
-use crate::checkpoint::memmap;
 use crate::config::{
     key_meta, key_of, Config, ConfigError, FieldMeta, ReductionMeta, SamplerMeta, WriterMeta,
 };
@@ -14,15 +14,15 @@ use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::key::Key;
 use crate::policy::Policy;
+use crate::policy::WritePolicy;
 use crate::sampler::{Engine, Sampler};
 #[cfg(not(replaybuf_loom))]
-use crate::shared::{self, procs::PROCS};
+use crate::shared::procs::PROCS;
 use crate::spec::Spec;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::lanes::Bounds;
 use crate::storage::{Parts, Storage};
-use crate::writer::WritePolicy;
 
 /// The most shards a storage may have.
 pub const MAX_SHARDS: usize = 1024;
@@ -305,11 +305,11 @@ impl ReplayBufferBuilder {
                     });
                 }
                 let mode = match (self.attach_only, self.existsok) {
-                    (true, _) => shared::open::Mode::Attach,
-                    (false, true) => shared::open::Mode::CreateOrAttach,
-                    (false, false) => shared::open::Mode::Create,
+                    (true, _) => crate::backing::shm::Mode::Attach,
+                    (false, true) => crate::backing::shm::Mode::CreateOrAttach,
+                    (false, false) => crate::backing::shm::Mode::Create,
                 };
-                let opened = shared::open::open(name, &config, mode, |meta| {
+                let opened = crate::backing::shm::open(name, &config, mode, |meta| {
                     Parts::new(self.spec.clone(), geometry, trees, slices, meta, PROCS)
                 })
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
@@ -354,9 +354,9 @@ impl ReplayBufferBuilder {
             (Some(dir), None) => {
                 let parts = |meta| Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
                 let opened = if self.private_copy {
-                    memmap::open_copy(dir, &config, parts)
+                    file::open_copy(dir, &config, parts)
                 } else {
-                    memmap::open(dir, &config, self.existsok, parts)
+                    file::open(dir, &config, self.existsok, parts)
                 }
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 if !opened.fresh && self.seed.is_none() {
@@ -406,7 +406,7 @@ impl ReplayBufferBuilder {
         inner.memmap = self.memmap.filter(|_| !self.private_copy);
         inner.policy = checked.policy;
         if !matches!(origin, Origin::Fresh) {
-            inner.policy.reload(&inner);
+            inner.policy.reload(&inner.core);
         }
         inner
     }

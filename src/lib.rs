@@ -40,6 +40,7 @@
 
 pub mod docs;
 
+mod backing;
 mod batch;
 mod buffer;
 mod builder;
@@ -49,6 +50,7 @@ mod core;
 mod dtype;
 mod ensemble;
 mod error;
+mod hooks;
 mod iter;
 mod key;
 mod learner;
@@ -80,8 +82,8 @@ pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use checkpoint::dump::{DumpOptions, ProgressFn};
 
-pub use checkpoint::hooks::HookResult;
 pub use checkpoint::inspect::{inspect, Inspection};
+pub use core::Written;
 pub use dtype::{DType, Element};
 pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
 pub use error::PersistError;
@@ -89,11 +91,13 @@ pub use error::{
     AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
     Stage, SwapError, TransformIndexError,
 };
+pub use hooks::HookResult;
 pub use iter::Batches;
 pub use key::{Key, KeyLike};
 pub use learner::Learner;
 pub use list::{ListBatch, ListBuffer, ListBuilder};
 pub use loader::{Loader, LoaderBuilder, PreprocessFn};
+pub use policy::WritePolicy;
 pub use sampler::{
     Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
@@ -106,7 +110,7 @@ pub use trajectories::{
 };
 pub use transform::{Transform, TransformFn};
 pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
-pub use writer::{WritePolicy, Writer, Written};
+pub use writer::Writer;
 
 /// The crate's own internals, exposed for its loom tests, benches and fuzz targets.
 /// Not part of the API: anything here may change in any release.

@@ -9,7 +9,9 @@
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
 
 use crate::builder;
+use crate::core::Written;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
+use crate::policy::WritePolicy;
 use crate::region::Block;
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
@@ -21,7 +23,6 @@ use crate::storage::shards_only;
 use crate::storage::stamp::Stamp;
 use crate::storage::{Draw, Miss, Want};
 use crate::sync::{Arc, ArcCell, AtomicU64, Backoff, Ordering};
-use crate::writer::{WritePolicy, Written};
 
 /// A stored value and the sequence number it was written at.
 #[derive(Debug)]

@@ -29,16 +29,16 @@ use crate::batch::Batch;
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind, DataError};
 use crate::key::Key;
-use crate::policy::rows_of;
+
+use crate::core::Attempt;
+use crate::core::Core;
+use crate::core::Written;
 use crate::sampler::{Reduction, Sampler};
 use crate::spec::Spec;
-use crate::state::Attempt;
-use crate::state::State;
 use crate::storage::freeze::Retired;
 use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
 use crate::sync::{Mutex, MutexGuard};
-use crate::writer::Written;
 
 /// A rank, ordered totally (`-0.0` is stored as `0.0`; NaN never gets in).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -157,8 +157,8 @@ impl MaxValue {
     }
 
     /// Each row's rank: its rank field's values reduced. Refuses NaN or infinite ones.
-    fn ranks_of(&self, inner: &State, batch: &Batch) -> Result<Vec<Rank>, DataError> {
-        let key = inner.core.storage.spec().fields()[self.field].key();
+    fn ranks_of(&self, core: &Core, batch: &Batch) -> Result<Vec<Rank>, DataError> {
+        let key = core.storage.spec().fields()[self.field].key();
         let values = numeric_column(batch, key)?;
         let rows = batch.len();
         let per_row = values.len() / rows.max(1);
@@ -189,13 +189,13 @@ impl MaxValue {
     /// and then its first write is the one refused.
     pub(crate) fn place(
         &self,
-        inner: &State,
+        core: &Core,
         first: usize,
         batch: &Batch,
     ) -> Result<Written, Attempt<DataError>> {
-        let prepared = inner.core.prepare(None, batch)?;
-        let ranks = self.ranks_of(inner, batch)?;
-        let storage = &inner.core.storage;
+        let prepared = core.prepare(None, batch)?;
+        let ranks = self.ranks_of(core, batch)?;
+        let storage = &core.storage;
         let shards = storage.shards();
         let mut held = self.ranks.lock();
 
@@ -250,7 +250,7 @@ impl MaxValue {
         appends.sort_unstable();
         let mut generation: HashMap<usize, u64> = HashMap::new();
         for (k, seq, row) in appends {
-            let one = rows_of(src, row as u64, row as u64 + 1);
+            let one = src.rows(row as u64, row as u64 + 1);
             let got = storage.append(k, 1, &one, None)?;
             debug_assert_eq!(
                 got, seq,
@@ -264,7 +264,7 @@ impl MaxValue {
         }
         for (&index, &(row, target)) in &planned {
             let Target::Replace = target else { continue };
-            if let Some(g) = rewrite(inner, index, src, row)? {
+            if let Some(g) = rewrite(core, index, src, row)? {
                 generation.insert(row, g);
             } else {
                 // Unreachable while the lock is held (`empty` takes it); reported as
@@ -284,8 +284,8 @@ impl MaxValue {
 
     /// Takes the lock for a `write_all` of `data`: the rewrite happens under it, and
     /// [`Rerank::finish`] records the rewritten rows' ranks.
-    pub(crate) fn rerank(&self, inner: &State, data: &Batch) -> Result<Rerank<'_>, DataError> {
-        let ranks = self.ranks_of(inner, data)?;
+    pub(crate) fn rerank(&self, core: &Core, data: &Batch) -> Result<Rerank<'_>, DataError> {
+        let ranks = self.ranks_of(core, data)?;
         Ok(Rerank {
             held: self.ranks.lock(),
             ranks,
@@ -294,10 +294,10 @@ impl MaxValue {
 
     /// Ranks the rows the storage holds now, forgetting the ranks known before: for a
     /// buffer whose rows came from elsewhere (a checkpoint, a reopened file, a swap).
-    pub(crate) fn rerank_stored(&self, inner: &State) {
+    pub(crate) fn rerank_stored(&self, core: &Core) {
         let mut held = self.ranks.lock();
         held.clear();
-        let rows = inner.core.read_positions(&inner.core.live_draws());
+        let rows = core.read_positions(&core.live_draws());
         for (&index, rank) in rows.index().iter().zip(self.stored_ranks(&rows)) {
             held.set(index, Rank(rank));
         }
@@ -349,9 +349,9 @@ pub(crate) struct Rerank<'a> {
 
 impl Rerank<'_> {
     /// Records the ranks of the rows now at positions `0..end`.
-    pub(crate) fn finish(mut self, inner: &State, end: u64) {
+    pub(crate) fn finish(mut self, core: &Core, end: u64) {
         for (index, &rank) in (0..end).zip(&self.ranks) {
-            if inner.core.storage.draw_at(index).is_some() {
+            if core.storage.draw_at(index).is_some() {
                 self.held.set(index, rank);
             }
         }
@@ -361,12 +361,12 @@ impl Rerank<'_> {
 /// Rewrites the live row at `index` in place with row `row` of `src`, under an editor
 /// guard; returns its new generation, or `None` if the position holds no row.
 fn rewrite(
-    inner: &State,
+    core: &Core,
     index: u64,
     src: &crate::storage::plan::Source<'_>,
     row: usize,
 ) -> Result<Option<u64>, Retired> {
-    let storage = &inner.core.storage;
+    let storage = &core.storage;
     let Some(draw) = storage.draw_at(index) else {
         return Ok(None);
     };

@@ -16,13 +16,52 @@
 use std::borrow::Cow;
 
 use crate::batch::Batch;
+use crate::core::Core;
+use crate::core::Written;
 use crate::error::BuildError;
+use crate::key::Key;
 use crate::max_value::{Held, MaxValue, Rerank};
+use crate::sampler::Reduction;
 use crate::sampler::Sampler;
 use crate::spec::Spec;
-use crate::state::State;
-use crate::storage::plan::{Source, SrcCol};
-use crate::writer::{WritePolicy, Written};
+
+/// How rows enter the storage.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WritePolicy {
+    /// Append at the ring's cursor, evicting the oldest row of the shard (TorchRL
+    /// `RoundRobinWriter`).
+    #[default]
+    RoundRobin,
+    /// A read-only dataset (TorchRL `ImmutableDatasetWriter`): every write (`add`,
+    /// `extend`, a [`Writer`]'s, `write_all`, the typed and list faces') is refused with
+    /// [`DataError::Immutable`] and changes nothing. Its rows come from
+    /// [`ReplayBufferBuilder::build_from`](crate::ReplayBufferBuilder::build_from).
+    Immutable,
+    /// Keep the rows that rank highest (TorchRL `TensorDictMaxValueWriter`): each row's
+    /// rank is its `rank_key` field reduced to one number by `reduction`. While the
+    /// storage has room every row enters; then a row replaces the lowest-ranked stored
+    /// row only if it ranks strictly higher, and is otherwise rejected ([`Written`]
+    /// reports which). Needs an ndim-1 storage and a uniform or without-replacement
+    /// sampler: the prioritized trees and the slice sampler's trajectories follow the
+    /// write cursor, and this policy writes rows in place.
+    MaxValue {
+        /// The numeric field ranking the rows (TorchRL's default is `"reward"`).
+        rank_key: Key,
+        /// How a field of several values reduces to one rank.
+        reduction: Reduction,
+    },
+}
+
+impl WritePolicy {
+    /// Keep the top rows by the sum of `rank_key` (TorchRL's defaults).
+    pub fn max_value(rank_key: impl Into<Key>) -> WritePolicy {
+        WritePolicy::MaxValue {
+            rank_key: rank_key.into(),
+            reduction: Reduction::Sum,
+        }
+    }
+}
 
 /// A write policy with its running state.
 #[derive(Debug, Default)]
@@ -59,9 +98,9 @@ impl Policy {
 
     /// Catches up with rows that came from elsewhere (a checkpoint, a reopened file): a
     /// max-value writer ranks them.
-    pub(crate) fn reload(&self, inner: &State) {
+    pub(crate) fn reload(&self, core: &Core) {
         if let Policy::MaxValue(m) = self {
-            m.rerank_stored(inner);
+            m.rerank_stored(core);
         }
     }
 
@@ -93,9 +132,9 @@ pub(crate) struct Rewrite<'a> {
 
 impl Rewrite<'_> {
     /// The rewrite of positions `0..end` is done.
-    pub(crate) fn finish(self, inner: &State, end: u64) {
+    pub(crate) fn finish(self, core: &Core, end: u64) {
         if let Some(rerank) = self.rerank {
-            rerank.finish(inner, end);
+            rerank.finish(core, end);
         }
     }
 }
@@ -107,20 +146,4 @@ pub(crate) enum Admit<'a> {
     Append(Cow<'a, Batch>),
     /// The policy placed the rows itself; here is where they went.
     Placed(Written),
-}
-
-/// Rows `a..b` of an ndim-1 (`Flat`) source, as a source of their own.
-pub(crate) fn rows_of<'a>(src: &Source<'a>, a: u64, b: u64) -> Source<'a> {
-    let (a, b) = (a as usize, b as usize);
-    Source {
-        cols: src
-            .cols
-            .iter()
-            .map(|c| SrcCol {
-                data: &c.data[a * c.bytes..b * c.bytes],
-                ..*c
-            })
-            .collect(),
-        order: src.order,
-    }
 }

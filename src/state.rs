@@ -8,12 +8,12 @@
 //! Layer: state.
 
 use crate::batch::Batch;
-use crate::checkpoint::hooks::Hooks;
 use crate::config::Config;
-use crate::core::{Core, Prepared};
-use crate::error::PriorityError;
+use crate::core::Written;
+use crate::core::{Attempt, Core, Prepared};
 use crate::error::{AccessError, DataError};
-use crate::policy::{rows_of, Admit, Policy, Rewrite};
+use crate::hooks::Hooks;
+use crate::policy::{Admit, Policy, Rewrite};
 use crate::sampler::Engine;
 use crate::spec::Spec;
 use crate::storage::freeze::Retired;
@@ -23,7 +23,6 @@ use crate::storage::Storage;
 use crate::sync::Guard;
 use crate::sync::{ArcSwap, Mutex};
 use crate::transform::Transforms;
-use crate::writer::Written;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -144,7 +143,7 @@ impl State {
             let _ = storage.edit(d, &src, i as u64);
         }
         drop(src);
-        rewrite.finish(self, end);
+        rewrite.finish(&self.core, end);
         Ok(())
     }
 }
@@ -164,7 +163,8 @@ impl State {
         match &self.policy {
             Policy::MaxValue(m) => {
                 // A writer handle fills its own shard first; the buffer, shard 0.
-                m.place(self, shard.unwrap_or(0), &batch).map(Admit::Placed)
+                m.place(&self.core, shard.unwrap_or(0), &batch)
+                    .map(Admit::Placed)
             }
             Policy::RoundRobin | Policy::Immutable => Ok(Admit::Append(batch)),
         }
@@ -177,7 +177,7 @@ impl State {
         }
         let data = self.transforms.invert(data)?;
         let rerank = match &self.policy {
-            Policy::MaxValue(m) => Some(m.rerank(self, &data)?),
+            Policy::MaxValue(m) => Some(m.rerank(&self.core, &data)?),
             Policy::RoundRobin | Policy::Immutable => None,
         };
         Ok(Rewrite { data, rerank })
@@ -198,7 +198,10 @@ impl State {
     /// `extend` takes them.
     pub(crate) fn write_initial(&self, rows: &Batch) -> Result<(), DataError> {
         if let Policy::MaxValue(m) = &self.policy {
-            return m.place(self, 0, rows).map(drop).map_err(Attempt::unswapped);
+            return m
+                .place(&self.core, 0, rows)
+                .map(drop)
+                .map_err(Attempt::unswapped);
         }
         let prepared = self.core.prepare(None, rows)?;
         let unswapped =
@@ -216,7 +219,7 @@ impl State {
             }
             let part = Prepared {
                 steps: b - a,
-                src: rows_of(&prepared.src, a, b),
+                src: prepared.src.rows(a, b),
                 priorities: prepared
                     .priorities
                     .as_ref()
@@ -261,56 +264,5 @@ impl StateCell {
 
     pub(crate) fn spec(&self) -> &Arc<Spec> {
         &self.spec
-    }
-}
-
-/// The outcome of one attempt at a write against one state: its own error, or
-/// [`Retired`] (the state's storage was retired by a swap; nothing was written).
-#[derive(Debug)]
-pub(crate) enum Attempt<E> {
-    Failed(E),
-    Retired,
-}
-
-impl<E> From<Retired> for Attempt<E> {
-    fn from(_: Retired) -> Self {
-        Attempt::Retired
-    }
-}
-
-impl From<DataError> for Attempt<DataError> {
-    fn from(e: DataError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl From<AccessError> for Attempt<AccessError> {
-    fn from(e: AccessError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl From<DataError> for Attempt<AccessError> {
-    fn from(e: DataError) -> Self {
-        Attempt::Failed(AccessError::Data(e))
-    }
-}
-
-impl From<PriorityError> for Attempt<PriorityError> {
-    fn from(e: PriorityError) -> Self {
-        Attempt::Failed(e)
-    }
-}
-
-impl<E> Attempt<E> {
-    /// The error of an attempt that cannot have met a swap (a buffer still being
-    /// built, or one the caller holds the reconfiguration lock of).
-    pub(crate) fn unswapped(self) -> E {
-        match self {
-            Attempt::Failed(e) => e,
-            Attempt::Retired => {
-                panic!("replaybuf internal error: a storage retired while no swap could run")
-            }
-        }
     }
 }

@@ -20,13 +20,13 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
+use crate::core::Written;
 use crate::dtype::DType;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
 use crate::key::Key;
 use crate::loader::{Loader, PreprocessFn};
 use crate::spec::{Field, Spec};
-use crate::writer::Written;
 
 /// One array of a collated batch: `f32` values and their shape `[batch, ..field]`.
 #[derive(Clone, Debug, Default, PartialEq)]

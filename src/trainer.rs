@@ -14,6 +14,7 @@
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
+use crate::core::Written;
 use crate::dtype::DType;
 use crate::error::{
     BuildError, BuildErrorKind, DataError, PriorityError, PriorityUpdate, SampleError,
@@ -21,7 +22,6 @@ use crate::error::{
 use crate::key::Key;
 use crate::loader::Loader;
 use crate::spec::Spec;
-use crate::writer::Written;
 use std::sync::Arc;
 
 /// How collector batches become rows.

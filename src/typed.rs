@@ -13,17 +13,18 @@ use crate::batch::Scratch;
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::DumpOptions;
+use crate::core::Attempt;
 use crate::core::Prepared;
+use crate::core::Written;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
+use crate::policy::WritePolicy;
 use crate::sampler::Sampler;
 use crate::spec::Spec;
-use crate::state::Attempt;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::swap::StorageConfig;
-use crate::writer::{WritePolicy, Written};
 
 /// Why a typed buffer refuses a max-value writer.
 const MAX_VALUE_TYPED: &str =
@@ -245,7 +246,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     pub fn attach(name: &str) -> Result<TypedBuffer<T>, PersistError> {
         Self::of_rows(
             ReplayBuffer::attach(name)?,
-            &crate::shared::open::shown(name),
+            &crate::backing::shm::shown(name),
         )
     }
 

@@ -2,201 +2,11 @@
 
 use std::ops::Range;
 
-use smallvec::SmallVec;
-
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
+use crate::core::Core;
+use crate::core::Written;
 use crate::error::DataError;
-use crate::key::Key;
-use crate::sampler::Reduction;
-use crate::state::State;
-use crate::storage::geometry::Ring;
-use crate::storage::plan::RowOrder;
-use crate::storage::stamp::Stamp;
-
-/// How rows enter the storage.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WritePolicy {
-    /// Append at the ring's cursor, evicting the oldest row of the shard (TorchRL
-    /// `RoundRobinWriter`).
-    #[default]
-    RoundRobin,
-    /// A read-only dataset (TorchRL `ImmutableDatasetWriter`): every write (`add`,
-    /// `extend`, a [`Writer`]'s, `write_all`, the typed and list faces') is refused with
-    /// [`DataError::Immutable`] and changes nothing. Its rows come from
-    /// [`ReplayBufferBuilder::build_from`](crate::ReplayBufferBuilder::build_from).
-    Immutable,
-    /// Keep the rows that rank highest (TorchRL `TensorDictMaxValueWriter`): each row's
-    /// rank is its `rank_key` field reduced to one number by `reduction`. While the
-    /// storage has room every row enters; then a row replaces the lowest-ranked stored
-    /// row only if it ranks strictly higher, and is otherwise rejected ([`Written`]
-    /// reports which). Needs an ndim-1 storage and a uniform or without-replacement
-    /// sampler: the prioritized trees and the slice sampler's trajectories follow the
-    /// write cursor, and this policy writes rows in place.
-    MaxValue {
-        /// The numeric field ranking the rows (TorchRL's default is `"reward"`).
-        rank_key: Key,
-        /// How a field of several values reduces to one rank.
-        reduction: Reduction,
-    },
-}
-
-impl WritePolicy {
-    /// Keep the top rows by the sum of `rank_key` (TorchRL's defaults).
-    pub fn max_value(rank_key: impl Into<Key>) -> WritePolicy {
-        WritePolicy::MaxValue {
-            rank_key: rank_key.into(),
-            reduction: Reduction::Sum,
-        }
-    }
-}
-
-/// Where the rows of one `extend` went. Rows are numbered as in the extended batch.
-///
-/// Holds a few numbers, not a list: reading an index computes it. A max-value writer
-/// places rows one by one and may reject some: its `Written` lists them, and a rejected
-/// row reads as index `u64::MAX` and generation 0 (as a slice batch's padding rows do).
-#[derive(Clone, Debug)]
-pub struct Written {
-    /// Steps extended.
-    steps: u64,
-    /// How the batch's rows are ordered (`Flat` for ndim 1).
-    order: RowOrder,
-    /// One run per shard written: its ring, first sequence number, and the first env
-    /// of the batch's env axis it took.
-    runs: SmallVec<[(Ring, u64, u64); 1]>,
-    /// Rows placed one by one (a max-value writer): each row's index and generation,
-    /// `None` if rejected. When set, `runs` is empty.
-    placed: Option<Box<[Placed]>>,
-}
-
-/// Where a max-value writer put one row: `(index, generation)`, `None` if rejected.
-pub(crate) type Placed = Option<(u64, u64)>;
-
-impl Written {
-    pub(crate) fn new(steps: u64, order: RowOrder) -> Written {
-        Written {
-            steps,
-            order,
-            runs: SmallVec::new(),
-            placed: None,
-        }
-    }
-
-    /// Rows placed one by one: `(index, generation)` per row, `None` if rejected.
-    pub(crate) fn placed(rows: Box<[Placed]>) -> Written {
-        Written {
-            steps: rows.len() as u64,
-            order: RowOrder::Flat,
-            runs: SmallVec::new(),
-            placed: Some(rows),
-        }
-    }
-
-    pub(crate) fn push(&mut self, ring: Ring, first_seq: u64, env0: u64) {
-        self.runs.push((ring, first_seq, env0));
-    }
-
-    fn envs(&self) -> u64 {
-        match self.order {
-            RowOrder::Flat => 1,
-            _ => self.runs.iter().map(|(ring, _, _)| ring.width).sum(),
-        }
-    }
-
-    /// Rows extended (rejected ones included).
-    pub fn len(&self) -> usize {
-        (self.steps * self.envs()) as usize
-    }
-
-    /// Whether the write policy rejected batch row `row` (a max-value writer keeps
-    /// only rows that rank high enough). Panics if `row >= self.len()`.
-    pub fn is_rejected(&self, row: usize) -> bool {
-        self.stored(row).is_none()
-    }
-
-    /// The batch rows the write policy rejected, in order.
-    pub fn rejected(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.len()).filter(|&r| self.is_rejected(r))
-    }
-
-    /// Rows stored (not rejected).
-    pub fn accepted(&self) -> usize {
-        self.len() - self.rejected().count()
-    }
-
-    /// The storage index of batch row `row`, or `None` if it was rejected. Panics if
-    /// `row >= self.len()`.
-    pub fn get(&self, row: usize) -> Option<u64> {
-        self.stored(row).map(|(index, _)| index)
-    }
-
-    /// Where row `row` went: `(index, generation)`, `None` if rejected.
-    fn stored(&self, row: usize) -> Option<(u64, u64)> {
-        if let Some(placed) = &self.placed {
-            assert!(
-                row < placed.len(),
-                "row {row} of an extend of {} rows",
-                placed.len()
-            );
-            return placed[row];
-        }
-        let (ring, seq, lane) = self.locate(row);
-        Some((
-            ring.index(seq % ring.steps, lane),
-            Stamp::published((seq / ring.steps) as u32, 0).generation(),
-        ))
-    }
-
-    /// Whether the extend was empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The ring, sequence number and lane of batch row `row`.
-    fn locate(&self, row: usize) -> (Ring, u64, u64) {
-        assert!(
-            row < self.len(),
-            "row {row} of an extend of {} rows",
-            self.len()
-        );
-        let row = row as u64;
-        let (step, env) = match self.order {
-            RowOrder::Flat => (row, 0),
-            RowOrder::TimeMajor { .. } => (row / self.envs(), row % self.envs()),
-            RowOrder::EnvMajor { .. } => (row % self.steps, row / self.steps),
-        };
-        let &(ring, first, env0) = self
-            .runs
-            .iter()
-            .find(|(ring, _, env0)| (*env0..env0 + ring.width).contains(&env))
-            .expect("replaybuf internal error: an extended env has no run");
-        (ring, first + step, env - env0)
-    }
-
-    /// The storage index of batch row `row` (`u64::MAX` if it was rejected). Panics if
-    /// `row >= self.len()`.
-    pub fn index(&self, row: usize) -> u64 {
-        self.stored(row).map_or(u64::MAX, |(index, _)| index)
-    }
-
-    /// The write generation of batch row `row`: the generation a sampled batch reports
-    /// for this row until it is overwritten or edited (0 if it was rejected).
-    pub fn generation(&self, row: usize) -> u64 {
-        self.stored(row).map_or(0, |(_, generation)| generation)
-    }
-
-    /// The storage indices of all rows, in batch order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
-        (0..self.len()).map(|r| self.index(r))
-    }
-
-    /// The storage indices of all rows, in batch order.
-    pub fn to_vec(&self) -> Vec<u64> {
-        self.iter().collect()
-    }
-}
 
 /// A collector's handle, bound to one shard (see [`ReplayBuffer::writer`]).
 ///
@@ -215,12 +25,12 @@ impl Writer {
     /// The shard this handle writes (after a swap to fewer shards, the one its shard
     /// went to: `shard % shards`).
     pub fn shard(&self) -> usize {
-        self.shard_of(&self.buffer.state())
+        self.shard_of(&self.buffer.state().core)
     }
 
     /// This handle's shard in the buffer state `inner`.
-    fn shard_of(&self, inner: &State) -> usize {
-        self.shard % inner.core.storage.shards().len()
+    fn shard_of(&self, core: &Core) -> usize {
+        self.shard % core.storage.shards().len()
     }
 
     /// The environments this handle owns on an ndim-2 storage (`None` for ndim 1).
@@ -228,7 +38,7 @@ impl Writer {
         let inner = self.buffer.state();
         let storage = &inner.core.storage;
         (storage.geometry().ndim() == 2).then(|| {
-            let ring = storage.shards()[self.shard_of(&inner)].ring();
+            let ring = storage.shards()[self.shard_of(&inner.core)].ring();
             ring.index_offset as usize..(ring.index_offset + ring.width) as usize
         })
     }
@@ -241,7 +51,7 @@ impl Writer {
     /// Adds one transition (shape `[1]`, ndim 1) and returns its index.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
         self.buffer
-            .retrying(|inner| inner.add(self.shard_of(inner), row))
+            .retrying(|inner| inner.add(self.shard_of(&inner.core), row))
     }
 
     /// Appends a batch to this handle's shard: `[n]` for ndim 1; for ndim 2, `t` steps
@@ -249,6 +59,6 @@ impl Writer {
     /// `dim_extend = 1`).
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
         self.buffer
-            .retrying(|inner| inner.extend(Some(self.shard_of(inner)), batch))
+            .retrying(|inner| inner.extend(Some(self.shard_of(&inner.core)), batch))
     }
 }

@@ -13,6 +13,8 @@
 
 use crate::batch::Batch;
 use crate::builder::ReplayBufferBuilder;
+use crate::core::Attempt;
+use crate::core::Written;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
@@ -20,14 +22,16 @@ use crate::policy::Admit;
 use crate::rng::{self};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
-use crate::state::{Attempt, State, StateCell};
+use crate::state::{State, StateCell};
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::Draw;
 use crate::sync::{Guard, MutexGuard, Ordering};
-use crate::writer::{Writer, Written};
+use crate::writer::Writer;
 use std::sync::Arc;
 
+#[cfg(not(replaybuf_loom))]
+mod attach;
 mod priorities;
 mod transforms;
 

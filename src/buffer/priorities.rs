@@ -5,10 +5,10 @@
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
+use crate::core::Attempt;
 use crate::core::{column_f64, Replaced};
 use crate::error::{PriorityError, PriorityUpdate};
 use crate::sampler::prioritized::Priorities;
-use crate::state::Attempt;
 
 impl ReplayBuffer {
     /// Sets the priorities of sampled rows, from any thread, at any time.

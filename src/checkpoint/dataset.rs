@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use super::dir::{DirKind, DirMeta};
+use crate::backing::dir::{DirKind, DirMeta};
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::error::persist::{Kind, PersistError};
-use crate::writer::WritePolicy;
+use crate::policy::WritePolicy;
 
 impl ReplayBuffer {
     /// Opens a dataset directory (tmrl's `dataset_path`) for sampling by any number of

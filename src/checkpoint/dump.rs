@@ -34,16 +34,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::dir::{self, DirKind, DirMeta};
 use super::epochs;
-use super::hooks;
+use crate::backing::dir::{self, CheckpointMeta, DirKind, DirMeta, FileMeta, Part};
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::core::dest_for;
 use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::hooks;
 use crate::key::Key;
 use crate::sampler::Engine;
 use crate::state::State;
@@ -93,63 +92,6 @@ impl DumpOptions {
     pub fn progress(mut self, report: impl Fn(u64, u64) + Send + Sync + 'static) -> DumpOptions {
         self.progress = Some(Arc::new(report));
         self
-    }
-}
-
-/// What a checkpoint's `meta.json` records beyond the configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CheckpointMeta {
-    pub(crate) generation: u64,
-    pub(crate) created_unix_ms: u64,
-    pub(crate) files: Vec<FileMeta>,
-    /// The compact format's (obs, next obs) keys.
-    pub(crate) compact: Option<(Vec<String>, Vec<String>)>,
-    /// Save hooks the rows went through.
-    pub(crate) save_hooks: usize,
-    pub(crate) rows: u64,
-    pub(crate) write_count: u64,
-}
-
-/// One file of a checkpoint.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct FileMeta {
-    pub(crate) part: Part,
-    pub(crate) name: String,
-    pub(crate) bytes: u64,
-    pub(crate) xxh3: u64,
-}
-
-/// What a checkpoint file holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Part {
-    Control,
-    Slots,
-    Omit,
-    Kept,
-    Trees,
-    Lanes,
-    Epochs,
-}
-
-impl Part {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Part::Control => "control",
-            Part::Slots => "slots",
-            Part::Omit => "omit",
-            Part::Kept => "kept",
-            Part::Trees => "trees",
-            Part::Lanes => "lanes",
-            Part::Epochs => "epochs",
-        }
-    }
-
-    /// The file of this part in generation `g`.
-    pub(crate) fn file(self, g: u64) -> String {
-        format!("{}.{g}.bin", self.name())
     }
 }
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::dir::{DirKind, DirMeta, STORAGE};
 use super::dump::CHUNK_BYTES;
+use crate::backing::dir::{DirKind, DirMeta, STORAGE};
 use crate::buffer::ReplayBuffer;
 use crate::config::{Config, SamplerMeta};
 use crate::error::persist::{IoAt, PersistError};

@@ -21,17 +21,18 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::dir::{self, FORMAT};
-use super::dump::{encode_epochs, FileMeta, Part};
+use super::dump::encode_epochs;
 use super::epochs;
+use crate::backing::dir::{self, FORMAT};
+use crate::backing::dir::{FileMeta, Part};
 use crate::config::SamplerMeta;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::list::{Entry, ListBuffer};
+use crate::policy::WritePolicy;
 use crate::sampler::Engine;
 use crate::storage::layout::{Global, ShardWord, FORMAT_VERSION};
 use crate::storage::Draw;
 use crate::sync::Ordering;
-use crate::writer::WritePolicy;
 
 /// A list checkpoint's `meta.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

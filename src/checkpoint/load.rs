@@ -14,14 +14,15 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::dir::{DirKind, DirMeta};
-use super::dump::{self, CheckpointMeta, CompactFields, FileMeta, Meter, Part};
+use super::dump::{self, CompactFields, Meter};
 use super::epochs;
-use super::hooks;
+use crate::backing::dir::{CheckpointMeta, FileMeta, Part};
+use crate::backing::dir::{DirKind, DirMeta};
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::hooks;
 use crate::key::Key;
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::Engine;
@@ -108,7 +109,7 @@ impl ReplayBuffer {
         new.hooks = Arc::clone(&old.hooks);
         new.transforms = Arc::clone(&old.transforms);
         new.memmap = old.memmap.clone();
-        new.policy.reload(&new);
+        new.policy.reload(&new.core);
         self.cell.publish(new);
         Ok(())
     }
@@ -124,7 +125,7 @@ pub(crate) fn load_built(
     let rb = build(dir, &meta, tweak)?;
     let inner = rb.state();
     read_into(&inner, dir, &checkpoint, false)?;
-    inner.policy.reload(&inner);
+    inner.policy.reload(&inner.core);
     drop(inner);
     Ok(rb)
 }

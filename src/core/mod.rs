@@ -9,7 +9,7 @@
 //! Layer: core.
 
 use crate::batch::{Batch, Column, Scratch};
-use crate::error::{DataError, SampleError};
+use crate::error::{AccessError, DataError, PriorityError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
@@ -23,13 +23,14 @@ use crate::storage::stamp::Claim;
 use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::Ordering;
-use crate::writer::Written;
 use smallvec::SmallVec;
 
 mod priorities;
 mod slices;
+mod written;
 
 pub(crate) use priorities::{column_f64, Replaced};
+pub use written::Written;
 
 /// A buffer state's storage and sampler, and how batches map onto them.
 #[derive(Debug)]
@@ -487,5 +488,56 @@ pub(crate) fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]
                 offset: f.offset(),
             })
             .collect(),
+    }
+}
+
+/// The outcome of one attempt at a write against one state: its own error, or
+/// [`Retired`] (the state's storage was retired by a swap; nothing was written).
+#[derive(Debug)]
+pub(crate) enum Attempt<E> {
+    Failed(E),
+    Retired,
+}
+
+impl<E> From<Retired> for Attempt<E> {
+    fn from(_: Retired) -> Self {
+        Attempt::Retired
+    }
+}
+
+impl From<DataError> for Attempt<DataError> {
+    fn from(e: DataError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl From<AccessError> for Attempt<AccessError> {
+    fn from(e: AccessError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl From<DataError> for Attempt<AccessError> {
+    fn from(e: DataError) -> Self {
+        Attempt::Failed(AccessError::Data(e))
+    }
+}
+
+impl From<PriorityError> for Attempt<PriorityError> {
+    fn from(e: PriorityError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
+impl<E> Attempt<E> {
+    /// The error of an attempt that cannot have met a swap (a buffer still being
+    /// built, or one the caller holds the reconfiguration lock of).
+    pub(crate) fn unswapped(self) -> E {
+        match self {
+            Attempt::Failed(e) => e,
+            Attempt::Retired => {
+                panic!("replaybuf internal error: a storage retired while no swap could run")
+            }
+        }
     }
 }

@@ -18,10 +18,10 @@ use std::cmp::Ordering;
 
 use super::Core;
 use crate::batch::Batch;
+use crate::core::Attempt;
 use crate::dtype::DType;
 use crate::error::{DataError, PriorityError, PriorityUpdate};
 use crate::sampler::prioritized::{self, Priorities};
-use crate::state::Attempt;
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};

@@ -12,7 +12,7 @@
 //!   still runs, whatever PID namespace each is in;
 //! - writer leases: only one process appends to a shard, so everything a writer can
 //!   leave half done belongs to its lease holder. When a process takes over the lease
-//!   of a dead one (`member.rs`), it repairs the shard first
+//!   of a dead one (`storage/member.rs`), it repairs the shard first
 //!   (`Storage::recover_shard`): the dead writer's occupancy units go, the rows it
 //!   claimed become abandoned (readers skip them; the next lap's writer takes their
 //!   slots over), the trajectory tables of its lanes are closed, and the tree leaves of
@@ -27,9 +27,6 @@
 
 #[cfg(not(replaybuf_loom))]
 pub(crate) mod liveness;
-#[cfg(not(replaybuf_loom))]
-#[cfg(not(replaybuf_loom))]
-pub(crate) mod open;
 pub(crate) mod procs;
 #[cfg(not(replaybuf_loom))]
 mod regions;

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::open::shown;
 use super::procs::ProcTable;
+use crate::backing::shm::shown;
 use crate::error::persist::{Kind, PersistError};
 use crate::region::shared::{self, object_name, OpenError};
 use crate::region::{Block, Region};

@@ -22,6 +22,7 @@ pub(crate) mod freeze;
 pub(crate) mod geometry;
 pub(crate) mod lanes;
 pub(crate) mod layout;
+#[cfg(not(replaybuf_loom))]
 pub(crate) mod member;
 pub(crate) mod plan;
 pub(crate) mod recover;

@@ -50,6 +50,22 @@ pub(crate) struct Source<'a> {
 }
 
 impl<'a> Source<'a> {
+    /// Rows `a..b` of an ndim-1 (`Flat`) source, as a source of their own.
+    pub(crate) fn rows(&self, a: u64, b: u64) -> Source<'a> {
+        let (a, b) = (a as usize, b as usize);
+        Source {
+            cols: self
+                .cols
+                .iter()
+                .map(|c| SrcCol {
+                    data: &c.data[a * c.bytes..b * c.bytes],
+                    ..*c
+                })
+                .collect(),
+            order: self.order,
+        }
+    }
+
     /// The same data seen from one env group (`env0` onward) of an ndim-2 storage.
     pub(crate) fn for_group(&self, env0: u64) -> Source<'a> {
         let order = match self.order {

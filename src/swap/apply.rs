@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::carry;
-use super::config::Change;
+use super::config::{Change, Reconfigure};
+#[cfg(not(replaybuf_loom))]
+use crate::backing::dir::{DirKind, DirMeta};
 use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
-#[cfg(not(replaybuf_loom))]
-use crate::checkpoint::dir::{DirKind, DirMeta};
 use crate::error::{SwapError, SwapErrorKind};
 use crate::sampler::{Engine, Prioritized, Sampler};
 use crate::state::State;
@@ -23,6 +23,13 @@ struct Target {
 }
 
 /// Checks `change` against the buffer's current state and swaps it in.
+impl Reconfigure<'_> {
+    /// Checks the changes and swaps them in. On an error nothing has changed.
+    pub fn apply(self) -> Result<(), SwapError> {
+        apply(self.buffer, self.change)
+    }
+}
+
 pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapError> {
     let _reconfiguring = buffer.reconfiguring();
     // Under the lock nobody else publishes: this is the state the swap replaces.

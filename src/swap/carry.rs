@@ -107,7 +107,7 @@ pub(super) fn carry(old: &State, new: &mut State) {
             .append(Some(part.shard), &rows)
             .expect("replaybuf internal error: a storage retired before it was published");
     }
-    new.policy.reload(new);
+    new.policy.reload(&new.core);
 }
 
 /// The first lap the new storage's rings start at: beyond every lap the old storage

@@ -3,13 +3,11 @@
 
 use std::path::PathBuf;
 
-use super::apply;
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
-use crate::error::SwapError;
 use crate::key::Key;
+use crate::policy::WritePolicy;
 use crate::sampler::Sampler;
-use crate::writer::WritePolicy;
 
 /// A new storage for [`ReplayBuffer::set_storage`] (TorchRL's `LazyTensorStorage` and
 /// `LazyMemmapStorage`): on the heap or in a file-backed directory, with a shape whose
@@ -109,7 +107,7 @@ impl StorageConfig {
 #[derive(Debug)]
 #[must_use = "a reconfiguration does nothing until `apply`"]
 pub struct Reconfigure<'a> {
-    buffer: &'a ReplayBuffer,
+    pub(super) buffer: &'a ReplayBuffer,
     pub(super) change: Change,
 }
 
@@ -155,10 +153,5 @@ impl<'a> Reconfigure<'a> {
     pub fn priority_key(mut self, key: impl Into<Key>) -> Self {
         self.change.priority_key = Some(key.into());
         self
-    }
-
-    /// Checks the changes and swaps them in. On an error nothing has changed.
-    pub fn apply(self) -> Result<(), SwapError> {
-        apply::apply(self.buffer, self.change)
     }
 }

@@ -57,8 +57,8 @@ pub use config::{Reconfigure, StorageConfig};
 
 use crate::buffer::ReplayBuffer;
 use crate::error::SwapError;
+use crate::policy::WritePolicy;
 use crate::sampler::Sampler;
-use crate::writer::WritePolicy;
 
 impl ReplayBuffer {
     /// Replaces the sampler (TorchRL's `set_sampler`), keeping the rows and the write

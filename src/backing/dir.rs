@@ -44,7 +44,7 @@ pub(crate) struct DirMeta {
     pub(crate) config: Config,
     /// A checkpoint's files and state (absent for a file-backed storage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) checkpoint: Option<super::dump::CheckpointMeta>,
+    pub(crate) checkpoint: Option<CheckpointMeta>,
 }
 
 impl DirMeta {
@@ -137,4 +137,61 @@ pub(crate) fn temp_name(dir: &Path, name: &str) -> PathBuf {
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), PersistError> {
     let d = OpenOptions::new().read(true).open(dir).at(dir)?;
     d.sync_all().at(dir)
+}
+
+/// What a checkpoint's `meta.json` records beyond the configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckpointMeta {
+    pub(crate) generation: u64,
+    pub(crate) created_unix_ms: u64,
+    pub(crate) files: Vec<FileMeta>,
+    /// The compact format's (obs, next obs) keys.
+    pub(crate) compact: Option<(Vec<String>, Vec<String>)>,
+    /// Save hooks the rows went through.
+    pub(crate) save_hooks: usize,
+    pub(crate) rows: u64,
+    pub(crate) write_count: u64,
+}
+
+/// One file of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileMeta {
+    pub(crate) part: Part,
+    pub(crate) name: String,
+    pub(crate) bytes: u64,
+    pub(crate) xxh3: u64,
+}
+
+/// What a checkpoint file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Part {
+    Control,
+    Slots,
+    Omit,
+    Kept,
+    Trees,
+    Lanes,
+    Epochs,
+}
+
+impl Part {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Part::Control => "control",
+            Part::Slots => "slots",
+            Part::Omit => "omit",
+            Part::Kept => "kept",
+            Part::Trees => "trees",
+            Part::Lanes => "lanes",
+            Part::Epochs => "epochs",
+        }
+    }
+
+    /// The file of this part in generation `g`.
+    pub(crate) fn file(self, g: u64) -> String {
+        format!("{}.{g}.bin", self.name())
+    }
 }

@@ -4,9 +4,8 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::builder::ReplayBufferBuilder;
-use crate::checkpoint::dir::{DirKind, DirMeta};
-use crate::checkpoint::memmap::header_error;
+use crate::backing::dir::{DirKind, DirMeta};
+use crate::backing::file::header_error;
 use crate::config::Config;
 use crate::error::persist::{Kind, PersistError};
 use crate::region::shared::{object_name, Foreign, OpenError};
@@ -163,32 +162,4 @@ fn finish(
         fresh: false,
         config,
     })
-}
-
-impl crate::buffer::ReplayBuffer {
-    /// Attaches to the shared region `name` that another process created with
-    /// [`ReplayBufferBuilder::shared`](crate::ReplayBufferBuilder::shared), with the
-    /// configuration the region records (its seed included). Refused, with an error
-    /// that says why, if there is no such region, if it is of another format version,
-    /// or if its creator has not finished laying it out (after waiting two seconds
-    /// for it). A region that is not this user's alone (another user owns it, or
-    /// group or others may open it) is refused unread
-    /// ([`PersistError::is_foreign`]).
-    pub fn attach(name: &str) -> Result<crate::buffer::ReplayBuffer, PersistError> {
-        let config = read_config(name)?;
-        let refused = |why: String| {
-            PersistError::new(
-                shown(name),
-                Kind::Corrupt(format!("its configuration: {why}")),
-            )
-        };
-        let mut builder = ReplayBufferBuilder::from_config(&config)
-            .map_err(|e| refused(format!("{e:?}")))?
-            .shared(name);
-        builder.attach_only = true;
-        builder.build().map_err(|e| match e.into_persist() {
-            Ok(p) => p,
-            Err(e) => refused(e.to_string()),
-        })
-    }
 }
