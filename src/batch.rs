@@ -3,6 +3,8 @@
 //! Each field of the spec is one contiguous column of shape `[..batch shape, ..field
 //! shape]`, readable as a typed slice without copying. A sampled batch also carries the
 //! storage `index` of every row (and its write `generation`).
+//!
+//! Layer: algos.
 
 use std::sync::Arc;
 

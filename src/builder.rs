@@ -1,5 +1,7 @@
 //! [`ReplayBufferBuilder`]: every choice of a buffer, validated before any memory is
 //! reserved.
+//!
+//! Layer: api.
 
 use std::path::PathBuf;
 use std::sync::Arc;

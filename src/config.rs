@@ -11,6 +11,8 @@
 //! live in the region and change at run time) and the priority field. Two buffers
 //! with one layout hash can share a region or trade checkpoints; a seed, batch size or
 //! `dim_extend` may differ.
+//!
+//! Layer: core.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,6 @@
 //! Element types of a field, and the Rust types that view them.
+//!
+//! Layer: base.
 
 use std::fmt;
 

@@ -12,6 +12,8 @@
 //!
 //! An even split of `n` rows over `k` draws gives the first `n % k` draws one row more.
 //! Writing goes to the buffers themselves (TorchRL forbids writing to the ensemble too).
+//!
+//! Layer: faces.
 
 use std::ops::{Index, Range};
 

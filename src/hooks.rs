@@ -6,6 +6,8 @@
 //! compress a field into fewer bytes); what it leaves is what the checkpoint stores.
 //! A load hook gets the loaded rows the same way and undoes it. Hooks never change the
 //! buffer that is being saved, only what is written. Hooks run in registration order.
+//!
+//! Layer: state.
 
 use std::sync::Arc;
 

@@ -1,5 +1,7 @@
 //! Iteration: a buffer read batch by batch (TorchRL's `for batch in rb`), until a
 //! without-replacement epoch runs out.
+//!
+//! Layer: faces.
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;

@@ -1,4 +1,6 @@
 //! The learner's handle: sampling with a random stream of its own.
+//!
+//! Layer: api.
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;

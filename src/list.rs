@@ -7,6 +7,8 @@
 //! never torn, whatever its type. The shards, cursors, windows, samplers and the
 //! appenders' predecessor order are the row storage's; only the slot differs. Slower
 //! than the row storage (an allocation per write, a clone per read), no shared mode.
+//!
+//! Layer: faces.
 
 use crate::builder;
 use crate::core::Written;

@@ -4,6 +4,8 @@
 //! into the learner's own type. A [`Loader`] runs that in the learner's thread, or with
 //! `prefetch(k)` in a small pool of workers that keep up to `k` results ready in
 //! reusable buffers (`prefetch.rs`), so that `sample` takes a ready one.
+//!
+//! Layer: faces.
 
 use std::fmt;
 

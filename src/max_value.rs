@@ -22,6 +22,8 @@
 //! `write_all`, which re-ranks the rows it rewrites), and so does `empty`, which
 //! forgets the ranks with the rows. No other path moves a cursor while the lock is
 //! held, so the next append of each shard lands where the plan expects.
+//!
+//! Layer: gates.
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -12,6 +12,8 @@
 //!
 //! and on the way the buffer's inverse transforms run on a copy of the rows
 //! (`transform.rs`).
+//!
+//! Layer: gates.
 
 use std::borrow::Cow;
 

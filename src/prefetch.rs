@@ -45,6 +45,8 @@
 //! Everything shared is behind the mutex (the facade's, so loom sees it, and
 //! `loom-tests/tests/prefetch.rs` checks the handoff); items cross threads by moving
 //! through the queue under it.
+//!
+//! Layer: faces.
 
 use std::any::Any;
 use std::collections::VecDeque;

@@ -10,6 +10,8 @@
 //!
 //! It shares only the spec's row layout with the crate: the shard split, the index
 //! arithmetic and the ring logic are written out again here, plainly.
+//!
+//! Layer: faces.
 
 use std::sync::Arc;
 

@@ -5,6 +5,8 @@
 //! handle number for a `Learner`, the epoch number for a without-replacement shuffle.
 //! Under one seed, one single-threaded sequence of calls therefore draws the same rows
 //! every run, and no learner ever waits on another for a shared generator.
+//!
+//! Layer: base.
 
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;

@@ -8,6 +8,8 @@
 //! offset aligned to its element size with no padding between fields; the row is then
 //! padded to a multiple of 8 bytes so that rows, and the stamps beside them, stay
 //! word aligned. The mujoco spec of WORKLOADS.md (165 payload bytes) takes 168.
+//!
+//! Layer: base.
 
 use crate::dtype::DType;
 use crate::error::SpecError;

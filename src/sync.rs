@@ -19,6 +19,8 @@
 //! - [`spin`] yields to loom's scheduler, so that every wait loop is a point where the
 //!   model may switch threads instead of an unbounded spin;
 //! - sizes shrink (see `storage::LOOM_*` and the tests): rings of 4 slots, 2 shards.
+//!
+//! Layer: base.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 #[cfg(not(replaybuf_loom))]

@@ -14,6 +14,8 @@
 //!
 //! Loading a memory from a dataset directory (tmrl's `dataset_path`) belongs with the
 //! buffer's persistence; a memory is made over a buffer built however it was.
+//!
+//! Layer: faces.
 
 use std::fmt;
 use std::sync::Arc;

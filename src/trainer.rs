@@ -11,6 +11,8 @@
 //!   priorities (its priority field) go back to the buffer.
 //!
 //! `examples/trainer_hooks.rs` wires the three into a training loop.
+//!
+//! Layer: faces.
 
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;

@@ -7,6 +7,8 @@
 //! environment's steps into trajectories, where a trajectory-id field changes or after
 //! a step whose end flag is set, and stacks them into one `[n_traj, max_len]` batch
 //! padded with zero rows, with a mask of the real steps.
+//!
+//! Layer: faces.
 
 use std::collections::HashMap;
 use std::ops::Range;

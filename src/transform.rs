@@ -12,6 +12,8 @@
 //! Changing the list is a cold-path operation: the new list is swapped in whole, so a
 //! sample running meanwhile uses the old list or the new one, never a mix. With no
 //! transform, a sample pays one relaxed load.
+//!
+//! Layer: gates.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -1,6 +1,8 @@
 //! The typed face: push and sample a user's `#[repr(C)]` [`bytemuck::Pod`] transition
 //! type directly. The same engine as [`ReplayBuffer`]: the row is the value's bytes,
 //! one field, so no per-field work happens on either side.
+//!
+//! Layer: faces.
 
 use std::marker::PhantomData;
 use std::path::Path;

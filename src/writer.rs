@@ -1,4 +1,6 @@
 //! Write policies and the collector's handle.
+//!
+//! Layer: api.
 
 use std::ops::Range;
 

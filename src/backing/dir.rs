@@ -5,6 +5,8 @@
 //! region itself, mapped) and a checkpoint (`dumps`: one file per region section,
 //! named by generation). `meta.json` says which, and is always written last, to a
 //! temporary name, flushed, then renamed into place: whatever it names is complete.
+//!
+//! Layer: core.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

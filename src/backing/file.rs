@@ -10,6 +10,8 @@
 //! - The file is locked while open: a second process cannot map it (an offline
 //!   dataset maps it read-only, under a shared lock).
 //! - A buffer reopened after its process died is recovered (`storage/recover.rs`).
+//!
+//! Layer: core.
 
 use std::path::Path;
 

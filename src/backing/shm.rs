@@ -1,4 +1,6 @@
 //! Creating a shared region, and attaching to one.
+//!
+//! Layer: core.
 
 use std::io;
 use std::path::Path;

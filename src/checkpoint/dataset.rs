@@ -1,5 +1,7 @@
 //! Offline datasets (tmrl's `dataset_path`): a buffer opened from a directory to be
 //! sampled, never written.
+//!
+//! Layer: api.
 
 use std::path::Path;
 

@@ -28,6 +28,8 @@
 //! While the region is copied the storage is frozen (`storage/freeze.rs`): collectors
 //! and priority updates wait, learners go on sampling. The files are flushed after the
 //! thaw.
+//!
+//! Layer: api.
 
 use std::fs::{self, File};
 use std::io::Write;

@@ -10,6 +10,8 @@
 //! (shard, lane, trajectory, start, next-or-`u64::MAX`, from, to: 48 bytes). Decoding
 //! checks every item against the buffer's geometry, so a damaged file is an error,
 //! never a draw outside the storage.
+//!
+//! Layer: api.
 
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::without_replacement::{EpochState, OpenEpoch};

@@ -1,5 +1,7 @@
 //! [`inspect`]: what a buffer directory holds, and whether its files are whole, for
 //! `replaybuf inspect DIR` and for programs that check a checkpoint before using it.
+//!
+//! Layer: api.
 
 use std::fmt;
 use std::fs::File;

@@ -12,6 +12,8 @@
 //!
 //! Written and made current as `dump.rs` does its checkpoints: files of the new
 //! generation first, then `meta.json` renamed into place.
+//!
+//! Layer: faces (the list face's own checkpoints, beside the buffer's in this module).
 
 use crate::sync::Arc;
 use std::fs;

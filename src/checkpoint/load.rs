@@ -6,6 +6,8 @@
 //! region (every heap buffer) reads each file once and drops the region if anything
 //! is wrong; a load into a file-backed buffer checks every file first, then writes.
 //! Either way a refused checkpoint leaves the buffer as it was.
+//!
+//! Layer: api.
 
 use std::fs::File;
 use std::io::Read;

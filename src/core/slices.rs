@@ -1,6 +1,8 @@
 //! The slice sample: windows of trajectories picked from the lanes' tables and read
 //! row by row under the slot protocol (see `sampler/slice.rs` for what the storage
 //! keeps and the rules of a window).
+//!
+//! Layer: core.
 
 use rand::RngExt;
 use smallvec::SmallVec;

@@ -309,3 +309,5 @@
 //! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`, `tests/sumtree.rs`):
 //!   sequences of operations against the sequential model in [`crate::reference`], and
 //!   tree operations against the locked twin in `sumtree/reference.rs`.
+//!
+//! Layer: base.

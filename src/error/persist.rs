@@ -1,5 +1,7 @@
 //! [`PersistError`]: why a buffer could not be saved, loaded, or opened from disk or
 //! shared memory. It always names the file (or region) and the problem.
+//!
+//! Layer: base.
 
 use std::fmt;
 use std::io;

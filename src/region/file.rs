@@ -4,6 +4,8 @@
 //! A new file is created at its full length without writing it: the file system keeps
 //! it sparse, so it reads as zeroes and takes disk space only as rows are written,
 //! and a new buffer never sees another buffer's rows.
+//!
+//! Layer: algos.
 
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -1,6 +1,8 @@
 //! The heap backing: an anonymous private mapping, so pages are allocated by the kernel
 //! only when first written (TorchRL's `LazyTensorStorage`, without the first-extend
 //! allocation spike), and read as zero until then.
+//!
+//! Layer: algos.
 
 use std::io;
 

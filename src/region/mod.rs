@@ -6,6 +6,8 @@
 //! ever touch, and that lives as long as the `Region`. The algorithms above it do not
 //! know which backing they run on. The heap backing is the one loom checks: under
 //! `replaybuf_loom` it is a boxed slice of loom atomics instead of a mapping.
+//!
+//! Layer: algos.
 
 #[cfg(not(replaybuf_loom))]
 mod file;

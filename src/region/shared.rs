@@ -22,6 +22,8 @@
 //! A creator removes its region's name when it goes, but only if the name still
 //! names the object it made ([`ObjectId`], [`unlink_if_same`]): after the name was
 //! removed and given to a newer region, the old creator leaves that one alone.
+//!
+//! Layer: algos.
 
 use std::fs::File;
 use std::io;

@@ -22,6 +22,8 @@
 //! `sumtree/tree.rs`). Once writes stop, every leaf holds its raw priority's mass under
 //! the last function: a collector racing `set_alpha` cannot leave a leaf of the old
 //! alpha behind.
+//!
+//! Layer: algos.
 
 use super::mass_scale::{MassFn, Scale, TooHeavy};
 use super::prioritized::{valid_alpha, Priorities};

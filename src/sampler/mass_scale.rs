@@ -71,6 +71,8 @@
 //! in the write that moved the word; other threads go on meanwhile. (A process of a
 //! shared buffer that dies during its pass leaves the rest of the leaves under the old
 //! word until the next pass, or a recovery rebuilds them.)
+//!
+//! Layer: algos.
 
 /// Bits of room above the heaviest mass after a lowering, and between a raise's
 /// target total and `value_max`.

@@ -10,6 +10,8 @@
 //! - [`Prioritized`]: in proportion to priority, on the concurrent segment trees.
 //! - [`Slice`]: windows of consecutive steps of one trajectory, with replacement,
 //!   without (in epochs), or by priority.
+//!
+//! Layer: algos.
 
 mod leaf_writes;
 pub(crate) mod mass_scale;

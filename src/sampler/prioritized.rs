@@ -17,6 +17,8 @@
 //!
 //! How leaves are written (updates, new rows, `set_alpha`, rescales) so that each stays
 //! the mass of its row's raw priority: `leaf_writes.rs`.
+//!
+//! Layer: algos.
 
 use rand::RngExt;
 

@@ -54,6 +54,8 @@
 //! of its lane's table, and the window built from it; a draw no window can serve is
 //! drawn again (the trees are never written by a sample), and the read also requires
 //! the drawn row to be of the lap its leaf names.
+//!
+//! Layer: algos.
 
 use rand::RngExt;
 

@@ -4,6 +4,8 @@
 //! rows) and names it by its ring sequence number, so that a read can tell the drawn
 //! row from a later one written to the same slot: a row replaced between the draw and
 //! the copy is redrawn, never returned in its place.
+//!
+//! Layer: algos.
 
 use rand::RngExt;
 

@@ -10,6 +10,8 @@
 //!
 //! A position is read as it is when the batch is copied: if collectors have replaced
 //! the row since the epoch began, the newer row at the same position is returned.
+//!
+//! Layer: algos.
 
 use rand::seq::SliceRandom;
 

@@ -18,6 +18,8 @@
 //!
 //! A child that `fork`s inherits the description, and with it the lock: a holder stays
 //! alive while a forked child of it lives.
+//!
+//! Layer: algos.
 
 use std::fs::File;
 use std::io;

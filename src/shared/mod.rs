@@ -24,6 +24,8 @@
 //!
 //! Each process keeps its own random streams' positions only in the region's shared
 //! counters, and its own without-replacement epochs.
+//!
+//! Layer: api.
 
 #[cfg(not(replaybuf_loom))]
 pub(crate) mod liveness;

@@ -37,6 +37,8 @@
 //!
 //! Claims and releases are compare-exchanges on `OWNER` and `Lease` words (AcqRel).
 //! The lock orders nothing in memory: it only says who lives.
+//!
+//! Layer: algos.
 // Under loom there is no shared memory: only the shards' optional table is compiled.
 #![cfg_attr(replaybuf_loom, allow(dead_code))]
 

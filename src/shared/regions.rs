@@ -1,4 +1,6 @@
 //! Finding and removing shared regions: `replaybuf shm list` and `replaybuf shm remove`.
+//!
+//! Layer: api.
 
 use std::sync::Arc;
 

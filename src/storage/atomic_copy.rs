@@ -26,6 +26,8 @@
 //! row need not be. The fallback stores a partial word by reading the word, replacing
 //! the field's bytes and storing it back. That is only correct because one slot has one
 //! writer at a time (the stamp protocol's exclusion), and the word belongs to that slot.
+//!
+//! Layer: algos.
 
 use crate::sync::AtomicU64;
 

@@ -56,6 +56,8 @@
 //! `FROZEN` and waits, or it reads the thaw or a later value: then the thaw's Release
 //! synchronises with the entry's Acquire, the retiring store happens before the
 //! writer's Acquire load of `retired`, and the writer sees it set.
+//!
+//! Layer: algos.
 
 use smallvec::SmallVec;
 

@@ -10,6 +10,8 @@
 //!   trajectory in time order however many collectors write.
 //!
 //! In memory each shard's slots are contiguous: step after step, lanes side by side.
+//!
+//! Layer: algos.
 
 /// `total` items split into `parts` contiguous near-equal parts (the first
 /// `total % parts` parts one larger).

@@ -27,6 +27,8 @@
 //!
 //! Under loom the header and blocks shrink to a word a field: every region word is a
 //! model-checked atomic there, and lines mean nothing.
+//!
+//! Layer: algos.
 
 use crate::sync::{AtomicU64, Ordering};
 

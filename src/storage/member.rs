@@ -1,6 +1,8 @@
 //! This process's membership of a shared region: its process-table entry and the
 //! shards it holds the writer lease of, given back when the process's last handle of
 //! the buffer drops (a process that dies gives nothing back: others find it dead).
+//!
+//! Layer: algos.
 
 use crate::shared::procs::{release_lease, take_lease, Holder, Leased, NoShard, ProcTable};
 use crate::storage::layout::ShardWord;

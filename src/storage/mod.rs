@@ -16,6 +16,8 @@
 //! - `shard.rs`: one ring's cursor, floor, and the appender/editor handshake;
 //! - `geometry.rs`: index <-> (shard, position, lane), ndim 1 and 2;
 //! - `plan.rs`: which bytes of a caller's data go to which bytes of a row.
+//!
+//! Layer: algos.
 
 pub mod atomic_copy;
 pub(crate) mod freeze;

@@ -3,6 +3,8 @@
 //! A columnar batch is scattered into rows on write and gathered out of rows on read,
 //! one field at a time. A typed buffer's `T` is one field covering the whole row, so
 //! both faces share one path.
+//!
+//! Layer: algos.
 
 use smallvec::SmallVec;
 

@@ -16,6 +16,8 @@
 //!   stopped halfway): every leaf is recomputed from its slot's raw priority (or
 //!   emptied, if its row is not live and published) and the trees rebuilt;
 //! - a slice lane whose tail lags its cursor: closed (see `Lanes::recover`).
+//!
+//! Layer: algos.
 
 use super::layout::ShardWord;
 use super::stamp::Stamp;

@@ -34,6 +34,8 @@
 //! its stamp, never from the cursor. `floor` is stored with Release after reading the
 //! cursor (`empty`), and loaded with Acquire before it (`window`), so a reader never
 //! sees a floor above the cursor it then reads.
+//!
+//! Layer: algos.
 
 use super::geometry::Ring;
 use super::layout::ShardWord;

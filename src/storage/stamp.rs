@@ -57,6 +57,8 @@
 //! The argument is checked by loom under `loom-tests/` (every interleaving of a writer
 //! lapping a reader on a 4-slot ring), and on hardware by the stress test in
 //! `tests/stress.rs`, whose rows are self-checking.
+//!
+//! Layer: algos.
 
 use std::cmp::Ordering as Cmp;
 

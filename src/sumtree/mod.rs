@@ -61,6 +61,8 @@
 //!
 //! `reference.rs` is the locked twin: a `Mutex<Vec<_>>` recomputed from scratch, which
 //! the property tests and the fuzz target compare against.
+//!
+//! Layer: algos.
 
 pub mod reference;
 pub(crate) mod tree;

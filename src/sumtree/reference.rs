@@ -3,6 +3,8 @@
 //! property tests and the fuzz target drive it beside the concurrent trees with the same
 //! operations and compare every answer (arc-swap keeps a locked strategy for the same
 //! cross-checking).
+//!
+//! Layer: algos.
 
 use super::{quantize, Leaf};
 use crate::sync::Mutex;

@@ -45,6 +45,8 @@
 //!   ancestor and its children disagree. It clamps to the last child with mass, and
 //!   reports the leaf it lands on with that leaf's value and lap. The caller checks the
 //!   leaf still has mass and the row is the one the lap names before using it.
+//!
+//! Layer: algos.
 
 use super::{decode_mass, raw_bits, raw_of, Kind, Leaf, TreeLayout, ARITY};
 use crate::sync::{AtomicU64, Ordering};

@@ -1,6 +1,8 @@
 //! The swap itself (see the module docs of `swap/mod.rs` for its steps): the new
 //! configuration checked, the new state made, the old one frozen, copied or kept,
 //! replaced, retired and thawed.
+//!
+//! Layer: api.
 
 use std::sync::Arc;
 

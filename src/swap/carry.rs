@@ -5,6 +5,8 @@
 //!
 //! The old storage is frozen throughout: every row claimed in it is published and
 //! none changes. The new one is not published yet: nobody else writes it.
+//!
+//! Layer: api.
 
 use crate::core::Prepared;
 use crate::policy::Policy;

@@ -1,5 +1,7 @@
 //! What a swap is asked for: a new storage's shape and backing ([`StorageConfig`]),
 //! and several changes made at once ([`Reconfigure`]).
+//!
+//! Layer: api.
 
 use std::path::PathBuf;
 

@@ -48,6 +48,8 @@
 //!   new storage start at a lap beyond any the old storage reached, so an index and
 //!   generation sampled before the swap never name a row after it: a priority update
 //!   for it counts as stale.
+//!
+//! Layer: api.
 
 mod apply;
 mod carry;
