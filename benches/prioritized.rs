@@ -17,7 +17,8 @@ use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
-use replaybuf::{Prioritized, ReplayBuffer};
+use replaybuf::sampler::Prioritized;
+use replaybuf::ReplayBuffer;
 
 const ALPHA: f64 = 0.6;
 const BETA: f64 = 0.4;

@@ -20,7 +20,8 @@ use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
-use replaybuf::{Batch, DType, ReplayBuffer, Slice, Spec};
+use replaybuf::sampler::Slice;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// Windows of one sample.
 const SLICES: usize = 8;

@@ -24,7 +24,8 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use replaybuf::{DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 const CHUNK: usize = 1_000;
 const BATCH: usize = 256;

@@ -34,7 +34,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use replaybuf::bytemuck::{Pod, Zeroable};
-use replaybuf::{Prioritized, Sampler, TypedBatch, TypedBuffer, Uniform};
+use replaybuf::sampler::{Prioritized, Sampler, Uniform};
+use replaybuf::typed::{TypedBatch, TypedBuffer};
 
 /// Chain length: the reward is for stepping right from state `STATES - 2`.
 const STATES: usize = 32;

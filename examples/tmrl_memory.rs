@@ -23,7 +23,8 @@
 
 use std::sync::mpsc;
 
-use replaybuf::{Batch, DType, ReplayBuffer, Spec, TmrlBatch, TmrlMemory};
+use replaybuf::tmrl::{TmrlBatch, TmrlMemory};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// Samples per buffer a rollout worker sends (tmrl's `update_buffer_interval`).
 const BUFFER_SAMPLES: usize = 250;

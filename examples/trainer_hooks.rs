@@ -22,7 +22,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, ReplayBufferTrainer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::torchrl::ReplayBufferTrainer;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 const ENVS: usize = 8;
 const STEPS: usize = 32;

@@ -23,13 +23,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use replaybuf::{split_trajectories, Batch, DType, ReplayBuffer, Slice, Spec, Split, Writer};
+use replaybuf::sampler::Slice;
+use replaybuf::trajectories::{split_trajectories, Split};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, Writer};
 
 const ENVS: usize = 8;
 const STEPS_PER_EXTEND: usize = 16;
 const GAMMA: f32 = 0.9;
 
-fn spec() -> Result<Spec, replaybuf::SpecError> {
+fn spec() -> Result<Spec, replaybuf::error::SpecError> {
     Spec::builder()
         .field("env", DType::I64, [])
         .field("episode", DType::I64, [])
@@ -83,7 +85,7 @@ impl Env {
 }
 
 /// `STEPS_PER_EXTEND` steps of `envs`, laid out `[t, envs]`.
-fn collect(rb: &ReplayBuffer, envs: &mut [Env]) -> Result<Batch, replaybuf::DataError> {
+fn collect(rb: &ReplayBuffer, envs: &mut [Env]) -> Result<Batch, replaybuf::error::DataError> {
     let mut batch = rb.batch([STEPS_PER_EXTEND, envs.len()]);
     let (mut env, mut episode, mut t, mut reward, mut done) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -105,7 +107,7 @@ fn collect(rb: &ReplayBuffer, envs: &mut [Env]) -> Result<Batch, replaybuf::Data
     Ok(batch)
 }
 
-fn run_collector(writer: Writer, stop: &AtomicBool) -> Result<u64, replaybuf::DataError> {
+fn run_collector(writer: Writer, stop: &AtomicBool) -> Result<u64, replaybuf::error::DataError> {
     let group = writer.envs().unwrap_or(0..ENVS);
     let mut envs: Vec<Env> = group.map(|e| Env::new(e as i64)).collect();
     let mut written = 0;
@@ -126,7 +128,10 @@ struct Seen {
     mean_return: f64,
 }
 
-fn run_learner(rb: &ReplayBuffer, stop: &AtomicBool) -> Result<Seen, replaybuf::SampleError> {
+fn run_learner(
+    rb: &ReplayBuffer,
+    stop: &AtomicBool,
+) -> Result<Seen, replaybuf::error::SampleError> {
     let mut learner = rb.learner();
     let mut batch = rb.batch([16 * 8]);
     let mut seen = Seen::default();
@@ -135,7 +140,7 @@ fn run_learner(rb: &ReplayBuffer, stop: &AtomicBool) -> Result<Seen, replaybuf::
         match learner.sample_into(&mut batch) {
             Ok(()) => {}
             // Early on, before any episode is 8 steps long.
-            Err(replaybuf::SampleError::TrajectoriesTooShort { .. }) => continue,
+            Err(replaybuf::error::SampleError::TrajectoriesTooShort { .. }) => continue,
             Err(e) => return Err(e),
         }
         let (env, episode, t) = (
@@ -195,7 +200,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let learner = s.spawn(|| run_learner(&rb, &stop));
         std::thread::sleep(Duration::from_secs(2));
         stop.store(true, Ordering::Relaxed);
-        let written: Result<u64, replaybuf::DataError> = collectors
+        let written: Result<u64, replaybuf::error::DataError> = collectors
             .into_iter()
             .map(|c| c.join().expect("a collector does not panic"))
             .sum();

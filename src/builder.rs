@@ -122,7 +122,7 @@ impl ReplayBufferBuilder {
         self
     }
 
-    /// The sampler (default [`Uniform`](crate::Uniform)).
+    /// The sampler (default [`Uniform`](crate::sampler::Uniform)).
     pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
         self.sampler = sampler.into();
         self
@@ -181,13 +181,13 @@ impl ReplayBufferBuilder {
     }
 
     /// The write policy (default round robin).
-    pub fn writer(mut self, writer: WritePolicy) -> Self {
+    pub fn write_policy(mut self, writer: WritePolicy) -> Self {
         self.writer = writer;
         self
     }
 
     /// The write policy chosen so far.
-    pub(crate) fn write_policy(&self) -> &WritePolicy {
+    pub(crate) fn chosen_write_policy(&self) -> &WritePolicy {
         &self.writer
     }
 
@@ -522,7 +522,7 @@ impl ReplayBufferBuilder {
             .dim_extend(config.dim_extend)
             .seed(config.seed)
             .sampler(config.sampler.sampler().ok_or(ConfigError::Sampler)?)
-            .writer(match &config.writer {
+            .write_policy(match &config.writer {
                 WriterMeta::RoundRobin => WritePolicy::RoundRobin,
                 WriterMeta::Immutable => WritePolicy::Immutable,
                 WriterMeta::MaxValue {
@@ -554,14 +554,15 @@ impl ReplayBufferBuilder {
     /// (or `[envs, t]` with `dim_extend = 1`).
     ///
     /// ```
-    /// use replaybuf::{DType, DataError, ReplayBuffer, Spec, WritePolicy};
+    /// use replaybuf::{DType, ReplayBuffer, Spec, WritePolicy};
+    /// use replaybuf::error::DataError;
     ///
     /// let spec = Spec::builder().field("obs", DType::F32, [2]).build()?;
     /// let mut rows = replaybuf::Batch::zeros(spec.clone(), [100]);
     /// rows.column_mut::<f32>("obs")?.fill(1.0);
     /// let dataset = ReplayBuffer::builder(spec)
     ///     .capacity(100)
-    ///     .writer(WritePolicy::Immutable)
+    ///     .write_policy(WritePolicy::Immutable)
     ///     .build_from(&rows)?;
     /// assert_eq!(dataset.len(), 100);
     /// assert_eq!(dataset.extend(&rows).unwrap_err(), DataError::Immutable);

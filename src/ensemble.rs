@@ -31,7 +31,9 @@ use std::sync::Arc;
 /// Buffers sampled together: see the module docs and [`ReplayBufferEnsemble::builder`].
 ///
 /// ```
-/// use replaybuf::{DType, ReplayBuffer, ReplayBufferEnsemble, Spec, WithoutReplacement};
+/// use replaybuf::{DType, ReplayBuffer, Spec};
+/// use replaybuf::ensemble::ReplayBufferEnsemble;
+/// use replaybuf::sampler::WithoutReplacement;
 ///
 /// let spec = Spec::builder().field("obs", DType::F32, [4]).build()?;
 /// let expert = ReplayBuffer::builder(spec.clone()).capacity(1000).build()?;

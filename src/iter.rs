@@ -24,7 +24,8 @@ impl ReplayBuffer {
     /// (an empty buffer, say) are yielded as items.
     ///
     /// ```
-    /// use replaybuf::{DType, ReplayBuffer, Spec, WithoutReplacement};
+    /// use replaybuf::{DType, ReplayBuffer, Spec};
+    /// use replaybuf::sampler::WithoutReplacement;
     ///
     /// let spec = Spec::builder().field("x", DType::I64, []).build()?;
     /// let rb = ReplayBuffer::builder(spec)

@@ -40,80 +40,73 @@
 
 pub mod docs;
 
-mod backing;
-mod batch;
-mod buffer;
-mod builder;
-mod checkpoint;
-mod config;
-mod core;
+// The layers, lowest first (see `docs::architecture`). Public modules group the
+// surface as rayon groups its own: the core types at the root, everything else in
+// the module of its topic.
+
+// base
 mod dtype;
-mod ensemble;
-mod error;
-mod hooks;
-mod iter;
+pub mod error;
 mod key;
-mod learner;
-mod list;
-mod loader;
-mod max_value;
-mod policy;
-mod prefetch;
-pub mod reference;
-mod region;
 mod rng;
-mod sampler;
-pub mod shared;
 mod spec;
-mod state;
+mod sync;
+// algos
+mod batch;
+mod region;
+pub mod sampler;
+pub mod shared;
 mod storage;
 mod sumtree;
-mod swap;
-mod sync;
-mod tmrl;
-mod trainer;
-mod trajectories;
+// core
+mod backing;
+mod config;
+mod core;
+// gates
+mod max_value;
+mod policy;
 mod transform;
-mod typed;
+// state
+mod hooks;
+mod state;
+// api
+mod buffer;
+mod builder;
+pub mod checkpoint;
+mod learner;
+pub mod swap;
 mod writer;
+// faces
+pub mod ensemble;
+mod iter;
+pub mod list;
+pub mod loader;
+mod prefetch;
+#[cfg(feature = "reference")]
+pub mod reference;
+pub mod tmrl;
+pub mod torchrl;
+mod trainer;
+pub mod trajectories;
+pub mod typed;
 
 pub use batch::{Batch, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
-pub use checkpoint::dump::{DumpOptions, ProgressFn};
-
-pub use checkpoint::inspect::{inspect, Inspection};
 pub use core::Written;
 pub use dtype::{DType, Element};
-pub use ensemble::{EnsembleBatch, EnsembleBuilder, ReplayBufferEnsemble};
-pub use error::PersistError;
-pub use error::{
-    AccessError, BuildError, DataError, PriorityError, PriorityUpdate, SampleError, SpecError,
-    Stage, SwapError, TransformIndexError,
-};
-pub use hooks::HookResult;
-pub use iter::Batches;
+pub use error::PriorityUpdate;
 pub use key::{Key, KeyLike};
 pub use learner::Learner;
-pub use list::{ListBatch, ListBuffer, ListBuilder};
-pub use loader::{Loader, LoaderBuilder, PreprocessFn};
 pub use policy::WritePolicy;
-pub use sampler::{
-    Marks, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
-};
 pub use spec::{Field, Spec, SpecBuilder, MAX_ROW_BYTES};
-pub use swap::{Reconfigure, StorageConfig};
-pub use tmrl::{Tensor, TmrlBatch, TmrlBuilder, TmrlKeys, TmrlMemory};
-pub use trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};
-pub use trajectories::{
-    split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
-};
 pub use transform::{Transform, TransformFn};
-pub use typed::{TypedBatch, TypedBuffer, TypedBuilder};
 pub use writer::Writer;
 
-/// The crate's own internals, exposed for its loom tests, benches and fuzz targets.
-/// Not part of the API: anything here may change in any release.
+/// The crate's own internals, for its loom tests, benches, fuzz targets and the
+/// tests that look inside: only with the `internals` feature, and not part of the
+/// API (anything here may change in any release).
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
     pub use crate::storage::atomic_copy::{load, store};

@@ -49,7 +49,7 @@ pub(crate) struct ListInner<T> {
 /// A replay buffer of arbitrary values.
 ///
 /// ```
-/// use replaybuf::ListBuffer;
+/// use replaybuf::list::ListBuffer;
 ///
 /// let rb = ListBuffer::<String>::builder().capacity(3).seed(0).build()?;
 /// for word in ["a", "b", "c", "d"] {
@@ -112,7 +112,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
 
     /// The write policy: round robin (default) or immutable. A list's values have no
     /// field to rank by, so a max-value writer is refused.
-    pub fn writer(mut self, writer: WritePolicy) -> Self {
+    pub fn write_policy(mut self, writer: WritePolicy) -> Self {
         self.writer = writer;
         self
     }
@@ -356,7 +356,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
 
     /// Drops every stored value from view (their memory is freed as slots are reused),
     /// and ends the sampler's epoch.
-    pub fn empty(&self) {
+    pub fn clear(&self) {
         for s in self.inner.shards.iter() {
             s.empty();
         }

@@ -20,6 +20,8 @@ use crate::sampler::Engine;
 /// and loom's `Arc` cannot hold a `dyn Fn`: `std`'s.
 use std::sync::Arc;
 
+pub use crate::iter::Batches;
+
 /// A sample preprocessor (tmrl's `sample_preprocessor`, e.g. data augmentation): runs
 /// on each sampled batch after the buffer's transforms.
 pub type PreprocessFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync;

@@ -269,7 +269,7 @@ impl ReferenceBuffer {
     }
 
     /// Drops every row.
-    pub fn empty(&mut self) {
+    pub fn clear(&mut self) {
         for s in &mut self.shards {
             s.floor = s.cursor;
         }

@@ -74,7 +74,7 @@ impl Field {
 ///     .build()?;
 /// assert_eq!(spec.payload_bytes(), 165);
 /// assert_eq!(spec.row_bytes(), 168);
-/// # Ok::<(), replaybuf::SpecError>(())
+/// # Ok::<(), replaybuf::error::SpecError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Spec {

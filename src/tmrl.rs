@@ -138,7 +138,7 @@ pub struct TmrlBuilder {
 
 impl TmrlMemory {
     /// A memory initialised from a dataset directory (tmrl's `dataset_path`): a
-    /// checkpoint written by [`ReplayBuffer::dumps`] (loaded into memory) or a
+    /// checkpoint written by [`ReplayBuffer::save`] (loaded into memory) or a
     /// file-backed storage's directory (reopened in place, so what is appended is kept
     /// there). The memory goes on from the transitions it holds.
     pub fn from_dataset(dir: impl AsRef<std::path::Path>) -> Result<TmrlBuilder, PersistError> {

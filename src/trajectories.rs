@@ -23,7 +23,7 @@ use crate::spec::Field;
 /// is time.
 ///
 /// ```
-/// use replaybuf::Split;
+/// use replaybuf::trajectories::Split;
 ///
 /// // TorchRL's default: a trajectory ends at a step whose `("next", "done")` is set.
 /// let by_done = Split::default();
@@ -281,7 +281,8 @@ pub enum TrajectoryError {
 /// and trajectory ids that appear in two environments or are not contiguous.
 ///
 /// ```
-/// use replaybuf::{split_trajectories, Batch, DType, Spec, Split, TrajectoryOrigin};
+/// use replaybuf::{Batch, DType, Spec};
+/// use replaybuf::trajectories::{split_trajectories, Split, TrajectoryOrigin};
 ///
 /// let spec = Spec::builder()
 ///     .field("obs", DType::I64, [])

@@ -3,7 +3,7 @@
 //! reverse list order (as TorchRL's `Compose.inv`).
 //!
 //! A buffer's transforms are shared by all its handles: every columnar sample (the
-//! buffer's, a [`Learner`](crate::Learner)'s, a [`Loader`](crate::Loader)'s workers')
+//! buffer's, a [`Learner`](crate::Learner)'s, a [`Loader`](crate::loader::Loader)'s workers')
 //! runs the forward ones, and every columnar write (`add`, `extend`, a
 //! [`Writer`](crate::Writer)'s, `write_all`) runs the inverse ones on a copy of the
 //! caller's rows before storing them. The typed and list faces store and return their

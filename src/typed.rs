@@ -14,7 +14,7 @@ use smallvec::smallvec;
 use crate::batch::Scratch;
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
-use crate::checkpoint::dump::DumpOptions;
+use crate::checkpoint::dump::SaveOptions;
 use crate::core::Attempt;
 use crate::core::Prepared;
 use crate::core::Written;
@@ -35,7 +35,7 @@ const MAX_VALUE_TYPED: &str =
 /// A replay buffer of `T`s.
 ///
 /// ```
-/// use replaybuf::TypedBuffer;
+/// use replaybuf::typed::TypedBuffer;
 /// use replaybuf::bytemuck::{Pod, Zeroable};
 ///
 /// #[repr(C)]
@@ -97,9 +97,9 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         seed(u64),
         /// See [`ReplayBufferBuilder::existsok`].
         existsok(bool),
-        /// See [`ReplayBufferBuilder::writer`]: round robin or immutable (a typed row
+        /// See [`ReplayBufferBuilder::write_policy`]: round robin or immutable (a typed row
         /// has no field to rank by).
-        writer(WritePolicy),
+        write_policy(WritePolicy),
     }
 
     /// See [`ReplayBufferBuilder::memmap`].
@@ -132,7 +132,7 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         if std::mem::size_of::<T>() == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroSizedRow));
         }
-        if let WritePolicy::MaxValue { .. } = self.inner.write_policy() {
+        if let WritePolicy::MaxValue { .. } = self.inner.chosen_write_policy() {
             return Err(BuildError::new(BuildErrorKind::Writer {
                 reason: MAX_VALUE_TYPED,
             }));
@@ -223,24 +223,24 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         }
     }
 
-    /// See [`ReplayBuffer::dumps`].
-    pub fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
-        self.buffer.dumps(dir)
+    /// See [`ReplayBuffer::save`].
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.buffer.save(dir)
     }
 
-    /// See [`ReplayBuffer::dumps_with`].
-    pub fn dumps_with(
+    /// See [`ReplayBuffer::save_with`].
+    pub fn save_with(
         &self,
         dir: impl AsRef<Path>,
-        options: &DumpOptions,
+        options: &SaveOptions,
     ) -> Result<(), PersistError> {
-        self.buffer.dumps_with(dir, options)
+        self.buffer.save_with(dir, options)
     }
 
-    /// See [`ReplayBuffer::load`]; the checkpoint must be of a buffer of `T`s (of
+    /// See [`ReplayBuffer::from_checkpoint`]; the checkpoint must be of a buffer of `T`s (of
     /// `T`'s size).
-    pub fn load(dir: impl AsRef<Path>) -> Result<TypedBuffer<T>, PersistError> {
-        Self::of_rows(ReplayBuffer::load(dir.as_ref())?, dir.as_ref())
+    pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<TypedBuffer<T>, PersistError> {
+        Self::of_rows(ReplayBuffer::from_checkpoint(dir.as_ref())?, dir.as_ref())
     }
 
     /// See [`ReplayBuffer::attach`]; the region must hold rows of `T`'s size.
@@ -272,9 +272,9 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         })
     }
 
-    /// See [`ReplayBuffer::loads`].
-    pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
-        self.buffer.loads(dir)
+    /// See [`ReplayBuffer::restore`].
+    pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.buffer.restore(dir)
     }
 
     /// The untyped buffer underneath (one `u8` field named `row`).
@@ -287,21 +287,22 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         self.buffer.set_sampler(sampler)
     }
 
-    /// Replaces the write policy: see [`ReplayBuffer::set_writer`]. Round robin or
+    /// Replaces the write policy: see [`ReplayBuffer::set_write_policy`]. Round robin or
     /// immutable: a typed row has no field to rank by.
-    pub fn set_writer(&self, writer: WritePolicy) -> Result<(), SwapError> {
+    pub fn set_write_policy(&self, writer: WritePolicy) -> Result<(), SwapError> {
         if let WritePolicy::MaxValue { .. } = writer {
             return Err(SwapError::build(BuildError::new(BuildErrorKind::Writer {
                 reason: MAX_VALUE_TYPED,
             })));
         }
-        self.buffer.set_writer(writer)
+        self.buffer.set_write_policy(writer)
     }
 
     /// Moves the buffer into a new storage: see [`ReplayBuffer::set_storage`].
     ///
     /// ```
-    /// use replaybuf::{StorageConfig, TypedBuffer};
+    /// use replaybuf::swap::StorageConfig;
+    /// use replaybuf::typed::TypedBuffer;
     ///
     /// let rb = TypedBuffer::<[f32; 4]>::builder().capacity(100).build()?;
     /// rb.extend(&[[1.0; 4]; 60])?;
@@ -477,8 +478,8 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     /// Drops every stored value.
-    pub fn empty(&self) {
-        self.buffer.empty();
+    pub fn clear(&self) {
+        self.buffer.clear();
     }
 
     /// Sets the priorities of sampled values; see [`ReplayBuffer::update_priority`].
@@ -487,7 +488,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         index: &[u64],
         generation: &[u64],
         priority: &[f64],
-    ) -> Result<crate::PriorityUpdate, crate::PriorityError> {
+    ) -> Result<crate::PriorityUpdate, crate::error::PriorityError> {
         self.buffer.update_priority(index, generation, priority)
     }
 
@@ -498,7 +499,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         index: &[u64],
         generation: &[u64],
         priority: &[f64],
-    ) -> Result<crate::PriorityUpdate, crate::PriorityError> {
+    ) -> Result<crate::PriorityUpdate, crate::error::PriorityError> {
         self.buffer.update_priority_all(index, generation, priority)
     }
 }

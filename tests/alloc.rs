@@ -7,9 +7,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use replaybuf::{
-    DType, Prioritized, ReplayBuffer, Slice, SlicePriority, Spec, TypedBatch, TypedBuffer,
-};
+use replaybuf::sampler::{Prioritized, Slice, SlicePriority};
+use replaybuf::typed::{TypedBatch, TypedBuffer};
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 struct Counting;
 

@@ -2,10 +2,11 @@
 //! its error and changes nothing), multi-environment storage and `dim_extend`, the
 //! samplers' contracts, determinism under a seed, and the typed and list faces.
 
-use replaybuf::{
-    AccessError, Batch, DType, DataError, Key, ListBuffer, ReplayBuffer, SampleError, Spec,
-    SpecError, TypedBuffer, Uniform, WithoutReplacement,
-};
+use replaybuf::error::{AccessError, DataError, SampleError, SpecError};
+use replaybuf::list::ListBuffer;
+use replaybuf::sampler::{Uniform, WithoutReplacement};
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, Key, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -314,7 +315,7 @@ fn fifo_eviction_and_emptying() {
         "the oldest row goes first"
     );
 
-    rb.empty();
+    rb.clear();
     assert!(rb.is_empty());
     assert_eq!(rb.write_count(), 0);
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
@@ -338,7 +339,7 @@ fn emptying_ends_an_epoch() {
         .unwrap();
     rb.extend(&rows(&rb, &[4], 0)).unwrap();
     rb.sample(1).unwrap();
-    rb.empty();
+    rb.clear();
     assert_eq!(
         rb.sample(2).unwrap_err(),
         SampleError::Empty,
@@ -586,7 +587,7 @@ fn typed_buffer() {
     for (s, &i) in batch.rows().iter().zip(batch.index()) {
         assert_eq!(*s, rb.get(i).unwrap());
     }
-    let mut reused = replaybuf::TypedBatch::new();
+    let mut reused = replaybuf::typed::TypedBatch::new();
     assert_eq!(
         rb.sample_into(&mut reused).unwrap_err(),
         SampleError::NoBatchSize
@@ -623,6 +624,6 @@ fn list_buffer_holds_any_clone_type() {
         }
     );
     assert!(ListBuffer::<u8>::builder().capacity(0).build().is_err());
-    rb.empty();
+    rb.clear();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }

@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use replaybuf::{
-    Batch, DType, DumpOptions, Prioritized, ReplayBuffer, ReplayBufferBuilder, SampleError, Slice,
-    SlicePriority, Spec, TypedBuffer, WithoutReplacement,
-};
+use replaybuf::checkpoint::SaveOptions;
+use replaybuf::error::SampleError;
+use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -136,8 +137,8 @@ fn exercise(rb: &ReplayBuffer) {
 }
 
 fn check_round_trip(name: &str, rb: &ReplayBuffer, dir: &Path) {
-    rb.dumps(dir).unwrap();
-    let loaded = ReplayBuffer::load(dir).unwrap();
+    rb.save(dir).unwrap();
+    let loaded = ReplayBuffer::from_checkpoint(dir).unwrap();
     assert_eq!(loaded.len(), rb.len(), "{name}");
     assert_eq!(loaded.write_count(), rb.write_count(), "{name}");
     assert_eq!(loaded.seed(), rb.seed(), "{name}");
@@ -186,8 +187,8 @@ fn an_open_epoch_goes_on_where_it_was() {
         .unwrap();
     fill(&rb, 64);
     let mut seen: Vec<u64> = ids(&rb.sample(20).unwrap());
-    rb.dumps(dir.path()).unwrap();
-    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let loaded = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
     seen.extend(ids(&loaded.sample(20).unwrap()));
     seen.extend(ids(&loaded.sample(20).unwrap()));
     seen.extend(ids(&loaded.sample(20).unwrap()));
@@ -219,8 +220,8 @@ fn file_backed_buffers_dump_and_load_too() {
     check_round_trip("file-backed", &rb, &ck);
     // And a checkpoint loads into a file-backed buffer of the same layout.
     let mut other = build(&dir.path().join("other"));
-    other.loads(&ck).unwrap();
-    let saved = ReplayBuffer::load(&ck).unwrap();
+    other.restore(&ck).unwrap();
+    let saved = ReplayBuffer::from_checkpoint(&ck).unwrap();
     assert_eq!(
         ids(&other.read_all_in_order(None)),
         ids(&saved.read_all_in_order(None))
@@ -237,7 +238,7 @@ fn loads_replaces_the_contents_of_an_unshared_buffer_only() {
         .build()
         .unwrap();
     fill(&rb, 40);
-    rb.dumps(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
     let mut other = ReplayBuffer::builder(spec())
         .capacity(50)
         .seed(2)
@@ -245,16 +246,16 @@ fn loads_replaces_the_contents_of_an_unshared_buffer_only() {
         .unwrap();
     fill(&other, 5);
     let handle = other.clone();
-    let e = other.loads(dir.path()).unwrap_err();
+    let e = other.restore(dir.path()).unwrap_err();
     assert!(e.to_string().contains("other handles"), "{e}");
     drop(handle);
-    other.loads(dir.path()).unwrap();
+    other.restore(dir.path()).unwrap();
     assert_eq!(other.len(), 40);
     assert_eq!(other.seed(), 1);
     // Another layout is refused and changes nothing.
     let mut small = ReplayBuffer::builder(spec()).capacity(49).build().unwrap();
     fill(&small, 3);
-    let e = small.loads(dir.path()).unwrap_err();
+    let e = small.restore(dir.path()).unwrap_err();
     assert!(
         e.is_mismatch() && e.to_string().contains("capacity 49 vs 50"),
         "{e}"
@@ -272,10 +273,10 @@ fn the_compact_format_stores_each_observation_once() {
             dir.path().join(format!("{name}-full")),
             dir.path().join(format!("{name}-compact")),
         );
-        rb.dumps(&full).unwrap();
-        rb.dumps_with(
+        rb.save(&full).unwrap();
+        rb.save_with(
             &compact,
-            &DumpOptions::new().compact("obs", ("next", "obs")),
+            &SaveOptions::new().compact("obs", ("next", "obs")),
         )
         .unwrap();
         let size = |d: &Path| -> u64 {
@@ -291,7 +292,7 @@ fn the_compact_format_stores_each_observation_once() {
             size(&compact),
             size(&full)
         );
-        let loaded = ReplayBuffer::load(&compact).unwrap();
+        let loaded = ReplayBuffer::from_checkpoint(&compact).unwrap();
         let (a, b) = (rb.read_all_in_order(None), loaded.read_all_in_order(None));
         assert_eq!(
             a.column::<f32>(("next", "obs")).unwrap(),
@@ -303,9 +304,9 @@ fn the_compact_format_stores_each_observation_once() {
     }
     let rb = ReplayBuffer::builder(spec()).capacity(10).build().unwrap();
     let e = rb
-        .dumps_with(
+        .save_with(
             dir.path().join("bad"),
-            &DumpOptions::new().compact("obs", "done"),
+            &SaveOptions::new().compact("obs", "done"),
         )
         .unwrap_err();
     assert!(e.to_string().contains("one dtype and shape"), "{e}");
@@ -328,13 +329,13 @@ fn save_and_load_hooks_see_the_rows() {
         }
         Ok(())
     });
-    rb.dumps(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
     assert_eq!(
         rb.read_all_in_order(None).column::<f32>("obs").unwrap(),
         before.column::<f32>("obs").unwrap()
     );
     // Without a load hook the negated rows come back...
-    let raw = ReplayBuffer::load(dir.path()).unwrap();
+    let raw = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
     let negated: Vec<f32> = before
         .column::<f32>("obs")
         .unwrap()
@@ -352,17 +353,17 @@ fn save_and_load_hooks_see_the_rows() {
         }
         Ok(())
     });
-    rb.empty();
-    rb.loads(dir.path()).unwrap();
+    rb.clear();
+    rb.restore(dir.path()).unwrap();
     assert_eq!(
         rb.read_all_in_order(None).column::<f32>("obs").unwrap(),
         before.column::<f32>("obs").unwrap()
     );
     // A failing hook fails the dump, and leaves the previous checkpoint.
     rb.register_save_hook(|_| Err("refused".into()));
-    let e = rb.dumps(dir.path()).unwrap_err();
+    let e = rb.save(dir.path()).unwrap_err();
     assert!(e.to_string().contains("refused"), "{e}");
-    assert_eq!(ReplayBuffer::load(dir.path()).unwrap().len(), 30);
+    assert_eq!(ReplayBuffer::from_checkpoint(dir.path()).unwrap().len(), 30);
 }
 
 #[test]
@@ -370,13 +371,13 @@ fn a_max_value_buffer_keeps_ranking_after_a_load() {
     let dir = tempfile::tempdir().unwrap();
     let rb = ReplayBuffer::builder(spec())
         .capacity(10)
-        .writer(replaybuf::WritePolicy::max_value("id"))
+        .write_policy(replaybuf::WritePolicy::max_value("id"))
         .seed(2)
         .build()
         .unwrap();
     fill(&rb, 30); // ids 0..3000 by 100; the top ten by id stay
-    rb.dumps(dir.path()).unwrap();
-    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let loaded = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
     let mut kept = ids(&loaded.read_all_in_order(None));
     kept.sort_unstable();
     assert_eq!(kept, (20..30).map(|t| t * 100).collect::<Vec<u64>>());
@@ -417,8 +418,8 @@ fn typed_buffers_round_trip() {
         })
         .collect();
     rb.extend(&steps).unwrap();
-    rb.dumps(dir.path()).unwrap();
-    let loaded = TypedBuffer::<Step>::load(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let loaded = TypedBuffer::<Step>::from_checkpoint(dir.path()).unwrap();
     assert_eq!(loaded.len(), 32);
     assert_eq!(
         rb.sample(8).unwrap().rows(),
@@ -437,7 +438,7 @@ mod damage {
             .build()
             .unwrap();
         exercise(&rb);
-        rb.dumps(dir).unwrap();
+        rb.save(dir).unwrap();
         rb
     }
 
@@ -455,8 +456,8 @@ mod damage {
             .unwrap()
     }
 
-    fn refused(dir: &Path) -> replaybuf::PersistError {
-        let e = ReplayBuffer::load(dir).unwrap_err();
+    fn refused(dir: &Path) -> replaybuf::error::PersistError {
+        let e = ReplayBuffer::from_checkpoint(dir).unwrap_err();
         // And a buffer given it keeps its own rows.
         let mut other = ReplayBuffer::builder(spec())
             .capacity(100)
@@ -464,7 +465,7 @@ mod damage {
             .build()
             .unwrap();
         fill(&other, 7);
-        assert!(other.loads(dir).is_err());
+        assert!(other.restore(dir).is_err());
         assert_eq!(other.len(), 7);
         e
     }
@@ -553,17 +554,17 @@ mod damage {
             .sampler(Prioritized::new(0.6, 0.4))
             .build()
             .unwrap();
-        let e = rb.loads(dir.path()).unwrap_err();
+        let e = rb.restore(dir.path()).unwrap_err();
         assert!(e.is_mismatch() && e.to_string().contains("the spec"), "{e}");
     }
 }
 
 #[test]
 fn list_buffers_round_trip_and_refuse_damage() {
-    use replaybuf::ListBuffer;
+    use replaybuf::list::ListBuffer;
     let dir = tempfile::tempdir().unwrap();
     for sampler in [
-        replaybuf::Sampler::from(replaybuf::Uniform),
+        replaybuf::sampler::Sampler::from(replaybuf::sampler::Uniform),
         WithoutReplacement::new().into(),
     ] {
         let rb = ListBuffer::<(String, Vec<u32>)>::builder()
@@ -578,8 +579,8 @@ fn list_buffers_round_trip_and_refuse_damage() {
                 .unwrap();
         }
         rb.sample(10).unwrap(); // opens an epoch when without replacement
-        rb.dumps(dir.path()).unwrap();
-        let loaded = ListBuffer::<(String, Vec<u32>)>::load(dir.path()).unwrap();
+        rb.save(dir.path()).unwrap();
+        let loaded = ListBuffer::<(String, Vec<u32>)>::from_checkpoint(dir.path()).unwrap();
         assert_eq!(
             (loaded.len(), loaded.write_count()),
             (rb.len(), rb.write_count())
@@ -608,12 +609,12 @@ fn list_buffers_round_trip_and_refuse_damage() {
                 .starts_with("items.")
         })
         .unwrap();
-    assert!(ListBuffer::<u64>::load(dir.path()).is_err());
+    assert!(ListBuffer::<u64>::from_checkpoint(dir.path()).is_err());
     let mut bytes = std::fs::read(&items).unwrap();
     bytes[30] ^= 4;
     std::fs::write(&items, &bytes).unwrap();
-    let e = ListBuffer::<(String, Vec<u32>)>::load(dir.path()).unwrap_err();
+    let e = ListBuffer::<(String, Vec<u32>)>::from_checkpoint(dir.path()).unwrap_err();
     assert!(e.is_corrupt() && e.path() == items, "{e}");
     // A row buffer's checkpoint is not a list's, nor the other way round.
-    assert!(ReplayBuffer::load(dir.path()).is_err());
+    assert!(ReplayBuffer::from_checkpoint(dir.path()).is_err());
 }

@@ -13,7 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
-use replaybuf::{DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 const CAPACITY: usize = 20_000;
 const CHUNK: usize = 3_000;
@@ -58,7 +59,7 @@ fn dumping_child() {
     let rb = buffer();
     for i in 0.. {
         extend(&rb, i);
-        rb.dumps(&dir).unwrap();
+        rb.save(&dir).unwrap();
         println!("dumped {i}");
     }
 }
@@ -66,7 +67,7 @@ fn dumping_child() {
 /// Checks that `dir` holds the state of the child after some extend, and returns
 /// which.
 fn check_checkpoint(dir: &Path) -> u64 {
-    let rb = ReplayBuffer::load(dir).expect("the previous checkpoint loads");
+    let rb = ReplayBuffer::from_checkpoint(dir).expect("the previous checkpoint loads");
     let extends = rb.write_count() / CHUNK as u64;
     assert_eq!(rb.write_count(), extends * CHUNK as u64);
     // The same state, rebuilt from scratch.

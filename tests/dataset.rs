@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use replaybuf::{DType, DataError, Prioritized, ReplayBuffer, Spec};
+use replaybuf::error::DataError;
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -55,7 +57,7 @@ fn a_checkpoint_opens_as_a_dataset() {
         .build()
         .unwrap();
     fill(&rb, 400);
-    rb.dumps(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
     let data = ReplayBuffer::open_dataset(dir.path()).unwrap();
     assert_eq!(data.len(), 400);
     sample_from_threads(&data);
@@ -114,8 +116,8 @@ fn inspect_reports_contents_and_damage() {
         .unwrap();
     fill(&rb, 350); // one shard
     fill(&rb, 350); // the other
-    rb.dumps(dir.path()).unwrap();
-    let found = replaybuf::inspect(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let found = replaybuf::checkpoint::inspect(dir.path()).unwrap();
     assert!(found.is_whole());
     assert_eq!(found.rows(), Some(700));
     let text = found.to_string();
@@ -143,7 +145,7 @@ fn inspect_reports_contents_and_damage() {
     let mut bytes = std::fs::read(&slots).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&slots, bytes).unwrap();
-    let found = replaybuf::inspect(dir.path()).unwrap();
+    let found = replaybuf::checkpoint::inspect(dir.path()).unwrap();
     assert!(!found.is_whole());
-    assert!(replaybuf::inspect(dir.path().join("nothing")).is_err());
+    assert!(replaybuf::checkpoint::inspect(dir.path().join("nothing")).is_err());
 }

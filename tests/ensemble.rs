@@ -1,10 +1,10 @@
 //! ReplayBufferEnsemble: buffers of any storage and sampler sampled together, by
 //! probability or from all, with each row's buffer recorded and priorities routed back.
 
-use replaybuf::{
-    Batch, DType, Prioritized, PriorityError, ReplayBuffer, ReplayBufferEnsemble, SampleError,
-    Slice, Spec, Transform, WithoutReplacement,
-};
+use replaybuf::ensemble::ReplayBufferEnsemble;
+use replaybuf::error::{PriorityError, SampleError};
+use replaybuf::sampler::{Prioritized, Slice, WithoutReplacement};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, Transform};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -31,7 +31,7 @@ fn uniform(k: i64) -> ReplayBuffer {
 }
 
 /// Checks each row's recorded buffer against the id it holds.
-fn check_ids(batch: &replaybuf::EnsembleBatch) {
+fn check_ids(batch: &replaybuf::ensemble::EnsembleBatch) {
     let ids = batch.batch().column::<i64>("id").unwrap();
     for (row, (&id, &k)) in ids.iter().zip(batch.buffer_ids()).enumerate() {
         assert_eq!(id / 1000, k as i64, "row {row}: id {id} from buffer {k}");
@@ -221,7 +221,7 @@ fn same_seed_same_samples_and_errors_pass_through() {
 
 #[test]
 fn ensemble_build_errors() {
-    let msg = |b: replaybuf::EnsembleBuilder| b.build().unwrap_err().to_string();
+    let msg = |b: replaybuf::ensemble::EnsembleBuilder| b.build().unwrap_err().to_string();
     assert!(msg(ReplayBufferEnsemble::builder([])).contains("at least one"));
     let other = ReplayBuffer::builder(Spec::builder().field("x", DType::U8, []).build().unwrap())
         .capacity(4)

@@ -1,6 +1,7 @@
 //! File-backed storage: a buffer in files under a directory, reopened with its contents.
 
-use replaybuf::{DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()

@@ -3,8 +3,10 @@
 //! in-place rewrites), for ndim 1 and ndim 2 storages.
 
 use proptest::prelude::*;
+use replaybuf::error::{AccessError, SampleError};
 use replaybuf::reference::ReferenceBuffer;
-use replaybuf::{AccessError, Batch, DType, ReplayBuffer, SampleError, Spec, WithoutReplacement};
+use replaybuf::sampler::WithoutReplacement;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -173,8 +175,8 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
                 );
             }
             Op::Empty => {
-                rb.empty();
-                model.empty();
+                rb.clear();
+                model.clear();
             }
             Op::Sample(n) => match rb.sample(n) {
                 Ok(b) => {

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use replaybuf::{DType, ReplayBuffer, Spec, Uniform, WithoutReplacement};
+use replaybuf::sampler::{Uniform, WithoutReplacement};
+use replaybuf::{DType, ReplayBuffer, Spec};
 
 const ENVS: usize = 32;
 
@@ -138,7 +139,7 @@ fn a_multi_shard_extend_racing_checkpoints_never_hangs() {
         |rb, i| {
             rb.extend(&step(rb, i)).unwrap();
         },
-        move |rb, _| rb.dumps(&at).unwrap(),
+        move |rb, _| rb.save(&at).unwrap(),
     );
     assert_whole(&rb);
 }
@@ -162,7 +163,7 @@ fn write_all_over_every_shard_racing_swaps_and_checkpoints_never_hangs() {
         },
         move |rb, i| {
             if i.is_multiple_of(3) {
-                rb.dumps(&at).unwrap();
+                rb.save(&at).unwrap();
             } else {
                 swap_sampler(rb, i);
             }

@@ -5,10 +5,8 @@
 // The loom-facade rule of .clippy.toml is for the library, not its tests.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use replaybuf::{
-    AccessError, Batch, DType, DataError, ReplayBuffer, SampleError, Spec, Stage, Transform,
-    TransformIndexError,
-};
+use replaybuf::error::{AccessError, DataError, SampleError, Stage, TransformIndexError};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, Transform};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -191,7 +189,7 @@ fn samples_racing_transform_changes_see_one_whole_list() {
 
 use std::time::{Duration, Instant};
 
-use replaybuf::WithoutReplacement;
+use replaybuf::sampler::WithoutReplacement;
 
 /// Polls `cond` for up to 10 s.
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -294,7 +292,7 @@ fn preprocess_and_collate_errors_name_their_stage() {
 #[test]
 fn loader_build_errors() {
     let rb = buffer(8);
-    let msg = |b: replaybuf::LoaderBuilder| b.build().unwrap_err().to_string();
+    let msg = |b: replaybuf::loader::LoaderBuilder| b.build().unwrap_err().to_string();
     assert!(msg(rb.loader()).contains("batch size"));
     assert!(msg(rb.loader().batch_size(0)).contains("batch_size"));
     assert!(msg(rb.loader().batch_size(4).prefetch(2).workers(0)).contains("worker"));
@@ -305,7 +303,7 @@ fn loader_build_errors() {
         .unwrap();
     let srb = ReplayBuffer::builder(slices)
         .capacity(64)
-        .sampler(replaybuf::Slice::num_slices(4).traj_key("traj"))
+        .sampler(replaybuf::sampler::Slice::num_slices(4).traj_key("traj"))
         .build()
         .unwrap();
     assert!(msg(srb.loader().batch_size(6)).contains("multiple of"));

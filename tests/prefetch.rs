@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()

@@ -2,10 +2,10 @@
 //! fixed seed), weights match the formula, zero-priority rows are never drawn, new rows
 //! take the max priority, stale updates are dropped, and bad input changes nothing.
 
-use replaybuf::{
-    Batch, DType, DataError, Prioritized, PriorityError, PriorityUpdate, Reduction, ReplayBuffer,
-    SampleError, Spec, TypedBuffer,
-};
+use replaybuf::error::{DataError, PriorityError, SampleError};
+use replaybuf::sampler::{Prioritized, Reduction};
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, PriorityUpdate, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -185,7 +185,7 @@ fn updates_for_replaced_rows_are_dropped() {
 
     // An emptied row takes no update either, and is never drawn again.
     let g = rb.get(2).unwrap().generations()[0];
-    rb.empty();
+    rb.clear();
     assert_eq!(rb.update_priority(&[2], &[g], &[1.0]).unwrap().stale, 1);
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
     rb.extend(&rows(&rb, 2, 10)).unwrap();
@@ -321,7 +321,7 @@ fn builder_checks_the_sampler_and_the_priority_key() {
     assert!(build(p().priority_key("id"))
         .unwrap_err()
         .contains("float field"));
-    assert!(replaybuf::ListBuffer::<u8>::builder()
+    assert!(replaybuf::list::ListBuffer::<u8>::builder()
         .capacity(4)
         .sampler(Prioritized::new(0.6, 0.4))
         .build()

@@ -14,7 +14,8 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use replaybuf::internals::sumtree::{quantize, Leaf, OwnedTree};
-use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder().field("id", DType::U32, []).build().unwrap()

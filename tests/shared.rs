@@ -8,7 +8,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use replaybuf::{DType, DataError, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::error::DataError;
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 /// Rows carry their own proof: `id`, and `check` = three values derived from it.
 fn spec() -> Spec {
@@ -442,8 +444,8 @@ fn a_killed_learner_blocks_no_writer_and_no_checkpoint() {
     }
     whole(&rb.sample(256).unwrap());
     let dir = tempfile::tempdir().unwrap();
-    rb.dumps(dir.path()).unwrap();
-    let loaded = ReplayBuffer::load(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let loaded = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
     assert_eq!(
         whole(&loaded.read_all_in_order(None)),
         whole(&rb.read_all_in_order(None))
@@ -457,8 +459,8 @@ fn a_shared_buffer_round_trips_through_a_checkpoint() {
     let mut rb = builder(&name, 2).build().unwrap();
     rb.extend(&chunk(&rb, 1, 0, 300)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    rb.dumps(dir.path()).unwrap();
-    let heap = ReplayBuffer::load(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
+    let heap = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
     assert_eq!(whole(&heap.read_all_in_order(None)).len(), 300);
     assert_eq!(
         heap.sample(16).unwrap().index(),
@@ -466,7 +468,7 @@ fn a_shared_buffer_round_trips_through_a_checkpoint() {
     );
     // Loaded back into the shared buffer, which no other process uses.
     rb.extend(&chunk(&rb, 2, 0, 100)).unwrap();
-    rb.loads(dir.path()).unwrap();
+    rb.restore(dir.path()).unwrap();
     let back = whole(&rb.read_all_in_order(None));
     assert_eq!(back.len(), 300);
     assert!(back.iter().all(|r| r.0 == 1));

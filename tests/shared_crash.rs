@@ -12,7 +12,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use replaybuf::{DType, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 /// Words of each row's self-check: enough that a kill often lands mid-row.
 const CHECK: usize = 64;
@@ -101,7 +102,7 @@ fn crash_child() {
             let dir = std::env::var("REPLAYBUF_CRASH_DIR").unwrap();
             println!("dumping");
             for c in 0u64.. {
-                rb.dumps(std::path::Path::new(&dir).join(format!("d{}", c % 2)))
+                rb.save(std::path::Path::new(&dir).join(format!("d{}", c % 2)))
                     .unwrap();
             }
         }
@@ -176,14 +177,14 @@ fn still_works(rb: &ReplayBuffer, dir: &std::path::Path, base: u64) {
             let ids: Vec<u64> = (0..64).map(|i| base + c * 64 + i).collect();
             writer.extend(&rows(&rb, &ids)).unwrap();
         }
-        rb.dumps(dir.join("after")).unwrap();
+        rb.save(dir.join("after")).unwrap();
         let all = rb.read_all_in_order(None);
         whole(&all);
         let mut learner = rb.learner();
         for _ in 0..20 {
             whole(&learner.sample(64).unwrap());
         }
-        let loaded = ReplayBuffer::load(dir.join("after")).unwrap();
+        let loaded = ReplayBuffer::from_checkpoint(dir.join("after")).unwrap();
         whole(&loaded.read_all_in_order(None));
     });
 }
@@ -227,7 +228,7 @@ fn writers_editors_and_dumpers_killed_at_random_points_leave_a_working_buffer() 
         let rb2 = rb.clone();
         let at = dir.path().join("round");
         within(120, "dumps after a round of kills", move || {
-            rb2.dumps(&at).unwrap();
+            rb2.save(&at).unwrap();
             whole(&rb2.read_all_in_order(None));
         });
     }

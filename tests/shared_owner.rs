@@ -7,7 +7,8 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use replaybuf::{DType, PersistError, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::error::PersistError;
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -73,7 +74,7 @@ fn plant(name: &str, bytes: &[u8], mode: u32) -> Cleanup {
 }
 
 /// The persistence error under a build error.
-fn persist_of(e: &replaybuf::BuildError) -> &PersistError {
+fn persist_of(e: &replaybuf::error::BuildError) -> &PersistError {
     std::error::Error::source(e)
         .and_then(|s| s.downcast_ref::<PersistError>())
         .unwrap_or_else(|| panic!("not a persistence error: {e}"))

@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use replaybuf::{Batch, DType, ReplayBuffer, SampleError, Slice, Spec};
+use replaybuf::error::SampleError;
+use replaybuf::sampler::Slice;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// `traj` (id), `step` (within the trajectory), `done`, and `check`, a value derived
 /// from both so that a row mixed from two writes shows.
@@ -425,7 +427,7 @@ fn expected_windows(lens: &BTreeMap<i64, i64>, strict: bool) -> BTreeSet<(i64, i
 
 #[test]
 fn without_replacement_visits_every_window_once_per_epoch() {
-    use replaybuf::WithoutReplacement;
+    use replaybuf::sampler::WithoutReplacement;
     for strict in [true, false] {
         let epochs = WithoutReplacement::new();
         let slice = Slice::slice_len(4)
@@ -451,7 +453,7 @@ fn without_replacement_visits_every_window_once_per_epoch() {
 
 #[test]
 fn without_replacement_drop_last_and_storage_order() {
-    use replaybuf::WithoutReplacement;
+    use replaybuf::sampler::WithoutReplacement;
     let epochs = WithoutReplacement::new().drop_last(true).shuffle(false);
     let slice = Slice::slice_len(4)
         .end_key("done")
@@ -466,13 +468,13 @@ fn without_replacement_drop_last_and_storage_order() {
     let ordered: Vec<_> = want.iter().copied().collect();
     assert_eq!(got, ordered[..6]);
     // Emptying ends the epoch; an empty buffer has none to start.
-    rb.empty();
+    rb.clear();
     assert_eq!(rb.sample(8).unwrap_err(), SampleError::Empty);
 }
 
 #[test]
 fn an_epoch_whose_windows_were_all_overwritten_ends_once() {
-    use replaybuf::WithoutReplacement;
+    use replaybuf::sampler::WithoutReplacement;
     let slice = Slice::slice_len(4)
         .end_key("done")
         .without_replacement(WithoutReplacement::new().shuffle(false));
@@ -495,7 +497,7 @@ fn an_epoch_whose_windows_were_all_overwritten_ends_once() {
 
 #[test]
 fn learners_share_one_epoch_of_windows() {
-    use replaybuf::WithoutReplacement;
+    use replaybuf::sampler::WithoutReplacement;
     use std::sync::atomic::Ordering::SeqCst;
     let slice = Slice::slice_len(4)
         .end_key("done")
@@ -542,8 +544,11 @@ fn learners_share_one_epoch_of_windows() {
 
 /// A prioritized slice buffer holding trajectories 1..=3 of 12 steps, with row `i`'s
 /// priority `prio(i)`; alpha 1 and beta 1, so masses are priorities.
-fn prioritized_buffer(over: replaybuf::SlicePriority, prio: impl Fn(u64) -> f64) -> ReplayBuffer {
-    use replaybuf::Prioritized;
+fn prioritized_buffer(
+    over: replaybuf::sampler::SlicePriority,
+    prio: impl Fn(u64) -> f64,
+) -> ReplayBuffer {
+    use replaybuf::sampler::Prioritized;
     let rb = ReplayBuffer::builder(spec())
         .capacity(64)
         .sampler(
@@ -570,7 +575,7 @@ fn prioritized_buffer(over: replaybuf::SlicePriority, prio: impl Fn(u64) -> f64)
 fn prioritized_slices_start_in_proportion_to_priority() {
     // Row i (trajectory i / 12 + 1, step i % 12) has priority 1 + i % 5.
     let prio = |i: u64| 1.0 + (i % 5) as f64;
-    let rb = prioritized_buffer(replaybuf::SlicePriority::Start, prio);
+    let rb = prioritized_buffer(replaybuf::sampler::SlicePriority::Start, prio);
     // Valid starts: steps 0..=8 of each trajectory; P(start i) = p_i / sum.
     let starts: Vec<u64> = (0..3u64)
         .flat_map(|t| (0..9).map(move |s| t * 12 + s))
@@ -611,7 +616,7 @@ fn prioritized_slices_start_in_proportion_to_priority() {
 #[test]
 fn prioritized_windows_hold_the_heavy_row() {
     // One row, step 6 of trajectory 2 (index 18), outweighs the rest 1000 to 1.
-    let rb = prioritized_buffer(replaybuf::SlicePriority::Window, |i| {
+    let rb = prioritized_buffer(replaybuf::sampler::SlicePriority::Window, |i| {
         if i == 18 {
             1000.0
         } else {
@@ -637,7 +642,7 @@ fn prioritized_windows_hold_the_heavy_row() {
 
 #[test]
 fn prioritized_and_without_replacement_do_not_mix() {
-    use replaybuf::{Prioritized, SlicePriority, WithoutReplacement};
+    use replaybuf::sampler::{Prioritized, SlicePriority, WithoutReplacement};
     let e = ReplayBuffer::builder(spec())
         .capacity(64)
         .sampler(
@@ -653,14 +658,14 @@ fn prioritized_and_without_replacement_do_not_mix() {
 
 #[test]
 fn other_faces_refuse_slices_with_a_clear_error() {
-    let e = replaybuf::ListBuffer::<String>::builder()
+    let e = replaybuf::list::ListBuffer::<String>::builder()
         .capacity(10)
         .sampler(Slice::slice_len(2))
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("slice sampling"), "{e}");
     // A typed buffer's rows have no fields to tell trajectories by.
-    let e = replaybuf::TypedBuffer::<[u64; 2]>::builder()
+    let e = replaybuf::typed::TypedBuffer::<[u64; 2]>::builder()
         .capacity(10)
         .sampler(Slice::slice_len(2).traj_key("traj"))
         .build()

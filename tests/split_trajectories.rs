@@ -4,10 +4,11 @@
 //! sums of shifted done flags, then runs of equal ids) written out plainly here.
 
 use proptest::prelude::*;
-use replaybuf::{
-    split_trajectories, Batch, DType, DataError, Key, Spec, Split, Trajectories, TrajectoryError,
-    TrajectoryOrigin,
+use replaybuf::error::DataError;
+use replaybuf::trajectories::{
+    split_trajectories, Split, Trajectories, TrajectoryError, TrajectoryOrigin,
 };
+use replaybuf::{Batch, DType, Key, Spec};
 
 /// `obs` is the payload checked row by row: step `t` of environment `e` holds
 /// `[100 e + t, -(100 e + t)]`.

@@ -11,10 +11,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use replaybuf::{
-    Batch, DType, Prioritized, ReplayBuffer, Slice, SlicePriority, Spec, TypedBuffer,
-    WithoutReplacement,
-};
+use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 fn spec() -> Spec {
     Spec::builder()

@@ -4,10 +4,10 @@
 //! and errors that leave the buffer as it was. The swaps racing collectors and
 //! learners are in `tests/swap_concurrent.rs`.
 
-use replaybuf::{
-    Batch, DType, Prioritized, ReplayBuffer, Slice, Spec, StorageConfig, TypedBuffer, Uniform,
-    WithoutReplacement, WritePolicy,
-};
+use replaybuf::sampler::{Prioritized, Slice, Uniform, WithoutReplacement};
+use replaybuf::swap::StorageConfig;
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -193,7 +193,7 @@ fn write_policies_swap_in_place() {
     let rb = buffer(10);
     rb.extend(&rows(&rb, 0, 10)).unwrap();
     let before = rb.read_all_in_order(None);
-    rb.set_writer(WritePolicy::Immutable).unwrap();
+    rb.set_write_policy(WritePolicy::Immutable).unwrap();
     assert!(rb.extend(&rows(&rb, 10, 1)).is_err());
     assert!(rb.writer().extend(&rows(&rb, 10, 1)).is_err());
     assert_eq!(
@@ -201,14 +201,14 @@ fn write_policies_swap_in_place() {
         before.generations()
     );
     // A max-value writer ranks what is stored (td = id % 7 + 1), then keeps the top.
-    rb.set_writer(WritePolicy::max_value("td")).unwrap();
+    rb.set_write_policy(WritePolicy::max_value("td")).unwrap();
     let w = rb.extend(&with_ids(&rb, &[20, 26], &[2])).unwrap(); // td 7 and 6
     assert_eq!(w.accepted(), 2);
     let kept = stored(&rb);
     assert!(kept.contains(&20) && kept.contains(&26));
     // The two lowest (td 1: ids 0 and 7) made room.
     assert!(!kept.contains(&0) && !kept.contains(&7), "{kept:?}");
-    rb.set_writer(WritePolicy::RoundRobin).unwrap();
+    rb.set_write_policy(WritePolicy::RoundRobin).unwrap();
     rb.extend(&rows(&rb, 30, 3)).unwrap();
     assert_eq!(rb.len(), 10);
 }
@@ -352,8 +352,8 @@ fn moving_to_a_file_backed_directory_and_back() {
     assert_eq!(stored(&rb), (0..60).collect::<Vec<_>>());
     rb.extend(&rows(&rb, 60, 5)).unwrap();
     // A sampler or policy change that keeps the layout stays in the directory.
-    rb.set_writer(WritePolicy::Immutable).unwrap();
-    rb.set_writer(WritePolicy::RoundRobin).unwrap();
+    rb.set_write_policy(WritePolicy::Immutable).unwrap();
+    rb.set_write_policy(WritePolicy::RoundRobin).unwrap();
     // One that changes what the file lays out needs a new directory...
     let refused = rb.set_sampler(WithoutReplacement::new()).unwrap_err();
     assert!(refused.to_string().contains("file-backed"), "{refused}");
@@ -406,11 +406,11 @@ fn refused_swaps_change_nothing() {
         rb.set_storage(StorageConfig::heap().capacity(0)),
         rb.set_storage(StorageConfig::heap().ndim(2)), // no envs
         rb.set_storage(StorageConfig::heap().ndim(2).envs(7)), // 64 % 7
-        rb.set_writer(WritePolicy::max_value("nope")),
+        rb.set_write_policy(WritePolicy::max_value("nope")),
         rb.set_sampler(Prioritized::new(-1.0, 0.5)),
         rb.reconfigure()
             .sampler(Prioritized::new(0.6, 0.4))
-            .writer(WritePolicy::max_value("td"))
+            .write_policy(WritePolicy::max_value("td"))
             .apply(),
         rb.reconfigure().priority_key("td").apply(), // not prioritized
     ];
@@ -421,7 +421,7 @@ fn refused_swaps_change_nothing() {
         assert_eq!(state(&rb), before, "refusal {k} changed the buffer");
     }
     // A max-value writer refuses a prioritized sampler, and the other way round.
-    rb.set_writer(WritePolicy::max_value("td")).unwrap();
+    rb.set_write_policy(WritePolicy::max_value("td")).unwrap();
     let before = state(&rb);
     assert!(rb.set_sampler(Prioritized::new(0.6, 0.4)).is_err());
     assert_eq!(state(&rb), before);
@@ -431,7 +431,9 @@ fn refused_swaps_change_nothing() {
         .build()
         .unwrap();
     typed.extend(&[[1, 2]; 3]).unwrap();
-    assert!(typed.set_writer(WritePolicy::max_value("row")).is_err());
+    assert!(typed
+        .set_write_policy(WritePolicy::max_value("row"))
+        .is_err());
     assert_eq!(typed.len(), 3);
 }
 

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use replaybuf::{
-    Batch, DType, Prioritized, PriorityError, ReplayBuffer, SampleError, Spec, StorageConfig,
-    Uniform, WithoutReplacement, WritePolicy,
-};
+use replaybuf::error::{PriorityError, SampleError};
+use replaybuf::sampler::{Prioritized, Uniform, WithoutReplacement};
+use replaybuf::swap::StorageConfig;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -190,7 +190,7 @@ fn no_row_is_lost_or_torn_when_swaps_race_collectors_and_learners() {
             rb.set_storage(bigger).unwrap()
         }),
         Box::new(|rb, _| rb.set_sampler(Uniform).unwrap()),
-        Box::new(|rb, _| rb.set_writer(WritePolicy::RoundRobin).unwrap()),
+        Box::new(|rb, _| rb.set_write_policy(WritePolicy::RoundRobin).unwrap()),
         Box::new(move |rb, i| {
             let at = dir.path().join(format!("swap-{i}"));
             let on_disk = StorageConfig::memmap(at).shards(2).capacity(CAPACITY);
@@ -256,7 +256,7 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
     let rb = ReplayBuffer::builder(spec())
         .capacity(1 << 14)
         .shards(2)
-        .writer(WritePolicy::max_value("check"))
+        .write_policy(WritePolicy::max_value("check"))
         .build()
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -281,9 +281,11 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
     let mut k = 0;
     while start.elapsed() < duration() / 2 {
         match k % 4 {
-            0 => rb.set_writer(WritePolicy::RoundRobin).unwrap(),
+            0 => rb.set_write_policy(WritePolicy::RoundRobin).unwrap(),
             1 => rb.set_storage(StorageConfig::heap().shards(4)).unwrap(),
-            2 => rb.set_writer(WritePolicy::max_value("check")).unwrap(),
+            2 => rb
+                .set_write_policy(WritePolicy::max_value("check"))
+                .unwrap(),
             _ => rb.set_storage(StorageConfig::heap().shards(2)).unwrap(),
         }
         k += 1;
@@ -391,8 +393,8 @@ fn dumps_racing_swaps_save_whole_buffers() {
             std::thread::spawn(move || {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) || n == 0 {
-                    rb.dumps(&at).unwrap();
-                    let loaded = ReplayBuffer::load(&at).unwrap();
+                    rb.save(&at).unwrap();
+                    let loaded = ReplayBuffer::from_checkpoint(&at).unwrap();
                     let mut ids = whole(&loaded.read_all_in_order(None));
                     ids.sort_unstable();
                     assert_eq!(ids, (0..500).collect::<Vec<_>>());

@@ -2,7 +2,9 @@
 //! episode's end, and across buffers), get_transition, the sample preprocessor,
 //! collate into six f32 tensors, nb_steps iteration, prefetch.
 
-use replaybuf::{Batch, DType, DataError, ReplayBuffer, Spec, TmrlKeys, TmrlMemory};
+use replaybuf::error::DataError;
+use replaybuf::tmrl::{TmrlKeys, TmrlMemory};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// obs: `[id, id, id]` (f32), act: `[id, -id]` (f32), rew: f32, flags.
 fn spec() -> Spec {
@@ -253,7 +255,7 @@ fn a_memory_starts_from_a_dataset_directory() {
     let mut m = memory(0);
     m.append_buffer(&samples(&m, &[1, 2, 3, 4], "...t"))
         .unwrap();
-    m.buffer().dumps(dir.path()).unwrap();
+    m.buffer().save(dir.path()).unwrap();
     let mut again = TmrlMemory::from_dataset(dir.path())
         .unwrap()
         .batch_size(16)

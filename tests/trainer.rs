@@ -1,9 +1,10 @@
 //! ReplayBufferTrainer: collector batches `[E, T]` flattened (masked steps dropped) or
 //! padded to `max_dims`, the optimisation batch sampled, priorities written back.
 
-use replaybuf::{
-    Batch, DType, DataError, Prioritized, ReplayBuffer, ReplayBufferTrainer, Spec, PAD_MASK,
-};
+use replaybuf::error::DataError;
+use replaybuf::sampler::Prioritized;
+use replaybuf::torchrl::{ReplayBufferTrainer, PAD_MASK};
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 fn step_spec() -> Spec {
     Spec::builder()
@@ -207,7 +208,7 @@ fn sample_then_write_the_losses_priorities_back() {
 
 #[test]
 fn trainer_build_errors() {
-    let msg = |b: replaybuf::TrainerBuilder| b.build().unwrap_err().to_string();
+    let msg = |b: replaybuf::torchrl::TrainerBuilder| b.build().unwrap_err().to_string();
     let flat = ReplayBuffer::builder(step_spec())
         .capacity(8)
         .batch_size(2)

@@ -6,10 +6,11 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use replaybuf::bytemuck::{Pod, Zeroable};
-use replaybuf::{
-    AccessError, Batch, DType, DataError, ListBuffer, Prioritized, ReplayBuffer, Spec, TypedBuffer,
-    WithoutReplacement, WritePolicy,
-};
+use replaybuf::error::{AccessError, DataError};
+use replaybuf::list::ListBuffer;
+use replaybuf::sampler::{Prioritized, WithoutReplacement};
+use replaybuf::typed::TypedBuffer;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
 fn spec() -> Spec {
     Spec::builder()
@@ -42,7 +43,7 @@ fn an_immutable_buffer_refuses_every_write_and_changes_nothing() {
     let rb = ReplayBuffer::builder(spec.clone())
         .capacity(16)
         .shards(2)
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .seed(1)
         .build_from(&rows(&spec, 16, 0))
         .unwrap();
@@ -101,7 +102,7 @@ fn build_from_spreads_a_full_dataset_over_the_shards() {
         let rb = ReplayBuffer::builder(spec.clone())
             .capacity(100)
             .shards(shards)
-            .writer(WritePolicy::Immutable)
+            .write_policy(WritePolicy::Immutable)
             .build_from(&rows(&spec, 100, 0))
             .unwrap();
         assert_eq!(rb.len(), 100, "{shards} shards");
@@ -125,7 +126,7 @@ fn an_immutable_dataset_can_be_read_in_epochs_and_reprioritized() {
     let epochs = ReplayBuffer::builder(spec.clone())
         .capacity(8)
         .sampler(WithoutReplacement::new())
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .build_from(&data)
         .unwrap();
     let mut seen: Vec<i64> = Vec::new();
@@ -139,7 +140,7 @@ fn an_immutable_dataset_can_be_read_in_epochs_and_reprioritized() {
     let prio = ReplayBuffer::builder(spec)
         .capacity(8)
         .sampler(Prioritized::new(1.0, 0.0).eps(0.0))
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .seed(3)
         .build_from(&data)
         .unwrap();
@@ -162,7 +163,7 @@ fn build_from_refuses_rows_that_do_not_fit() {
     let other = Spec::builder().field("x", DType::U8, []).build().unwrap();
     let err = ReplayBuffer::builder(spec())
         .capacity(4)
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .build_from(&Batch::zeros(other, [2]))
         .unwrap_err();
     assert!(err.to_string().contains("initial rows"), "{err}");
@@ -184,7 +185,7 @@ fn the_typed_and_list_faces_refuse_writes_when_immutable() {
     };
     let typed = TypedBuffer::<Step>::builder()
         .capacity(8)
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .build_from(&(0..8).map(step).collect::<Vec<_>>())
         .unwrap();
     assert_eq!(typed.push(&step(9)).unwrap_err(), DataError::Immutable);
@@ -197,7 +198,7 @@ fn the_typed_and_list_faces_refuse_writes_when_immutable() {
 
     let list = ListBuffer::<String>::builder()
         .capacity(3)
-        .writer(WritePolicy::Immutable)
+        .write_policy(WritePolicy::Immutable)
         .build_from(["a", "b", "c"].map(String::from))
         .unwrap();
     assert_eq!(list.push("d".into()).unwrap_err(), DataError::Immutable);
@@ -227,7 +228,7 @@ fn max_value(capacity: usize, shards: usize) -> ReplayBuffer {
     ReplayBuffer::builder(spec())
         .capacity(capacity)
         .shards(shards)
-        .writer(WritePolicy::max_value("score"))
+        .write_policy(WritePolicy::max_value("score"))
         .seed(2)
         .build()
         .unwrap()
@@ -372,7 +373,7 @@ fn max_value_ranks_by_the_reduction_of_a_multi_value_field() {
     let build = |reduction| {
         ReplayBuffer::builder(spec.clone())
             .capacity(1)
-            .writer(WritePolicy::MaxValue {
+            .write_policy(WritePolicy::MaxValue {
                 rank_key: "returns".into(),
                 reduction,
             })
@@ -384,11 +385,11 @@ fn max_value_ranks_by_the_reduction_of_a_multi_value_field() {
     // Row 0 sums to 9 with a max of 9; row 1 sums to 12 with a max of 4.
     batch.set("returns", &[9i32, 0, 0, 4, 4, 4]).unwrap();
     for (reduction, kept) in [
-        (replaybuf::Reduction::Sum, 1),
-        (replaybuf::Reduction::Max, 0),
-        (replaybuf::Reduction::Mean, 1),
-        (replaybuf::Reduction::Min, 1),
-        (replaybuf::Reduction::Median, 1),
+        (replaybuf::sampler::Reduction::Sum, 1),
+        (replaybuf::sampler::Reduction::Max, 0),
+        (replaybuf::sampler::Reduction::Mean, 1),
+        (replaybuf::sampler::Reduction::Min, 1),
+        (replaybuf::sampler::Reduction::Median, 1),
     ] {
         let rb = build(reduction);
         rb.extend(&batch).unwrap();
@@ -425,7 +426,7 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
 
     let build = |b: replaybuf::ReplayBufferBuilder| b.build().unwrap_err().to_string();
     let base = || ReplayBuffer::builder(spec()).capacity(8);
-    let msg = build(base().writer(WritePolicy::max_value("reward")));
+    let msg = build(base().write_policy(WritePolicy::max_value("reward")));
     assert!(msg.contains("rank key `reward`"), "{msg}");
     let with_bool = Spec::builder()
         .field("done", DType::Bool, [])
@@ -434,20 +435,20 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
     let msg = build(
         ReplayBuffer::builder(with_bool)
             .capacity(8)
-            .writer(WritePolicy::max_value("done")),
+            .write_policy(WritePolicy::max_value("done")),
     );
     assert!(msg.contains("numeric"), "{msg}");
     let msg = build(
         base()
             .ndim(2)
             .envs(2)
-            .writer(WritePolicy::max_value("score")),
+            .write_policy(WritePolicy::max_value("score")),
     );
     assert!(msg.contains("ndim-1"), "{msg}");
     let msg = build(
         base()
             .sampler(Prioritized::new(0.6, 0.4))
-            .writer(WritePolicy::max_value("score")),
+            .write_policy(WritePolicy::max_value("score")),
     );
     assert!(msg.contains("prioritized"), "{msg}");
     let slices = Spec::builder()
@@ -458,18 +459,18 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
     let msg = build(
         ReplayBuffer::builder(slices)
             .capacity(8)
-            .sampler(replaybuf::Slice::num_slices(2).traj_key("traj"))
-            .writer(WritePolicy::max_value("score")),
+            .sampler(replaybuf::sampler::Slice::num_slices(2).traj_key("traj"))
+            .write_policy(WritePolicy::max_value("score")),
     );
     assert!(msg.contains("slice"), "{msg}");
     assert!(TypedBuffer::<Step>::builder()
         .capacity(4)
-        .writer(WritePolicy::max_value("row"))
+        .write_policy(WritePolicy::max_value("row"))
         .build()
         .is_err());
     assert!(ListBuffer::<u8>::builder()
         .capacity(4)
-        .writer(WritePolicy::max_value("x"))
+        .write_policy(WritePolicy::max_value("x"))
         .build()
         .is_err());
 }
@@ -486,7 +487,7 @@ fn write_all_reranks_and_empty_forgets() {
     assert_eq!(w.rejected().collect::<Vec<_>>(), [1]);
     assert_eq!(stored(&rb), [(2, 51), (2, 100), (3, 52)]);
 
-    rb.empty();
+    rb.clear();
     assert_eq!(rb.len(), 0);
     let w = rb.extend(&scored(rb.spec(), 200, &[-5.0])).unwrap();
     assert_eq!(w.accepted(), 1, "after empty every row has room again");
@@ -498,7 +499,7 @@ fn max_value_with_epochs_reads_the_rows_stored_now() {
     let rb = ReplayBuffer::builder(spec())
         .capacity(4)
         .sampler(WithoutReplacement::new().shuffle(false))
-        .writer(WritePolicy::max_value("score"))
+        .write_policy(WritePolicy::max_value("score"))
         .build()
         .unwrap();
     rb.extend(&scored(rb.spec(), 0, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))

@@ -209,7 +209,7 @@ fn main() {
             seconds,
             quick,
         }) => shared_bench::collector(&name, seconds, quick),
-        Some(Command::Inspect { dir }) => match replaybuf::inspect(&dir) {
+        Some(Command::Inspect { dir }) => match replaybuf::checkpoint::inspect(&dir) {
             Ok(found) => {
                 println!("{found}");
                 if !found.is_whole() {

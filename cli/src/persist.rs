@@ -4,7 +4,7 @@
 //!
 //! - write: `dd if=/dev/zero of=F bs=8M count=N conv=fdatasync` against `dumps` (which
 //!   flushes every file it writes);
-//! - read: `dd if=F of=/dev/null bs=8M` against `ReplayBuffer::load`, both with a cold
+//! - read: `dd if=F of=/dev/null bs=8M` against `ReplayBuffer::from_checkpoint`, both with a cold
 //!   page cache when this process may drop it (`/proc/sys/vm/drop_caches`, root), warm
 //!   otherwise; the JSON lines say which.
 
@@ -15,7 +15,8 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::workloads::Workload;
-use replaybuf::{DumpOptions, ReplayBuffer};
+use replaybuf::checkpoint::SaveOptions;
+use replaybuf::ReplayBuffer;
 
 const DD_BLOCK: u64 = 8 << 20;
 const ROUNDS: usize = 3;
@@ -85,8 +86,8 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
         writer.extend(&chunk).expect("extend");
     }
     let ck = work.join("checkpoint");
-    let options = DumpOptions::new();
-    rb.dumps_with(&ck, &options).expect("dumps");
+    let options = SaveOptions::new();
+    rb.save_with(&ck, &options).expect("dumps");
     let bytes = dir_bytes(&ck);
     let blocks = bytes.div_ceil(DD_BLOCK);
     let dd_file = work.join("dd.bin");
@@ -106,7 +107,7 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
         std::fs::remove_dir_all(&ck).expect("remove the last checkpoint");
         drop_caches();
         let t = Instant::now();
-        rb.dumps_with(&ck, &options).expect("dumps");
+        rb.save_with(&ck, &options).expect("dumps");
         dumps.push(t.elapsed().as_secs_f64());
         if !drop_caches() {
             cache = "warm";
@@ -118,7 +119,7 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
         ]));
         drop_caches();
         let t = Instant::now();
-        let loaded = ReplayBuffer::load(&ck).expect("load");
+        let loaded = ReplayBuffer::from_checkpoint(&ck).expect("load");
         load.push(t.elapsed().as_secs_f64());
         assert_eq!(loaded.len(), rb.len());
     }

@@ -1,6 +1,7 @@
 //! The workloads of shared/WORKLOADS.md: their specs, sizes and data.
 
-use replaybuf::{Batch, DType, Prioritized, ReplayBuffer, ReplayBufferBuilder, Slice, Spec};
+use replaybuf::sampler::{Prioritized, Slice};
+use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 /// Steps of every trajectory of the slice workload.
 pub const TRAJ_STEPS: u64 = 200;

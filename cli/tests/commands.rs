@@ -8,7 +8,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use replaybuf::{DType, Prioritized, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::sampler::Prioritized;
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 fn replaybuf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_replaybuf"))
@@ -74,7 +75,7 @@ fn inspect_reports_contents_and_fails_on_damage() {
         .unwrap();
     fill(&rb, 350); // one shard
     fill(&rb, 350); // the other
-    rb.dumps(dir.path()).unwrap();
+    rb.save(dir.path()).unwrap();
     let out = replaybuf(&["inspect", path]);
     assert!(out.status.success());
     assert!(

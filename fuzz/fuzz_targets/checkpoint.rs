@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use replaybuf::{
-    DType, DumpOptions, Prioritized, ReplayBuffer, ReplayBufferBuilder, Slice, SlicePriority, Spec,
-    WithoutReplacement,
-};
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::checkpoint::SaveOptions;
+use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
 
 #[derive(Arbitrary, Debug)]
 enum Damage {
@@ -159,11 +158,11 @@ fuzz_target!(|input: Input| {
     let _ = rb.extend(&rows(&rb, n));
     let _ = rb.sample(6);
     let options = if input.compact {
-        DumpOptions::new().compact("obs", ("next", "obs"))
+        SaveOptions::new().compact("obs", ("next", "obs"))
     } else {
-        DumpOptions::new()
+        SaveOptions::new()
     };
-    rb.dumps_with(&dir, &options).unwrap();
+    rb.save_with(&dir, &options).unwrap();
     for d in input.damage.iter().take(4) {
         let fs = files(&dir);
         match d {
@@ -203,14 +202,14 @@ fuzz_target!(|input: Input| {
     if input.fix_checksums {
         fix_checksums(&dir);
     }
-    if let Ok(found) = replaybuf::inspect(&dir) {
+    if let Ok(found) = replaybuf::checkpoint::inspect(&dir) {
         let _ = found.to_string();
     }
-    if let Ok(loaded) = ReplayBuffer::load(&dir) {
+    if let Ok(loaded) = ReplayBuffer::from_checkpoint(&dir) {
         exercise(&loaded, input.samples);
     }
     let mut same = builder(input.config).build().unwrap();
-    if same.loads(&dir).is_ok() {
+    if same.restore(&dir).is_ok() {
         exercise(&same, input.samples);
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -22,10 +22,9 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Result as ArbResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use replaybuf::reference::ReferenceBuffer;
-use replaybuf::{
-    AccessError, Batch, DType, DataError, Key, Learner, ReplayBuffer, SampleError, Spec,
-    WithoutReplacement, Writer,
-};
+use replaybuf::{Batch, DType, Key, Learner, ReplayBuffer, Spec, Writer};
+use replaybuf::error::{AccessError, DataError, SampleError};
+use replaybuf::sampler::WithoutReplacement;
 
 /// Rows of an ndim-1 buffer, at most.
 const MAX_CAPACITY: usize = 64;
@@ -881,8 +880,8 @@ impl Harness {
             Op::ReadAll(end) => self.read_all(*end),
             Op::WriteAll { rows, end, spec } => self.write_all(*rows, *end, *spec),
             Op::Empty => {
-                self.rb.empty();
-                self.model.empty();
+                self.rb.clear();
+                self.model.clear();
                 self.sampling.emptied();
             }
             Op::Sample { n, learner } => self.sample(*n, *learner),

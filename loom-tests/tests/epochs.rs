@@ -5,7 +5,9 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
-use replaybuf::{ReplayBuffer, SampleError, WithoutReplacement};
+use replaybuf::ReplayBuffer;
+use replaybuf::error::SampleError;
+use replaybuf::sampler::WithoutReplacement;
 
 #[test]
 fn learners_split_one_epoch() {

@@ -9,7 +9,9 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
-use replaybuf::{ReplayBuffer, StorageConfig, WithoutReplacement, WritePolicy};
+use replaybuf::{ReplayBuffer, WritePolicy};
+use replaybuf::sampler::WithoutReplacement;
+use replaybuf::swap::StorageConfig;
 
 fn buffer() -> ReplayBuffer {
     let rb = ReplayBuffer::builder(pair_spec())
@@ -59,7 +61,7 @@ fn an_extend_racing_an_in_place_swap_to_immutable_lands_before_it_or_not_at_all(
             let rb = rb.clone();
             loom::thread::spawn(move || writer.extend(&pairs(&rb, &[1], 1)).is_ok())
         };
-        rb.set_writer(WritePolicy::Immutable).unwrap();
+        rb.set_write_policy(WritePolicy::Immutable).unwrap();
         // Once the swap returns, nothing is written: the rows now are the rows for good.
         let now = whole_rows(&rb.read_all_in_order(None));
         let written = collector.join().unwrap();

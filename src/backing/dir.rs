@@ -2,7 +2,7 @@
 //! so that a crash never leaves a half-written file under a name that is read.
 //!
 //! Two kinds of directory share the format: a file-backed storage (`storage.bin`, the
-//! region itself, mapped) and a checkpoint (`dumps`: one file per region section,
+//! region itself, mapped) and a checkpoint (`save`: one file per region section,
 //! named by generation). `meta.json` says which, and is always written last, to a
 //! temporary name, flushed, then renamed into place: whatever it names is complete.
 //!
@@ -31,7 +31,7 @@ pub(crate) const STORAGE: &str = "storage.bin";
 pub(crate) enum DirKind {
     /// A file-backed storage: `storage.bin` is the live region.
     Memmap,
-    /// A checkpoint written by `dumps`.
+    /// A checkpoint written by `save`.
     Checkpoint,
 }
 

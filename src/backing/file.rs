@@ -129,8 +129,8 @@ pub(crate) fn reopen(
         return Err(PersistError::new(
             dir,
             Kind::Unsupported(
-                "this directory holds a checkpoint written by `dumps`; load it with \
-                 `ReplayBuffer::load` or `loads`",
+                "this directory holds a checkpoint written by `save`; load it with \
+                 `ReplayBuffer::from_checkpoint` or `restore`",
             ),
         ));
     }

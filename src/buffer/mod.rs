@@ -324,7 +324,7 @@ impl ReplayBuffer {
 
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
     /// sampler too). Rows being written meanwhile are dropped as well.
-    pub fn empty(&self) {
+    pub fn clear(&self) {
         self.retrying::<_, std::convert::Infallible>(|inner| {
             // The policy's lock first, then the updaters' gate: a swap takes them in
             // that order too.

@@ -15,7 +15,7 @@ impl ReplayBuffer {
     /// Opens a dataset directory (tmrl's `dataset_path`) for sampling by any number of
     /// threads, read-only: its write policy is
     /// [`Immutable`](crate::WritePolicy::Immutable), so every write is refused. The
-    /// directory is a checkpoint written by [`dumps`](Self::dumps) (read whole into
+    /// directory is a checkpoint written by [`save`](Self::save) (read whole into
     /// memory), or a file-backed storage's (mapped as a private copy: pages are read
     /// from the file as they are sampled, and the file never changes; other processes
     /// may open it the same way at once, but not while one has it open for writing).
@@ -23,7 +23,7 @@ impl ReplayBuffer {
         let dir = dir.as_ref();
         match DirMeta::read(dir)?.kind {
             DirKind::Checkpoint => {
-                super::load::load_built(dir, |b| b.writer(WritePolicy::Immutable))
+                super::load::load_built(dir, |b| b.write_policy(WritePolicy::Immutable))
             }
             DirKind::Memmap => open_copy(dir),
         }
@@ -35,7 +35,7 @@ impl ReplayBuffer {
 pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
     let meta = DirMeta::read(dir)?;
     match meta.kind {
-        DirKind::Checkpoint => ReplayBuffer::load(dir),
+        DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir),
         DirKind::Memmap => {
             let refused = |why: String| {
                 PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
@@ -61,7 +61,7 @@ pub(crate) fn open_copy(dir: &Path) -> Result<ReplayBuffer, PersistError> {
     let mut builder = ReplayBufferBuilder::from_config(&meta.config)
         .map_err(|e| refused(format!("{e:?}")))?
         .memmap(dir)
-        .writer(WritePolicy::Immutable);
+        .write_policy(WritePolicy::Immutable);
     builder.private_copy = true;
     builder.build().map_err(|e| match e.into_persist() {
         Ok(p) => p,

@@ -1,4 +1,4 @@
-//! `dumps`: a buffer's whole state written to a directory, crash-safely.
+//! `save`: a buffer's whole state written to a directory, crash-safely.
 //!
 //! # The checkpoint
 //!
@@ -59,39 +59,39 @@ pub(crate) const CHUNK_BYTES: usize = 8 << 20;
 /// decides what progress looks like (a bar, a log line, nothing).
 pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
-/// How a checkpoint is written (see [`ReplayBuffer::dumps_with`]).
+/// How a checkpoint is written (see [`ReplayBuffer::save_with`]).
 #[derive(Clone, Default)]
-pub struct DumpOptions {
+pub struct SaveOptions {
     pub(crate) compact: Option<(Key, Key)>,
     pub(crate) progress: Option<ProgressFn>,
 }
 
-impl std::fmt::Debug for DumpOptions {
+impl std::fmt::Debug for SaveOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DumpOptions")
+        f.debug_struct("SaveOptions")
             .field("compact", &self.compact)
             .field("progress", &self.progress.as_ref().map(|_| "Fn"))
             .finish()
     }
 }
 
-impl DumpOptions {
+impl SaveOptions {
     /// The default: every row as stored, no progress reports.
-    pub fn new() -> DumpOptions {
-        DumpOptions::default()
+    pub fn new() -> SaveOptions {
+        SaveOptions::default()
     }
 
     /// The compact trajectory format (TorchRL's `TED2Flat` / `Flat2TED`): a row's
     /// `next_obs` is stored only where it differs from the following step's `obs` in
     /// the same lane (an episode's end, a lapped ring). Loading puts it back. The two
     /// fields must have one dtype and shape.
-    pub fn compact(mut self, obs: impl Into<Key>, next_obs: impl Into<Key>) -> DumpOptions {
+    pub fn compact(mut self, obs: impl Into<Key>, next_obs: impl Into<Key>) -> SaveOptions {
         self.compact = Some((obs.into(), next_obs.into()));
         self
     }
 
     /// Reports progress to `report(bytes_done, bytes_total)` after each chunk written.
-    pub fn progress(mut self, report: impl Fn(u64, u64) + Send + Sync + 'static) -> DumpOptions {
+    pub fn progress(mut self, report: impl Fn(u64, u64) + Send + Sync + 'static) -> SaveOptions {
         self.progress = Some(Arc::new(report));
         self
     }
@@ -206,22 +206,22 @@ impl ReplayBuffer {
     /// Saves the buffer's whole state under `dir` (TorchRL's `dumps`): rows, stamps
     /// and cursors, the sampler's trees, trajectory tables and open epoch, the random
     /// streams' counters, and the configuration, each file with its checksum. Loading
-    /// it ([`ReplayBuffer::load`], [`ReplayBuffer::loads`]) gives a buffer that samples
+    /// it ([`ReplayBuffer::from_checkpoint`], [`ReplayBuffer::restore`]) gives a buffer that samples
     /// what this one would sample next.
     ///
     /// Crash-safe: a process killed during a dump leaves the previous checkpoint in
     /// `dir` loadable (see the format in the crate's `checkpoint` module docs). Safe
     /// while other threads use the buffer: collectors and priority updates wait while
     /// the region is copied, learners keep sampling.
-    pub fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
-        self.dumps_with(dir, &DumpOptions::new())
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+        self.save_with(dir, &SaveOptions::new())
     }
 
-    /// [`dumps`](Self::dumps) with options: the compact trajectory format, progress.
-    pub fn dumps_with(
+    /// [`save`](Self::save) with options: the compact trajectory format, progress.
+    pub fn save_with(
         &self,
         dir: impl AsRef<Path>,
-        options: &DumpOptions,
+        options: &SaveOptions,
     ) -> Result<(), PersistError> {
         // A dump that froze a storage a swap has just replaced dumps the new one.
         while !dump(&self.state(), dir.as_ref(), options)? {}
@@ -281,7 +281,7 @@ impl CompactFields {
 }
 
 /// Dumps `inner`; `false` (nothing written) if a swap retired its storage meanwhile.
-fn dump(inner: &State, dir: &Path, options: &DumpOptions) -> Result<bool, PersistError> {
+fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
     let previous = match DirMeta::read(dir) {
         Ok(m) if m.kind == DirKind::Memmap => {

@@ -67,7 +67,7 @@ impl Inspection {
     }
 }
 
-/// Looks into a checkpoint written by `dumps` or a file-backed storage's directory:
+/// Looks into a checkpoint written by `save` or a file-backed storage's directory:
 /// its configuration, its files and whether their checksums hold, how full the buffer
 /// is, and its priorities. Fails only if `dir` holds no readable `meta.json`; damage
 /// below that is reported in the [`Inspection`].
@@ -101,7 +101,7 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, PersistError> {
         DirKind::Checkpoint if files.iter().any(|f| f.problem.is_some()) => {
             Err("not loaded: a file is damaged".to_owned())
         }
-        DirKind::Checkpoint => ReplayBuffer::load(dir)
+        DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir)
             .map(|rb| contents_of(&rb))
             .map_err(|e| e.to_string()),
         DirKind::Memmap => super::dataset::open_copy(dir)

@@ -61,9 +61,9 @@ const KIND: &str = "list";
 impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
     /// Saves the buffer under `dir` (see the module docs of `checkpoint/list.rs`): every
     /// stored value as JSON, the cursors, the open epoch and the random streams'
-    /// counters, each file checksummed; crash-safe as [`ReplayBuffer::dumps`]
-    /// (crate::ReplayBuffer::dumps). Appends wait while the values are copied.
-    pub fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+    /// counters, each file checksummed; crash-safe as [`ReplayBuffer::save`]
+    /// (crate::ReplayBuffer::save). Appends wait while the values are copied.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         fs::create_dir_all(dir).at(dir)?;
         let previous = fs::read(dir.join(dir::META))
@@ -146,10 +146,10 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         Ok(())
     }
 
-    /// A list buffer rebuilt from a checkpoint [`dumps`](Self::dumps) wrote: the same
+    /// A list buffer rebuilt from a checkpoint [`save`](Self::save) wrote: the same
     /// configuration, values, cursors, epoch and random streams. Damage is refused with
     /// an error naming the file.
-    pub fn load(dir: impl AsRef<Path>) -> Result<ListBuffer<T>, PersistError> {
+    pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<ListBuffer<T>, PersistError> {
         let dir = dir.as_ref();
         let meta_path = dir.join(dir::META);
         let bytes = match fs::read(&meta_path) {
@@ -192,7 +192,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             .shards(meta.shards)
             .seed(meta.seed)
             .sampler(sampler)
-            .writer(if meta.immutable {
+            .write_policy(if meta.immutable {
                 WritePolicy::Immutable
             } else {
                 WritePolicy::RoundRobin

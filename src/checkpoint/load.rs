@@ -1,4 +1,4 @@
-//! `load` and `loads`: a checkpoint written by `dumps` read back into a buffer.
+//! `from_checkpoint` and `restore`: a checkpoint written by `save` read back into a buffer.
 //!
 //! Every file is checked before its bytes count: its length against `meta.json`, its
 //! xxh3 checksum once read, its size against the layout the configuration gives, and
@@ -33,15 +33,15 @@ use crate::storage::layout::Section;
 use crate::storage::{atomic_copy, Draw, Storage};
 
 impl ReplayBuffer {
-    /// A buffer rebuilt from a checkpoint that [`dumps`](Self::dumps) wrote (TorchRL's
-    /// `loads` on a fresh buffer): same configuration, on the heap, with every row,
+    /// A buffer rebuilt from a checkpoint that [`save`](Self::save) wrote (TorchRL's
+    /// `restore` on a fresh buffer): same configuration, on the heap, with every row,
     /// priority, trajectory table, open epoch and random-stream position of the buffer
     /// that was saved. Its `sample` calls then draw what the saved buffer's would
     /// have drawn next.
     ///
     /// A damaged, truncated or unreadable checkpoint is refused with an error naming
     /// the file and the problem.
-    pub fn load(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
+    pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
         load_built(dir.as_ref(), |b| b)
     }
 
@@ -54,7 +54,7 @@ impl ReplayBuffer {
     /// replaced under them.
     ///
     /// On any error the buffer is left as it was.
-    pub fn loads(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
+    pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         let (meta, checkpoint) = read_meta(dir)?;
         let old: Arc<State> = Arc::clone(&self.state());

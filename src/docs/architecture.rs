@@ -41,7 +41,7 @@
 //! - **base** holds what every layer names and that names nothing of the crate above
 //!   it: the loom facade of atomics and locks (`sync.rs`), random streams (`rng.rs`),
 //!   dtypes, field [`Key`](crate::Key)s, the [`Spec`](crate::Spec) and its row
-//!   layout, every error type ([`PersistError`](crate::PersistError) in
+//!   layout, every error type ([`PersistError`](crate::error::PersistError) in
 //!   `error/persist.rs`).
 //! - **algos** are the concurrent algorithms, each knowing only the ones it stands
 //!   on: the regions (heap, file, shared memory), the sum/min/max trees, the storage

@@ -91,7 +91,7 @@ impl BuildError {
     }
 
     /// The persistence error underneath, if that is what this is.
-    pub(crate) fn into_persist(self) -> Result<crate::PersistError, BuildError> {
+    pub(crate) fn into_persist(self) -> Result<crate::error::PersistError, BuildError> {
         match self.kind {
             BuildErrorKind::Persist(p) => Ok(p),
             kind => Err(BuildError { kind }),

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// Why a checkpoint, a file-backed storage or a shared region could not be used.
 ///
-/// Nothing changed when this is returned: a failed `dumps` leaves the previous
-/// checkpoint in place, a failed `loads` leaves the buffer as it was.
+/// Nothing changed when this is returned: a failed `save` leaves the previous
+/// checkpoint in place, a failed `restore` leaves the buffer as it was.
 #[derive(Debug)]
 pub struct PersistError {
     path: PathBuf,

@@ -72,7 +72,7 @@ impl Reduction {
 /// Prioritized sampling (TorchRL `PrioritizedSampler`).
 ///
 /// ```
-/// use replaybuf::{Prioritized, Reduction};
+/// use replaybuf::sampler::{Prioritized, Reduction};
 /// let sampler = Prioritized::new(0.6, 0.4).eps(1e-6).reduction(Reduction::Mean);
 /// # let _ = sampler;
 /// ```

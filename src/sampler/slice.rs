@@ -82,7 +82,7 @@ use crate::sync::AtomicU64;
 /// ones, then a window uniformly inside it.
 ///
 /// ```
-/// use replaybuf::Slice;
+/// use replaybuf::sampler::Slice;
 /// let by_id = Slice::slice_len(32).traj_key("traj");
 /// let by_flags = Slice::num_slices(8).end_key("done").truncated_key("truncated");
 /// let loose = Slice::slice_len(16).strict_length(false).span(usize::MAX, 0);
@@ -201,7 +201,7 @@ impl Slice {
 
     /// Draws slices by priority (TorchRL `PrioritizedSliceSampler`), on the concurrent
     /// sum-trees of a prioritized buffer: every row has a priority, set, updated and
-    /// weighted as with [`Prioritized`](crate::Prioritized), and `over` says which rows
+    /// weighted as with [`Prioritized`](crate::sampler::Prioritized), and `over` says which rows
     /// of a slice count. A draw that lands on a row no slice can start at (with
     /// `strict_length`, too near its trajectory's end) is drawn again: the trees are
     /// never changed by sampling. Every row of a slice carries the slice's importance

@@ -24,7 +24,7 @@ use crate::sync::{Arc, ArcCell, AtomicBool, AtomicU64, Mutex, Ordering};
 /// Sampling without replacement.
 ///
 /// ```
-/// use replaybuf::WithoutReplacement;
+/// use replaybuf::sampler::WithoutReplacement;
 /// let sampler = WithoutReplacement::new().drop_last(true).shuffle(false);
 /// # let _ = sampler;
 /// ```

@@ -171,13 +171,12 @@ impl Storage {
     }
 
     /// Writes a file-backed region's changes to its file and the disk.
-    pub(crate) fn flush(&self) -> Result<(), crate::PersistError> {
+    pub(crate) fn flush(&self) -> Result<(), crate::error::PersistError> {
         #[cfg(not(replaybuf_loom))]
         if let Some(_file) = self.region.file() {
-            return self
-                .region
-                .flush()
-                .map_err(|e| crate::PersistError::io(std::path::Path::new("storage.bin"), e));
+            return self.region.flush().map_err(|e| {
+                crate::error::PersistError::io(std::path::Path::new("storage.bin"), e)
+            });
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use crate::sampler::Sampler;
 /// every choice not made here stays as the buffer has it now.
 ///
 /// ```
-/// use replaybuf::StorageConfig;
+/// use replaybuf::swap::StorageConfig;
 ///
 /// let bigger = StorageConfig::heap().capacity(2_000_000);
 /// let grid = StorageConfig::heap().capacity(8_000).ndim(2).envs(8).shards(2);
@@ -136,8 +136,8 @@ impl<'a> Reconfigure<'a> {
         self
     }
 
-    /// A new write policy (see [`ReplayBuffer::set_writer`]).
-    pub fn writer(mut self, writer: WritePolicy) -> Self {
+    /// A new write policy (see [`ReplayBuffer::set_write_policy`]).
+    pub fn write_policy(mut self, writer: WritePolicy) -> Self {
         self.change.writer = Some(writer);
         self
     }

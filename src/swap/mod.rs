@@ -78,7 +78,8 @@ impl ReplayBuffer {
     /// [`reconfigure`](Self::reconfigure) with the storage.
     ///
     /// ```
-    /// use replaybuf::{DType, Prioritized, ReplayBuffer, Spec, WithoutReplacement};
+    /// use replaybuf::{DType, ReplayBuffer, Spec};
+    /// use replaybuf::sampler::{Prioritized, WithoutReplacement};
     ///
     /// let spec = Spec::builder().field("obs", DType::F32, [3]).build()?;
     /// let rb = ReplayBuffer::builder(spec).capacity(100).seed(1).build()?;
@@ -101,20 +102,21 @@ impl ReplayBuffer {
     /// storage; a rank key the spec lacks) is refused and nothing changes.
     ///
     /// ```
-    /// use replaybuf::{DType, DataError, ReplayBuffer, Spec, WritePolicy};
+    /// use replaybuf::{DType, ReplayBuffer, Spec, WritePolicy};
+    /// use replaybuf::error::DataError;
     ///
     /// let spec = Spec::builder().field("reward", DType::F32, []).build()?;
     /// let rb = ReplayBuffer::builder(spec).capacity(100).build()?;
     /// rb.extend(&rb.batch([10]))?;
-    /// rb.set_writer(WritePolicy::Immutable)?;
+    /// rb.set_write_policy(WritePolicy::Immutable)?;
     /// assert_eq!(rb.extend(&rb.batch([1])).unwrap_err(), DataError::Immutable);
-    /// rb.set_writer(WritePolicy::max_value("reward"))?;
+    /// rb.set_write_policy(WritePolicy::max_value("reward"))?;
     /// rb.extend(&rb.batch([1]))?;
     /// assert_eq!(rb.len(), 11);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn set_writer(&self, writer: WritePolicy) -> Result<(), SwapError> {
-        self.reconfigure().writer(writer).apply()
+    pub fn set_write_policy(&self, writer: WritePolicy) -> Result<(), SwapError> {
+        self.reconfigure().write_policy(writer).apply()
     }
 
     /// Moves the buffer into a new storage (TorchRL's `set_storage`): another
@@ -159,7 +161,8 @@ impl ReplayBuffer {
     /// operation using it ends; an old file-backed directory is left as it is, closed.
     ///
     /// ```
-    /// use replaybuf::{DType, ReplayBuffer, Spec, StorageConfig};
+    /// use replaybuf::{DType, ReplayBuffer, Spec};
+    /// use replaybuf::swap::StorageConfig;
     ///
     /// let spec = Spec::builder().field("obs", DType::F32, [3]).build()?;
     /// let rb = ReplayBuffer::builder(spec).capacity(100).shards(2).build()?;
@@ -182,7 +185,9 @@ impl ReplayBuffer {
     /// sampler for a file-backed buffer together with its new directory.
     ///
     /// ```
-    /// use replaybuf::{DType, Prioritized, ReplayBuffer, Spec, StorageConfig, WritePolicy};
+    /// use replaybuf::{DType, ReplayBuffer, Spec, WritePolicy};
+    /// use replaybuf::sampler::Prioritized;
+    /// use replaybuf::swap::StorageConfig;
     ///
     /// let spec = Spec::builder()
     ///     .field("obs", DType::F32, [3])
@@ -190,11 +195,11 @@ impl ReplayBuffer {
     ///     .build()?;
     /// let rb = ReplayBuffer::builder(spec)
     ///     .capacity(100)
-    ///     .writer(WritePolicy::max_value("td"))
+    ///     .write_policy(WritePolicy::max_value("td"))
     ///     .build()?;
     /// rb.reconfigure()
     ///     .sampler(Prioritized::new(0.7, 0.5))
-    ///     .writer(WritePolicy::RoundRobin)
+    ///     .write_policy(WritePolicy::RoundRobin)
     ///     .priority_key("td")
     ///     .storage(StorageConfig::heap().capacity(1000))
     ///     .apply()?;
