@@ -62,6 +62,7 @@ mod imp {
             self.0.fetch_sub(v, order)
         }
         /// As `std::sync::atomic::AtomicU64::swap`.
+        #[cfg_attr(not(feature = "internals"), allow(dead_code))]
         #[inline]
         pub fn swap(&self, v: u64, order: Ordering) -> u64 {
             self.0.swap(v, order)

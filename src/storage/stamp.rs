@@ -248,6 +248,7 @@ pub enum Claim {
 
 /// W0-W2 for an appender: waits until the slot holds `prev`, then marks it as being
 /// written with `lap`. The row's data stores may follow; end with [`publish`].
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 #[inline]
 pub fn begin_append(stamp: &AtomicU64, prev: Prev, lap: u32, claim: Claim) {
     begin_append_or(stamp, prev, lap, claim, || {});
@@ -309,6 +310,7 @@ pub const STALLED_WAITS: u32 = if cfg!(replaybuf_loom) { 4 } else { 1 << 12 };
 
 /// W0-W2 for an editor: marks the published row of the slot as being rewritten, and
 /// returns the stamp to [`publish`] afterwards. `None` if the slot holds no row.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
     begin_edit_or(stamp, || false)
 }

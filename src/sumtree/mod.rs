@@ -171,6 +171,7 @@ impl Leaf {
 }
 
 /// The mass a leaf given `value` holds ([`Leaf::new`]'s rounding).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn leaf_mass(value: u64) -> u64 {
     decode_mass(encode_mass(value))
 }
@@ -447,12 +448,14 @@ mod tests {
 /// A concurrent tree block that owns its words: the trees of one shard, on their own.
 /// For the crate's loom tests, property tests and fuzz targets, which drive the trees
 /// without a storage around them.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 #[derive(Debug)]
 pub struct OwnedTree {
     words: Box<[crate::sync::AtomicU64]>,
     layout: TreeLayout,
 }
 
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 impl OwnedTree {
     /// A tree over `leaves` slots, all empty.
     pub fn new(leaves: usize) -> OwnedTree {

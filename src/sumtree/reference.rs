@@ -11,11 +11,13 @@ use crate::sync::Mutex;
 
 /// A sum, min and max "tree" that is just a locked list of leaves, each with its raw
 /// priority as a raw word keeps it (`None` once cleared).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 #[derive(Debug)]
 pub struct ReferenceTree {
     leaves: Mutex<Vec<(Leaf, Option<f64>)>>,
 }
 
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 impl ReferenceTree {
     /// `n` empty leaves.
     pub fn new(n: usize) -> Self {

@@ -145,6 +145,7 @@ impl<'a> Tree<'a> {
     /// ([`super::OwnedTree`]), whose callers may give an older lap after a newer one: a
     /// word already naming a newer lap is kept, as [`Tree::set_run`] keeps such a leaf.
     /// (A storage's writers store raw words in lap order, by the slot protocol.)
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn store_raws(&self, first: usize, leaves: &[(Leaf, f64)]) {
         for (k, &(leaf, raw)) in leaves.iter().enumerate() {
             let atomic = self.raw_atomic(first + k);
@@ -195,6 +196,7 @@ impl<'a> Tree<'a> {
     }
 
     /// The largest mass (0 if none).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn max(&self) -> u64 {
         decode_mass(self.extremum(Kind::Max, self.layout.top(), 0))
     }
@@ -806,6 +808,7 @@ impl<'a> Tree<'a> {
     }
 
     /// Whether every entry of the three trees equals what its children give now.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn is_consistent(&self) -> bool {
         (1..=self.layout.top()).all(|level| {
             (0..self.layout.size(level)).all(|j| {
