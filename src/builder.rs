@@ -18,6 +18,7 @@ use crate::key::Key;
 use crate::policy::Policy;
 use crate::policy::WritePolicy;
 use crate::sampler::{Engine, Sampler};
+use crate::settings::Settings;
 #[cfg(not(replaybuf_loom))]
 use crate::shared::procs::PROCS;
 use crate::spec::Spec;
@@ -33,15 +34,9 @@ pub const MAX_SHARDS: usize = 1024;
 #[derive(Clone, Debug)]
 pub struct ReplayBufferBuilder {
     pub(crate) spec: Arc<Spec>,
-    pub(crate) capacity: usize,
-    pub(crate) shards: usize,
-    pub(crate) ndim: usize,
-    pub(crate) envs: Option<usize>,
-    pub(crate) dim_extend: Option<usize>,
-    pub(crate) batch_size: Option<usize>,
-    pub(crate) seed: Option<u64>,
-    pub(crate) sampler: Sampler,
-    pub(crate) writer: WritePolicy,
+    /// Capacity, shards, ndim, envs, `dim_extend`, batch size, seed, sampler, write
+    /// policy: not chosen, a new buffer takes the defaults the setters name.
+    pub(crate) settings: Settings,
     pub(crate) priority_key: Option<Key>,
     pub(crate) memmap: Option<PathBuf>,
     pub(crate) existsok: bool,
@@ -56,18 +51,26 @@ pub struct ReplayBufferBuilder {
 }
 
 impl ReplayBufferBuilder {
+    crate::settings::setters!(
+        capacity,
+        shards,
+        ndim,
+        envs,
+        dim_extend,
+        batch_size,
+        seed,
+        sampler,
+        write_policy
+    );
+
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
+
     pub(crate) fn new(spec: Arc<Spec>) -> ReplayBufferBuilder {
         ReplayBufferBuilder {
             spec,
-            capacity: 0,
-            shards: 1,
-            ndim: 1,
-            envs: None,
-            dim_extend: None,
-            batch_size: None,
-            seed: None,
-            sampler: Sampler::default(),
-            writer: WritePolicy::RoundRobin,
+            settings: Settings::default(),
             priority_key: None,
             memmap: None,
             existsok: false,
@@ -75,57 +78,6 @@ impl ReplayBufferBuilder {
             shared: None,
             attach_only: false,
         }
-    }
-
-    /// Rows the storage holds (for ndim 2: `steps * envs`). Required.
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
-        self
-    }
-
-    /// Shards (a power of two; default 1). One shard evicts in exact FIFO order; with
-    /// several, each shard is its own FIFO and collectors on different shards share no
-    /// cache line. For ndim 2, shards split the environments.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// Storage dimensions: 1 (default) or 2 (shape `[capacity / envs, envs]`).
-    pub fn ndim(mut self, ndim: usize) -> Self {
-        self.ndim = ndim;
-        self
-    }
-
-    /// Parallel environments of an ndim-2 storage.
-    pub fn envs(mut self, envs: usize) -> Self {
-        self.envs = Some(envs);
-        self
-    }
-
-    /// Which dimension of an extended batch is time (TorchRL's `dim_extend`; default
-    /// `ndim - 1`). For ndim 2: 0 takes `[t, envs]` batches, 1 takes `[envs, t]`.
-    pub fn dim_extend(mut self, dim: usize) -> Self {
-        self.dim_extend = Some(dim);
-        self
-    }
-
-    /// The default batch size of `sample_into` and `sample_default`.
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = Some(batch_size);
-        self
-    }
-
-    /// The seed of every draw. Without one the buffer seeds itself from entropy.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// The sampler (default [`Uniform`](crate::sampler::Uniform)).
-    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
-        self.sampler = sampler.into();
-        self
     }
 
     /// The field holding priorities (TorchRL's `priority_key`, e.g. `"td_error"`): an
@@ -180,15 +132,9 @@ impl ReplayBufferBuilder {
         self
     }
 
-    /// The write policy (default round robin).
-    pub fn write_policy(mut self, writer: WritePolicy) -> Self {
-        self.writer = writer;
-        self
-    }
-
     /// The write policy chosen so far.
     pub(crate) fn chosen_write_policy(&self) -> &WritePolicy {
-        &self.writer
+        &self.settings.write_policy
     }
 
     /// Checks every choice and reserves the storage (lazily: no page is touched until
@@ -200,34 +146,39 @@ impl ReplayBufferBuilder {
     /// Checks every choice, reserving nothing.
     pub(crate) fn check(&self) -> Result<Checked, BuildError> {
         let err = |k| Err(BuildError::new(k));
-        let geometry = geometry(self.capacity, self.shards, self.ndim, self.envs)?;
-        let dim_extend = self.dim_extend.unwrap_or(self.ndim - 1);
-        if dim_extend >= self.ndim {
+        let geometry = geometry(
+            self.settings.capacity(),
+            self.settings.shards(),
+            self.settings.ndim(),
+            self.settings.envs,
+        )?;
+        let dim_extend = self.settings.dim_extend.unwrap_or(self.settings.ndim() - 1);
+        if dim_extend >= self.settings.ndim() {
             return err(BuildErrorKind::DimExtend {
                 dim_extend,
-                ndim: self.ndim,
+                ndim: self.settings.ndim(),
             });
         }
-        if self.batch_size == Some(0) {
+        if self.settings.batch_size == Some(0) {
             return err(BuildErrorKind::ZeroBatchSize);
         }
         let policy = Policy::new(
-            self.writer.clone(),
+            self.settings.write_policy.clone(),
             &self.spec,
-            self.ndim,
-            &self.sampler,
-            self.capacity,
+            self.settings.ndim(),
+            &self.settings.sampler,
+            self.settings.capacity(),
         )?;
         // Trees for a prioritized sampler; a max tree too if new rows take the max
         // priority stored now.
-        let priorities = match &self.sampler {
+        let priorities = match &self.settings.sampler {
             Sampler::Prioritized(p) => Some(p),
             Sampler::Slice(slice) => slice.prioritized.as_ref().map(|(p, _)| p),
             _ => None,
         };
         let trees = match priorities {
             Some(p) => {
-                if let Some(reason) = p.check(self.capacity) {
+                if let Some(reason) = p.check(self.settings.capacity()) {
                     return err(BuildErrorKind::Sampler { reason });
                 }
                 Some(p.max_priority_within_buffer)
@@ -235,10 +186,10 @@ impl ReplayBufferBuilder {
             _ => None,
         };
         let prioritized = trees.is_some();
-        let slices = match &self.sampler {
+        let slices = match &self.settings.sampler {
             Sampler::Slice(slice) => {
                 let bounds = slice.bounds(&self.spec).map_err(BuildError::new)?;
-                if let Some(batch_size) = self.batch_size {
+                if let Some(batch_size) = self.settings.batch_size {
                     if slice.layout(batch_size).is_none() {
                         return err(BuildErrorKind::SliceBatchSize {
                             batch_size,
@@ -290,7 +241,7 @@ impl ReplayBufferBuilder {
         let checked = self.check()?;
         let (geometry, trees) = (checked.geometry, checked.trees);
         let slices = checked.slices;
-        let mut seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let mut seed = self.settings.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = self.config(seed);
         let (storage, origin) = match (&self.memmap, &self.shared) {
             (Some(_), Some(_)) => {
@@ -300,7 +251,7 @@ impl ReplayBufferBuilder {
             }
             #[cfg(not(replaybuf_loom))]
             (None, Some(name)) => {
-                if matches!(self.writer, WritePolicy::MaxValue { .. }) {
+                if matches!(self.settings.write_policy, WritePolicy::MaxValue { .. }) {
                     return err(BuildErrorKind::Writer {
                         reason: "a max-value writer keeps its ranks in one process; a \
                                  shared buffer takes round-robin or immutable writers",
@@ -322,7 +273,7 @@ impl ReplayBufferBuilder {
                                  by a live process (64 at most)",
                     });
                 }
-                if !opened.fresh && self.seed.is_none() {
+                if !opened.fresh && self.settings.seed.is_none() {
                     seed = opened.config.seed;
                     config.seed = seed;
                 }
@@ -361,7 +312,7 @@ impl ReplayBufferBuilder {
                     file::open(dir, &config, self.existsok, parts)
                 }
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
-                if !opened.fresh && self.seed.is_none() {
+                if !opened.fresh && self.settings.seed.is_none() {
                     seed = opened.seed;
                     config.seed = seed;
                 }
@@ -388,7 +339,7 @@ impl ReplayBufferBuilder {
         seed: u64,
         origin: Origin,
     ) -> State {
-        let engine = Engine::new(self.sampler, seed, storage.globals());
+        let engine = Engine::new(self.settings.sampler, seed, storage.globals());
         match origin {
             Origin::Fresh => engine.initialize(),
             Origin::Reopened => {
@@ -401,7 +352,7 @@ impl ReplayBufferBuilder {
             storage,
             engine,
             seed,
-            self.batch_size,
+            self.settings.batch_size,
             checked.dim_extend,
             checked.priority_field,
         );
@@ -489,15 +440,18 @@ impl ReplayBufferBuilder {
                     shape: f.shape().to_vec(),
                 })
                 .collect(),
-            capacity: self.capacity,
-            shards: self.shards,
-            ndim: self.ndim,
-            envs: self.envs,
-            dim_extend: self.dim_extend.unwrap_or(self.ndim.saturating_sub(1)),
-            batch_size: self.batch_size,
+            capacity: self.settings.capacity(),
+            shards: self.settings.shards(),
+            ndim: self.settings.ndim(),
+            envs: self.settings.envs,
+            dim_extend: self
+                .settings
+                .dim_extend
+                .unwrap_or(self.settings.ndim().saturating_sub(1)),
+            batch_size: self.settings.batch_size,
             seed,
-            sampler: SamplerMeta::of(&self.sampler),
-            writer: match &self.writer {
+            sampler: SamplerMeta::of(&self.settings.sampler),
+            writer: match &self.settings.write_policy {
                 WritePolicy::RoundRobin => WriterMeta::RoundRobin,
                 WritePolicy::Immutable => WriterMeta::Immutable,
                 WritePolicy::MaxValue {

@@ -24,6 +24,7 @@ use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::error::{BuildError, BuildErrorKind, PriorityError, PriorityUpdate, SampleError};
 use crate::rng::{self, Rng};
+use crate::settings::Settings;
 use crate::spec::Spec;
 use crate::sync::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,8 +83,8 @@ pub struct EnsembleBuilder {
     p: Option<Vec<f64>>,
     sample_from_all: bool,
     num_buffer_sampled: Option<usize>,
-    batch_size: Option<usize>,
-    seed: Option<u64>,
+    /// Batch size and seed.
+    settings: Settings,
 }
 
 impl ReplayBufferEnsemble {
@@ -95,13 +96,17 @@ impl ReplayBufferEnsemble {
             p: None,
             sample_from_all: false,
             num_buffer_sampled: None,
-            batch_size: None,
-            seed: None,
+            settings: Settings::default(),
         }
     }
 }
 
 impl EnsembleBuilder {
+    crate::settings::setters!(batch_size, seed);
+
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
     /// The probability of drawing each buffer (normalised; default: equal). Not with
     /// `sample_from_all`.
     pub fn p(mut self, p: impl Into<Vec<f64>>) -> Self {
@@ -122,19 +127,6 @@ impl EnsembleBuilder {
         self
     }
 
-    /// The default batch size of [`ReplayBufferEnsemble::sample_default`] and
-    /// [`ReplayBufferEnsemble::sample_into`].
-    pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = Some(n);
-        self
-    }
-
-    /// The seed of the buffer draws and of every member sample made for the ensemble.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
     /// Checks the choices.
     pub fn build(self) -> Result<ReplayBufferEnsemble, BuildError> {
         let err = |reason| Err(BuildError::new(BuildErrorKind::Ensemble { reason }));
@@ -145,7 +137,7 @@ impl EnsembleBuilder {
         if self.buffers.iter().any(|b| !b.spec().same_fields(&spec)) {
             return err("every buffer must have the same fields (key, dtype, shape)");
         }
-        if self.batch_size == Some(0) {
+        if self.settings.batch_size == Some(0) {
             return Err(BuildError::new(BuildErrorKind::ZeroBatchSize));
         }
         let n = self.buffers.len();
@@ -193,8 +185,8 @@ impl EnsembleBuilder {
                 spec,
                 cumulative,
                 draws,
-                batch_size: self.batch_size,
-                seed: self.seed.unwrap_or_else(crate::sync::entropy_seed),
+                batch_size: self.settings.batch_size,
+                seed: self.settings.seed.unwrap_or_else(crate::sync::entropy_seed),
                 calls: CachePadded::new(AtomicU64::new(0)),
             }),
         })

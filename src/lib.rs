@@ -74,6 +74,7 @@ mod buffer;
 mod builder;
 pub mod checkpoint;
 mod learner;
+mod settings;
 pub mod swap;
 mod writer;
 // faces

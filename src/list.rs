@@ -17,6 +17,7 @@ use crate::policy::WritePolicy;
 use crate::region::Block;
 use crate::rng::{self, Rng};
 use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
+use crate::settings::Settings;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::plan::RowOrder;
@@ -77,44 +78,17 @@ impl<T> Clone for ListBuffer<T> {
 /// Builds a [`ListBuffer`].
 #[derive(Clone, Debug)]
 pub struct ListBuilder<T> {
-    capacity: usize,
-    shards: usize,
-    seed: Option<u64>,
-    sampler: Sampler,
-    writer: WritePolicy,
+    /// Capacity, shards, seed, sampler, write policy (a list's values have no field to
+    /// rank by, so a max-value writer is refused).
+    settings: Settings,
     _items: std::marker::PhantomData<fn(T) -> T>,
 }
 
 impl<T: Clone + Send + Sync> ListBuilder<T> {
-    /// Values the storage holds. Required.
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
-        self
-    }
+    crate::settings::setters!(capacity, shards, seed, sampler, write_policy);
 
-    /// Shards (a power of two; default 1).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// The seed of every draw.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// The sampler (default uniform).
-    pub fn sampler(mut self, sampler: impl Into<Sampler>) -> Self {
-        self.sampler = sampler.into();
-        self
-    }
-
-    /// The write policy: round robin (default) or immutable. A list's values have no
-    /// field to rank by, so a max-value writer is refused.
-    pub fn write_policy(mut self, writer: WritePolicy) -> Self {
-        self.writer = writer;
-        self
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
     }
 
     /// Builds the buffer and writes `values` into it before any handle exists, past the
@@ -130,15 +104,19 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
 
     /// Validates the choices and allocates the slots.
     pub fn build(self) -> Result<ListBuffer<T>, BuildError> {
-        let geometry = builder::geometry(self.capacity, self.shards, 1, None)?;
-        if matches!(self.sampler, Sampler::Prioritized(_) | Sampler::Slice(_)) {
+        let geometry =
+            builder::geometry(self.settings.capacity(), self.settings.shards(), 1, None)?;
+        if matches!(
+            self.settings.sampler,
+            Sampler::Prioritized(_) | Sampler::Slice(_)
+        ) {
             return Err(BuildError::new(BuildErrorKind::Sampler {
                 reason: "a list storage samples uniformly or without replacement; \
                          prioritized sampling needs a row storage (ReplayBuffer or \
                          TypedBuffer), and slice sampling a ReplayBuffer with the keys",
             }));
         }
-        let immutable = match self.writer {
+        let immutable = match self.settings.write_policy {
             WritePolicy::RoundRobin => false,
             WritePolicy::Immutable => true,
             WritePolicy::MaxValue { .. } => {
@@ -148,15 +126,17 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                 }))
             }
         };
-        let seed = self.seed.unwrap_or_else(crate::sync::entropy_seed);
+        let seed = self.settings.seed.unwrap_or_else(crate::sync::entropy_seed);
         let (shards, globals) =
             shards_only(&geometry).map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
         Ok(ListBuffer {
             inner: Arc::new(ListInner {
                 shards,
                 geometry,
-                slots: (0..self.capacity).map(|_| ArcCell::empty()).collect(),
-                sampler: Engine::new(self.sampler, seed, globals.clone()),
+                slots: (0..self.settings.capacity())
+                    .map(|_| ArcCell::empty())
+                    .collect(),
+                sampler: Engine::new(self.settings.sampler, seed, globals.clone()),
                 seed,
                 globals,
                 immutable,
@@ -199,11 +179,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
     /// Starts a list buffer.
     pub fn builder() -> ListBuilder<T> {
         ListBuilder {
-            capacity: 0,
-            shards: 1,
-            seed: None,
-            sampler: Sampler::default(),
-            writer: WritePolicy::RoundRobin,
+            settings: Settings::default(),
             _items: std::marker::PhantomData,
         }
     }

@@ -22,6 +22,7 @@ use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::policy::WritePolicy;
 use crate::sampler::Sampler;
+use crate::settings::Settings;
 use crate::spec::Spec;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
@@ -80,26 +81,25 @@ macro_rules! forward {
 }
 
 impl<T: Pod + Send + Sync> TypedBuilder<T> {
+    crate::settings::setters!(
+        capacity,
+        shards,
+        ndim,
+        envs,
+        dim_extend,
+        batch_size,
+        seed,
+        sampler,
+        write_policy
+    );
+
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.inner.settings
+    }
+
     forward! {
-        /// See [`ReplayBufferBuilder::capacity`].
-        capacity(usize),
-        /// See [`ReplayBufferBuilder::shards`].
-        shards(usize),
-        /// See [`ReplayBufferBuilder::ndim`].
-        ndim(usize),
-        /// See [`ReplayBufferBuilder::envs`].
-        envs(usize),
-        /// See [`ReplayBufferBuilder::dim_extend`].
-        dim_extend(usize),
-        /// See [`ReplayBufferBuilder::batch_size`].
-        batch_size(usize),
-        /// See [`ReplayBufferBuilder::seed`].
-        seed(u64),
         /// See [`ReplayBufferBuilder::existsok`].
         existsok(bool),
-        /// See [`ReplayBufferBuilder::write_policy`]: round robin or immutable (a typed row
-        /// has no field to rank by).
-        write_policy(WritePolicy),
     }
 
     /// See [`ReplayBufferBuilder::memmap`].
@@ -115,14 +115,6 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
     pub fn shared(self, name: impl Into<String>) -> Self {
         TypedBuilder {
             inner: self.inner.shared(name),
-            _rows: PhantomData,
-        }
-    }
-
-    /// See [`ReplayBufferBuilder::sampler`].
-    pub fn sampler(self, sampler: impl Into<Sampler>) -> Self {
-        TypedBuilder {
-            inner: self.inner.sampler(sampler),
             _rows: PhantomData,
         }
     }

@@ -82,18 +82,18 @@ fn plan(old: &State, change: &Change) -> Result<Target, SwapError> {
     }
     let mut b = ReplayBufferBuilder::from_config(&old.config)
         .map_err(|_| SwapError::new(SwapErrorKind::Config))?;
-    b.seed = Some(old.core.seed);
-    b.sampler = match &change.sampler {
+    b.settings.seed = Some(old.core.seed);
+    b.settings.sampler = match &change.sampler {
         Some(s) => s.clone(),
         // The same sampler, at the alpha and beta it runs with now.
-        None => live(b.sampler.clone(), &old.core.sampler),
+        None => live(b.settings.sampler.clone(), &old.core.sampler),
     };
     if let Some(w) = &change.writer {
-        b.writer = w.clone();
+        b.settings.write_policy = w.clone();
     }
     b.priority_key = match &change.priority_key {
         Some(k) => Some(k.clone()),
-        None if prioritized(&b.sampler).is_some() => b.priority_key.take(),
+        None if prioritized(&b.settings.sampler).is_some() => b.priority_key.take(),
         None => None,
     };
     match &change.storage {
@@ -105,10 +105,11 @@ fn plan(old: &State, change: &Change) -> Result<Target, SwapError> {
     let current = live(
         ReplayBufferBuilder::from_config(&old.config)
             .map_err(|_| SwapError::new(SwapErrorKind::Config))?
+            .settings
             .sampler,
         &old.core.sampler,
     );
-    let in_place = change.storage.is_none() && same_region(&current, &b.sampler);
+    let in_place = change.storage.is_none() && same_region(&current, &b.settings.sampler);
     if change.storage.is_none() && old.memmap.is_some() {
         let config = b.config(old.core.seed);
         if !in_place || config.layout_hash() != old.config.layout_hash() {
@@ -127,7 +128,7 @@ fn in_place(old: &State, builder: ReplayBufferBuilder) -> State {
         .check()
         .expect("replaybuf internal error: a checked configuration no longer checks");
     let config = builder.config(old.core.seed);
-    let sampler = builder.sampler.clone();
+    let sampler = builder.settings.sampler.clone();
     let new = builder.assemble(
         checked,
         config,

@@ -10,6 +10,7 @@ use crate::builder::ReplayBufferBuilder;
 use crate::key::Key;
 use crate::policy::WritePolicy;
 use crate::sampler::Sampler;
+use crate::settings::Settings;
 
 /// A new storage for [`ReplayBuffer::set_storage`] (TorchRL's `LazyTensorStorage` and
 /// `LazyMemmapStorage`): on the heap or in a file-backed directory, with a shape whose
@@ -23,17 +24,22 @@ use crate::sampler::Sampler;
 /// let on_disk = StorageConfig::memmap("/tmp/replay");
 /// # let _ = (bigger, grid, on_disk);
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct StorageConfig {
     memmap: Option<PathBuf>,
-    capacity: Option<usize>,
-    shards: Option<usize>,
-    ndim: Option<usize>,
-    envs: Option<usize>,
-    dim_extend: Option<usize>,
+    /// Capacity, shards, ndim, envs, `dim_extend`: those not chosen stay as the buffer
+    /// has them (a change of ndim resets `dim_extend` to its default, `ndim - 1`,
+    /// unless one is given).
+    settings: Settings,
 }
 
 impl StorageConfig {
+    crate::settings::setters!(capacity, shards, ndim, envs, dim_extend);
+
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
+
     /// A heap storage (lazily allocated, as the builder makes one).
     pub fn heap() -> StorageConfig {
         StorageConfig::default()
@@ -49,56 +55,24 @@ impl StorageConfig {
         }
     }
 
-    /// Rows the new storage holds (for ndim 2: `steps * envs`). Default: the current
-    /// capacity.
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = Some(capacity);
-        self
-    }
-
-    /// Shards (a power of two). Default: the current count.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// Storage dimensions, 1 or 2. Default: the current ndim. A change of ndim resets
-    /// `dim_extend` to its default (`ndim - 1`) unless one is given.
-    pub fn ndim(mut self, ndim: usize) -> Self {
-        self.ndim = Some(ndim);
-        self
-    }
-
-    /// Environments of an ndim-2 storage. Default: the current ones.
-    pub fn envs(mut self, envs: usize) -> Self {
-        self.envs = Some(envs);
-        self
-    }
-
-    /// Which dimension of an extended batch is time (see
-    /// [`ReplayBufferBuilder::dim_extend`](crate::ReplayBufferBuilder::dim_extend)).
-    pub fn dim_extend(mut self, dim: usize) -> Self {
-        self.dim_extend = Some(dim);
-        self
-    }
-
     /// Writes these choices over `b`, a builder of the buffer's current configuration.
     pub(super) fn apply_to(&self, b: &mut ReplayBufferBuilder) {
-        let ndim = self.ndim.unwrap_or(b.ndim);
-        if ndim != b.ndim {
-            b.dim_extend = None;
+        let (mine, theirs) = (&self.settings, &mut b.settings);
+        let ndim = mine.ndim.unwrap_or(theirs.ndim());
+        if ndim != theirs.ndim() {
+            theirs.dim_extend = None;
             if ndim == 1 {
-                b.envs = None;
+                theirs.envs = None;
             }
         }
-        b.ndim = ndim;
-        b.capacity = self.capacity.unwrap_or(b.capacity);
-        b.shards = self.shards.unwrap_or(b.shards);
-        if self.envs.is_some() {
-            b.envs = self.envs;
+        theirs.ndim = Some(ndim);
+        theirs.capacity = mine.capacity.or(theirs.capacity);
+        theirs.shards = mine.shards.or(theirs.shards);
+        if mine.envs.is_some() {
+            theirs.envs = mine.envs;
         }
-        if self.dim_extend.is_some() {
-            b.dim_extend = self.dim_extend;
+        if mine.dim_extend.is_some() {
+            theirs.dim_extend = mine.dim_extend;
         }
         b.memmap = self.memmap.clone();
     }
