@@ -17,6 +17,38 @@ use crate::storage::lanes::LaneView;
 use crate::storage::shard::Window;
 use crate::storage::Draw;
 
+/// What every sampled batch says of its rows, one definition each: a batch type with
+/// fields `index: Vec<u64>`, `generation: Vec<u64>` and `weight: Option<Vec<f32>>`
+/// names the accessors it offers (`Batch`, `TypedBatch`, `ListBatch`).
+macro_rules! draw_accessors {
+    ($($name:ident),* $(,)?) => {
+        $($crate::batch::draw_accessors!(@ $name);)*
+    };
+    (@ index) => {
+        /// The storage index of every row (sampled batches; empty otherwise).
+        pub fn index(&self) -> &[u64] {
+            &self.index
+        }
+    };
+    (@ generations) => {
+        /// The write generation of every row (sampled batches): the stamp the row had
+        /// when it was read. A later write to the same index has a different
+        /// generation.
+        pub fn generations(&self) -> &[u64] {
+            &self.generation
+        }
+    };
+    (@ weight) => {
+        /// The importance weight of every row, when sampled by a prioritized sampler:
+        /// `(N * P(i))^-beta`, normalised by the largest weight of any stored row.
+        pub fn weight(&self) -> Option<&[f32]> {
+            self.weight.as_deref()
+        }
+    };
+}
+
+pub(crate) use draw_accessors;
+
 /// One field's values for every row of a batch, 8-byte aligned so that any element
 /// type can be viewed in place.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -247,22 +279,7 @@ impl Batch {
         Ok(())
     }
 
-    /// The storage index of every row (sampled batches; empty otherwise).
-    pub fn index(&self) -> &[u64] {
-        &self.index
-    }
-
-    /// The write generation of every row (sampled batches): the stamp the row had when
-    /// it was read. A later write to the same index has a different generation.
-    pub fn generations(&self) -> &[u64] {
-        &self.generation
-    }
-
-    /// The importance weight of every row, when sampled by a prioritized sampler:
-    /// `(N * P(i))^-beta`, normalised by the largest weight of any stored row.
-    pub fn weight(&self) -> Option<&[f32]> {
-        self.weight.as_deref()
-    }
+    draw_accessors!(index, generations, weight);
 
     /// The marks of every row, when sampled by a slice sampler: which rows are
     /// padding, and where trajectories start, end or are cut off. Row `s * slice_len +

@@ -15,9 +15,9 @@ use crate::config::{
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
 use crate::key::Key;
-use crate::policy::Policy;
+use crate::policy::PolicyEngine;
 use crate::policy::WritePolicy;
-use crate::sampler::{Engine, Sampler};
+use crate::sampler::{Sampler, SamplerEngine};
 use crate::settings::Settings;
 #[cfg(not(replaybuf_loom))]
 use crate::shared::procs::PROCS;
@@ -162,7 +162,7 @@ impl ReplayBufferBuilder {
         if self.settings.batch_size == Some(0) {
             return err(BuildErrorKind::ZeroBatchSize);
         }
-        let policy = Policy::new(
+        let policy = PolicyEngine::new(
             self.settings.write_policy.clone(),
             &self.spec,
             self.settings.ndim(),
@@ -339,7 +339,7 @@ impl ReplayBufferBuilder {
         seed: u64,
         origin: Origin,
     ) -> State {
-        let engine = Engine::new(self.settings.sampler, seed, storage.globals());
+        let engine = SamplerEngine::new(self.settings.sampler, seed, storage.globals());
         match origin {
             Origin::Fresh => engine.initialize(),
             Origin::Reopened => {
@@ -369,7 +369,7 @@ impl ReplayBufferBuilder {
 pub(crate) struct Checked {
     geometry: Geometry,
     dim_extend: usize,
-    policy: Policy,
+    policy: PolicyEngine,
     /// With trees (a prioritized sampler): whether with a max tree too.
     trees: Option<bool>,
     /// A slice sampler's trajectory bounds.

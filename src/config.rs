@@ -207,9 +207,9 @@ impl SamplerMeta {
 
     /// The sampler of an engine that keeps no other configuration (a list buffer's:
     /// uniform or without replacement).
-    pub(crate) fn of_engine(engine: &crate::sampler::Engine) -> SamplerMeta {
+    pub(crate) fn of_engine(engine: &crate::sampler::SamplerEngine) -> SamplerMeta {
         match engine {
-            crate::sampler::Engine::WithoutReplacement(e) => {
+            crate::sampler::SamplerEngine::WithoutReplacement(e) => {
                 SamplerMeta::of(&Sampler::WithoutReplacement(e.config()))
             }
             _ => SamplerMeta::Uniform,

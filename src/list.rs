@@ -16,7 +16,7 @@ use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleErr
 use crate::policy::WritePolicy;
 use crate::region::Block;
 use crate::rng::{self, Rng};
-use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss, Sampler};
+use crate::sampler::{read_draws, uniform_redraw, OnMiss, Sampler, SamplerEngine};
 use crate::settings::Settings;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
@@ -39,7 +39,7 @@ pub(crate) struct ListInner<T> {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) geometry: Geometry,
     pub(crate) slots: Box<[ArcCell<Entry<T>>]>,
-    pub(crate) sampler: Engine,
+    pub(crate) sampler: SamplerEngine,
     pub(crate) seed: u64,
     /// The globals of the shards' region: the call and round-robin counters.
     pub(crate) globals: Block,
@@ -136,7 +136,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
                 slots: (0..self.settings.capacity())
                     .map(|_| ArcCell::empty())
                     .collect(),
-                sampler: Engine::new(self.settings.sampler, seed, globals.clone()),
+                sampler: SamplerEngine::new(self.settings.sampler, seed, globals.clone()),
                 seed,
                 globals,
                 immutable,
@@ -159,15 +159,7 @@ impl<T> ListBatch<T> {
         &self.items
     }
 
-    /// Their storage indices.
-    pub fn index(&self) -> &[u64] {
-        &self.index
-    }
-
-    /// Their write generations.
-    pub fn generations(&self) -> &[u64] {
-        &self.generation
-    }
+    crate::batch::draw_accessors!(index, generations);
 
     /// Takes the values out.
     pub fn into_items(self) -> Vec<T> {

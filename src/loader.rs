@@ -14,7 +14,7 @@ use crate::buffer::ReplayBuffer;
 use crate::error::{BuildError, BuildErrorKind, DataError, SampleError, Stage};
 use crate::learner::Learner;
 use crate::prefetch::{Fill, Prefetch};
-use crate::sampler::Engine;
+use crate::sampler::SamplerEngine;
 
 /// The pipeline's closures are shared read-only, never part of a protocol loom checks,
 /// and loom's `Arc` cannot hold a `dyn Fn`: `std`'s.
@@ -258,11 +258,11 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 
 /// Whether the sampler hands out epochs, whose order and end must reach the learner as
 /// drawn.
-fn has_epochs(sampler: &Engine) -> bool {
+fn has_epochs(sampler: &SamplerEngine) -> bool {
     match sampler {
-        Engine::WithoutReplacement(_) => true,
-        Engine::Slice(state) => state.epochs.is_some(),
-        Engine::Uniform | Engine::Prioritized(_) => false,
+        SamplerEngine::WithoutReplacement(_) => true,
+        SamplerEngine::Slice(state) => state.epochs.is_some(),
+        SamplerEngine::Uniform | SamplerEngine::Prioritized(_) => false,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Write policies at work: the gate every write to a buffer passes before it touches
 //! the storage.
 //!
-//! [`WritePolicy`] is what a user chooses; [`Policy`] is that choice with its running
+//! [`WritePolicy`] is what a user chooses; [`PolicyEngine`] is that choice with its running
 //! state, kept in the buffer's shared `State`. Every write path asks [`State::admit`]
 //! (appends: `add`, `extend`, a [`Writer`](crate::Writer)'s) or
 //! [`State::admit_rewrite`] (`write_all`) first:
@@ -67,7 +67,7 @@ impl WritePolicy {
 
 /// A write policy with its running state.
 #[derive(Debug, Default)]
-pub(crate) enum Policy {
+pub(crate) enum PolicyEngine {
     /// Appends at the cursor.
     #[default]
     RoundRobin,
@@ -77,7 +77,7 @@ pub(crate) enum Policy {
     MaxValue(MaxValue),
 }
 
-impl Policy {
+impl PolicyEngine {
     /// The running form of `policy` for a buffer of these choices, checked.
     pub(crate) fn new(
         policy: WritePolicy,
@@ -85,14 +85,14 @@ impl Policy {
         ndim: usize,
         sampler: &Sampler,
         capacity: usize,
-    ) -> Result<Policy, BuildError> {
+    ) -> Result<PolicyEngine, BuildError> {
         Ok(match policy {
-            WritePolicy::RoundRobin => Policy::RoundRobin,
-            WritePolicy::Immutable => Policy::Immutable,
+            WritePolicy::RoundRobin => PolicyEngine::RoundRobin,
+            WritePolicy::Immutable => PolicyEngine::Immutable,
             WritePolicy::MaxValue {
                 rank_key,
                 reduction,
-            } => Policy::MaxValue(MaxValue::new(
+            } => PolicyEngine::MaxValue(MaxValue::new(
                 &rank_key, reduction, spec, ndim, sampler, capacity,
             )?),
         })
@@ -101,7 +101,7 @@ impl Policy {
     /// Catches up with rows that came from elsewhere (a checkpoint, a reopened file): a
     /// max-value writer ranks them.
     pub(crate) fn reload(&self, core: &Core) {
-        if let Policy::MaxValue(m) = self {
+        if let PolicyEngine::MaxValue(m) = self {
             m.rerank_stored(core);
         }
     }
@@ -110,8 +110,8 @@ impl Policy {
     /// rows, under its lock.
     pub(crate) fn emptying<R>(&self, empty: impl FnOnce() -> R) -> R {
         match self {
-            Policy::MaxValue(m) => m.emptying(empty),
-            Policy::RoundRobin | Policy::Immutable => empty(),
+            PolicyEngine::MaxValue(m) => m.emptying(empty),
+            PolicyEngine::RoundRobin | PolicyEngine::Immutable => empty(),
         }
     }
 
@@ -119,8 +119,8 @@ impl Policy {
     /// under way while the guard lives. A swap holds it around its freeze.
     pub(crate) fn hold(&self) -> Option<Held<'_>> {
         match self {
-            Policy::MaxValue(m) => Some(m.hold()),
-            Policy::RoundRobin | Policy::Immutable => None,
+            PolicyEngine::MaxValue(m) => Some(m.hold()),
+            PolicyEngine::RoundRobin | PolicyEngine::Immutable => None,
         }
     }
 }

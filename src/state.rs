@@ -13,8 +13,8 @@ use crate::core::Written;
 use crate::core::{Attempt, Core, Prepared};
 use crate::error::{AccessError, DataError};
 use crate::hooks::Hooks;
-use crate::policy::{Admit, Policy, Rewrite};
-use crate::sampler::Engine;
+use crate::policy::{Admit, PolicyEngine, Rewrite};
+use crate::sampler::SamplerEngine;
 use crate::spec::Spec;
 use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
@@ -39,7 +39,7 @@ pub(crate) struct State {
     /// Save and load hooks of checkpoints, shared by every state of the buffer.
     pub(crate) hooks: Arc<Hooks>,
     /// The write policy and its state: every write passes its gate (`policy.rs`).
-    pub(crate) policy: Policy,
+    pub(crate) policy: PolicyEngine,
     /// Closures on sampled batches, and their inverses on written data, shared by
     /// every state of the buffer.
     pub(crate) transforms: Arc<Transforms>,
@@ -49,7 +49,7 @@ impl State {
     pub(crate) fn new(
         config: Config,
         storage: Storage,
-        sampler: Engine,
+        sampler: SamplerEngine,
         seed: u64,
         batch_size: Option<usize>,
         dim_extend: usize,
@@ -67,7 +67,7 @@ impl State {
                 dim_extend,
                 priority_field,
             },
-            policy: Policy::RoundRobin,
+            policy: PolicyEngine::RoundRobin,
             transforms: Arc::default(),
         }
     }
@@ -156,29 +156,29 @@ impl State {
         shard: Option<usize>,
         batch: &'a Batch,
     ) -> Result<Admit<'a>, Attempt<DataError>> {
-        if let Policy::Immutable = &self.policy {
+        if let PolicyEngine::Immutable = &self.policy {
             return Err(DataError::Immutable.into());
         }
         let batch = self.transforms.invert(batch)?;
         match &self.policy {
-            Policy::MaxValue(m) => {
+            PolicyEngine::MaxValue(m) => {
                 // A writer handle fills its own shard first; the buffer, shard 0.
                 m.place(&self.core, shard.unwrap_or(0), &batch)
                     .map(Admit::Placed)
             }
-            Policy::RoundRobin | Policy::Immutable => Ok(Admit::Append(batch)),
+            PolicyEngine::RoundRobin | PolicyEngine::Immutable => Ok(Admit::Append(batch)),
         }
     }
 
     /// The gate of an in-place rewrite (`write_all`).
     pub(crate) fn admit_rewrite<'a>(&'a self, data: &'a Batch) -> Result<Rewrite<'a>, DataError> {
-        if let Policy::Immutable = &self.policy {
+        if let PolicyEngine::Immutable = &self.policy {
             return Err(DataError::Immutable);
         }
         let data = self.transforms.invert(data)?;
         let rerank = match &self.policy {
-            Policy::MaxValue(m) => Some(m.rerank(&self.core, &data)?),
-            Policy::RoundRobin | Policy::Immutable => None,
+            PolicyEngine::MaxValue(m) => Some(m.rerank(&self.core, &data)?),
+            PolicyEngine::RoundRobin | PolicyEngine::Immutable => None,
         };
         Ok(Rewrite { data, rerank })
     }
@@ -187,8 +187,8 @@ impl State {
     /// immutable (a typed buffer cannot be built with a max-value writer).
     pub(crate) fn admit_typed(&self) -> Result<(), DataError> {
         match &self.policy {
-            Policy::Immutable => Err(DataError::Immutable),
-            Policy::RoundRobin | Policy::MaxValue(_) => Ok(()),
+            PolicyEngine::Immutable => Err(DataError::Immutable),
+            PolicyEngine::RoundRobin | PolicyEngine::MaxValue(_) => Ok(()),
         }
     }
 
@@ -197,7 +197,7 @@ impl State {
     /// dataset as large as the capacity fits whole; ndim 2: `[t, envs]` steps, as
     /// `extend` takes them.
     pub(crate) fn write_initial(&self, rows: &Batch) -> Result<(), DataError> {
-        if let Policy::MaxValue(m) = &self.policy {
+        if let PolicyEngine::MaxValue(m) = &self.policy {
             return m
                 .place(&self.core, 0, rows)
                 .map(drop)

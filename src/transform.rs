@@ -24,7 +24,7 @@ use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
 
 /// The closures are shared read-only, never part of a protocol loom checks, and
 /// loom's `Arc` cannot hold a `dyn Fn`: `std`'s.
-type Shared<F> = std::sync::Arc<F>;
+type FnArc<F> = std::sync::Arc<F>;
 
 /// What a transform does to a batch (in place).
 pub type TransformFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync;
@@ -57,15 +57,15 @@ pub type TransformFn = dyn Fn(&mut Batch) -> Result<(), DataError> + Send + Sync
 /// ```
 #[derive(Clone)]
 pub struct Transform {
-    forward: Option<Shared<TransformFn>>,
-    inverse: Option<Shared<TransformFn>>,
+    forward: Option<FnArc<TransformFn>>,
+    inverse: Option<FnArc<TransformFn>>,
 }
 
 impl Transform {
     /// A transform of sampled batches.
     pub fn new(f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static) -> Self {
         Transform {
-            forward: Some(Shared::new(f)),
+            forward: Some(FnArc::new(f)),
             inverse: None,
         }
     }
@@ -76,7 +76,7 @@ impl Transform {
     ) -> Self {
         Transform {
             forward: None,
-            inverse: Some(Shared::new(f)),
+            inverse: Some(FnArc::new(f)),
         }
     }
 
@@ -85,7 +85,7 @@ impl Transform {
         mut self,
         f: impl Fn(&mut Batch) -> Result<(), DataError> + Send + Sync + 'static,
     ) -> Self {
-        self.inverse = Some(Shared::new(f));
+        self.inverse = Some(FnArc::new(f));
         self
     }
 }

@@ -173,20 +173,7 @@ impl<T> TypedBatch<T> {
         &self.rows
     }
 
-    /// Their storage indices.
-    pub fn index(&self) -> &[u64] {
-        &self.index
-    }
-
-    /// Their write generations.
-    pub fn generations(&self) -> &[u64] {
-        &self.generation
-    }
-
-    /// Their importance weights, when the sampler is prioritized.
-    pub fn weight(&self) -> Option<&[f32]> {
-        self.weight.as_deref()
-    }
+    crate::batch::draw_accessors!(index, generations, weight);
 
     /// Rows in the batch.
     pub fn len(&self) -> usize {

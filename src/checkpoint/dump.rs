@@ -46,7 +46,7 @@ use crate::core::dest_for;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::hooks;
 use crate::key::Key;
-use crate::sampler::Engine;
+use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
 use crate::storage::stamp::Stamp;
@@ -430,10 +430,10 @@ fn write_sections(
 }
 
 /// The epochs file of the sampler's open epoch, if it samples without replacement.
-pub(crate) fn encode_epochs(engine: &Engine) -> Option<Vec<u8>> {
+pub(crate) fn encode_epochs(engine: &SamplerEngine) -> Option<Vec<u8>> {
     match engine {
-        Engine::WithoutReplacement(e) => Some(epochs::encode(&e.state())),
-        Engine::Slice(crate::sampler::slice::SliceState {
+        SamplerEngine::WithoutReplacement(e) => Some(epochs::encode(&e.state())),
+        SamplerEngine::Slice(crate::sampler::slice::SliceState {
             epochs: Some(e), ..
         }) => Some(epochs::encode(&e.state())),
         _ => None,

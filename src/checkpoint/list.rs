@@ -31,7 +31,7 @@ use crate::config::SamplerMeta;
 use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::list::{Entry, ListBuffer};
 use crate::policy::WritePolicy;
-use crate::sampler::Engine;
+use crate::sampler::SamplerEngine;
 use crate::storage::layout::{Global, ShardWord, FORMAT_VERSION};
 use crate::storage::Draw;
 use crate::sync::Ordering;
@@ -284,7 +284,8 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         inner
             .global(Global::NextShard)
             .store(meta.next_shard, Ordering::Relaxed);
-        if let (Some(bytes), Engine::WithoutReplacement(e)) = (read(Part::Epochs)?, &inner.sampler)
+        if let (Some(bytes), SamplerEngine::WithoutReplacement(e)) =
+            (read(Part::Epochs)?, &inner.sampler)
         {
             let epochs_path = dir.join(format!("epochs.{}.bin", meta.generation));
             e.restore(

@@ -27,7 +27,7 @@ use crate::error::persist::{IoAt, Kind, PersistError};
 use crate::hooks;
 use crate::key::Key;
 use crate::sampler::slice::SliceWindow;
-use crate::sampler::Engine;
+use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
 use crate::storage::{atomic_copy, Draw, Storage};
@@ -479,11 +479,11 @@ fn fill_next(
 }
 
 /// Puts the checkpoint's epochs into the sampler.
-fn restore_epochs(engine: &Engine, storage: &Storage, bytes: &[u8]) -> Result<(), String> {
+fn restore_epochs(engine: &SamplerEngine, storage: &Storage, bytes: &[u8]) -> Result<(), String> {
     let geometry = storage.geometry();
     match engine {
-        Engine::WithoutReplacement(e) => e.restore(epochs::decode::<Draw>(bytes, geometry)?),
-        Engine::Slice(crate::sampler::slice::SliceState {
+        SamplerEngine::WithoutReplacement(e) => e.restore(epochs::decode::<Draw>(bytes, geometry)?),
+        SamplerEngine::Slice(crate::sampler::slice::SliceState {
             epochs: Some(e), ..
         }) => e.restore(epochs::decode::<SliceWindow>(bytes, geometry)?),
         _ => {}

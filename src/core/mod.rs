@@ -12,7 +12,7 @@ use crate::batch::{Batch, Column, Scratch};
 use crate::error::{AccessError, DataError, PriorityError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
-use crate::sampler::{read_draws, uniform_redraw, Engine, OnMiss};
+use crate::sampler::{read_draws, uniform_redraw, OnMiss, SamplerEngine};
 use crate::spec::Spec;
 use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
@@ -36,7 +36,7 @@ pub use written::Written;
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) storage: Storage,
-    pub(crate) sampler: Engine,
+    pub(crate) sampler: SamplerEngine,
     /// The seed of every draw.
     pub(crate) seed: u64,
     pub(crate) batch_size: Option<usize>,

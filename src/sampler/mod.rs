@@ -86,25 +86,25 @@ impl From<WithoutReplacement> for Sampler {
 
 /// A sampler with its running state.
 #[derive(Debug)]
-pub(crate) enum Engine {
+pub(crate) enum SamplerEngine {
     Uniform,
     WithoutReplacement(without_replacement::Epochs),
     Prioritized(prioritized::Priorities),
     Slice(slice::SliceState),
 }
 
-impl Engine {
+impl SamplerEngine {
     /// The engine of `sampler`, whose shared state lives in the region's `globals`.
-    pub(crate) fn new(sampler: Sampler, seed: u64, globals: Block) -> Engine {
+    pub(crate) fn new(sampler: Sampler, seed: u64, globals: Block) -> SamplerEngine {
         match sampler {
-            Sampler::Uniform(_) => Engine::Uniform,
+            Sampler::Uniform(_) => SamplerEngine::Uniform,
             Sampler::WithoutReplacement(w) => {
-                Engine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
+                SamplerEngine::WithoutReplacement(without_replacement::Epochs::new(w, seed))
             }
             Sampler::Prioritized(p) => {
-                Engine::Prioritized(prioritized::Priorities::new(p, globals))
+                SamplerEngine::Prioritized(prioritized::Priorities::new(p, globals))
             }
-            Sampler::Slice(s) => Engine::Slice(slice::SliceState::new(s, seed, globals)),
+            Sampler::Slice(s) => SamplerEngine::Slice(slice::SliceState::new(s, seed, globals)),
         }
     }
 
@@ -123,7 +123,7 @@ impl Engine {
     /// The slice sampler's state, if this is one.
     pub(crate) fn slice_state(&self) -> Option<&slice::SliceState> {
         match self {
-            Engine::Slice(s) => Some(s),
+            SamplerEngine::Slice(s) => Some(s),
             _ => None,
         }
     }
@@ -131,8 +131,8 @@ impl Engine {
     /// The priorities' state of a prioritized sampler, slices included.
     pub(crate) fn prioritized(&self) -> Option<&prioritized::Priorities> {
         match self {
-            Engine::Prioritized(state) => Some(state),
-            Engine::Slice(slice::SliceState {
+            SamplerEngine::Prioritized(state) => Some(state),
+            SamplerEngine::Slice(slice::SliceState {
                 priorities: Some(state),
                 ..
             }) => Some(state),
@@ -156,8 +156,8 @@ impl Engine {
     /// without-replacement epoch ends.
     pub(crate) fn reset(&self) {
         match self {
-            Engine::WithoutReplacement(epochs) => epochs.close(),
-            Engine::Slice(slice::SliceState {
+            SamplerEngine::WithoutReplacement(epochs) => epochs.close(),
+            SamplerEngine::Slice(slice::SliceState {
                 epochs: Some(epochs),
                 ..
             }) => epochs.close(),
@@ -168,15 +168,17 @@ impl Engine {
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {
-            Engine::Uniform | Engine::Prioritized(_) | Engine::Slice(_) => Want::Exact,
-            Engine::WithoutReplacement(_) => Want::AtLeast,
+            SamplerEngine::Uniform | SamplerEngine::Prioritized(_) | SamplerEngine::Slice(_) => {
+                Want::Exact
+            }
+            SamplerEngine::WithoutReplacement(_) => Want::AtLeast,
         }
     }
 
     /// Whether a draw that missed (its row was replaced or is being written) is
     /// replaced by a fresh draw; otherwise the read waits for the row at the position.
     pub(crate) fn redraws(&self) -> bool {
-        !matches!(self, Engine::WithoutReplacement(_))
+        !matches!(self, SamplerEngine::WithoutReplacement(_))
     }
 
     /// Draws up to `n` rows into `out` (exactly `n`, except for the last batch of a
@@ -191,12 +193,12 @@ impl Engine {
     ) -> Result<(), SampleError> {
         out.clear();
         match self {
-            Engine::Uniform => uniform::draw(shards, windows, rng, n, out),
-            Engine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
-            Engine::Prioritized(_) => {
+            SamplerEngine::Uniform => uniform::draw(shards, windows, rng, n, out),
+            SamplerEngine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
+            SamplerEngine::Prioritized(_) => {
                 unreachable!("replaybuf internal error: prioritized draws need the trees")
             }
-            Engine::Slice(_) => {
+            SamplerEngine::Slice(_) => {
                 unreachable!("replaybuf internal error: slices are drawn and read together")
             }
         }

@@ -13,7 +13,7 @@ use crate::backing::dir::{DirKind, DirMeta};
 use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::{SwapError, SwapErrorKind};
-use crate::sampler::{Engine, Prioritized, Sampler};
+use crate::sampler::{Prioritized, Sampler, SamplerEngine};
 use crate::state::State;
 
 /// What a swap will make: the new configuration, and whether its rows stay where they
@@ -157,7 +157,7 @@ fn prioritized(sampler: &Sampler) -> Option<&Prioritized> {
 }
 
 /// `sampler` with the alpha and beta `engine` runs with now (`set_alpha`, `set_beta`).
-fn live(mut sampler: Sampler, engine: &Engine) -> Sampler {
+fn live(mut sampler: Sampler, engine: &SamplerEngine) -> Sampler {
     if let Some(state) = engine.prioritized() {
         let p = match &mut sampler {
             Sampler::Prioritized(p) => Some(p),

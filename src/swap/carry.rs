@@ -9,7 +9,7 @@
 //! Layer: api.
 
 use crate::core::Prepared;
-use crate::policy::Policy;
+use crate::policy::PolicyEngine;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
@@ -60,7 +60,7 @@ pub(super) fn carry(old: &State, new: &mut State) {
         _ => None,
     };
     let parts = match (&new.policy, *new.core.storage.geometry()) {
-        (Policy::MaxValue(m), _) => {
+        (PolicyEngine::MaxValue(m), _) => {
             // The highest-ranked rows that fit, in the order they were written.
             let all = in_time_order(&old.core.storage);
             let rows = old.core.read_positions(&all);
