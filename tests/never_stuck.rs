@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use replaybuf::sampler::{Uniform, WithoutReplacement};
 use replaybuf::{DType, ReplayBuffer, Spec};
 
+mod common;
+
 const ENVS: usize = 32;
 
 fn spec() -> Spec {
@@ -44,16 +46,7 @@ fn step(rb: &ReplayBuffer, id: u64) -> replaybuf::Batch {
     batch
 }
 
-/// How long each race runs.
-fn duration() -> Duration {
-    let ms = std::env::var("REPLAYBUF_RACE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
-    Duration::from_millis(ms)
-}
-
-/// Runs `writer` and `freezer` against each other for `duration()`, each in a loop on
+/// Runs `writer` and `freezer` against each other for `common::race_duration("REPLAYBUF_RACE_MS")`, each in a loop on
 /// its own thread, and fails (rather than hanging) if either is stuck when the time is
 /// up: both must have finished within `patience` after being told to stop.
 fn race(
@@ -78,7 +71,7 @@ fn race(
             let _ = done.send(());
         });
     }
-    std::thread::sleep(duration());
+    std::thread::sleep(common::race_duration("REPLAYBUF_RACE_MS"));
     stop.store(true, Ordering::Relaxed);
     let patience = Duration::from_secs(20);
     let deadline = Instant::now() + patience;

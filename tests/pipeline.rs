@@ -8,34 +8,6 @@
 use replaybuf::error::{AccessError, DataError, SampleError, Stage, TransformIndexError};
 use replaybuf::{Batch, DType, ReplayBuffer, Spec, Transform};
 
-fn spec() -> Spec {
-    Spec::builder()
-        .field("obs", DType::F32, [2])
-        .field("id", DType::I64, [])
-        .field("reward", DType::F32, [])
-        .build()
-        .unwrap()
-}
-
-fn buffer(capacity: usize) -> ReplayBuffer {
-    ReplayBuffer::builder(spec())
-        .capacity(capacity)
-        .seed(5)
-        .build()
-        .unwrap()
-}
-
-/// `n` rows with ids `first..`, `obs = [id, -id]`, reward 1.
-fn rows(rb: &ReplayBuffer, n: usize, first: i64) -> Batch {
-    let mut b = rb.batch([n]);
-    let ids: Vec<i64> = (first..first + n as i64).collect();
-    let obs: Vec<f32> = ids.iter().flat_map(|&i| [i as f32, -(i as f32)]).collect();
-    b.set("id", &ids).unwrap();
-    b.set("obs", &obs).unwrap();
-    b.column_mut::<f32>("reward").unwrap().fill(1.0);
-    b
-}
-
 /// A transform mapping every reward `r` to `f(r)`.
 fn on_reward(f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Transform {
     Transform::new(move |b: &mut Batch| {
@@ -190,6 +162,9 @@ fn samples_racing_transform_changes_see_one_whole_list() {
 use std::time::{Duration, Instant};
 
 use replaybuf::sampler::WithoutReplacement;
+
+mod common;
+use common::rewards::{buffer, rows, spec};
 
 /// Polls `cond` for up to 10 s.
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {

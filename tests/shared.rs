@@ -12,6 +12,13 @@ use replaybuf::error::DataError;
 use replaybuf::sampler::Prioritized;
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
+mod common;
+use common::shm::path_of;
+
+fn name(test: &str) -> String {
+    common::shm::name("shared", test)
+}
+
 /// Rows carry their own proof: `id`, and `check` = three values derived from it.
 fn spec() -> Spec {
     Spec::builder()
@@ -24,11 +31,6 @@ fn spec() -> Spec {
 
 fn check_of(id: u64) -> [f64; 3] {
     [id as f64, -(id as f64), (id % 97) as f64 + 0.5]
-}
-
-/// A unique region name for this test run.
-fn name(test: &str) -> String {
-    format!("test-{test}-{}", std::process::id())
 }
 
 fn builder(name: &str, shards: usize) -> ReplayBufferBuilder {
@@ -320,7 +322,7 @@ fn names_are_refused_when_taken_and_attached_with_existsok() {
 fn the_region_is_owner_only_listed_and_removed_with_its_creator() {
     use std::os::unix::fs::PermissionsExt;
     let name = name("perm");
-    let path = format!("/dev/shm/replaybuf.{name}");
+    let path = path_of(&name);
     let rb = builder(&name, 1).build().unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
@@ -341,7 +343,7 @@ fn a_bad_region_is_refused_with_a_reason() {
     // never became ready. Its creator (this process, by its header) runs, so it is
     // not stale yet.
     let name = name("unready");
-    let path = format!("/dev/shm/replaybuf.{name}");
+    let path = path_of(&name);
     let mut bytes = vec![0u8; 8192];
     bytes[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
     // Owner-only, as a region must be (one open to others is refused unread).
@@ -367,7 +369,7 @@ fn a_bad_region_is_refused_with_a_reason() {
     // Another format version.
     let name = name_v();
     let rb = builder(&name, 1).build().unwrap();
-    let path = format!("/dev/shm/replaybuf.{name}");
+    let path = path_of(&name);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[8] = 99; // the version word
     std::fs::write(&path, &bytes).unwrap();
@@ -420,7 +422,7 @@ fn a_crashed_creators_region_is_found_stale_and_removed() {
     let region = listed.iter().find(|r| r.name == name).expect("listed");
     assert!(region.is_stale(), "{region:?}");
     replaybuf::shared::remove(&name).unwrap();
-    assert!(!std::path::Path::new(&format!("/dev/shm/replaybuf.{name}")).exists());
+    assert!(!std::path::Path::new(&path_of(&name)).exists());
 }
 
 #[test]

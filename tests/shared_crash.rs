@@ -15,6 +15,12 @@ use std::time::Duration;
 use replaybuf::sampler::Prioritized;
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
+mod common;
+
+fn name(test: &str) -> String {
+    common::shm::name("crash", test)
+}
+
 /// Words of each row's self-check: enough that a kill often lands mid-row.
 const CHECK: usize = 64;
 
@@ -28,10 +34,6 @@ fn spec() -> Spec {
 
 fn check_of(id: u64) -> impl Iterator<Item = u64> {
     (0..CHECK as u64).map(move |k| id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ k)
-}
-
-fn name(test: &str) -> String {
-    format!("test-crash-{test}-{}", std::process::id())
 }
 
 fn builder(name: &str, capacity: usize, shards: usize) -> ReplayBufferBuilder {

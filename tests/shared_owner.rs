@@ -5,10 +5,17 @@
 use std::fs::{self, OpenOptions, Permissions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use replaybuf::error::PersistError;
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+
+mod common;
+use common::shm::{path_of, Cleanup};
+
+fn name(test: &str) -> String {
+    common::shm::name("owner", test)
+}
 
 fn spec() -> Spec {
     Spec::builder()
@@ -18,30 +25,12 @@ fn spec() -> Spec {
         .unwrap()
 }
 
-/// A unique region name for this test run.
-fn name(test: &str) -> String {
-    format!("test-owner-{test}-{}", std::process::id())
-}
-
-fn path_of(name: &str) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/replaybuf.{name}"))
-}
-
 fn builder(name: &str) -> ReplayBufferBuilder {
     ReplayBuffer::builder(spec())
         .capacity(1024)
         .shards(2)
         .seed(5)
         .shared(name)
-}
-
-/// Removes a `/dev/shm` object when the test ends, passed or failed.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
 }
 
 /// The bytes of a real, ready region of `builder`'s layout: what a user who

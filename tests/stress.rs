@@ -9,11 +9,13 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
 use replaybuf::typed::TypedBuffer;
 use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+
+mod common;
 
 fn spec() -> Spec {
     Spec::builder()
@@ -26,14 +28,6 @@ fn spec() -> Spec {
         .field("traj", DType::U64, [])
         .build()
         .unwrap()
-}
-
-fn duration() -> Duration {
-    let ms = std::env::var("REPLAYBUF_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
-    Duration::from_millis(ms)
 }
 
 /// Fills `batch` with rows `ids`.
@@ -217,7 +211,7 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                 }
             });
         }
-        std::thread::sleep(duration());
+        std::thread::sleep(common::race_duration("REPLAYBUF_STRESS_MS"));
         stop.store(true, Ordering::Relaxed);
     });
     (written.into_inner(), checked.into_inner())
@@ -403,7 +397,7 @@ fn typed_rows() {
         }
         let reader = s.spawn(|| {
             let mut n = 0u64;
-            while start.elapsed() < duration() {
+            while start.elapsed() < common::race_duration("REPLAYBUF_STRESS_MS") {
                 if let Ok(batch) = rb.sample(8) {
                     for r in batch.rows() {
                         assert_eq!(*r, row(r.id), "torn typed row");

@@ -9,6 +9,9 @@ use replaybuf::swap::StorageConfig;
 use replaybuf::typed::TypedBuffer;
 use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
+mod common;
+use common::mix;
+
 fn spec() -> Spec {
     Spec::builder()
         .field("id", DType::U64, [])
@@ -18,10 +21,6 @@ fn spec() -> Spec {
         .field("td", DType::F32, [])
         .build()
         .unwrap()
-}
-
-fn mix(id: u64) -> u64 {
-    id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed
 }
 
 /// Rows `first..first + n`: every field derived from the id; trajectories of 10 steps

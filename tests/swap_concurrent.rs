@@ -16,6 +16,9 @@ use replaybuf::sampler::{Prioritized, Uniform, WithoutReplacement};
 use replaybuf::swap::StorageConfig;
 use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
+mod common;
+use common::mix;
+
 fn spec() -> Spec {
     Spec::builder()
         .field("id", DType::U64, [])
@@ -23,10 +26,6 @@ fn spec() -> Spec {
         .field("obs", DType::F32, [5])
         .build()
         .unwrap()
-}
-
-fn mix(id: u64) -> u64 {
-    id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xfeed
 }
 
 fn rows(rb: &ReplayBuffer, ids: &[u64]) -> Batch {
@@ -65,14 +64,6 @@ fn whole(batch: &Batch) -> Vec<u64> {
     id.to_vec()
 }
 
-fn duration() -> Duration {
-    let ms = std::env::var("REPLAYBUF_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
-    Duration::from_millis(ms)
-}
-
 /// Collector `c`'s `n`-th row.
 fn id(c: u64, n: u64) -> u64 {
     (c << 40) | n
@@ -99,7 +90,7 @@ fn no_row_is_lost_or_torn_when_swaps_race_collectors_and_learners() {
     let mut threads = Vec::new();
     // Collectors 0 and 1 hold writer handles (shards 0 and 1); collector 2 extends
     // through the buffer (round robin over the shards), sometimes one row at a time.
-    let pace = duration() / 1200;
+    let pace = common::race_duration("REPLAYBUF_STRESS_MS") / 1200;
     for c in 0..3u64 {
         let (rb, stop, count) = (rb.clone(), stop.clone(), written[c as usize].clone());
         let writer = (c < 2).then(|| rb.writer());
@@ -201,7 +192,7 @@ fn no_row_is_lost_or_torn_when_swaps_race_collectors_and_learners() {
     ];
     let start = Instant::now();
     let mut done = 0;
-    while done < 2 * swaps.len() || start.elapsed() < duration() {
+    while done < 2 * swaps.len() || start.elapsed() < common::race_duration("REPLAYBUF_STRESS_MS") {
         swaps[done % swaps.len()](&rb, done);
         done += 1;
         std::thread::sleep(Duration::from_millis(2));
@@ -279,7 +270,7 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
         .collect();
     let start = Instant::now();
     let mut k = 0;
-    while start.elapsed() < duration() / 2 {
+    while start.elapsed() < common::race_duration("REPLAYBUF_STRESS_MS") / 2 {
         match k % 4 {
             0 => rb.set_write_policy(WritePolicy::RoundRobin).unwrap(),
             1 => rb.set_storage(StorageConfig::heap().shards(4)).unwrap(),
@@ -342,7 +333,7 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
         .collect();
     let start = Instant::now();
     let mut k = 0;
-    while start.elapsed() < duration() / 2 {
+    while start.elapsed() < common::race_duration("REPLAYBUF_STRESS_MS") / 2 {
         let capacity = if k % 2 == 0 { 4 * 16384 } else { 4 * 8192 };
         rb.set_storage(StorageConfig::heap().capacity(capacity))
             .unwrap();
@@ -405,7 +396,7 @@ fn dumps_racing_swaps_save_whole_buffers() {
         .collect();
     let start = Instant::now();
     let mut k = 0;
-    while start.elapsed() < duration() / 3 {
+    while start.elapsed() < common::race_duration("REPLAYBUF_STRESS_MS") / 3 {
         match k % 3 {
             0 => rb.set_sampler(WithoutReplacement::new()).unwrap(),
             1 => rb.set_sampler(Uniform).unwrap(),

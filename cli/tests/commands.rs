@@ -5,11 +5,18 @@
 use std::fs::{self, OpenOptions, Permissions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use replaybuf::sampler::Prioritized;
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::shm::{path_of, Cleanup};
+
+fn name(test: &str) -> String {
+    common::shm::name("cli", test)
+}
 
 fn replaybuf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_replaybuf"))
@@ -36,23 +43,6 @@ fn shared(name: &str) -> ReplayBufferBuilder {
         .shards(2)
         .seed(5)
         .shared(name)
-}
-
-fn name(test: &str) -> String {
-    format!("test-cli-{test}-{}", std::process::id())
-}
-
-fn path_of(name: &str) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/replaybuf.{name}"))
-}
-
-/// Removes a `/dev/shm` object when the test ends, passed or failed.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
 }
 
 fn fill(rb: &ReplayBuffer, n: usize) {
