@@ -94,7 +94,7 @@ pub(crate) struct Scratch {
 }
 
 /// The parts of a batch the sampling path fills, borrowed apart.
-pub(crate) struct Parts<'a> {
+pub(crate) struct BatchParts<'a> {
     pub(crate) columns: &'a mut [Column],
     pub(crate) index: &'a mut [u64],
     pub(crate) generation: &'a mut [u64],
@@ -335,8 +335,8 @@ impl Batch {
         &self.columns
     }
 
-    pub(crate) fn parts_mut(&mut self) -> Parts<'_> {
-        Parts {
+    pub(crate) fn parts_mut(&mut self) -> BatchParts<'_> {
+        BatchParts {
             columns: &mut self.columns,
             index: &mut self.index,
             generation: &mut self.generation,

@@ -25,7 +25,7 @@ use crate::spec::Spec;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::lanes::Bounds;
-use crate::storage::{Parts, Storage};
+use crate::storage::{Storage, StorageParts};
 
 /// The most shards a storage may have.
 pub const MAX_SHARDS: usize = 1024;
@@ -258,12 +258,12 @@ impl ReplayBufferBuilder {
                     });
                 }
                 let mode = match (self.attach_only, self.existsok) {
-                    (true, _) => crate::backing::shm::Mode::Attach,
-                    (false, true) => crate::backing::shm::Mode::CreateOrAttach,
-                    (false, false) => crate::backing::shm::Mode::Create,
+                    (true, _) => crate::backing::shm::AttachMode::Attach,
+                    (false, true) => crate::backing::shm::AttachMode::CreateOrAttach,
+                    (false, false) => crate::backing::shm::AttachMode::Create,
                 };
                 let opened = crate::backing::shm::open(name, &config, mode, |meta| {
-                    Parts::new(self.spec.clone(), geometry, trees, slices, meta, PROCS)
+                    StorageParts::new(self.spec.clone(), geometry, trees, slices, meta, PROCS)
                 })
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 let mut storage = opened.storage;
@@ -305,7 +305,8 @@ impl ReplayBufferBuilder {
                 Origin::Fresh,
             ),
             (Some(dir), None) => {
-                let parts = |meta| Parts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
+                let parts =
+                    |meta| StorageParts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
                 let opened = if self.private_copy {
                     file::open_copy(dir, &config, parts)
                 } else {

@@ -228,7 +228,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         };
         let make = &self.make_fill;
         let mode = if self.prefetch == 0 {
-            Mode::Inline {
+            Delivery::Inline {
                 fill: make(self.buffer.learner(), stages),
                 spare: None,
             }
@@ -244,7 +244,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             let fills = (0..workers)
                 .map(|_| make(self.buffer.learner(), stages.clone()))
                 .collect();
-            Mode::Prefetch(
+            Delivery::Prefetch(
                 Prefetch::spawn(self.prefetch, fills, &self.thread_name)
                     .map_err(|e| BuildError::new(BuildErrorKind::Spawn(e)))?,
             )
@@ -278,7 +278,7 @@ impl<T> fmt::Debug for LoaderBuilder<T> {
     }
 }
 
-enum Mode<T: Send + 'static> {
+enum Delivery<T: Send + 'static> {
     /// Samples in the caller's thread; `spare` is the buffer the next sample reuses.
     Inline { fill: Fill<T>, spare: Option<T> },
     /// Takes what the workers prepared.
@@ -298,7 +298,7 @@ enum Mode<T: Send + 'static> {
 /// with a without-replacement sampler, their rows count as drawn in the epoch.
 pub struct Loader<T: Send + 'static = Batch> {
     buffer: ReplayBuffer,
-    mode: Mode<T>,
+    mode: Delivery<T>,
 }
 
 impl<T: Send + 'static> Loader<T> {
@@ -306,13 +306,13 @@ impl<T: Send + 'static> Loader<T> {
     /// one made now without prefetch.
     pub fn sample(&mut self) -> Result<T, SampleError> {
         match &mut self.mode {
-            Mode::Inline { fill, spare } => {
+            Delivery::Inline { fill, spare } => {
                 fill(spare)?;
                 Ok(spare
                     .take()
                     .expect("replaybuf internal error: a fill left no item"))
             }
-            Mode::Prefetch(pool) => pool.take(),
+            Delivery::Prefetch(pool) => pool.take(),
         }
     }
 
@@ -321,7 +321,7 @@ impl<T: Send + 'static> Loader<T> {
     /// one `Batch` allocates nothing once warm. On an error `out` is left as it was.
     pub fn sample_into(&mut self, out: &mut T) -> Result<(), SampleError> {
         match &mut self.mode {
-            Mode::Inline { fill, spare } => {
+            Delivery::Inline { fill, spare } => {
                 fill(spare)?;
                 let fresh = spare
                     .as_mut()
@@ -329,33 +329,33 @@ impl<T: Send + 'static> Loader<T> {
                 std::mem::swap(out, fresh);
                 Ok(())
             }
-            Mode::Prefetch(pool) => pool.take_into(out),
+            Delivery::Prefetch(pool) => pool.take_into(out),
         }
     }
 
     /// Gives a result back for its buffers to be reused.
     pub fn recycle(&mut self, item: T) {
         match &mut self.mode {
-            Mode::Inline { spare, .. } => {
+            Delivery::Inline { spare, .. } => {
                 spare.get_or_insert(item);
             }
-            Mode::Prefetch(pool) => pool.recycle(item),
+            Delivery::Prefetch(pool) => pool.recycle(item),
         }
     }
 
     /// Results ready now (always 0 without prefetch).
     pub fn ready(&self) -> usize {
         match &self.mode {
-            Mode::Inline { .. } => 0,
-            Mode::Prefetch(pool) => pool.ready(),
+            Delivery::Inline { .. } => 0,
+            Delivery::Prefetch(pool) => pool.ready(),
         }
     }
 
     /// How many results are kept ready (0: no prefetch).
     pub fn prefetch_depth(&self) -> usize {
         match &self.mode {
-            Mode::Inline { .. } => 0,
-            Mode::Prefetch(pool) => pool.depth(),
+            Delivery::Inline { .. } => 0,
+            Delivery::Prefetch(pool) => pool.depth(),
         }
     }
 

@@ -101,7 +101,7 @@ pub(crate) struct MaxValue {
 
 /// Where one accepted batch row goes.
 #[derive(Clone, Copy, Debug)]
-enum Target {
+enum Placement {
     /// Appended to shard `k` at sequence number `seq`.
     Append { k: usize, seq: u64 },
     /// Written in place over the stored row at this index.
@@ -208,7 +208,7 @@ impl MaxValue {
             .map(|s| s.ring().steps - s.window().steps())
             .collect();
         // The batch row planned at each index, and how it gets there.
-        let mut planned: HashMap<u64, (usize, Target)> = HashMap::new();
+        let mut planned: HashMap<u64, (usize, Placement)> = HashMap::new();
         let mut placed: Vec<Option<u64>> = vec![None; ranks.len()];
         for (row, &rank) in ranks.iter().enumerate() {
             let free = (0..shards.len())
@@ -220,7 +220,10 @@ impl MaxValue {
                     let seq = next[k];
                     next[k] += 1;
                     room[k] -= 1;
-                    (ring.index(seq % ring.steps, 0), Target::Append { k, seq })
+                    (
+                        ring.index(seq % ring.steps, 0),
+                        Placement::Append { k, seq },
+                    )
                 }
                 (None, Some((lowest, index))) if rank > lowest => {
                     let target = match planned.get(&index) {
@@ -229,7 +232,7 @@ impl MaxValue {
                             placed[earlier] = None;
                             target
                         }
-                        None => Target::Replace,
+                        None => Placement::Replace,
                     };
                     (index, target)
                 }
@@ -245,8 +248,8 @@ impl MaxValue {
         let mut appends: Vec<(usize, u64, usize)> = planned
             .values()
             .filter_map(|&(row, t)| match t {
-                Target::Append { k, seq } => Some((k, seq, row)),
-                Target::Replace => None,
+                Placement::Append { k, seq } => Some((k, seq, row)),
+                Placement::Replace => None,
             })
             .collect();
         appends.sort_unstable();
@@ -265,7 +268,7 @@ impl MaxValue {
             );
         }
         for (&index, &(row, target)) in &planned {
-            let Target::Replace = target else { continue };
+            let Placement::Replace = target else { continue };
             if let Some(g) = rewrite(core, index, src, row)? {
                 generation.insert(row, g);
             } else {

@@ -239,7 +239,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         if !buffer.spec().same_fields(&want) {
             return Err(PersistError::new(
                 path,
-                crate::error::persist::Kind::Mismatch(format!(
+                crate::error::persist::PersistKind::Mismatch(format!(
                     "not a buffer of {}-byte rows",
                     std::mem::size_of::<T>()
                 )),

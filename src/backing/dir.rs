@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::storage::layout::FORMAT_VERSION;
 
 /// The `format` field of every `meta.json`.
@@ -64,13 +64,13 @@ impl DirMeta {
     /// Parses a `meta.json`, checking its format and version before its fields, so that
     /// a file of a newer version is reported as such rather than as damaged.
     pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<DirMeta, PersistError> {
-        let corrupt = |why: String| PersistError::new(path, Kind::Corrupt(why));
+        let corrupt = |why: String| PersistError::new(path, PersistKind::Corrupt(why));
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
             return Err(PersistError::new(
                 path,
-                Kind::NotOurs("its meta.json has no `\"format\": \"replaybuf\"`".to_owned()),
+                PersistKind::NotOurs("its meta.json has no `\"format\": \"replaybuf\"`".to_owned()),
             ));
         }
         match value.get("version").and_then(|v| v.as_u64()) {
@@ -78,7 +78,7 @@ impl DirMeta {
             Some(found) => {
                 return Err(PersistError::new(
                     path,
-                    Kind::Version {
+                    PersistKind::Version {
                         found,
                         expected: FORMAT_VERSION,
                     },
@@ -96,13 +96,13 @@ impl DirMeta {
         Ok(meta)
     }
 
-    /// Reads `dir/meta.json`; [`Kind::Missing`] if there is none.
+    /// Reads `dir/meta.json`; [`PersistKind::Missing`] if there is none.
     pub(crate) fn read(dir: &Path) -> Result<DirMeta, PersistError> {
         let path = dir.join(META);
         match fs::read(&path) {
             Ok(bytes) => DirMeta::parse(&path, &bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(PersistError::new(dir, Kind::Missing))
+                Err(PersistError::new(dir, PersistKind::Missing))
             }
             Err(e) => Err(PersistError::io(&path, e)),
         }

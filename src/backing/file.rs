@@ -17,11 +17,11 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::error::persist::PersistError;
-use crate::storage::{Parts, Storage};
+use crate::storage::{Storage, StorageParts};
 #[cfg(not(replaybuf_loom))]
 use {
     super::dir::{DirKind, DirMeta, META, STORAGE},
-    crate::error::persist::{IoAt, Kind},
+    crate::error::persist::{IoAt, PersistKind},
     crate::region::{Access, Region},
     crate::storage::layout::{self, HeaderProblem},
     std::fs::{self, TryLockError},
@@ -34,11 +34,13 @@ pub(crate) fn open(
     dir: &Path,
     _: &Config,
     _: bool,
-    _: impl FnOnce(usize) -> std::io::Result<Parts>,
-) -> Result<Opened, PersistError> {
+    _: impl FnOnce(usize) -> std::io::Result<StorageParts>,
+) -> Result<OpenedFile, PersistError> {
     Err(PersistError::new(
         dir,
-        crate::error::persist::Kind::Unsupported("file-backed storage is not built under loom"),
+        crate::error::persist::PersistKind::Unsupported(
+            "file-backed storage is not built under loom",
+        ),
     ))
 }
 
@@ -47,14 +49,14 @@ pub(crate) fn open(
 pub(crate) fn open_copy(
     dir: &Path,
     config: &Config,
-    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
-) -> Result<Opened, PersistError> {
+    parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
+) -> Result<OpenedFile, PersistError> {
     open(dir, config, false, parts)
 }
 
 /// A file-backed storage, whether it was created now, and its seed (the one it was
 /// created with, for a reopened storage).
-pub(crate) struct Opened {
+pub(crate) struct OpenedFile {
     pub(crate) storage: Storage,
     pub(crate) fresh: bool,
     pub(crate) seed: u64,
@@ -68,8 +70,8 @@ pub(crate) fn open(
     dir: &Path,
     config: &Config,
     existsok: bool,
-    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
-) -> Result<Opened, PersistError> {
+    parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
+) -> Result<OpenedFile, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
     let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
         .expect("a meta always serialises");
@@ -77,19 +79,21 @@ pub(crate) fn open(
     match DirMeta::read(dir) {
         Ok(found) => {
             if !existsok {
-                return Err(PersistError::new(dir, Kind::Exists));
+                return Err(PersistError::new(dir, PersistKind::Exists));
             }
-            reopen(dir, config, &found, parts, Access::Write).map(|storage| Opened {
+            reopen(dir, config, &found, parts, Access::Write).map(|storage| OpenedFile {
                 storage,
                 fresh: false,
                 seed: found.config.seed,
             })
         }
-        Err(e) if e.is_missing() => create(dir, config, &meta_json, parts).map(|storage| Opened {
-            storage,
-            fresh: true,
-            seed: config.seed,
-        }),
+        Err(e) if e.is_missing() => {
+            create(dir, config, &meta_json, parts).map(|storage| OpenedFile {
+                storage,
+                fresh: true,
+                seed: config.seed,
+            })
+        }
         Err(e) => Err(e),
     }
 }
@@ -102,13 +106,13 @@ pub(crate) fn open(
 pub(crate) fn open_copy(
     dir: &Path,
     config: &Config,
-    parts: impl FnOnce(usize) -> std::io::Result<Parts>,
-) -> Result<Opened, PersistError> {
+    parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
+) -> Result<OpenedFile, PersistError> {
     let found = DirMeta::read(dir)?;
     let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
         .expect("a meta always serialises");
     let parts = parts(meta_json.len()).at(dir)?;
-    reopen(dir, config, &found, parts, Access::Copy).map(|storage| Opened {
+    reopen(dir, config, &found, parts, Access::Copy).map(|storage| OpenedFile {
         storage,
         fresh: false,
         seed: found.config.seed,
@@ -122,29 +126,32 @@ pub(crate) fn reopen(
     dir: &Path,
     config: &Config,
     found: &DirMeta,
-    parts: Parts,
+    parts: StorageParts,
     access: Access,
 ) -> Result<Storage, PersistError> {
     if found.kind != DirKind::Memmap {
         return Err(PersistError::new(
             dir,
-            Kind::Unsupported(
+            PersistKind::Unsupported(
                 "this directory holds a checkpoint written by `save`; load it with \
                  `ReplayBuffer::from_checkpoint` or `restore`",
             ),
         ));
     }
     if let Some(what) = config.layout_difference(&found.config) {
-        return Err(PersistError::new(dir, Kind::Mismatch(what)));
+        return Err(PersistError::new(dir, PersistKind::Mismatch(what)));
     }
     let path = dir.join(STORAGE);
     let region = match Region::open_file(&path, access) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(PersistError::new(&path, Kind::Missing))
+            return Err(PersistError::new(&path, PersistKind::Missing))
         }
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return Err(PersistError::new(&path, Kind::Corrupt(e.to_string())))
+            return Err(PersistError::new(
+                &path,
+                PersistKind::Corrupt(e.to_string()),
+            ))
         }
         Err(e) => return Err(PersistError::io(&path, e)),
     };
@@ -153,7 +160,7 @@ pub(crate) fn reopen(
     if info.layout_hash != found.layout_hash {
         return Err(PersistError::new(
             &path,
-            Kind::Corrupt(format!(
+            PersistKind::Corrupt(format!(
                 "its layout hash {:016x} is not the one {META} records ({:016x})",
                 info.layout_hash, found.layout_hash
             )),
@@ -162,7 +169,7 @@ pub(crate) fn reopen(
     if info.words != parts.layout.words as u64 {
         return Err(PersistError::new(
             &path,
-            Kind::Length {
+            PersistKind::Length {
                 expected: parts.layout.words as u64 * 8,
                 found: info.words * 8,
             },
@@ -178,7 +185,7 @@ fn create(
     dir: &Path,
     config: &Config,
     meta_json: &[u8],
-    parts: Parts,
+    parts: StorageParts,
 ) -> Result<Storage, PersistError> {
     let path = dir.join(STORAGE);
     // Left by a creation that never wrote its meta: not a buffer, replace it.
@@ -214,7 +221,7 @@ fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError
     };
     match locked {
         Ok(()) => Ok(()),
-        Err(TryLockError::WouldBlock) => Err(PersistError::new(path, Kind::InUse)),
+        Err(TryLockError::WouldBlock) => Err(PersistError::new(path, PersistKind::InUse)),
         Err(TryLockError::Error(e)) => Err(PersistError::io(path, e)),
     }
 }
@@ -225,12 +232,14 @@ pub(crate) fn header_error(path: &Path, problem: HeaderProblem) -> PersistError 
     match problem {
         HeaderProblem::Version { found } => PersistError::new(
             path,
-            Kind::Version {
+            PersistKind::Version {
                 found,
                 expected: layout::FORMAT_VERSION,
             },
         ),
-        HeaderProblem::Magic { .. } => PersistError::new(path, Kind::NotOurs(problem.to_string())),
-        other => PersistError::new(path, Kind::Corrupt(other.to_string())),
+        HeaderProblem::Magic { .. } => {
+            PersistError::new(path, PersistKind::NotOurs(problem.to_string()))
+        }
+        other => PersistError::new(path, PersistKind::Corrupt(other.to_string())),
     }
 }

@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 use crate::backing::dir::{DirKind, DirMeta};
 use crate::backing::file::header_error;
 use crate::config::Config;
-use crate::error::persist::{Kind, PersistError};
+use crate::error::persist::{PersistError, PersistKind};
 use crate::region::shared::{object_name, Foreign, OpenError};
 use crate::region::Region;
 use crate::storage::layout::{self, HeaderProblem};
-use crate::storage::{Parts, Storage};
+use crate::storage::{Storage, StorageParts};
 use std::sync::Arc;
 
 /// How long an attach waits for a region whose creator is still laying it out.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
 /// A shared storage, and whether this process created it.
-pub(crate) struct Opened {
+pub(crate) struct OpenedRegion {
     pub(crate) storage: Storage,
     pub(crate) fresh: bool,
     pub(crate) config: Config,
@@ -33,7 +33,7 @@ pub(crate) fn shown(name: &str) -> std::path::PathBuf {
 
 /// What to do about a region's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub(crate) enum AttachMode {
     /// Create it; a region of that name already there is refused.
     Create,
     /// Create it, or attach to the one of that name.
@@ -47,17 +47,17 @@ pub(crate) enum Mode {
 pub(crate) fn open(
     name: &str,
     config: &Config,
-    mode: Mode,
-    parts: impl Fn(usize) -> io::Result<Parts>,
-) -> Result<Opened, PersistError> {
-    let object =
-        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    mode: AttachMode,
+    parts: impl Fn(usize) -> io::Result<StorageParts>,
+) -> Result<OpenedRegion, PersistError> {
+    let object = object_name(name)
+        .map_err(|why| PersistError::new(shown(name), PersistKind::Unsupported(why)))?;
     let meta = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
         .expect("a meta always serialises");
     let laid_out = parts(meta.len()).map_err(|e| PersistError::io(shown(name), e))?;
     let created = match mode {
-        Mode::Attach => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
-        Mode::Create | Mode::CreateOrAttach => {
+        AttachMode::Attach => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
+        AttachMode::Create | AttachMode::CreateOrAttach => {
             Region::create_shared(&object, laid_out.layout.words)
         }
     };
@@ -69,19 +69,19 @@ pub(crate) fn open(
                 config.layout_hash(),
                 &meta,
             );
-            Ok(Opened {
+            Ok(OpenedRegion {
                 storage: laid_out.into_storage(Arc::new(region)),
                 fresh: true,
                 config: config.clone(),
             })
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            if mode == Mode::Create {
-                return Err(PersistError::new(shown(name), Kind::Exists));
+            if mode == AttachMode::Create {
+                return Err(PersistError::new(shown(name), PersistKind::Exists));
             }
             let (region, found) = attach_region(name, &object)?;
             if let Some(what) = config.layout_difference(&found) {
-                return Err(PersistError::new(shown(name), Kind::Mismatch(what)));
+                return Err(PersistError::new(shown(name), PersistKind::Mismatch(what)));
             }
             let parts = parts(meta.len()).map_err(|e| PersistError::io(shown(name), e))?;
             finish(name, region, parts, found)
@@ -92,8 +92,8 @@ pub(crate) fn open(
 
 /// The configuration the shared region `name` records.
 pub(crate) fn read_config(name: &str) -> Result<Config, PersistError> {
-    let object =
-        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    let object = object_name(name)
+        .map_err(|why| PersistError::new(shown(name), PersistKind::Unsupported(why)))?;
     attach_region(name, &object).map(|(_, config)| config)
 }
 
@@ -106,14 +106,17 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistEr
             Err(OpenError::Foreign(Foreign { owner, mode, me })) => {
                 return Err(PersistError::new(
                     shown(name),
-                    Kind::Foreign { owner, mode, me },
+                    PersistKind::Foreign { owner, mode, me },
                 ))
             }
             Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(PersistError::new(shown(name), Kind::Missing))
+                return Err(PersistError::new(shown(name), PersistKind::Missing))
             }
             Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                return Err(PersistError::new(shown(name), Kind::Corrupt(e.to_string())))
+                return Err(PersistError::new(
+                    shown(name),
+                    PersistKind::Corrupt(e.to_string()),
+                ))
             }
             Err(OpenError::Io(e)) => return Err(PersistError::io(shown(name), e)),
         };
@@ -137,7 +140,7 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistEr
     if meta.layout_hash != info.layout_hash {
         return Err(PersistError::new(
             shown(name),
-            Kind::Corrupt("its header's layout hash is not its meta's".to_owned()),
+            PersistKind::Corrupt("its header's layout hash is not its meta's".to_owned()),
         ));
     }
     Ok((region, meta.config))
@@ -147,19 +150,19 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistEr
 fn finish(
     name: &str,
     region: Region,
-    parts: Parts,
+    parts: StorageParts,
     config: Config,
-) -> Result<Opened, PersistError> {
+) -> Result<OpenedRegion, PersistError> {
     if region.words().len() != parts.layout.words {
         return Err(PersistError::new(
             shown(name),
-            Kind::Length {
+            PersistKind::Length {
                 expected: parts.layout.words as u64 * 8,
                 found: region.words().len() as u64 * 8,
             },
         ));
     }
-    Ok(Opened {
+    Ok(OpenedRegion {
         storage: parts.into_storage(Arc::new(region)),
         fresh: false,
         config,

@@ -5,7 +5,7 @@
 use crate::backing::shm::{read_config, shown};
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
-use crate::error::persist::{Kind, PersistError};
+use crate::error::persist::{PersistError, PersistKind};
 
 impl ReplayBuffer {
     /// Attaches to the shared region `name` that another process created with
@@ -21,7 +21,7 @@ impl ReplayBuffer {
         let refused = |why: String| {
             PersistError::new(
                 shown(name),
-                Kind::Corrupt(format!("its configuration: {why}")),
+                PersistKind::Corrupt(format!("its configuration: {why}")),
             )
         };
         let mut builder = ReplayBufferBuilder::from_config(&config)

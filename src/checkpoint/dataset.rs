@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::backing::dir::{DirKind, DirMeta};
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
-use crate::error::persist::{Kind, PersistError};
+use crate::error::persist::{PersistError, PersistKind};
 use crate::policy::WritePolicy;
 
 impl ReplayBuffer {
@@ -38,7 +38,10 @@ pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
         DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir),
         DirKind::Memmap => {
             let refused = |why: String| {
-                PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
+                PersistError::new(
+                    dir,
+                    PersistKind::Corrupt(format!("its configuration: {why}")),
+                )
             };
             ReplayBufferBuilder::from_config(&meta.config)
                 .map_err(|e| refused(format!("{e:?}")))?
@@ -56,8 +59,12 @@ pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
 /// A file-backed storage's directory, mapped as a private copy.
 pub(crate) fn open_copy(dir: &Path) -> Result<ReplayBuffer, PersistError> {
     let meta = DirMeta::read(dir)?;
-    let refused =
-        |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
+    let refused = |why: String| {
+        PersistError::new(
+            dir,
+            PersistKind::Corrupt(format!("its configuration: {why}")),
+        )
+    };
     let mut builder = ReplayBufferBuilder::from_config(&meta.config)
         .map_err(|e| refused(format!("{e:?}")))?
         .memmap(dir)

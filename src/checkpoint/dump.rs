@@ -43,7 +43,7 @@ use crate::backing::dir::{self, CheckpointMeta, DirKind, DirMeta, FileMeta, Part
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::core::dest_for;
-use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
 use crate::sampler::SamplerEngine;
@@ -171,11 +171,11 @@ impl Sink {
 }
 
 /// The files of a dump in progress, removed if it fails.
-struct Written {
+struct WrittenFiles {
     sinks: Vec<(FileMeta, File, PathBuf)>,
 }
 
-impl Written {
+impl WrittenFiles {
     fn discard(self) {
         for (_, _, path) in self.sinks {
             let _ = fs::remove_file(path);
@@ -287,7 +287,9 @@ fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, Persis
         Ok(m) if m.kind == DirKind::Memmap => {
             return Err(PersistError::new(
                 dir,
-                Kind::Unsupported("this directory holds a file-backed storage, not a checkpoint"),
+                PersistKind::Unsupported(
+                    "this directory holds a file-backed storage, not a checkpoint",
+                ),
             ))
         }
         Ok(m) => m.checkpoint.map(|c| (c.generation, c.files)),
@@ -301,21 +303,21 @@ fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, Persis
         None => None,
         Some((obs, next)) => Some(
             CompactFields::of(spec, obs, next)
-                .map_err(|why| PersistError::new(dir, Kind::Options(why)))?,
+                .map_err(|why| PersistError::new(dir, PersistKind::Options(why)))?,
         ),
     };
     let save_hooks = inner.hooks.save();
     if compact.is_some() && !save_hooks.is_empty() {
         return Err(PersistError::new(
             dir,
-            Kind::Unsupported("the compact format and save hooks do not combine"),
+            PersistKind::Unsupported("the compact format and save hooks do not combine"),
         ));
     }
     let g = previous.as_ref().map_or(1, |(g, _)| g + 1);
     remove_generation(dir, g);
     let layout = storage.layout();
     let mut meter = Meter::new(options.progress.clone(), layout.words as u64 * 8);
-    let mut written = Written { sinks: Vec::new() };
+    let mut written = WrittenFiles { sinks: Vec::new() };
     let frozen = storage.freeze();
     if storage.is_retired() {
         return Ok(false);
@@ -398,12 +400,12 @@ fn write_sections(
     compact: Option<CompactFields>,
     save_hooks: &[hooks::Hook],
     meter: &mut Meter,
-    written: &mut Written,
+    written: &mut WrittenFiles,
 ) -> Result<(), PersistError> {
     let storage = &inner.core.storage;
     let layout = storage.layout();
     let mut buf = Vec::with_capacity(CHUNK_BYTES);
-    let mut section = |part: Part, written: &mut Written, meter: &mut Meter, s: Section| {
+    let mut section = |part: Part, written: &mut WrittenFiles, meter: &mut Meter, s: Section| {
         let range = layout.section(s);
         if range.is_empty() {
             return Ok(());
@@ -448,7 +450,7 @@ fn write_hooked(
     dir: &Path,
     g: u64,
     meter: &mut Meter,
-    written: &mut Written,
+    written: &mut WrittenFiles,
 ) -> Result<(), PersistError> {
     let (slot_bytes, header) = (storage.slot_bytes(), storage.header_bytes());
     let capacity = storage.geometry().capacity();
@@ -465,7 +467,8 @@ fn write_hooked(
         rows.clear();
         rows.extend((first..first + n).filter(|&s| storage.stamp_at(s).is_written()));
         with_rows(storage, &rows, &mut batch, |batch| {
-            hooks::run(save_hooks, batch).map_err(|why| PersistError::new(dir, Kind::Hook(why)))
+            hooks::run(save_hooks, batch)
+                .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))
         })?;
         // The hooked rows go back over the copied ones.
         for (k, &slot) in rows.iter().enumerate() {
@@ -509,7 +512,7 @@ fn write_compact(
     dir: &Path,
     g: u64,
     meter: &mut Meter,
-    written: &mut Written,
+    written: &mut WrittenFiles,
 ) -> Result<(), PersistError> {
     let (slot_bytes, header) = (storage.slot_bytes(), storage.header_bytes());
     let stripped = slot_bytes - fields.bytes;

@@ -22,7 +22,7 @@ const MAGIC: &[u8; 8] = b"RBEPOCH\0";
 const HEADER_WORDS: usize = 7;
 
 /// An item an epoch hands out, as the epochs file stores it.
-pub(crate) trait Item: Sized + Clone {
+pub(crate) trait EpochItem: Sized + Clone {
     const KIND: u64;
     const BYTES: usize;
     fn encode(&self, out: &mut Vec<u8>);
@@ -43,7 +43,7 @@ fn lane_exists(geometry: &Geometry, shard: u32, lane: u32) -> bool {
     u64::from(shard) < geometry.shards() && u64::from(lane) < geometry.ring(u64::from(shard)).width
 }
 
-impl Item for Draw {
+impl EpochItem for Draw {
     const KIND: u64 = 1;
     const BYTES: usize = 16;
 
@@ -64,7 +64,7 @@ impl Item for Draw {
     }
 }
 
-impl Item for SliceWindow {
+impl EpochItem for SliceWindow {
     const KIND: u64 = 2;
     const BYTES: usize = 48;
 
@@ -102,7 +102,7 @@ impl Item for SliceWindow {
 }
 
 /// The epochs file of `state`.
-pub(crate) fn encode<T: Item>(state: &EpochState<T>) -> Vec<u8> {
+pub(crate) fn encode<T: EpochItem>(state: &EpochState<T>) -> Vec<u8> {
     let items = state.open.as_ref().map_or(&[][..], |o| &o.items[..]);
     let mut out = Vec::with_capacity(8 * (HEADER_WORDS + 1) + items.len() * T::BYTES);
     out.extend_from_slice(MAGIC);
@@ -127,7 +127,10 @@ pub(crate) fn encode<T: Item>(state: &EpochState<T>) -> Vec<u8> {
 }
 
 /// Decodes an epochs file for a buffer of `geometry`; why not, if it is damaged.
-pub(crate) fn decode<T: Item>(bytes: &[u8], geometry: &Geometry) -> Result<EpochState<T>, String> {
+pub(crate) fn decode<T: EpochItem>(
+    bytes: &[u8],
+    geometry: &Geometry,
+) -> Result<EpochState<T>, String> {
     if bytes.len() < 8 * HEADER_WORDS || &bytes[..8] != MAGIC {
         return Err("not an epochs file".to_owned());
     }

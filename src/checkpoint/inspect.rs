@@ -126,7 +126,7 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
         if len != bytes {
             return Err(PersistError::new(
                 path,
-                crate::error::persist::Kind::Length {
+                crate::error::persist::PersistKind::Length {
                     expected: bytes,
                     found: len,
                 },
@@ -145,7 +145,7 @@ fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
         if found != xxh3 {
             return Err(PersistError::new(
                 path,
-                crate::error::persist::Kind::Checksum {
+                crate::error::persist::PersistKind::Checksum {
                     expected: xxh3,
                     found,
                 },

@@ -28,7 +28,7 @@ use super::epochs;
 use crate::backing::dir::{self, FORMAT};
 use crate::backing::dir::{FileMeta, Part};
 use crate::config::SamplerMeta;
-use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::list::{Entry, ListBuffer};
 use crate::policy::WritePolicy;
 use crate::sampler::SamplerEngine;
@@ -82,7 +82,10 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         for (slot, cell) in inner.slots.iter().enumerate() {
             if let Some(entry) = cell.load() {
                 let json = serde_json::to_vec(&entry.value).map_err(|e| {
-                    PersistError::new(dir, Kind::Hook(format!("a value does not serialise: {e}")))
+                    PersistError::new(
+                        dir,
+                        PersistKind::Hook(format!("a value does not serialise: {e}")),
+                    )
                 })?;
                 for w in [slot as u64, entry.seq, json.len() as u64] {
                     items.extend_from_slice(&w.to_le_bytes());
@@ -155,17 +158,17 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         let bytes = match fs::read(&meta_path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(PersistError::new(dir, Kind::Missing))
+                return Err(PersistError::new(dir, PersistKind::Missing))
             }
             Err(e) => return Err(PersistError::io(&meta_path, e)),
         };
-        let corrupt = |path: &Path, why: String| PersistError::new(path, Kind::Corrupt(why));
+        let corrupt = |path: &Path, why: String| PersistError::new(path, PersistKind::Corrupt(why));
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| corrupt(&meta_path, format!("not JSON: {e}")))?;
         if value.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
             return Err(PersistError::new(
                 dir,
-                Kind::NotOurs("not a list buffer's checkpoint".to_owned()),
+                PersistKind::NotOurs("not a list buffer's checkpoint".to_owned()),
             ));
         }
         match value.get("version").and_then(|v| v.as_u64()) {
@@ -173,7 +176,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             Some(found) => {
                 return Err(PersistError::new(
                     &meta_path,
-                    Kind::Version {
+                    PersistKind::Version {
                         found,
                         expected: FORMAT_VERSION,
                     },
@@ -217,14 +220,14 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             let bytes = match fs::read(&path) {
                 Ok(b) => b,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(PersistError::new(&path, Kind::Missing))
+                    return Err(PersistError::new(&path, PersistKind::Missing))
                 }
                 Err(e) => return Err(PersistError::io(&path, e)),
             };
             if bytes.len() as u64 != f.bytes {
                 return Err(PersistError::new(
                     &path,
-                    Kind::Length {
+                    PersistKind::Length {
                         expected: f.bytes,
                         found: bytes.len() as u64,
                     },
@@ -234,7 +237,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             if found != f.xxh3 {
                 return Err(PersistError::new(
                     &path,
-                    Kind::Checksum {
+                    PersistKind::Checksum {
                         expected: f.xxh3,
                         found,
                     },

@@ -23,7 +23,7 @@ use crate::backing::dir::{DirKind, DirMeta};
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::builder::{Origin, ReplayBufferBuilder};
-use crate::error::persist::{IoAt, Kind, PersistError};
+use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
 use crate::sampler::slice::SliceWindow;
@@ -59,12 +59,12 @@ impl ReplayBuffer {
         let (meta, checkpoint) = read_meta(dir)?;
         let old: Arc<State> = Arc::clone(&self.state());
         if let Some(what) = old.config.layout_difference(&meta.config) {
-            return Err(PersistError::new(dir, Kind::Mismatch(what)));
+            return Err(PersistError::new(dir, PersistKind::Mismatch(what)));
         }
         if Arc::get_mut(&mut self.cell).is_none() {
             return Err(PersistError::new(
                 dir,
-                Kind::Busy(
+                PersistKind::Busy(
                     "this buffer has other handles (writers, learners or clones); load \
                      into a buffer no other handle uses, or build one with \
                      ReplayBuffer::load",
@@ -74,7 +74,7 @@ impl ReplayBuffer {
         if old.core.storage.is_shared() && !old.core.storage.other_processes().is_empty() {
             return Err(PersistError::new(
                 dir,
-                Kind::Busy(
+                PersistKind::Busy(
                     "other processes are attached to this shared buffer; a load would \
                      replace their rows under them",
                 ),
@@ -82,7 +82,10 @@ impl ReplayBuffer {
         }
         // This buffer's own configuration, with the checkpoint's seed: the layouts agree.
         let refused = |why: String| {
-            PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")))
+            PersistError::new(
+                dir,
+                PersistKind::Corrupt(format!("its configuration: {why}")),
+            )
         };
         let builder = ReplayBufferBuilder::from_config(&old.config)
             .map_err(|e| refused(format!("{e:?}")))?
@@ -138,7 +141,7 @@ fn read_meta(dir: &Path) -> Result<(DirMeta, CheckpointMeta), PersistError> {
     if meta.kind != DirKind::Checkpoint {
         return Err(PersistError::new(
             dir,
-            Kind::Unsupported(
+            PersistKind::Unsupported(
                 "this directory holds a file-backed storage; open it with \
                  `ReplayBuffer::builder(..).memmap(dir).existsok(true)` or \
                  `ReplayBuffer::open_dataset`",
@@ -148,7 +151,7 @@ fn read_meta(dir: &Path) -> Result<(DirMeta, CheckpointMeta), PersistError> {
     let checkpoint = meta.checkpoint.clone().ok_or_else(|| {
         PersistError::new(
             dir,
-            Kind::Corrupt("meta.json of a checkpoint lists no files".to_owned()),
+            PersistKind::Corrupt("meta.json of a checkpoint lists no files".to_owned()),
         )
     })?;
     Ok((meta, checkpoint))
@@ -160,27 +163,35 @@ fn build(
     meta: &DirMeta,
     tweak: impl FnOnce(ReplayBufferBuilder) -> ReplayBufferBuilder,
 ) -> Result<ReplayBuffer, PersistError> {
-    let refused =
-        |why: String| PersistError::new(dir, Kind::Corrupt(format!("its configuration: {why}")));
+    let refused = |why: String| {
+        PersistError::new(
+            dir,
+            PersistKind::Corrupt(format!("its configuration: {why}")),
+        )
+    };
     tweak(ReplayBufferBuilder::from_config(&meta.config).map_err(|e| refused(format!("{e:?}")))?)
         .build()
         .map_err(|e| refused(e.to_string()))
 }
 
 /// One checkpoint file, opened and checked against its record.
-struct Source {
+struct PartFile {
     path: std::path::PathBuf,
     file: File,
     hasher: Xxh3,
     record: FileMeta,
 }
 
-impl Source {
-    fn open(dir: &Path, record: &FileMeta, expected: Option<u64>) -> Result<Source, PersistError> {
+impl PartFile {
+    fn open(
+        dir: &Path,
+        record: &FileMeta,
+        expected: Option<u64>,
+    ) -> Result<PartFile, PersistError> {
         if record.name.contains(['/', '\\']) || record.name.starts_with('.') {
             return Err(PersistError::new(
                 dir,
-                Kind::Corrupt(format!(
+                PersistKind::Corrupt(format!(
                     "meta.json names a file outside it: {:?}",
                     record.name
                 )),
@@ -190,7 +201,7 @@ impl Source {
         if let Some(expected) = expected.filter(|&e| e != record.bytes) {
             return Err(PersistError::new(
                 &path,
-                Kind::Corrupt(format!(
+                PersistKind::Corrupt(format!(
                     "meta.json says {} bytes, but this buffer's layout needs {expected}",
                     record.bytes
                 )),
@@ -199,7 +210,7 @@ impl Source {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(PersistError::new(&path, Kind::Missing))
+                return Err(PersistError::new(&path, PersistKind::Missing))
             }
             Err(e) => return Err(PersistError::io(&path, e)),
         };
@@ -207,13 +218,13 @@ impl Source {
         if found != record.bytes {
             return Err(PersistError::new(
                 &path,
-                Kind::Length {
+                PersistKind::Length {
                     expected: record.bytes,
                     found,
                 },
             ));
         }
-        Ok(Source {
+        Ok(PartFile {
             path,
             file,
             hasher: Xxh3::new(),
@@ -242,7 +253,7 @@ impl Source {
         if found != self.record.xxh3 {
             return Err(PersistError::new(
                 &self.path,
-                Kind::Checksum {
+                PersistKind::Checksum {
                     expected: self.record.xxh3,
                     found,
                 },
@@ -283,7 +294,7 @@ fn read_into(
     let missing = |part: Part| {
         PersistError::new(
             dir,
-            Kind::Corrupt(format!("meta.json lists no {} file", part.name())),
+            PersistKind::Corrupt(format!("meta.json lists no {} file", part.name())),
         )
     };
     let compact = match &checkpoint.compact {
@@ -293,7 +304,7 @@ fn read_into(
                 |k: &Vec<String>| Key::from(&k.iter().map(String::as_str).collect::<Vec<_>>()[..]);
             Some(
                 CompactFields::of(storage.spec(), &key(obs), &key(next))
-                    .map_err(|why| PersistError::new(dir, Kind::Corrupt(why)))?,
+                    .map_err(|why| PersistError::new(dir, PersistKind::Corrupt(why)))?,
             )
         }
     };
@@ -331,7 +342,7 @@ fn read_into(
     {
         return Err(PersistError::new(
             dir,
-            Kind::Corrupt(format!(
+            PersistKind::Corrupt(format!(
                 "meta.json lists a {} file that a buffer of this layout has no use for",
                 extra.part.name()
             )),
@@ -341,7 +352,7 @@ fn read_into(
     if verify_first {
         for &(part, expected) in &plan {
             let rec = record(checkpoint, part).ok_or_else(|| missing(part))?;
-            Source::open(dir, rec, expected)?.stream(&mut meter, &mut buf, |_, _| Ok(()))?;
+            PartFile::open(dir, rec, expected)?.stream(&mut meter, &mut buf, |_, _| Ok(()))?;
         }
     }
     let mut omit = Vec::new();
@@ -349,7 +360,7 @@ fn read_into(
     let mut epochs_file = None;
     for &(part, expected) in &plan {
         let rec = record(checkpoint, part).ok_or_else(|| missing(part))?;
-        let src = Source::open(dir, rec, expected)?;
+        let src = PartFile::open(dir, rec, expected)?;
         let region_at = |s: Section| layout.section(s).start * 8;
         match part {
             Part::Control | Part::Trees | Part::Lanes => {
@@ -381,20 +392,20 @@ fn read_into(
     }
     if let Some(fields) = compact {
         fill_next(storage, fields, &omit, &kept)
-            .map_err(|why| PersistError::new(dir, Kind::Corrupt(why)))?;
+            .map_err(|why| PersistError::new(dir, PersistKind::Corrupt(why)))?;
     }
     if let Some(bytes) = epochs_file {
         restore_epochs(&inner.core.sampler, storage, &bytes).map_err(|why| {
             PersistError::new(
                 dir.join(Part::Epochs.file(checkpoint.generation)),
-                Kind::Corrupt(why),
+                PersistKind::Corrupt(why),
             )
         })?;
     }
     let load_hooks = inner.hooks.load();
     if !load_hooks.is_empty() {
         run_load_hooks(storage, &load_hooks)
-            .map_err(|why| PersistError::new(dir, Kind::Hook(why)))?;
+            .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))?;
     }
     inner.core.sampler.recover(storage);
     Ok(())
@@ -404,7 +415,7 @@ fn read_into(
 fn read_stripped(
     storage: &Storage,
     fields: CompactFields,
-    src: Source,
+    src: PartFile,
     meter: &mut Meter,
     buf: &mut Vec<u8>,
 ) -> Result<(), PersistError> {

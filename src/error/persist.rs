@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct PersistError {
     path: PathBuf,
-    kind: Kind,
+    kind: PersistKind,
     source: Option<io::Error>,
 }
 
 #[derive(Debug)]
 #[cfg_attr(replaybuf_loom, allow(dead_code))] // no files under loom
-pub(crate) enum Kind {
+pub(crate) enum PersistKind {
     /// Reading, writing or mapping failed (see `source`).
     Io,
     /// The directory or region already holds a buffer and `existsok` was not given.
@@ -57,7 +57,7 @@ pub(crate) enum Kind {
 }
 
 impl PersistError {
-    pub(crate) fn new(path: impl AsRef<Path>, kind: Kind) -> PersistError {
+    pub(crate) fn new(path: impl AsRef<Path>, kind: PersistKind) -> PersistError {
         PersistError {
             path: path.as_ref().to_path_buf(),
             kind,
@@ -68,7 +68,7 @@ impl PersistError {
     pub(crate) fn io(path: impl AsRef<Path>, source: io::Error) -> PersistError {
         PersistError {
             path: path.as_ref().to_path_buf(),
-            kind: Kind::Io,
+            kind: PersistKind::Io,
             source: Some(source),
         }
     }
@@ -80,43 +80,46 @@ impl PersistError {
 
     /// Whether a buffer already existed where a new one was to be created.
     pub fn is_exists(&self) -> bool {
-        matches!(self.kind, Kind::Exists)
+        matches!(self.kind, PersistKind::Exists)
     }
 
     /// Whether the stored buffer has another layout than the one asked for (spec,
     /// capacity, shards, ndim, sampler or priority key).
     pub fn is_mismatch(&self) -> bool {
-        matches!(self.kind, Kind::Mismatch(_))
+        matches!(self.kind, PersistKind::Mismatch(_))
     }
 
     /// Whether the data is damaged: truncated, failing its checksum, or inconsistent.
     pub fn is_corrupt(&self) -> bool {
         matches!(
             self.kind,
-            Kind::Length { .. } | Kind::Checksum { .. } | Kind::Corrupt(_) | Kind::NotOurs(_)
+            PersistKind::Length { .. }
+                | PersistKind::Checksum { .. }
+                | PersistKind::Corrupt(_)
+                | PersistKind::NotOurs(_)
         )
     }
 
     /// Whether the data is of another format version.
     pub fn is_version(&self) -> bool {
-        matches!(self.kind, Kind::Version { .. })
+        matches!(self.kind, PersistKind::Version { .. })
     }
 
     /// Whether nothing was there to open.
     pub fn is_missing(&self) -> bool {
-        matches!(self.kind, Kind::Missing)
+        matches!(self.kind, PersistKind::Missing)
     }
 
     /// Whether another process holds the storage.
     pub fn is_in_use(&self) -> bool {
-        matches!(self.kind, Kind::InUse)
+        matches!(self.kind, PersistKind::InUse)
     }
 
     /// Whether a shared region was refused, unread, because it is not this user's
     /// alone: another user owns it, or its mode lets group or others open it (anyone
     /// who can write it could change the rows or truncate it under the buffer).
     pub fn is_foreign(&self) -> bool {
-        matches!(self.kind, Kind::Foreign { .. })
+        matches!(self.kind, PersistKind::Foreign { .. })
     }
 }
 
@@ -124,15 +127,15 @@ impl fmt::Display for PersistError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = self.path.display();
         match &self.kind {
-            Kind::Io => write!(f, "{p}: I/O failed"),
-            Kind::Exists => write!(
+            PersistKind::Io => write!(f, "{p}: I/O failed"),
+            PersistKind::Exists => write!(
                 f,
                 "{p} already holds a buffer; pass existsok(true) to open it, or choose \
                  another place"
             ),
-            Kind::Missing => write!(f, "{p}: no buffer there"),
-            Kind::InUse => write!(f, "{p} is in use by another process"),
-            Kind::Foreign { owner, mode, me } if owner != me => write!(
+            PersistKind::Missing => write!(f, "{p}: no buffer there"),
+            PersistKind::InUse => write!(f, "{p} is in use by another process"),
+            PersistKind::Foreign { owner, mode, me } if owner != me => write!(
                 f,
                 "{p} is owned by uid {owner} (mode {mode:04o}), not by this user (uid \
                  {me}): a shared region is opened only by its owner, since whoever owns \
@@ -140,34 +143,34 @@ impl fmt::Display for PersistError {
                  another name, or have it removed (`replaybuf shm remove`, as its owner \
                  or root)"
             ),
-            Kind::Foreign { owner, mode, .. } => write!(
+            PersistKind::Foreign { owner, mode, .. } => write!(
                 f,
                 "{p} (owned by uid {owner}) has mode {mode:04o}: group or others may \
                  open it, and could read, change or truncate the buffer. It was not \
                  opened; if it is yours, `chmod 600` it, else remove it (`replaybuf shm \
                  remove`) or choose another name"
             ),
-            Kind::NotOurs(why) => write!(f, "{p}: not a replaybuf buffer: {why}"),
-            Kind::Version { found, expected } => write!(
+            PersistKind::NotOurs(why) => write!(f, "{p}: not a replaybuf buffer: {why}"),
+            PersistKind::Version { found, expected } => write!(
                 f,
                 "{p}: format version {found}, but this build reads version {expected}"
             ),
-            Kind::Length { expected, found } => write!(
+            PersistKind::Length { expected, found } => write!(
                 f,
                 "{p}: {found} bytes, but the checkpoint says {expected} (truncated or \
                  overwritten)"
             ),
-            Kind::Checksum { expected, found } => write!(
+            PersistKind::Checksum { expected, found } => write!(
                 f,
                 "{p}: checksum {found:016x} does not match the recorded {expected:016x} \
                  (the file is damaged)"
             ),
-            Kind::Corrupt(why) => write!(f, "{p}: damaged: {why}"),
-            Kind::Mismatch(what) => write!(f, "{p}: a buffer of another layout ({what})"),
-            Kind::Busy(why) => write!(f, "{p}: {why}"),
-            Kind::Unsupported(why) => write!(f, "{p}: {why}"),
-            Kind::Options(why) => write!(f, "{p}: {why}"),
-            Kind::Hook(why) => write!(f, "{p}: a hook failed: {why}"),
+            PersistKind::Corrupt(why) => write!(f, "{p}: damaged: {why}"),
+            PersistKind::Mismatch(what) => write!(f, "{p}: a buffer of another layout ({what})"),
+            PersistKind::Busy(why) => write!(f, "{p}: {why}"),
+            PersistKind::Unsupported(why) => write!(f, "{p}: {why}"),
+            PersistKind::Options(why) => write!(f, "{p}: {why}"),
+            PersistKind::Hook(why) => write!(f, "{p}: a hook failed: {why}"),
         }
     }
 }

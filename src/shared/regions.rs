@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::procs::ProcTable;
 use crate::backing::shm::shown;
-use crate::error::persist::{Kind, PersistError};
+use crate::error::persist::{PersistError, PersistKind};
 use crate::region::shared::{self, object_name, OpenError};
 use crate::region::{Block, Region};
 use crate::storage::layout::{self, PROC_WORDS};
@@ -110,12 +110,12 @@ fn info(name: &str) -> RegionInfo {
 /// Removes the shared region `name`: its name goes at once; processes that have it
 /// mapped keep using it until they let go.
 pub fn remove(name: &str) -> Result<(), PersistError> {
-    let object =
-        object_name(name).map_err(|why| PersistError::new(shown(name), Kind::Unsupported(why)))?;
+    let object = object_name(name)
+        .map_err(|why| PersistError::new(shown(name), PersistKind::Unsupported(why)))?;
     match shared::unlink(&object) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(PersistError::new(shown(name), Kind::Missing))
+            Err(PersistError::new(shown(name), PersistKind::Missing))
         }
         Err(e) => Err(PersistError::io(shown(name), e)),
     }

@@ -16,16 +16,16 @@
 /// `total` items split into `parts` contiguous near-equal parts (the first
 /// `total % parts` parts one larger).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Split {
+pub(crate) struct ShardSplit {
     parts: u64,
     base: u64,
     extra: u64,
 }
 
-impl Split {
-    pub(crate) fn new(total: u64, parts: u64) -> Split {
+impl ShardSplit {
+    pub(crate) fn new(total: u64, parts: u64) -> ShardSplit {
         debug_assert!(parts >= 1 && parts <= total);
-        Split {
+        ShardSplit {
             parts,
             base: total / parts,
             extra: total % parts,
@@ -64,9 +64,13 @@ impl Split {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Geometry {
     /// ndim 1: `capacity` positions split across shards.
-    Flat { capacity: u64, split: Split },
+    Flat { capacity: u64, split: ShardSplit },
     /// ndim 2: `[steps, envs]`, environments split across shards.
-    Grid { steps: u64, envs: u64, split: Split },
+    Grid {
+        steps: u64,
+        envs: u64,
+        split: ShardSplit,
+    },
 }
 
 /// One shard's ring, as the geometry gives it.
@@ -99,7 +103,7 @@ impl Geometry {
     pub(crate) fn flat(capacity: u64, shards: u64) -> Geometry {
         Geometry::Flat {
             capacity,
-            split: Split::new(capacity, shards),
+            split: ShardSplit::new(capacity, shards),
         }
     }
 
@@ -107,7 +111,7 @@ impl Geometry {
         Geometry::Grid {
             steps,
             envs,
-            split: Split::new(envs, shards),
+            split: ShardSplit::new(envs, shards),
         }
     }
 
@@ -178,7 +182,7 @@ mod tests {
     fn split_locates_every_item() {
         for total in 1..40 {
             for parts in 1..=total.min(9) {
-                let s = Split::new(total, parts);
+                let s = ShardSplit::new(total, parts);
                 let mut seen = 0;
                 for k in 0..parts {
                     assert_eq!(s.start(k), seen);

@@ -164,7 +164,7 @@ impl Storage {
         slices: Option<Bounds>,
         layout_hash: u64,
     ) -> io::Result<Storage> {
-        let parts = Parts::new(spec, geometry, trees, slices, 0, 0)?;
+        let parts = StorageParts::new(spec, geometry, trees, slices, 0, 0)?;
         let region = Arc::new(Region::heap(parts.layout.words)?);
         layout::write_header(region.words(), &parts.layout, layout_hash, &[]);
         Ok(parts.into_storage(region))
@@ -794,7 +794,7 @@ pub(crate) fn shards_only(geometry: &Geometry) -> io::Result<(Box<[Shard]>, Bloc
 /// comes from here, and the storage is then assembled over whichever region a backing
 /// gives.
 #[derive(Debug)]
-pub(crate) struct Parts {
+pub(crate) struct StorageParts {
     pub(crate) layout: RegionLayout,
     spec: Arc<Spec>,
     geometry: Geometry,
@@ -804,7 +804,7 @@ pub(crate) struct Parts {
     slices: Option<(Lanes, Bounds)>,
 }
 
-impl Parts {
+impl StorageParts {
     /// Lays out a storage (see [`Storage::new`]) with `meta_bytes` of meta and
     /// `procs` process-table entries.
     pub(crate) fn new(
@@ -814,7 +814,7 @@ impl Parts {
         slices: Option<Bounds>,
         meta_bytes: usize,
         procs: usize,
-    ) -> io::Result<Parts> {
+    ) -> io::Result<StorageParts> {
         let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
         let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
         let header_bytes = 8 + 8 * usize::from(with_trees) + 8 * usize::from(slices.is_some());
@@ -855,7 +855,7 @@ impl Parts {
             },
         )
         .ok_or_else(too_large)?;
-        Ok(Parts {
+        Ok(StorageParts {
             layout,
             spec,
             geometry,

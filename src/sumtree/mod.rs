@@ -225,7 +225,7 @@ pub fn value_max(leaves: usize) -> u64 {
 
 /// Which of the three trees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum TreeKind {
     Sum,
     Min,
     Max,
@@ -292,7 +292,7 @@ impl TreeLayout {
                 let first = if level == 0 {
                     layout.leaf_word(0)
                 } else {
-                    layout.entry_word(Kind::Sum, level, 0)
+                    layout.entry_word(TreeKind::Sum, level, 0)
                 };
                 (first, layout.size(level))
             })
@@ -318,11 +318,11 @@ impl TreeLayout {
     }
 
     /// The min and max trees this block keeps.
-    pub(crate) fn extrema(&self) -> &'static [Kind] {
+    pub(crate) fn extrema(&self) -> &'static [TreeKind] {
         if self.with_max {
-            &[Kind::Min, Kind::Max]
+            &[TreeKind::Min, TreeKind::Max]
         } else {
-            &[Kind::Min]
+            &[TreeKind::Min]
         }
     }
 
@@ -335,11 +335,11 @@ impl TreeLayout {
     }
 
     /// The word of entry `j` of level `level` (1-based) of tree `kind`.
-    pub(crate) fn entry_word(&self, kind: Kind, level: usize, j: usize) -> usize {
+    pub(crate) fn entry_word(&self, kind: TreeKind, level: usize, j: usize) -> usize {
         let tree = match kind {
-            Kind::Sum => 0,
-            Kind::Min => 1,
-            Kind::Max => 2,
+            TreeKind::Sum => 0,
+            TreeKind::Min => 1,
+            TreeKind::Max => 2,
         };
         self.base + self.levels_base() + tree * self.internal + self.levels[level - 1].0 + j
     }

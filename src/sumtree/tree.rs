@@ -48,7 +48,7 @@
 //!
 //! Layer: algos.
 
-use super::{decode_mass, raw_bits, raw_of, Kind, Leaf, TreeLayout, ARITY};
+use super::{decode_mass, raw_bits, raw_of, Leaf, TreeKind, TreeLayout, ARITY};
 use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
@@ -79,19 +79,19 @@ pub(crate) struct Update {
 }
 
 /// A min or max tree's combining rule.
-fn combine(kind: Kind, a: u64, b: u64) -> u64 {
+fn combine(kind: TreeKind, a: u64, b: u64) -> u64 {
     match kind {
-        Kind::Min => a.min(b),
-        Kind::Max => a.max(b),
-        Kind::Sum => unreachable!("the sum tree is kept by deltas"),
+        TreeKind::Min => a.min(b),
+        TreeKind::Max => a.max(b),
+        TreeKind::Sum => unreachable!("the sum tree is kept by deltas"),
     }
 }
 
 /// The identity of `combine`: what an empty subtree holds. A leaf without mass counts
 /// as empty for the min tree, so zero-priority rows do not pin the normaliser to zero.
-fn identity(kind: Kind) -> u64 {
+fn identity(kind: TreeKind) -> u64 {
     match kind {
-        Kind::Min => u64::MAX,
+        TreeKind::Min => u64::MAX,
         _ => 0,
     }
 }
@@ -110,7 +110,7 @@ impl<'a> Tree<'a> {
         &self.words[self.layout.leaf_word(i)]
     }
 
-    fn entry(&self, kind: Kind, level: usize, j: usize) -> &AtomicU64 {
+    fn entry(&self, kind: TreeKind, level: usize, j: usize) -> &AtomicU64 {
         &self.words[self.layout.entry_word(kind, level, j)]
     }
 
@@ -183,13 +183,13 @@ impl<'a> Tree<'a> {
 
     /// Total mass (the sum tree's root).
     pub(crate) fn total(&self) -> u64 {
-        self.entry(Kind::Sum, self.layout.top(), 0)
+        self.entry(TreeKind::Sum, self.layout.top(), 0)
             .load(Ordering::Relaxed)
     }
 
     /// The smallest non-zero mass (`u64::MAX` if none).
     pub(crate) fn min(&self) -> u64 {
-        match self.extremum(Kind::Min, self.layout.top(), 0) {
+        match self.extremum(TreeKind::Min, self.layout.top(), 0) {
             u64::MAX => u64::MAX,
             code => decode_mass(code),
         }
@@ -198,27 +198,27 @@ impl<'a> Tree<'a> {
     /// The largest mass (0 if none).
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn max(&self) -> u64 {
-        decode_mass(self.extremum(Kind::Max, self.layout.top(), 0))
+        decode_mass(self.extremum(TreeKind::Max, self.layout.top(), 0))
     }
 
     /// Min and max entries are stored so that a zeroed word is the empty subtree: the
     /// max tree as is, the min tree bitwise negated (its identity is `u64::MAX`). The
     /// region needs no initialisation and stays lazily allocated.
-    fn encode(kind: Kind, v: u64) -> u64 {
-        if kind == Kind::Min {
+    fn encode(kind: TreeKind, v: u64) -> u64 {
+        if kind == TreeKind::Min {
             !v
         } else {
             v
         }
     }
 
-    fn extremum(&self, kind: Kind, level: usize, j: usize) -> u64 {
+    fn extremum(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
         Self::encode(kind, self.entry(kind, level, j).load(Ordering::SeqCst))
     }
 
     /// Entry `j` of level `level` of a min or max tree as its children give it now (a
     /// mass code; see the module docs of `sumtree`).
-    fn recompute(&self, kind: Kind, level: usize, j: usize) -> u64 {
+    fn recompute(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
         let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
         children.fold(identity(kind), |acc, c| {
             let v = if level == 1 {
@@ -235,7 +235,7 @@ impl<'a> Tree<'a> {
 
     /// Brings entry `j` of `level` of a min or max tree up to date with its children;
     /// returns whether it changed (see the module's ordering notes).
-    fn refresh(&self, kind: Kind, level: usize, j: usize) -> bool {
+    fn refresh(&self, kind: TreeKind, level: usize, j: usize) -> bool {
         let entry = self.entry(kind, level, j);
         loop {
             let cur = entry.load(Ordering::SeqCst);
@@ -256,7 +256,7 @@ impl<'a> Tree<'a> {
 
     /// Carries a change of entries `lo..hi` of level `level - 1` up tree `kind`,
     /// from `level` to the root, stopping at a level where nothing changed.
-    fn refresh_above(&self, kind: Kind, level: usize, lo: usize, hi: usize) {
+    fn refresh_above(&self, kind: TreeKind, level: usize, lo: usize, hi: usize) {
         let (mut lo, mut hi) = (lo, hi);
         for level in level..=self.layout.top() {
             (lo, hi) = (lo / ARITY, (hi - 1) / ARITY + 1);
@@ -307,7 +307,7 @@ impl<'a> Tree<'a> {
             }
             for (k, &d) in sums.iter().enumerate() {
                 if d != 0 {
-                    self.entry(Kind::Sum, level, start + k)
+                    self.entry(TreeKind::Sum, level, start + k)
                         .fetch_add(d as u64, Ordering::Relaxed);
                 }
             }
@@ -324,7 +324,7 @@ impl<'a> Tree<'a> {
         let mut j = leaf;
         for level in 1..=self.layout.top() {
             j /= ARITY;
-            self.entry(Kind::Sum, level, j)
+            self.entry(TreeKind::Sum, level, j)
                 .fetch_add(delta as u64, Ordering::Relaxed);
         }
     }
@@ -397,7 +397,7 @@ impl<'a> Tree<'a> {
                 delta += change(i);
             }
             if delta != 0 {
-                self.entry(Kind::Sum, 1, node)
+                self.entry(TreeKind::Sum, 1, node)
                     .fetch_add(delta as u64, Ordering::Relaxed);
             }
             deltas.push(delta);
@@ -510,7 +510,7 @@ impl<'a> Tree<'a> {
             for word in [
                 self.layout.leaf_word(i),
                 self.layout.raw_word(i),
-                self.layout.entry_word(Kind::Sum, 1, i / ARITY),
+                self.layout.entry_word(TreeKind::Sum, 1, i / ARITY),
             ] {
                 crate::storage::atomic_copy::prefetch(
                     self.words,
@@ -548,7 +548,7 @@ impl<'a> Tree<'a> {
             for level in 1..=top {
                 j /= ARITY;
                 if level < dense_from {
-                    self.entry(Kind::Sum, level, j)
+                    self.entry(TreeKind::Sum, level, j)
                         .fetch_add(delta as u64, Ordering::Relaxed);
                 } else {
                     dense[dense_offsets[level - dense_from] + j] += delta;
@@ -559,7 +559,7 @@ impl<'a> Tree<'a> {
             let at = dense_offsets[level - dense_from];
             for (j, &d) in dense[at..at + self.layout.size(level)].iter().enumerate() {
                 if d != 0 {
-                    self.entry(Kind::Sum, level, j)
+                    self.entry(TreeKind::Sum, level, j)
                         .fetch_add(d as u64, Ordering::Relaxed);
                 }
             }
@@ -754,7 +754,7 @@ impl<'a> Tree<'a> {
 
     /// A slot whose mass is the largest (what a max-tree descent finds), or `None`.
     pub(crate) fn argmax(&self) -> Option<usize> {
-        let max = self.extremum(Kind::Max, self.layout.top(), 0);
+        let max = self.extremum(TreeKind::Max, self.layout.top(), 0);
         if max == 0 {
             return None;
         }
@@ -767,7 +767,7 @@ impl<'a> Tree<'a> {
                     let v = if level == 1 {
                         self.leaf(c).code()
                     } else {
-                        self.extremum(Kind::Max, level - 1, c)
+                        self.extremum(TreeKind::Max, level - 1, c)
                     };
                     v == max
                 })
@@ -792,11 +792,12 @@ impl<'a> Tree<'a> {
                         if level == 1 {
                             self.leaf(c).value()
                         } else {
-                            self.entry(Kind::Sum, level - 1, c).load(Ordering::Relaxed)
+                            self.entry(TreeKind::Sum, level - 1, c)
+                                .load(Ordering::Relaxed)
                         }
                     })
                     .fold(0u64, u64::wrapping_add);
-                self.entry(Kind::Sum, level, j)
+                self.entry(TreeKind::Sum, level, j)
                     .store(sum, Ordering::Relaxed);
                 for &kind in self.layout.extrema() {
                     let v = self.recompute(kind, level, j);
@@ -818,11 +819,12 @@ impl<'a> Tree<'a> {
                         if level == 1 {
                             self.leaf(c).value()
                         } else {
-                            self.entry(Kind::Sum, level - 1, c).load(Ordering::SeqCst)
+                            self.entry(TreeKind::Sum, level - 1, c)
+                                .load(Ordering::SeqCst)
                         }
                     })
                     .fold(0u64, u64::wrapping_add);
-                sum == self.entry(Kind::Sum, level, j).load(Ordering::SeqCst)
+                sum == self.entry(TreeKind::Sum, level, j).load(Ordering::SeqCst)
                     && self.layout.extrema().iter().all(|&kind| {
                         self.recompute(kind, level, j) == self.extremum(kind, level, j)
                     })

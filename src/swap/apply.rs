@@ -18,7 +18,7 @@ use crate::state::State;
 
 /// What a swap will make: the new configuration, and whether its rows stay where they
 /// are.
-struct Target {
+struct SwapTarget {
     builder: ReplayBufferBuilder,
     /// The new state is a view of the old storage's region (no copy).
     in_place: bool,
@@ -75,7 +75,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
 }
 
 /// The configuration the buffer will have, checked, and how it gets there.
-fn plan(old: &State, change: &Change) -> Result<Target, SwapError> {
+fn plan(old: &State, change: &Change) -> Result<SwapTarget, SwapError> {
     if old.core.storage.is_shared() {
         // Every process holds its own state over the region: one cannot swap alone.
         return Err(SwapError::new(SwapErrorKind::Shared));
@@ -116,7 +116,7 @@ fn plan(old: &State, change: &Change) -> Result<Target, SwapError> {
             return Err(SwapError::new(SwapErrorKind::FileBacked));
         }
     }
-    Ok(Target {
+    Ok(SwapTarget {
         builder: b,
         in_place,
     })

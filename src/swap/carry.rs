@@ -19,7 +19,7 @@ use crate::sync::Ordering;
 
 /// The old rows one new shard receives: oldest first; for ndim 2, step after step,
 /// each step's lanes in order.
-struct Part {
+struct CarriedRun {
     shard: usize,
     steps: u64,
     draws: Vec<Draw>,
@@ -190,11 +190,11 @@ fn newest(rows: &[Draw], keep: usize) -> &[Draw] {
 /// halvings give (a split in two sends the older half to the upper shard), so
 /// splitting and merging back, in any steps, gives every row back its place. Each
 /// shard keeps the newest rows it has room for.
-fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<Part> {
+fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<CarriedRun> {
     let (n, m) = (steps.len(), sources.len());
     let cap = |t: usize| steps[t] as usize;
-    let mut parts: Vec<Part> = (0..n)
-        .map(|shard| Part {
+    let mut parts: Vec<CarriedRun> = (0..n)
+        .map(|shard| CarriedRun {
             shard,
             steps: 0,
             draws: Vec::new(),
@@ -246,7 +246,7 @@ fn bitrev(r: usize, k: usize) -> usize {
 /// column's rows stay in their column (a shard keeps the newest steps all its columns
 /// have); otherwise the rows in time order fill whole steps of the new environments,
 /// the oldest rows that do not fill one dropped.
-fn grid_parts(old: &Storage, new: &Storage) -> Vec<Part> {
+fn grid_parts(old: &Storage, new: &Storage) -> Vec<CarriedRun> {
     let Geometry::Grid { envs, .. } = *new.geometry() else {
         unreachable!("replaybuf internal error: grid parts of a flat storage")
     };
@@ -268,7 +268,7 @@ fn grid_parts(old: &Storage, new: &Storage) -> Vec<Part> {
             for i in 0..h {
                 draws.extend(group.iter().map(|c| c[c.len() - h + i]));
             }
-            parts.push(Part {
+            parts.push(CarriedRun {
                 shard: t,
                 steps: h as u64,
                 draws,
@@ -286,7 +286,7 @@ fn grid_parts(old: &Storage, new: &Storage) -> Vec<Part> {
             for i in 0..h {
                 draws.extend_from_slice(&rows[i * envs + first..][..width]);
             }
-            parts.push(Part {
+            parts.push(CarriedRun {
                 shard: t,
                 steps: h as u64,
                 draws,
