@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 use replaybuf::checkpoint::SaveOptions;
 use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
+use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 #[derive(Arbitrary, Debug)]
 enum Damage {

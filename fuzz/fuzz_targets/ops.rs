@@ -21,10 +21,10 @@ use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Result as ArbResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use replaybuf::reference::ReferenceBuffer;
-use replaybuf::{Batch, DType, Key, Learner, ReplayBuffer, Spec, Writer};
 use replaybuf::error::{AccessError, DataError, SampleError};
+use replaybuf::reference::ReferenceBuffer;
 use replaybuf::sampler::WithoutReplacement;
+use replaybuf::{Batch, DType, Key, Learner, ReplayBuffer, Spec, Writer};
 
 /// Rows of an ndim-1 buffer, at most.
 const MAX_CAPACITY: usize = 64;

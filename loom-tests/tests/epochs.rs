@@ -5,9 +5,9 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
-use replaybuf::ReplayBuffer;
 use replaybuf::error::SampleError;
 use replaybuf::sampler::WithoutReplacement;
+use replaybuf::ReplayBuffer;
 
 #[test]
 fn learners_split_one_epoch() {

@@ -8,8 +8,8 @@ mod common;
 
 use common::{pair_spec, pairs, run_model};
 use replaybuf::internals::frozen_view;
-use replaybuf::ReplayBuffer;
 use replaybuf::sampler::Prioritized;
+use replaybuf::ReplayBuffer;
 
 #[test]
 fn a_freeze_waits_for_appenders_and_holds_new_ones() {

@@ -10,8 +10,8 @@ mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
 use replaybuf::internals::frozen_view;
-use replaybuf::ReplayBuffer;
 use replaybuf::sampler::WithoutReplacement;
+use replaybuf::ReplayBuffer;
 
 /// Two environments in two shards, one step already written.
 fn buffer() -> ReplayBuffer {

@@ -8,9 +8,9 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
-use replaybuf::ReplayBuffer;
 use replaybuf::error::SampleError;
 use replaybuf::sampler::WithoutReplacement;
+use replaybuf::ReplayBuffer;
 
 #[test]
 fn the_learner_takes_whole_batches_from_a_worker() {

@@ -10,8 +10,8 @@ mod common;
 use common::{pair_spec, pairs, run_model};
 use loom::sync::Arc;
 use replaybuf::internals::sumtree::{Leaf, OwnedTree};
-use replaybuf::ReplayBuffer;
 use replaybuf::sampler::Prioritized;
+use replaybuf::ReplayBuffer;
 
 /// A 4-leaf tree (arity 2 under loom) holding masses 1, 2, 3, 4, all of lap 0.
 fn four_leaves() -> Arc<OwnedTree> {

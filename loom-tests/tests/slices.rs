@@ -6,8 +6,8 @@
 mod common;
 
 use common::{run_model, whole_rows};
-use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 use replaybuf::sampler::Slice;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// `a == b` names the row; `traj` its trajectory.
 fn spec() -> Spec {

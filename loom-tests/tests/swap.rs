@@ -9,9 +9,9 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
-use replaybuf::{ReplayBuffer, WritePolicy};
 use replaybuf::sampler::WithoutReplacement;
 use replaybuf::swap::StorageConfig;
+use replaybuf::{ReplayBuffer, WritePolicy};
 
 fn buffer() -> ReplayBuffer {
     let rb = ReplayBuffer::builder(pair_spec())
