@@ -1,6 +1,12 @@
 //! Extend of a 1,000-row mujoco chunk into a wrapped 200,000-row buffer: the lock-free
 //! `Writer::extend` beside a `Mutex`-guarded row-major ring written with plain copies,
 //! alone and while a background thread samples 256-row batches in a loop.
+//!
+//! And extend by row size (`extend_256_rows_of`): 256-row chunks of rows of 100 B,
+//! 1 KB, 3 KB, 16 KB and 56 KB (an id and two equal byte fields, as an observation and
+//! the next one) into a wrapped ring, beside the raw-memory floor of run-peers' `limit`:
+//! each column's chunk copied with `copy_from_slice` into a column-major ring of the
+//! same capacity.
 
 // The loom-facade rule of .clippy.toml is for the library, not its benches.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -62,5 +68,59 @@ fn extend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, extend);
+/// Rows of a row-size ring: 512 MB of rows, larger than any cache.
+fn row_size_capacity(row: usize) -> usize {
+    (512 << 20) / row
+}
+
+fn extend_row_sizes(c: &mut Criterion) {
+    const CHUNK: usize = 256;
+    let mut group = common::group(c, "extend_256_rows_of", CHUNK);
+    for row in [100usize, 1024, 3072, 16_384, 56_448] {
+        let half = (row - 8) / 2;
+        let spec = replaybuf::Spec::builder()
+            .field("id", replaybuf::DType::U64, [])
+            .field("obs", replaybuf::DType::U8, [half])
+            .field("next_obs", replaybuf::DType::U8, [half])
+            .build()
+            .expect("a valid spec");
+        let capacity = (16 * CHUNK).max(row_size_capacity(row));
+        let rb = replaybuf::ReplayBuffer::builder(spec)
+            .capacity(capacity)
+            .seed(SEED)
+            .build()
+            .expect("a buffer");
+        let mut chunk = rb.batch([CHUNK]);
+        chunk.column_mut::<u8>("obs").expect("obs").fill(3);
+        chunk
+            .column_mut::<u8>("next_obs")
+            .expect("next_obs")
+            .fill(4);
+        let writer = rb.writer();
+        for _ in 0..capacity / CHUNK + 1 {
+            writer.extend(&chunk).expect("extend");
+        }
+        group.bench_function(format!("lock_free/{row}B"), |b| {
+            b.iter(|| black_box(writer.extend(&chunk).expect("extend")));
+        });
+        // The floor: every column's chunk copied into its own column-major ring.
+        let widths = [8, half, half];
+        let src: Vec<Vec<u8>> = widths.iter().map(|&w| vec![2u8; w * CHUNK]).collect();
+        let mut cols: Vec<Vec<u8>> = widths.iter().map(|&w| vec![1u8; w * capacity]).collect();
+        let mut at = 0;
+        group.bench_function(format!("raw_copy/{row}B"), |b| {
+            b.iter(|| {
+                for ((col, s), &w) in cols.iter_mut().zip(&src).zip(&widths) {
+                    col[at * w..(at + CHUNK) * w].copy_from_slice(s);
+                }
+                at = (at + CHUNK) % (capacity - CHUNK + 1);
+                black_box(&mut cols);
+            });
+        });
+        drop(rb);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, extend, extend_row_sizes);
 criterion_main!(benches);

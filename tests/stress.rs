@@ -413,3 +413,93 @@ fn typed_rows() {
     });
     assert!(checked > 1000);
 }
+
+/// Rows of a streaming append: two large pixel fields (written with non-temporal
+/// stores) around small fields, every byte derived from the row's id.
+fn pixel_spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("obs", DType::U8, [2048])
+        .field("check", DType::U64, [])
+        .field("next_obs", DType::U8, [1032])
+        .build()
+        .unwrap()
+}
+
+fn pixel(id: u64, k: usize) -> u8 {
+    (id.wrapping_mul(0x9e37_79b9).wrapping_add(k as u64 * 131) >> 3) as u8
+}
+
+fn pixel_rows(rb: &ReplayBuffer, ids: &[u64]) -> Batch {
+    let mut b = rb.batch([ids.len()]);
+    b.set("id", ids).unwrap();
+    b.set(
+        "check",
+        &ids.iter().map(|&i| common::mix(i)).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let obs: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| (0..2048).map(move |k| pixel(i, k)))
+        .collect();
+    b.set("obs", &obs).unwrap();
+    let next: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| (0..1032).map(move |k| pixel(i + 1, k)))
+        .collect();
+    b.set("next_obs", &next).unwrap();
+    b
+}
+
+/// Appends of 12 MB (past the streaming threshold) lap a ring of twice that while
+/// learners sample: the non-temporal stores sit between fences, so no learner ever
+/// gets a row whose pixels are not its id's.
+#[test]
+fn streaming_appends_of_large_rows_are_never_torn() {
+    let rb = ReplayBuffer::builder(pixel_spec())
+        .capacity(8192)
+        .seed(9)
+        .build()
+        .unwrap();
+    let chunk = 4096;
+    rb.extend(&pixel_rows(&rb, &(0..chunk as u64).collect::<Vec<_>>()))
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    let checked = AtomicU64::new(0);
+    let deadline = Instant::now() + common::race_duration("REPLAYBUF_STRESS_MS");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let writer = rb.writer();
+            let mut next = chunk as u64;
+            while Instant::now() < deadline {
+                let ids: Vec<u64> = (next..next + chunk as u64).collect();
+                writer.extend(&pixel_rows(&rb, &ids)).unwrap();
+                next += chunk as u64;
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut learner = rb.learner();
+                while !stop.load(Ordering::Relaxed) {
+                    let b = learner.sample(64).unwrap();
+                    let ids = b.column::<u64>("id").unwrap();
+                    let check = b.column::<u64>("check").unwrap();
+                    let obs = b.column::<u8>("obs").unwrap();
+                    let next = b.column::<u8>("next_obs").unwrap();
+                    for (r, &id) in ids.iter().enumerate() {
+                        assert_eq!(check[r], common::mix(id), "torn row {id}");
+                        for k in 0..2048 {
+                            assert_eq!(obs[r * 2048 + k], pixel(id, k), "torn obs {id}");
+                        }
+                        for k in 0..1032 {
+                            assert_eq!(next[r * 1032 + k], pixel(id + 1, k), "torn next {id}");
+                        }
+                    }
+                    checked.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert!(checked.load(Ordering::Relaxed) > 0);
+}

@@ -98,6 +98,20 @@
 //! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
 //! memory ordering of string operations).
 //!
+//! **Streaming appends.** An append of at least 8 MiB writes each field of 1 KiB or
+//! more with non-temporal stores (`movntdq`, `atomic_copy::store_streaming`): whole
+//! lines go to memory without being read first, and without evicting the cache. Each
+//! is still a single hardware store, so the copy stays race-free in the model. But
+//! x86 orders non-temporal stores with nothing: one may become visible before the
+//! ordinary store of the slot's writing mark (W1) that precedes it, or after the
+//! publishing store (W3) that follows it. Either would break the protocol: a reader
+//! could copy new bytes under the old published stamp and validate them (R1 and R3
+//! both see the old stamp), or see the new stamp before the bytes. So a streaming row
+//! is bracketed by two `sfence`s (`plan.rs`, `write_row_streaming`): the first makes
+//! W1 visible before any of the row's stores, the second makes all of them visible
+//! before W3. The stamp protocol then holds as for ordinary stores. Under loom and the
+//! sanitizers `store_streaming` is the ordinary word copy, and the fences do nothing.
+//!
 //! ## 7. Priorities (`sumtree/`, `priority.rs`, `sampler/leaf_writes.rs`)
 //!
 //! A prioritized row's mass lives in a leaf word of its shard's tree block: the row's

@@ -103,6 +103,57 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     words::store(words, offset, src);
 }
 
+/// [`store`] for rows that will not be read again soon, as a large append writes them:
+/// the 64-byte blocks of the destination go out as non-temporal stores (`movntdq`),
+/// which write whole lines to memory without reading them first and without pushing
+/// the rest of the cache out. The copy's ends are ordinary stores.
+///
+/// Non-temporal stores are weakly ordered: they may become visible before an earlier
+/// ordinary store, or after a later one. The caller brackets a run of these copies with
+/// [`streaming_fence`] on both sides (see `stamp.rs`: after the slot's writing mark,
+/// before its publishing store).
+#[inline]
+pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    check_range(words, offset, src.len());
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
+    // SAFETY: as for `store`: the range is inside `words`, `src` is private readable
+    // memory that cannot overlap the region, and the region is only ever accessed
+    // through atomics and these copies.
+    unsafe {
+        x86::copy_streaming(
+            src.as_ptr(),
+            words.as_ptr().cast::<u8>().cast_mut().add(offset),
+            src.len(),
+        );
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    )))]
+    words::store(words, offset, src);
+}
+
+/// Orders every store before it, non-temporal ones included, before every store
+/// after it (`sfence` on x86_64; nothing elsewhere, where [`store_streaming`] makes
+/// ordinary stores).
+#[inline]
+pub fn streaming_fence() {
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
+    // SAFETY: `sfence` touches no memory and no register.
+    unsafe {
+        std::arch::asm!("sfence", options(nostack, preserves_flags));
+    }
+}
+
 /// What a prefetch prepares a cache line for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Intent {
@@ -165,6 +216,56 @@ mod x86 {
                 options(nostack, preserves_flags),
             );
         }
+    }
+
+    /// [`copy`] with the destination's whole 64-byte blocks written by non-temporal
+    /// 16-byte stores (`movntdq`, which needs a 16-byte aligned destination: the bytes
+    /// before the first block, and after the last, go through [`copy`]). Each store is
+    /// a single hardware store, as in [`copy`]; their ordering is the caller's (see
+    /// `store_streaming`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy`].
+    #[inline]
+    pub(super) unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+        let head = dst.align_offset(64).min(len);
+        let blocks = (len - head) / 64;
+        // SAFETY: the caller's obligations cover the whole range; `head` is within it.
+        unsafe { copy(src, dst, head) };
+        if blocks > 0 {
+            // SAFETY: `dst + head` is 64-byte aligned and `blocks * 64` bytes from it
+            // (and from `src + head`) lie inside the caller's ranges; every access is a
+            // single hardware load or store (obligation 3); SSE2 is baseline.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "movdqu {a}, xmmword ptr [{s}]",
+                    "movdqu {b}, xmmword ptr [{s} + 16]",
+                    "movdqu {c}, xmmword ptr [{s} + 32]",
+                    "movdqu {d}, xmmword ptr [{s} + 48]",
+                    "movntdq xmmword ptr [{t}], {a}",
+                    "movntdq xmmword ptr [{t} + 16], {b}",
+                    "movntdq xmmword ptr [{t} + 32], {c}",
+                    "movntdq xmmword ptr [{t} + 48], {d}",
+                    "add {s}, 64",
+                    "add {t}, 64",
+                    "dec {n}",
+                    "jnz 2b",
+                    s = inout(reg) src.add(head) => _,
+                    t = inout(reg) dst.add(head) => _,
+                    n = inout(reg) blocks => _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    d = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+        }
+        let done = head + blocks * 64;
+        // SAFETY: the rest of the caller's range.
+        unsafe { copy(src.add(done), dst.add(done), len - done) };
     }
 
     /// Copies `len` bytes from `src` to `dst` with single-instruction loads and stores
@@ -309,6 +410,21 @@ mod tests {
 
     fn region(words: usize) -> Vec<AtomicU64> {
         (0..words).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn streaming_round_trips_every_length_and_offset() {
+        let words = region(160);
+        for offset in 0..72 {
+            for len in (0..600).step_by(7).chain([1024, 1088, 1100]) {
+                let src: Vec<u8> = (0..len).map(|i| (i * 5 + offset + 3) as u8).collect();
+                store_streaming(&words, offset, &src);
+                streaming_fence();
+                let mut back = vec![0u8; len];
+                load(&words, offset, &mut back);
+                assert_eq!(back, src, "offset {offset} len {len}");
+            }
+        }
     }
 
     #[test]

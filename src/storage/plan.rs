@@ -89,7 +89,36 @@ impl<'a> Source<'a> {
             atomic_copy::store(words, row + c.offset, &c.data[r * c.bytes..][..c.bytes]);
         }
     }
+
+    /// [`write_row`](Self::write_row) for an append too large to stay in cache: fields
+    /// of at least [`STREAMING_FIELD_BYTES`] go out as non-temporal stores, between two
+    /// fences (`atomic_copy::store_streaming`): the slot's writing mark is visible
+    /// before any of the row, and all of the row before the publishing store after it.
+    #[inline]
+    pub(crate) fn write_row_streaming(
+        &self,
+        words: &[AtomicU64],
+        row: usize,
+        step: u64,
+        lane: u64,
+    ) {
+        let r = self.order.row(step, lane);
+        atomic_copy::streaming_fence();
+        for c in &self.cols {
+            let data = &c.data[r * c.bytes..][..c.bytes];
+            if c.bytes >= STREAMING_FIELD_BYTES {
+                atomic_copy::store_streaming(words, row + c.offset, data);
+            } else {
+                atomic_copy::store(words, row + c.offset, data);
+            }
+        }
+        atomic_copy::streaming_fence();
+    }
 }
+
+/// A field this long or longer is written with non-temporal stores by a streaming
+/// append; a shorter one is not worth its partial lines.
+pub(crate) const STREAMING_FIELD_BYTES: usize = 1024;
 
 /// One field's destination in the caller's buffers, for every row.
 #[derive(Debug)]
