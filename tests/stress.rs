@@ -451,13 +451,14 @@ fn pixel_rows(rb: &ReplayBuffer, ids: &[u64]) -> Batch {
     b
 }
 
-/// Appends of 12 MB (past the streaming threshold) lap a ring of twice that while
-/// learners sample: the non-temporal stores sit between fences, so no learner ever
-/// gets a row whose pixels are not its id's.
+/// Appends of 12 MB lap a ring of 76 MB (both past the streaming thresholds of
+/// `storage/mod.rs`: appends from the second lap on stream) while learners sample: the
+/// non-temporal stores sit between fences, so no learner ever gets a row whose pixels
+/// are not its id's.
 #[test]
 fn streaming_appends_of_large_rows_are_never_torn() {
     let rb = ReplayBuffer::builder(pixel_spec())
-        .capacity(8192)
+        .capacity(6 * 4096)
         .seed(9)
         .build()
         .unwrap();
