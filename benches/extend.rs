@@ -2,6 +2,10 @@
 //! `Writer::extend` beside a `Mutex`-guarded row-major ring written with plain copies,
 //! alone and while a background thread samples 256-row batches in a loop.
 //!
+//! Typed extend (`typed_extend_1000`): 1,000 `#[repr(C)]` mujoco transitions of 168
+//! bytes through `TypedBuffer::extend`, beside a plain `copy_from_slice` of the same
+//! bytes into a ring of the same capacity.
+//!
 //! And extend by row size (`extend_256_rows_of`): 256-row chunks of rows of 100 B,
 //! 1 KB, 3 KB, 16 KB and 56 KB (an id and two equal byte fields, as an observation and
 //! the next one) into a wrapped ring, beside the raw-memory floor of run-peers' `limit`:
@@ -122,5 +126,53 @@ fn extend_row_sizes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, extend, extend_row_sizes);
+/// The mujoco transition as one `#[repr(C)]` value: 168 bytes, like the row.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Transition {
+    obs: [f32; 17],
+    action: [f32; 6],
+    reward: f32,
+    next_obs: [f32; 17],
+    done: u32,
+}
+
+fn typed_extend(c: &mut Criterion) {
+    let rb = replaybuf::typed::TypedBuffer::<Transition>::builder()
+        .capacity(common::CAPACITY)
+        .seed(SEED)
+        .build()
+        .expect("a typed buffer");
+    let items = vec![
+        Transition {
+            obs: [1.0; 17],
+            action: [0.5; 6],
+            reward: 1.0,
+            next_obs: [2.0; 17],
+            done: 0,
+        };
+        CHUNK_ROWS
+    ];
+    for _ in 0..common::CAPACITY / CHUNK_ROWS + 1 {
+        rb.extend(&items).expect("extend");
+    }
+    let mut group = common::group(c, "typed_extend_1000", CHUNK_ROWS);
+    group.bench_function("lock_free", |b| {
+        b.iter(|| black_box(rb.extend(&items).expect("extend")));
+    });
+    // The floor: the same bytes copied into a ring of the same capacity.
+    let bytes: &[u8] = bytemuck::cast_slice(&items);
+    let mut ring = vec![0u8; common::CAPACITY * std::mem::size_of::<Transition>()];
+    let mut at = 0;
+    group.bench_function("memcpy", |b| {
+        b.iter(|| {
+            ring[at..at + bytes.len()].copy_from_slice(bytes);
+            at = (at + bytes.len()) % (ring.len() - bytes.len() + 1);
+            black_box(&mut ring);
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, extend, extend_row_sizes, typed_extend);
 criterion_main!(benches);
