@@ -9,7 +9,7 @@
 //!
 //! Layer: api. The buffer's methods are grouped by topic: this file (build, write,
 //! sample, read), `priorities.rs`, `transforms.rs`; checkpoints in `checkpoint/`,
-//! swaps in `swap/`, attaching in `shared/open.rs`.
+//! swaps in `swap/`, attaching in `attach.rs` (the region itself: `backing/shm.rs`).
 
 use crate::batch::Batch;
 use crate::builder::ReplayBufferBuilder;

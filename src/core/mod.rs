@@ -214,7 +214,7 @@ impl Core {
 
     /// Appends to shard `k`, entered with `claim`; for a prioritized buffer, records
     /// the rows' raw priorities once they are claimed and gives them their leaves once
-    /// they are published (see `priority.rs`).
+    /// they are published (see `priorities.rs`).
     fn append_shard(
         &self,
         k: usize,

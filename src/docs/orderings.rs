@@ -112,7 +112,7 @@
 //! before W3. The stamp protocol then holds as for ordinary stores. Under loom and the
 //! sanitizers `store_streaming` is the ordinary word copy, and the fences do nothing.
 //!
-//! ## 7. Priorities (`sumtree/`, `priority.rs`, `sampler/leaf_writes.rs`)
+//! ## 7. Priorities (`sumtree/`, `core/priorities.rs`, `sampler/leaf_writes.rs`)
 //!
 //! A prioritized row's mass lives in a leaf word of its shard's tree block: the row's
 //! whole 32-bit lap and an integer mass kept to 26 significant bits. Its raw priority

@@ -69,7 +69,7 @@ impl Region {
                 // (1) No reference to the bytes is ever made: the region is read only
                 // through atomics and the atomic row copy (`Region::words`), which
                 // tolerate concurrent change. (2) The file is held under a shared lock
-                // (`checkpoint/memmap.rs`), so no replaybuf writer has it open. (3) A
+                // (`backing/file.rs`), so no replaybuf writer has it open. (3) A
                 // change by anything else shows through pages this process has not
                 // copied yet as rows whose stamps do not validate, or as damaged
                 // state the readers bound by the geometry, never as undefined

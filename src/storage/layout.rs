@@ -55,7 +55,7 @@ pub(crate) enum Header {
     Magic = 0,
     /// [`FORMAT_VERSION`].
     Version = 1,
-    /// A hash of everything that decides the region's layout (see `checkpoint/meta.rs`).
+    /// A hash of everything that decides the region's layout (see `config.rs`).
     LayoutHash = 2,
     /// [`READY`] once the creator has laid out every word; zero before.
     State = 3,
