@@ -295,6 +295,12 @@ impl<'a> Tree<'a> {
 
     /// Adds the deltas of entries `lo..lo + deltas.len()` of level `level - 1` to
     /// their ancestors from `level` up, one `fetch_add` per touched entry.
+    ///
+    /// Deltas add up modulo 2^64 (`wrapping_add`, then `as u64`): one leaf's change
+    /// fits an `i64` (every mass is below 2^63), but a node's many changes together
+    /// need not (sixteen leaves at `value_max` of a small tree pass `i64::MAX`). Every
+    /// sum entry's true value fits a `u64`, so the entry the wrapping adds leave is
+    /// exact.
     fn add_deltas(&self, level: usize, lo: usize, deltas: &[i64]) {
         let mut lo = lo;
         let mut below: SmallVec<[i64; 64]> = deltas.into();
@@ -303,7 +309,8 @@ impl<'a> Tree<'a> {
             let mut sums: SmallVec<[i64; 64]> =
                 smallvec::smallvec![0; (lo + below.len() - 1) / ARITY + 1 - start];
             for (k, d) in below.iter().enumerate() {
-                sums[(lo + k) / ARITY - start] += d;
+                let sum = &mut sums[(lo + k) / ARITY - start];
+                *sum = sum.wrapping_add(*d);
             }
             for (k, &d) in sums.iter().enumerate() {
                 if d != 0 {
@@ -394,7 +401,8 @@ impl<'a> Tree<'a> {
         for node in lo..hi {
             let mut delta = 0i64;
             for i in (node * ARITY).max(first)..((node + 1) * ARITY).min(end) {
-                delta += change(i);
+                // Modulo 2^64: see `add_deltas`.
+                delta = delta.wrapping_add(change(i));
             }
             if delta != 0 {
                 self.entry(TreeKind::Sum, 1, node)
@@ -462,7 +470,7 @@ impl<'a> Tree<'a> {
                 {
                     continue;
                 }
-                delta += new.value() as i64 - cur.value() as i64;
+                delta = delta.wrapping_add(new.value() as i64 - cur.value() as i64);
             }
             // A raw word that moved since: its writer may have set the leaf before
             // this did; follow it again.
@@ -857,6 +865,25 @@ mod tests {
         };
         let _moved = tree.update_many(&[u], &mut applied);
         applied[0]
+    }
+
+    /// Sixteen leaves of a small tree all set to `value_max` change their node by more
+    /// than `i64::MAX`; the sums stay exact (found by the `sumtree` fuzz target, which
+    /// panicked on the overflow in a build with overflow checks).
+    #[test]
+    fn a_node_of_heaviest_leaves_sums_exactly() {
+        for n in [1, 2, 3, 5, 16] {
+            let (w, layout) = words(n);
+            let tree = Tree::new(&w, &layout);
+            let heaviest = Leaf::new(1, layout.value_max);
+            tree.set_run(0, n, |_| heaviest);
+            let total: u64 = (0..n).map(|i| tree.leaf(i).value()).sum();
+            assert_eq!(tree.total(), total, "{n} leaves");
+            assert!(tree.is_consistent());
+            tree.set_run(0, n, |_| Leaf::new(2, 1));
+            assert_eq!(tree.total(), n as u64, "{n} leaves, lightened");
+            assert!(tree.is_consistent());
+        }
     }
 
     #[test]
