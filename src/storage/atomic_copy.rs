@@ -77,30 +77,7 @@ pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
 /// The caller must hold the slot(s) the range covers for writing (stamp protocol).
 #[inline]
 pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
-    check_range(words, offset, src.len());
-    #[cfg(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    ))]
-    // SAFETY: (1) `check_range` put the destination range inside `words`, and `src` is
-    // a borrow of `src.len()` readable bytes; (2) `src` is private memory, the
-    // destination shared, so they cannot overlap; (3) the region is only ever accessed
-    // through atomics and this copy (`Region` invariant). Writing through a pointer
-    // derived from `&[AtomicU64]` is allowed: the words are interior-mutable cells.
-    unsafe {
-        x86::copy(
-            src.as_ptr(),
-            words.as_ptr().cast::<u8>().cast_mut().add(offset),
-            src.len(),
-        );
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    )))]
-    words::store(words, offset, src);
+    store_with(words, offset, src, false);
 }
 
 /// [`store`] for rows that will not be read again soon, as a large append writes them:
@@ -114,28 +91,48 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
 /// before its publishing store).
 #[inline]
 pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    store_with(words, offset, src, true);
+}
+
+/// [`store`], with non-temporal stores if `streaming` (a constant at every call site,
+/// so the branch folds away).
+#[inline]
+fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: bool) {
     check_range(words, offset, src.len());
     #[cfg(all(
         target_arch = "x86_64",
         not(replaybuf_loom),
         not(replaybuf_atomic_copy)
     ))]
-    // SAFETY: as for `store`: the range is inside `words`, `src` is private readable
-    // memory that cannot overlap the region, and the region is only ever accessed
-    // through atomics and these copies.
-    unsafe {
-        x86::copy_streaming(
+    {
+        let (from, to) = (
             src.as_ptr(),
-            words.as_ptr().cast::<u8>().cast_mut().add(offset),
-            src.len(),
+            words.as_ptr().cast::<u8>().cast_mut().wrapping_add(offset),
         );
+        // SAFETY: (1) `check_range` put the destination range inside `words`, and
+        // `src` is a borrow of `src.len()` readable bytes; (2) `src` is private memory,
+        // the destination shared, so they cannot overlap; (3) the region is only ever
+        // accessed through atomics and these copies (`Region` invariant). Writing
+        // through a pointer derived from `&[AtomicU64]` is allowed: the words are
+        // interior-mutable cells.
+        unsafe {
+            if streaming {
+                x86::copy_streaming(from, to, src.len());
+            } else {
+                x86::copy(from, to, src.len());
+            }
+        }
     }
     #[cfg(not(all(
         target_arch = "x86_64",
         not(replaybuf_loom),
         not(replaybuf_atomic_copy)
     )))]
-    words::store(words, offset, src);
+    {
+        // Ordinary word stores either way (see `streaming_fence`).
+        let _ = streaming;
+        words::store(words, offset, src);
+    }
 }
 
 /// Orders every store before it, non-temporal ones included, before every store
