@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::workloads::Workload;
+use crate::workloads::{TrajIds, Workload};
 use replaybuf::ReplayBuffer;
 
 /// Which workloads to run and how big.
@@ -102,21 +102,12 @@ pub fn learner_step(
 /// fill, steady extend, sample and memory of one workload.
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
-    let mut chunk = w.chunk_data(&rb, w.chunk, 1);
-    let mut traj_ids = w.traj_ids();
-    let writer = rb.writer();
+    let mut collector = Collector::new(w, &rb);
     // Memory is measured from here: the buffer's pages are all that fill adds.
     let before = resident_bytes();
 
     let fills = w.capacity / w.chunk;
-    let mut extend = || {
-        // A slice workload's chunk carries the stream's next trajectory ids (one i64
-        // store a row, under 1% of the extend it precedes).
-        if let Some(ids) = traj_ids.as_mut() {
-            ids.stamp(&mut chunk);
-        }
-        writer.extend(&chunk).expect("extend");
-    };
+    let mut extend = || collector.extend();
     emit(
         w.name,
         "fill",
@@ -168,8 +159,35 @@ pub fn single(w: Workload, samples: usize) {
             "payload_bytes": w.payload_bytes,
         })
     );
-    drop((learner, batch, writer, rb));
+    drop((learner, batch, collector, rb));
     fill_backed(w);
+}
+
+/// A collector of one workload: its writer and chunk, and for a slice workload the
+/// stream of trajectory ids.
+struct Collector {
+    writer: replaybuf::Writer,
+    chunk: replaybuf::Batch,
+    traj_ids: Option<TrajIds>,
+}
+
+impl Collector {
+    fn new(w: Workload, rb: &ReplayBuffer) -> Collector {
+        Collector {
+            writer: rb.writer(),
+            chunk: w.chunk_data(rb, w.chunk, 1),
+            traj_ids: w.traj_ids(),
+        }
+    }
+
+    /// Extends the buffer by one chunk. A slice workload's chunk carries the stream's
+    /// next trajectory ids (one i64 store a row, under 1% of the extend it precedes).
+    fn extend(&mut self) {
+        if let Some(ids) = self.traj_ids.as_mut() {
+            ids.stamp(&mut self.chunk);
+        }
+        self.writer.extend(&self.chunk).expect("extend");
+    }
 }
 
 /// `fill` again, into a second buffer built once the first is dropped: the kernel
@@ -178,19 +196,11 @@ pub fn single(w: Workload, samples: usize) {
 /// and not what the machine's first touch of memory does. Printed as `fill-backed`.
 fn fill_backed(w: Workload) {
     let rb = w.builder(8).build().expect("workload buffer");
-    let mut chunk = w.chunk_data(&rb, w.chunk, 1);
-    let mut traj_ids = w.traj_ids();
-    let writer = rb.writer();
-    let mut extend = || {
-        if let Some(ids) = traj_ids.as_mut() {
-            ids.stamp(&mut chunk);
-        }
-        writer.extend(&chunk).expect("extend");
-    };
+    let mut collector = Collector::new(w, &rb);
     emit(
         w.name,
         "fill-backed",
-        seconds_per_op(w.capacity / w.chunk, &mut extend),
+        seconds_per_op(w.capacity / w.chunk, || collector.extend()),
         w.chunk,
         json!({}),
     );
