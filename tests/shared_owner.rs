@@ -2,64 +2,18 @@
 //! alone is refused, never mapped (issue 12, item 5), and a creator removes only the
 //! region it made, not a newer one of the same name (item 6).
 
-use std::fs::{self, OpenOptions, Permissions};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, Permissions};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use replaybuf::error::PersistError;
-use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::ReplayBuffer;
 
 mod common;
-use common::shm::{path_of, Cleanup};
+use common::shm::{builder, path_of, plant, Cleanup};
 
 fn name(test: &str) -> String {
     common::shm::name("owner", test)
-}
-
-fn spec() -> Spec {
-    Spec::builder()
-        .field("id", DType::U64, [])
-        .field("x", DType::F32, [2])
-        .build()
-        .unwrap()
-}
-
-fn builder(name: &str) -> ReplayBufferBuilder {
-    ReplayBuffer::builder(spec())
-        .capacity(1024)
-        .shards(2)
-        .seed(5)
-        .shared(name)
-}
-
-/// The bytes of a real, ready region of `builder`'s layout: what a user who
-/// pre-creates the name would plant, so that an unchecked attach goes all the way.
-fn real_region_bytes(test: &str) -> Vec<u8> {
-    let name = name(&format!("{test}-model"));
-    let _cleanup = Cleanup(path_of(&name));
-    let rb = builder(&name).build().unwrap();
-    let mut b = rb.batch([4]);
-    b.set("id", &[1u64, 2, 3, 4]).unwrap();
-    b.set("x", &[0f32; 8]).unwrap();
-    rb.extend(&b).unwrap();
-    fs::read(path_of(&name)).unwrap()
-}
-
-/// Plants `bytes` as the region `name`, with permission bits `mode`.
-fn plant(name: &str, bytes: &[u8], mode: u32) -> Cleanup {
-    let path = path_of(name);
-    let _ = fs::remove_file(&path);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .unwrap();
-    f.write_all(bytes).unwrap();
-    // Past the umask: exactly `mode`.
-    fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
-    Cleanup(path)
 }
 
 /// The persistence error under a build error.
@@ -109,7 +63,7 @@ fn refused_everywhere(name: &str, owner: u32, mode: u32) {
 #[test]
 fn a_world_writable_region_is_refused_and_left_untouched() {
     let name = name("world");
-    let bytes = real_region_bytes("world");
+    let bytes = common::shm::real_region_bytes("owner", "world");
     let _cleanup = plant(&name, &bytes, 0o666);
     let me = fs::metadata(path_of(&name)).unwrap().uid();
     refused_everywhere(&name, me, 0o666);
@@ -118,7 +72,7 @@ fn a_world_writable_region_is_refused_and_left_untouched() {
 #[test]
 fn a_group_readable_region_is_refused() {
     let name = name("group");
-    let bytes = real_region_bytes("group");
+    let bytes = common::shm::real_region_bytes("owner", "group");
     let _cleanup = plant(&name, &bytes, 0o640);
     let me = fs::metadata(path_of(&name)).unwrap().uid();
     refused_everywhere(&name, me, 0o640);
@@ -128,7 +82,7 @@ fn a_group_readable_region_is_refused() {
 fn another_users_owner_only_region_is_refused() {
     const NOBODY: u32 = 65534;
     let name = name("nobody");
-    let bytes = real_region_bytes("nobody");
+    let bytes = common::shm::real_region_bytes("owner", "nobody");
     let cleanup = plant(&name, &bytes, 0o600);
     if std::os::unix::fs::chown(&cleanup.0, Some(NOBODY), None).is_err() {
         // Only root can give a file away; elsewhere there is nothing to test.
@@ -143,7 +97,7 @@ fn a_symbolic_link_under_a_regions_name_is_not_followed() {
     // The link points at an owner-only copy of a real region: followed, it would pass
     // the owner check and be mapped (and written).
     let name = name("link");
-    let bytes = real_region_bytes("link");
+    let bytes = common::shm::real_region_bytes("owner", "link");
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("region");
     fs::write(&target, &bytes).unwrap();
@@ -175,7 +129,7 @@ fn a_symbolic_link_under_a_regions_name_is_not_followed() {
 #[test]
 fn listing_marks_a_foreign_region_without_opening_it_and_never_stale() {
     let name = name("list");
-    let bytes = real_region_bytes("list");
+    let bytes = common::shm::real_region_bytes("owner", "list");
     let _cleanup = plant(&name, &bytes, 0o666);
     let listed = replaybuf::shared::list();
     let found = listed.iter().find(|r| r.name == name).expect("listed");

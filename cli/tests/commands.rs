@@ -2,17 +2,16 @@
 //! `shm list` and `shm remove`. The library's side of each (what `inspect` and
 //! `shared::list` find) is tested in the library's own tests.
 
-use std::fs::{self, OpenOptions, Permissions};
+use std::fs;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::process::{Command, Output, Stdio};
 
 use replaybuf::sampler::Prioritized;
-use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::ReplayBuffer;
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
-use common::shm::{path_of, Cleanup};
+use common::shm::{path_of, plant, spec, Cleanup};
 
 fn name(test: &str) -> String {
     common::shm::name("cli", test)
@@ -27,22 +26,6 @@ fn replaybuf(args: &[&str]) -> Output {
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn spec() -> Spec {
-    Spec::builder()
-        .field("id", DType::U64, [])
-        .field("x", DType::F32, [2])
-        .build()
-        .unwrap()
-}
-
-fn shared(name: &str) -> ReplayBufferBuilder {
-    ReplayBuffer::builder(spec())
-        .capacity(1024)
-        .shards(2)
-        .seed(5)
-        .shared(name)
 }
 
 fn fill(rb: &ReplayBuffer, n: usize) {
@@ -107,7 +90,7 @@ fn creator_child() {
     let Ok(name) = std::env::var("REPLAYBUF_CLI_CREATOR") else {
         return;
     };
-    let rb = shared(&name).build().unwrap();
+    let rb = common::shm::builder(&name).build().unwrap();
     fill(&rb, 10);
     println!("created");
     std::io::stdout().flush().unwrap();
@@ -143,25 +126,9 @@ fn a_crashed_creators_region_is_listed_stale_and_removed() {
 #[test]
 fn listing_marks_a_foreign_region_and_never_stale() {
     // A real region's bytes, planted under another name open to everyone.
-    let model = name("foreign-model");
-    let bytes = {
-        let _cleanup = Cleanup(path_of(&model));
-        let rb = shared(&model).build().unwrap();
-        fill(&rb, 4);
-        fs::read(path_of(&model)).unwrap()
-    };
+    let bytes = common::shm::real_region_bytes("cli", "foreign");
     let name = name("foreign");
-    let path = path_of(&name);
-    let _ = fs::remove_file(&path);
-    let _cleanup = Cleanup(path.clone());
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .unwrap();
-    f.write_all(&bytes).unwrap();
-    fs::set_permissions(&path, Permissions::from_mode(0o666)).unwrap();
+    let _cleanup = plant(&name, &bytes, 0o666);
     let listed = stdout(&replaybuf(&["shm", "list"]));
     let line = listed
         .lines()

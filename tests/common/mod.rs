@@ -25,9 +25,63 @@ pub fn mix(id: u64) -> u64 {
 }
 
 /// Shared-memory regions of the tests: names unique to one test run, their files,
-/// and their removal when a test ends.
+/// their removal when a test ends, and real regions planted under other names.
 pub mod shm {
+    use std::fs::{self, OpenOptions, Permissions};
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+    use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+
     use super::PathBuf;
+
+    /// Rows of an id and two floats.
+    pub fn spec() -> Spec {
+        Spec::builder()
+            .field("id", DType::U64, [])
+            .field("x", DType::F32, [2])
+            .build()
+            .unwrap()
+    }
+
+    /// A small two-shard buffer in the region `name`.
+    pub fn builder(name: &str) -> ReplayBufferBuilder {
+        ReplayBuffer::builder(spec())
+            .capacity(1024)
+            .shards(2)
+            .seed(5)
+            .shared(name)
+    }
+
+    /// The bytes of a real, ready region of `builder`'s layout (named for test `test`
+    /// of suite `suite`, removed after): what a user who pre-creates a name would
+    /// plant, so that an unchecked attach goes all the way.
+    pub fn real_region_bytes(suite: &str, test: &str) -> Vec<u8> {
+        let name = name(suite, &format!("{test}-model"));
+        let _cleanup = Cleanup(path_of(&name));
+        let rb = builder(&name).build().unwrap();
+        let mut b = rb.batch([4]);
+        b.set("id", &[1u64, 2, 3, 4]).unwrap();
+        b.set("x", &[0f32; 8]).unwrap();
+        rb.extend(&b).unwrap();
+        fs::read(path_of(&name)).unwrap()
+    }
+
+    /// Plants `bytes` as the region `name`, with permission bits `mode`.
+    pub fn plant(name: &str, bytes: &[u8], mode: u32) -> Cleanup {
+        let path = path_of(name);
+        let _ = fs::remove_file(&path);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        f.write_all(bytes).unwrap();
+        // Past the umask: exactly `mode`.
+        fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
+        Cleanup(path)
+    }
 
     /// A region name for test `test` of the suite `suite`, unique to this process.
     pub fn name(suite: &str, test: &str) -> String {
