@@ -1,0 +1,370 @@
+//! `replaybuf._native.TmrlMemory`: the engine's tmrl-style memory
+//! (`replaybuf::tmrl::TmrlMemory`) with numpy arrays in and out, wrapped by
+//! `replaybuf.tmrl.Memory`, which speaks tmrl's names.
+//!
+//! A collector's buffer of samples comes in as a dict of columns (`act`, `obs`, `rew`,
+//! `terminated`, `truncated`, each `(n, ..)`) and is paired into transitions by the
+//! engine. A sampled batch comes out as the six `float32` arrays the engine collated,
+//! handed to numpy without a copy; stored transitions come out as a dict of arrays in
+//! their stored dtypes.
+//!
+//! The engine's memory needs `&mut` to append (it keeps the last sample, to link an
+//! episode that the next buffer continues) and to sample (its loader), so it sits
+//! behind a lock. The lock is taken only with the GIL released, inside `py.detach`:
+//! a thread that held it and waited for the GIL while another thread held the GIL and
+//! waited for it would deadlock. Reads of stored rows go through a second handle of
+//! the same buffer and take no lock.
+
+// The crate-wide list of disallowed locks keeps the engine's synchronisation in its
+// loom facade; this lock guards a Python object's state, which loom never models.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the binding's lock is outside the engine's loom-checked protocols"
+)]
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use replaybuf::tmrl::{Tensor, TmrlMemory};
+use replaybuf::{Batch, ReplayBuffer, Spec};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::errors::{key_error, py_err, type_error, value_error};
+use crate::fields::{key_to_py, numpy_dtype, spec_from_py};
+
+/// A tmrl-style memory of transitions (see `replaybuf.tmrl.Memory` for the user's face).
+#[pyclass(frozen, module = "replaybuf._native", name = "TmrlMemory")]
+pub(crate) struct Memory {
+    /// Locked only inside `py.detach` (see the module docs).
+    memory: Mutex<TmrlMemory>,
+    /// Another handle of the memory's buffer: lengths and reads, no lock.
+    buffer: ReplayBuffer,
+    /// What `append_buffer` takes: act, obs, rew, terminated, truncated.
+    sample_spec: Arc<Spec>,
+    nb_steps: usize,
+    batch_size: usize,
+}
+
+/// The data of numpy arrays that a GIL-free copy reads: `(pointer, bytes)`.
+struct Spans(Vec<(*const u8, usize)>);
+
+// SAFETY: the spans point into numpy arrays that the calling frame holds references to
+// for the whole GIL-free section that reads them; nothing writes through them.
+unsafe impl Send for Spans {}
+
+/// A pointer to `array`'s data and its length in bytes.
+fn span(array: &Bound<'_, PyUntypedArray>) -> (*mut u8, usize) {
+    // SAFETY: `as_array_ptr` points at a live array object: we hold a reference to it.
+    let data = unsafe { (*array.as_array_ptr()).data } as *mut u8;
+    (data, array.len() * array.dtype().itemsize())
+}
+
+impl Memory {
+    fn wrap(memory: TmrlMemory) -> Memory {
+        Memory {
+            buffer: memory.buffer().clone(),
+            sample_spec: memory.collector_buffer(0).spec().clone(),
+            nb_steps: memory.nb_steps(),
+            batch_size: memory.batch_size(),
+            memory: Mutex::new(memory),
+        }
+    }
+
+    /// The collector batch of `samples` (a dict of columns): every array checked before
+    /// anything is copied, then copied with the GIL released.
+    fn samples_of(&self, py: Python<'_>, samples: &Bound<'_, PyDict>) -> PyResult<Batch> {
+        let mut arrays = Vec::with_capacity(self.sample_spec.fields().len());
+        let mut rows: Option<usize> = None;
+        for field in self.sample_spec.fields() {
+            let key = key_to_py(py, field.key())?;
+            let value = samples
+                .get_item(&key)?
+                .ok_or_else(|| key_error(format!("append_buffer: no column `{key}`")))?;
+            let array = value
+                .cast_into::<PyUntypedArray>()
+                .map_err(|_| type_error(format!("append_buffer: `{key}` is not a numpy array")))?;
+            let descr = numpy_dtype(py, field.dtype())?;
+            if !array.dtype().is_equiv_to(&descr) {
+                return Err(type_error(format!(
+                    "append_buffer: `{key}` must be {descr}, got {}",
+                    array.dtype()
+                )));
+            }
+            if !array.is_c_contiguous() {
+                return Err(value_error(format!(
+                    "append_buffer: `{key}` is not C-contiguous"
+                )));
+            }
+            let dims = array.shape();
+            if dims.is_empty() || dims[1..] != *field.shape() {
+                return Err(value_error(format!(
+                    "append_buffer: `{key}` has shape {dims:?}; expected (n, {})",
+                    field
+                        .shape()
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            match rows {
+                None => rows = Some(dims[0]),
+                Some(n) if n != dims[0] => {
+                    return Err(value_error(format!(
+                        "append_buffer: `{key}` has {} samples, the other columns {n}",
+                        dims[0]
+                    )))
+                }
+                Some(_) => {}
+            }
+            arrays.push(array);
+        }
+        let mut batch = Batch::zeros(self.sample_spec.clone(), [rows.unwrap_or(0)]);
+        let spans = Spans(
+            arrays
+                .iter()
+                .map(|a| {
+                    let (ptr, len) = span(a);
+                    (ptr.cast_const(), len)
+                })
+                .collect(),
+        );
+        let spec = &self.sample_spec;
+        py.detach(|| {
+            let spans = spans;
+            for (field, &(ptr, len)) in spec.fields().iter().zip(&spans.0) {
+                let dst = batch
+                    .column_bytes_mut(field.key())
+                    .expect("the batch has the sample spec's fields");
+                // SAFETY: `ptr` is the data of a C-contiguous array of `len` bytes (dtype
+                // and shape checked above, so `len == dst.len()`), alive for this call.
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
+            }
+        });
+        drop(arrays);
+        Ok(batch)
+    }
+}
+
+/// A dict of `batch`'s fields, each a new array of `[rows, ..field shape]` in the
+/// field's dtype, and `index`.
+fn dict_of_batch<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
+    let np = py.import("numpy")?;
+    let out = PyDict::new(py);
+    for field in batch.spec().fields() {
+        let mut shape = batch.shape().to_vec();
+        shape.extend_from_slice(field.shape());
+        let array = np
+            .call_method1("empty", (shape, numpy_dtype(py, field.dtype())?))?
+            .cast_into::<PyUntypedArray>()?;
+        let src = batch.column_bytes(field.key()).map_err(py_err)?;
+        let (ptr, len) = span(&array);
+        assert_eq!(len, src.len(), "a fresh array holds the column");
+        // SAFETY: a fresh C-contiguous array of `len` bytes that nothing else sees yet.
+        unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(src);
+        out.set_item(key_to_py(py, field.key())?, array)?;
+    }
+    out.set_item("index", PyArray1::from_slice(py, batch.index()))?;
+    Ok(out)
+}
+
+/// A collated tensor as a numpy array that owns the engine's values (no copy).
+fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
+    Ok(PyArray1::from_vec(py, t.data).reshape(t.shape)?.into_any())
+}
+
+#[pymethods]
+impl Memory {
+    /// A new, empty memory of `capacity` transitions of `spec` (the six fields `obs`,
+    /// `act`, `rew`, `("next", "obs")`, `terminated`, `truncated`), on the heap or
+    /// file-backed under `memmap`.
+    #[new]
+    #[pyo3(signature = (
+        capacity,
+        spec,
+        *,
+        batch_size = 256,
+        nb_steps = 1,
+        seed = None,
+        memmap = None,
+        existsok = false,
+        prefetch = 0,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        capacity: usize,
+        spec: &Bound<'_, PyAny>,
+        batch_size: usize,
+        nb_steps: usize,
+        seed: Option<u64>,
+        memmap: Option<PathBuf>,
+        existsok: bool,
+        prefetch: usize,
+    ) -> PyResult<Memory> {
+        let mut b = ReplayBuffer::builder(spec_from_py(spec)?)
+            .capacity(capacity)
+            .existsok(existsok);
+        if let Some(seed) = seed {
+            b = b.seed(seed);
+        }
+        if let Some(dir) = memmap {
+            b = b.memmap(dir);
+        }
+        let memory = py
+            .detach(|| {
+                let buffer = b.build()?;
+                TmrlMemory::builder(buffer)
+                    .batch_size(batch_size)
+                    .nb_steps(nb_steps)
+                    .prefetch(prefetch)
+                    .build()
+            })
+            .map_err(py_err)?;
+        Ok(Memory::wrap(memory))
+    }
+
+    /// A memory over a dataset directory: a checkpoint (`save`, or a `ReplayBuffer`'s
+    /// `dumps`) loaded into memory, or a file-backed storage reopened in place.
+    #[staticmethod]
+    #[pyo3(signature = (path, *, batch_size = 256, nb_steps = 1, prefetch = 0))]
+    fn from_dataset(
+        py: Python<'_>,
+        path: PathBuf,
+        batch_size: usize,
+        nb_steps: usize,
+        prefetch: usize,
+    ) -> PyResult<Memory> {
+        let builder = py
+            .detach(|| TmrlMemory::from_dataset(&path))
+            .map_err(py_err)?;
+        let memory = py
+            .detach(|| {
+                builder
+                    .batch_size(batch_size)
+                    .nb_steps(nb_steps)
+                    .prefetch(prefetch)
+                    .build()
+            })
+            .map_err(py_err)?;
+        Ok(Memory::wrap(memory))
+    }
+
+    /// Transitions stored.
+    fn __len__(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Transitions the memory holds when full.
+    #[getter]
+    fn memory_size(&self) -> usize {
+        self.buffer.capacity()
+    }
+
+    /// Transitions per sampled batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Batches per pass.
+    #[getter]
+    fn nb_steps(&self) -> usize {
+        self.nb_steps
+    }
+
+    /// The fields: a list of `(key, numpy dtype, shape)`.
+    #[getter]
+    fn spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self
+            .buffer
+            .spec()
+            .fields()
+            .iter()
+            .map(|f| {
+                PyTuple::new(
+                    py,
+                    [
+                        key_to_py(py, f.key())?,
+                        numpy_dtype(py, f.dtype())?.into_any(),
+                        PyTuple::new(py, f.shape())?.into_any(),
+                    ],
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Appends a collector's samples in order (a dict of C-contiguous columns `act`,
+    /// `obs`, `rew`, `terminated`, `truncated` of the fields' dtypes, each `(n, ..)`)
+    /// and returns the storage index of every transition they made.
+    fn append_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        samples: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let batch = self.samples_of(py, samples)?;
+        let written = py
+            .detach(|| self.memory.lock().append_buffer(&batch))
+            .map_err(py_err)?;
+        let index: Vec<u64> = (0..written.len()).filter_map(|r| written.get(r)).collect();
+        Ok(PyArray1::from_vec(py, index))
+    }
+
+    /// The transition at storage `index`: a dict of the six fields (each of the field's
+    /// shape, in a leading axis of one) and `index`.
+    fn get_transition<'py>(&self, py: Python<'py>, index: u64) -> PyResult<Bound<'py, PyDict>> {
+        let batch = py.detach(|| self.buffer.get(index)).map_err(py_err)?;
+        dict_of_batch(py, &batch)
+    }
+
+    /// `batch_size` transitions drawn uniformly, not collated: a dict of the six
+    /// fields in their stored dtypes and `index`.
+    fn sample_rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let n = self.batch_size;
+        let batch = py.detach(|| self.buffer.sample(n)).map_err(py_err)?;
+        dict_of_batch(py, &batch)
+    }
+
+    /// `batch_size` transitions drawn uniformly and collated: `(prev_obs, act, rew,
+    /// new_obs, terminated, truncated)`, all `float32`: the reward and the flags
+    /// `(batch,)`, the others `(batch, ..field shape)`.
+    fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let batch = py.detach(|| self.memory.lock().sample()).map_err(py_err)?;
+        let (prev_obs, act, rew, new_obs, terminated, truncated) = batch.into_tuple();
+        PyTuple::new(
+            py,
+            [
+                array_of(py, prev_obs)?,
+                array_of(py, act)?,
+                array_of(py, rew)?,
+                array_of(py, new_obs)?,
+                array_of(py, terminated)?,
+                array_of(py, truncated)?,
+            ],
+        )
+    }
+
+    /// Saves every transition under the directory `path`, as a checkpoint that
+    /// `from_dataset` (and `ReplayBuffer.from_checkpoint`) opens.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.buffer.save(&path)).map_err(py_err)
+    }
+
+    /// Writes a file-backed memory through to its files and the disk.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.buffer.flush()).map_err(py_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TmrlMemory(len={}, memory_size={}, batch_size={}, nb_steps={})",
+            self.buffer.len(),
+            self.buffer.capacity(),
+            self.batch_size,
+            self.nb_steps
+        )
+    }
+}
