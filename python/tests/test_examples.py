@@ -1,0 +1,62 @@
+"""The Python examples run, briefly, and find no torn row.
+
+``examples/python/threads.py`` and ``processes.py`` are run as a user would run them
+(a fresh interpreter each), with small settings: a buffer small enough to wrap around
+many times in the run, so that learners read rows while collectors overwrite the rows
+beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
+SMALL = ["--seconds", "2", "--capacity", "5000", "--envs", "10", "--steps", "10", "--batch", "64"]
+
+
+def run_example(script: str, *args: str) -> tuple[str, int]:
+    """The example's output and process id, once it exited 0."""
+    with subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=EXAMPLES,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{out}\n{err}"
+        return out, proc.pid
+
+
+def torn_and_checked(out: str) -> tuple[int, int]:
+    m = re.search(r"^torn rows: (\d+) of ([\d,]+) checked$", out, re.MULTILINE)
+    assert m, f"no torn-row count in the output:\n{out}"
+    return int(m.group(1)), int(m.group(2).replace(",", ""))
+
+
+@pytest.mark.parametrize("collectors, learners", [(1, 1), (2, 2)])
+def test_threads_example_finds_no_torn_row(collectors, learners):
+    out, _ = run_example("threads.py", "--collectors", str(collectors), "--learners", str(learners), *SMALL)
+    torn, checked = torn_and_checked(out)
+    assert checked > 0
+    assert torn == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shared regions checked under /dev/shm")
+def test_processes_example_finds_no_torn_row_and_removes_its_region():
+    out, pid = run_example("processes.py", "--collectors", "2", "--learners", "1", *SMALL)
+    torn, checked = torn_and_checked(out)
+    assert checked > 0
+    assert torn == 0
+    assert "shared region removed" in out
+    assert not os.path.exists(f"/dev/shm/replaybuf.example-processes-{pid}")
