@@ -137,6 +137,8 @@ class Memory:
         self._memmap = memmap
         self._prefetch = int(prefetch)
         self._native: Optional[TmrlMemory] = None
+        # Samples appended before any had an action (the memory's fields unknown).
+        self._pending: List[Any] = []
         self.path = dataset_path
         if dataset_path and os.path.isdir(dataset_path) and os.listdir(dataset_path):
             self._native = TmrlMemory.from_dataset(
@@ -234,15 +236,31 @@ class Memory:
                 self._build((obs.dtype, obs.shape[1:]), (act.dtype, act.shape[1:]))
             return buffer
         samples: Sequence[Any] = getattr(buffer, "memory", buffer)
+        if self._pending:
+            samples, self._pending = self._pending + list(samples), []
         if len(samples) == 0:
             return None
         if self._native is None:
-            act, obs = samples[0][0], samples[0][1]
-            self._build(_field(obs, "observation"), _field(act, "action"))
+            # A reset sample's action is None in tmrl's non-real-time environments: the
+            # action's fields come from the first real one.
+            act = next((s[0] for s in samples if s[0] is not None), None)
+            if act is None:
+                self._pending = list(samples)
+                return None
+            self._build(_field(samples[0][1], "observation"), _field(act, "action"))
         dtypes = self._dtypes()
+        no_action = None
 
         def column(i: int, key: str) -> np.ndarray:
+            nonlocal no_action
             values = [s[i] for s in samples]
+            if key == "act" and any(v is None for v in values):
+                # Only an episode's first sample has no action, and a first sample's
+                # action is never part of a transition.
+                if no_action is None:
+                    shape = next(shape for k, _, shape in self._native.spec if k == "act")
+                    no_action = np.zeros(shape, dtypes["act"])
+                values = [no_action if v is None else v for v in values]
             if key in ("obs", "act"):
                 return np.stack([np.asarray(v) for v in values])
             return np.asarray(values, dtype=dtypes[key])
