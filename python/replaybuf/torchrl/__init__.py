@@ -1,0 +1,113 @@
+"""replaybuf behind TorchRL's replay-buffer classes: change one import.
+
+>>> # was: from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+>>> from replaybuf.torchrl import LazyTensorStorage, TensorDictReplayBuffer
+>>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1_000_000), batch_size=256)
+
+The classes take TorchRL's arguments (the common subset; see below) and behave as
+TorchRL's do: TensorDicts in and out with nested keys, ``"index"`` and
+``"priority_weight"`` in samples, TorchRL's importance-weight formula, slice samplers
+that report ``("next", "truncated")``/``done``/``terminated`` at slice ends and set a
+stored ``is_init`` at slice starts, FIFO eviction, ``rb[i]``/``rb[:]``, ``dumps``/
+``loads``, transforms, and :class:`ReplayBufferTrainer` for TorchRL's ``Trainer``.
+``split_trajectories`` is TorchRL's own.
+
+The rows live in replaybuf's engine: a buffer takes its fields (keys, dtypes, shapes)
+from the first data written to it, and every ``extend``/``sample`` is one call into
+Rust with the GIL released. Tensors go in without a copy on the Python side, and
+sampled arrays become the returned tensors without one.
+
+Differences from TorchRL, on purpose
+------------------------------------
+- **No global lock.** TorchRL serialises every call on one lock; here collector
+  threads ``extend`` while learner threads ``sample`` and ``update_priority``, truly
+  in parallel, and a sampled row is never torn.
+- **Stale priorities are not applied.** ``update_priority`` given the ``index`` of the
+  buffer's latest sample skips rows that were overwritten since that sample (TorchRL
+  re-prioritises whatever now occupies the slot). Any other index behaves as TorchRL.
+- **Fields are fixed by the first write.** A later batch with a key the first lacked
+  raises ``KeyError``, and a missing key raises too (TorchRL adds the key, or keeps
+  the old values). The ``"index"`` entry of written TensorDicts is metadata and is not
+  stored.
+- **Storage is host memory or a file.** ``device=`` says where samples are handed
+  out; rows are stored by the engine, not as tensors on that device.
+  ``LazyMemmapStorage`` keeps replaybuf's file format under ``scratch_dir``.
+- **Epochs.** A sampler without replacement covers the rows stored when its epoch
+  began; writes during an epoch do not restart it (TorchRL reshuffles when the length
+  changes). ``SliceSamplerWithoutReplacement`` cuts every trajectory into consecutive
+  windows of the slice length and draws each window once per epoch, so every row is
+  seen once per epoch (TorchRL draws one slice per trajectory per epoch).
+- **Random streams.** Draws come from the engine's generators, seeded from
+  ``generator=``'s seed or, without one, from torch's global generator when the
+  buffer is made: ``torch.manual_seed`` makes runs repeatable, but the rows drawn are
+  not the ones TorchRL would draw.
+- **Checkpoints.** ``dumps``/``loads`` write replaybuf's checkpoint (crash-safe,
+  checksummed; priorities and sampler state included) plus ``torchrl.json``; the
+  directory is not TorchRL's layout. Save hooks get the stored rows in storage order
+  and what they return is memory-mapped under ``<dir>/storage``; load hooks get the
+  loaded rows and what they return is written back. ``state_dict`` holds the same
+  files as bytes.
+- **Errors** are replaybuf's (``ReplayBufferError`` subclasses of ``ValueError``,
+  ``TypeError``, ``KeyError``, ``IndexError``) where the engine refuses data, e.g. a
+  dtype that differs from the stored field's (TorchRL raises ``RuntimeError``).
+
+Not offered: ``ListStorage`` (arbitrary Python objects), ``shared=True`` (use
+``replaybuf.ReplayBuffer(shared=...)``), ``checkpointer=``, ``consume_after_n_samples``,
+``sample_unit``, ensembles, and the slice samplers' ``end_keys``, ``ends``,
+``trajectories``, ``fragmented`` and ``pad_output``. ``prefetch``, ``compilable``,
+``delayed_init``, ``cache_values``, ``use_gpu`` and ``compile`` are accepted and have
+nothing to do. ``ImmutableDatasetWriter`` needs a :class:`TensorStorage` built from
+the dataset's rows.
+"""
+
+from torchrl.collectors.utils import split_trajectories
+
+from .replay_buffers import (
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
+from .samplers import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    Sampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+from .storages import LazyMemmapStorage, LazyTensorStorage, Storage, TensorStorage
+from .trainers import ReplayBufferTrainer
+from .writers import (
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictMaxValueWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+)
+
+__all__ = [
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
+    "Storage",
+    "TensorStorage",
+    "LazyTensorStorage",
+    "LazyMemmapStorage",
+    "Sampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "PrioritizedSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+    "PrioritizedSliceSampler",
+    "Writer",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+    "TensorDictMaxValueWriter",
+    "ImmutableDatasetWriter",
+    "ReplayBufferTrainer",
+    "split_trajectories",
+]

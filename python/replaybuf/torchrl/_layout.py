@@ -1,0 +1,311 @@
+"""Rows between TorchRL's data and the engine's dicts of numpy arrays.
+
+A buffer's fields are fixed by the first data written to it: a :class:`TensorDictLayout`
+for TensorDicts (one field per leaf, nested keys as tuples), a :class:`TreeLayout` for a
+tensor or a pytree of tensors (dicts, tuples, lists). A layout turns written data into
+the arrays the engine copies (``arrays``) and sampled arrays back into data of the same
+structure (``rows``), and writes itself to JSON so a checkpoint can rebuild it.
+
+Tensors cross without a copy where they can: a contiguous CPU tensor is handed to the
+engine as ``tensor.numpy()``, and a sampled array becomes a tensor with
+``torch.from_numpy``. numpy has no bfloat16, so a bfloat16 field crosses as its raw bits
+(``uint16``) and is viewed back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch.utils import _pytree
+
+Key = Union[str, Tuple[str, ...]]
+
+# The engine's sample dict names its own entries "index", "generation", "weight" and
+# "marks"; a top-level field of one of those names is stored under this prefix.
+NATIVE_META_NAMES = frozenset({"index", "generation", "weight", "marks"})
+ESCAPE_PREFIX = "__replaybuf__"
+
+_CPU = torch.device("cpu")
+
+_NUMPY_OF_TORCH = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "bfloat16",
+}
+_TORCH_OF_NAME = {str(dtype): dtype for dtype in _NUMPY_OF_TORCH}
+
+
+def to_array(value: Any) -> np.ndarray:
+    """A C-contiguous CPU numpy view of a tensor (a copy only when it must move)."""
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(value)
+    if value.requires_grad:
+        value = value.detach()
+    if not value.is_cpu:
+        value = value.cpu()
+    if value.dtype is torch.bfloat16:
+        value = value.view(torch.uint16)
+    return value.contiguous().numpy()
+
+
+def native_key(key: Key) -> Key:
+    """The engine's name for a field: the key itself unless it clashes with the
+    entries the engine adds to a sample."""
+    if isinstance(key, str) and key in NATIVE_META_NAMES:
+        return (ESCAPE_PREFIX, key)
+    return key
+
+
+def _key_to_json(key: Key) -> Union[str, List[str]]:
+    return key if isinstance(key, str) else list(key)
+
+
+def _key_from_json(key: Union[str, List[str]]) -> Key:
+    return key if isinstance(key, str) else tuple(key)
+
+
+class Field:
+    """One stored leaf: where it lives in the data, its engine name, dtype and shape."""
+
+    __slots__ = ("key", "native", "dtype", "shape")
+
+    def __init__(self, key: Any, native: Key, dtype: torch.dtype, shape: Tuple[int, ...]):
+        if dtype not in _NUMPY_OF_TORCH:
+            raise TypeError(
+                f"`{key}` has dtype {dtype}, which replaybuf cannot store: use bool, an "
+                "integer type, float16/32/64 or bfloat16"
+            )
+        self.key = key
+        self.native = native
+        self.dtype = dtype
+        self.shape = tuple(shape)
+
+    def spec(self) -> Tuple[str, Tuple[int, ...]]:
+        return (_NUMPY_OF_TORCH[self.dtype], self.shape)
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        return t.view(torch.bfloat16) if self.dtype is torch.bfloat16 else t
+
+
+def _path_of(key: Key) -> Tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+class TensorDictLayout:
+    """The fields of TensorDict data: one per leaf, plus the batch dimensions of the
+    root and of every nested TensorDict beyond the storage's own (a stored row may be
+    a whole trajectory, ``[T]``)."""
+
+    kind = "tensordict"
+
+    def __init__(
+        self,
+        fields: Sequence[Field],
+        extra_dims: Dict[Tuple[str, ...], Tuple[int, ...]],
+        skip: Sequence[Key] = (),
+    ):
+        self.fields = list(fields)
+        # Batch dims beyond the storage's, by nested prefix (() for the root).
+        self.extra_dims = dict(extra_dims)
+        self.skip = frozenset(skip)
+        self._native_of = {f.key: f.native for f in self.fields}
+        self._field_of_native = {f.native: f for f in self.fields}
+        # Nested TensorDicts, parents before children, and the leaves by parent.
+        prefixes = sorted((p for p in self.extra_dims if p), key=len)
+        self._prefixes = prefixes
+        self._nested = bool(prefixes)
+        self._leaves = [
+            (f.native, _path_of(f.key)[:-1], _path_of(f.key)[-1], f) for f in self.fields
+        ]
+        self._root_extra = tuple(self.extra_dims.get((), ()))
+
+    @classmethod
+    def of(
+        cls, td: TensorDictBase, batch_dims: int, skip: Sequence[Key] = ()
+    ) -> TensorDictLayout:
+        fields = []
+        for key, value in td.items(include_nested=True, leaves_only=True):
+            if key in skip:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"`{key}` holds a {type(value).__name__}: replaybuf stores tensors only"
+                )
+            fields.append(Field(key, native_key(key), value.dtype, tuple(value.shape[batch_dims:])))
+        if not fields:
+            raise ValueError("the data holds no tensor to store")
+        extra = {(): tuple(td.batch_size[batch_dims:])}
+        for key, value in td.items(include_nested=True, leaves_only=False):
+            if isinstance(value, TensorDictBase) and key not in skip:
+                extra[_path_of(key)] = tuple(value.batch_size[batch_dims:])
+        return cls(fields, extra, skip)
+
+    def spec(self) -> Dict[Key, Tuple[str, Tuple[int, ...]]]:
+        return {f.native: f.spec() for f in self.fields}
+
+    def field_of(self, key: Key) -> Optional[Field]:
+        """The field stored for a data key, if any."""
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]
+        native = self._native_of.get(key)
+        return None if native is None else self._field_of_native[native]
+
+    def arrays(self, td: Any) -> Dict[Key, np.ndarray]:
+        if not isinstance(td, TensorDictBase):
+            raise TypeError(f"this buffer holds TensorDicts; got a {type(td).__name__}")
+        out = {}
+        native_of = self._native_of
+        for key, value in td.items(True, True):
+            native = native_of.get(key)
+            if native is None:
+                if key in self.skip:
+                    continue
+                raise KeyError(
+                    f"`{key}` was not in the first data written to this buffer: its "
+                    f"fields are fixed then ({sorted(map(str, native_of))})"
+                )
+            out[native] = to_array(value)
+        return out
+
+    def rows(
+        self,
+        arrays: Dict[Key, np.ndarray],
+        batch: Tuple[int, ...],
+        device: Optional[torch.device],
+        extra: Optional[Dict[Key, torch.Tensor]] = None,
+    ) -> TensorDictBase:
+        """A TensorDict of batch ``batch`` from sampled arrays, with ``extra`` entries
+        (index, weights, slice flags) added beside the fields."""
+        new = TensorDict._new_unsafe
+        root_batch = torch.Size(batch + self._root_extra)
+        if not self._nested and not (extra and any(isinstance(k, tuple) for k in extra)):
+            src = {name: f.tensor(arrays[native]) for native, _, name, f in self._leaves}
+            if extra:
+                src.update(extra)
+            return new(src, batch_size=root_batch, device=device, nested=False)
+        dicts: Dict[Tuple[str, ...], dict] = {(): {}}
+        for prefix in self._prefixes:
+            dicts[prefix] = {}
+        for native, parent, name, f in self._leaves:
+            dicts[parent][name] = f.tensor(arrays[native])
+        if extra:
+            for key, value in extra.items():
+                path = _path_of(key)
+                for i in range(1, len(path)):
+                    dicts.setdefault(path[:i], {})
+                dicts[path[:-1]][path[-1]] = value
+        for prefix in sorted((p for p in dicts if p), key=len, reverse=True):
+            sub_batch = torch.Size(batch + tuple(self.extra_dims.get(prefix, self._root_extra)))
+            dicts[prefix[:-1]][prefix[-1]] = new(
+                dicts[prefix], batch_size=sub_batch, device=device, nested=False
+            )
+        return new(dicts[()], batch_size=root_batch, device=device, nested=False)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "fields": [
+                {"key": _key_to_json(f.key), "dtype": str(f.dtype), "shape": list(f.shape)}
+                for f in self.fields
+            ],
+            "extra_dims": [[list(p), list(d)] for p, d in self.extra_dims.items()],
+            "skip": [_key_to_json(k) for k in self.skip],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> TensorDictLayout:
+        fields = []
+        for f in d["fields"]:
+            key = _key_from_json(f["key"])
+            fields.append(
+                Field(key, native_key(key), _TORCH_OF_NAME[f["dtype"]], tuple(f["shape"]))
+            )
+        extra = {tuple(p): tuple(dims) for p, dims in d["extra_dims"]}
+        return cls(fields, extra, [_key_from_json(k) for k in d["skip"]])
+
+
+class TreeLayout:
+    """The fields of a tensor or a pytree of tensors: one per leaf, in
+    ``torch.utils._pytree`` order."""
+
+    kind = "tree"
+
+    def __init__(self, fields: Sequence[Field], treespec: Any):
+        self.fields = list(fields)
+        self.treespec = treespec
+
+    @classmethod
+    def of(cls, data: Any, batch_dims: int) -> TreeLayout:
+        leaves, treespec = _pytree.tree_flatten(data)
+        if not leaves:
+            raise ValueError("the data holds no tensor to store")
+        fields = []
+        for i, leaf in enumerate(leaves):
+            leaf = torch.as_tensor(leaf)
+            fields.append(Field(i, str(i), leaf.dtype, tuple(leaf.shape[batch_dims:])))
+        return cls(fields, treespec)
+
+    def spec(self) -> Dict[Key, Tuple[str, Tuple[int, ...]]]:
+        return {f.native: f.spec() for f in self.fields}
+
+    def field_of(self, key: Key) -> Optional[Field]:
+        return None
+
+    def arrays(self, data: Any) -> Dict[Key, np.ndarray]:
+        if isinstance(data, torch.Tensor) and len(self.fields) == 1:
+            return {"0": to_array(data)}
+        leaves, treespec = _pytree.tree_flatten(data)
+        if treespec != self.treespec:
+            raise ValueError(
+                f"the data's structure {treespec} is not the structure first written to "
+                f"this buffer ({self.treespec})"
+            )
+        return {f.native: to_array(leaf) for f, leaf in zip(self.fields, leaves)}
+
+    def rows(
+        self,
+        arrays: Dict[Key, np.ndarray],
+        batch: Tuple[int, ...],
+        device: Optional[torch.device],
+        extra: Optional[Dict[Key, torch.Tensor]] = None,
+    ) -> Any:
+        leaves = [f.tensor(arrays[f.native]) for f in self.fields]
+        return _pytree.tree_unflatten(leaves, self.treespec)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "fields": [{"dtype": str(f.dtype), "shape": list(f.shape)} for f in self.fields],
+            "treespec": _pytree.treespec_dumps(self.treespec),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> TreeLayout:
+        fields = [
+            Field(i, str(i), _TORCH_OF_NAME[f["dtype"]], tuple(f["shape"]))
+            for i, f in enumerate(d["fields"])
+        ]
+        return cls(fields, _pytree.treespec_loads(d["treespec"]))
+
+
+Layout = Union[TensorDictLayout, TreeLayout]
+
+
+def layout_from_json(text: str) -> Layout:
+    d = json.loads(text)
+    return TensorDictLayout.from_json(d) if d["kind"] == "tensordict" else TreeLayout.from_json(d)

@@ -1,0 +1,679 @@
+"""replaybuf.torchrl against torchrl.data: the same test bodies run on both modules.
+
+Each test that takes ``rl`` runs twice, once with ``torchrl.data`` and once with
+``replaybuf.torchrl``, and asserts behaviour both must have (keys, shapes, dtypes,
+eviction order, epochs, slice windows, importance weights, ...), so a difference
+between the two fails one of the runs. Tests named ``test_replaybuf_*`` check what
+replaybuf does on purpose differently (see the module docstring of
+``replaybuf.torchrl``).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import replaybuf.torchrl
+import torch
+import torchrl.collectors.utils
+import torchrl.data
+import torchrl.trainers
+from tensordict import TensorDict
+
+MODULES = {"torchrl": torchrl.data, "replaybuf": replaybuf.torchrl}
+
+
+# What TorchRL keeps outside torchrl.data, replaybuf.torchrl has beside the buffers.
+ELSEWHERE = {
+    "ReplayBufferTrainer": torchrl.trainers.ReplayBufferTrainer,
+    "split_trajectories": torchrl.collectors.utils.split_trajectories,
+}
+
+
+def face(rl, name):
+    """``rl``'s ``name``: from the module, or where TorchRL keeps it."""
+    return getattr(rl, name) if rl is replaybuf.torchrl else ELSEWHERE[name]
+
+
+@pytest.fixture(params=list(MODULES))
+def rl(request):
+    """The module under test: torchrl.data or replaybuf.torchrl."""
+    torch.manual_seed(0)
+    return MODULES[request.param]
+
+
+def transitions(n, start=0):
+    """``n`` transitions whose every field derives from the step number."""
+    step = torch.arange(start, start + n)
+    return TensorDict(
+        {
+            "obs": step.float()[:, None].expand(n, 3).clone(),
+            "action": (step % 4).long()[:, None],
+            "step": step,
+            "pixels": (step % 256).to(torch.uint8)[:, None, None].expand(n, 2, 2).clone(),
+            ("next", "obs"): (step + 1).float()[:, None].expand(n, 3).clone(),
+            ("next", "reward"): step.float()[:, None] / 10,
+            ("next", "done"): (step % 5 == 4)[:, None],
+        },
+        [n],
+    )
+
+
+def trajectories(lengths, start_id=0):
+    """Trajectories of the given lengths, back to back: ``episode`` ids, ``t`` the step
+    within the trajectory, ``obs`` a global counter, ``("next", "done")`` at each end."""
+    episode = torch.cat([torch.full((n,), start_id + i) for i, n in enumerate(lengths)])
+    t = torch.cat([torch.arange(n) for n in lengths])
+    done = torch.cat([torch.arange(n) == n - 1 for n in lengths])[:, None]
+    total = sum(lengths)
+    return TensorDict(
+        {
+            "episode": episode,
+            "t": t,
+            "obs": torch.arange(total).float(),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+        },
+        [total],
+    )
+
+
+# ----------------------------------------------------------------- keys, shapes, dtypes
+
+
+def test_sample_keys_shapes_and_dtypes(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(100), batch_size=8)
+    rb.extend(transitions(20))
+    s = rb.sample()
+    assert set(s.keys(True, True)) == {
+        "obs",
+        "action",
+        "step",
+        "pixels",
+        "index",
+        ("next", "obs"),
+        ("next", "reward"),
+        ("next", "done"),
+    }
+    assert s.batch_size == torch.Size([8])
+    assert s["next"].batch_size == torch.Size([8])
+    assert s["obs"].shape == (8, 3) and s["obs"].dtype == torch.float32
+    assert s["action"].shape == (8, 1) and s["action"].dtype == torch.int64
+    assert s["pixels"].shape == (8, 2, 2) and s["pixels"].dtype == torch.uint8
+    assert s["next", "done"].shape == (8, 1) and s["next", "done"].dtype == torch.bool
+    assert s["index"].shape == (8,) and s["index"].dtype == torch.int64
+    # every sampled row is the row stored at its index
+    assert torch.equal(s["step"], s["index"])
+    assert torch.equal(s["obs"][:, 0], s["step"].float())
+    assert torch.equal(s["next", "obs"][:, 0], s["step"].float() + 1)
+    assert s.device == torch.device("cpu")
+    assert rb.sample(3).batch_size == torch.Size([3])
+
+
+def test_bfloat16_and_sub_batch_dims_round_trip(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    td = TensorDict(
+        {
+            "h": torch.arange(6, dtype=torch.bfloat16)[:, None] / 4,
+            "agents": TensorDict({"obs": torch.arange(18.0).reshape(6, 3, 1)}, [6, 3]),
+        },
+        [6],
+    )
+    rb.extend(td)
+    s = rb.sample(5)
+    assert s["h"].dtype == torch.bfloat16
+    assert s["agents"].batch_size == torch.Size([5, 3])
+    assert torch.equal(s["h"], td["h"][s["index"]])
+    assert torch.equal(s["agents", "obs"], td["agents", "obs"][s["index"]])
+
+
+def test_plain_buffer_of_tensors_and_dicts(rl):
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    index = rb.extend(torch.arange(6.0) * 10)
+    assert index.tolist() == [0, 1, 2, 3, 4, 5]
+    data, info = rb.sample(4, return_info=True)
+    assert isinstance(data, torch.Tensor) and data.shape == (4,)
+    assert torch.equal(data, info["index"].float() * 10)
+    assert rb[2].item() == 20.0
+    assert rb[:].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend({"x": torch.arange(3.0)[:, None].expand(3, 2).clone(), "y": {"z": torch.arange(3)}})
+    data, info = rb.sample(5, return_info=True)
+    assert set(data) == {"x", "y"} and set(data["y"]) == {"z"}
+    assert torch.equal(data["y"]["z"], info["index"])
+    assert data["x"].shape == (5, 2)
+
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(4))
+    data, info = rb.sample(3, return_info=True)
+    assert "index" not in data.keys()  # only TensorDict buffers put it in the sample
+    assert torch.equal(data["step"], info["index"])
+
+
+def test_add_one_element(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    for i in range(3):
+        assert rb.add(transitions(1, start=i)[0]) == i
+    assert len(rb) == 3 and rb.write_count == 3
+    assert rb[:]["step"].tolist() == [0, 1, 2]
+
+
+# ----------------------------------------------------------------- storage order, eviction
+
+
+def test_fifo_eviction_and_storage_order(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    indices = [rb.extend(transitions(5, start=5 * i)).tolist() for i in range(5)]
+    assert indices == [
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+        [0, 1, 2, 3, 4],
+    ]
+    assert len(rb) == 10 and rb.write_count == 25
+    assert rb[:]["step"].tolist() == [20, 21, 22, 23, 24, 15, 16, 17, 18, 19]
+    assert rb.read_all_in_order()["step"].tolist() == rb[:]["step"].tolist()
+    assert rb.read_all_in_order(end=3)["step"].tolist() == [20, 21, 22]
+    assert rb[7]["step"].item() == 17
+    assert rb[torch.tensor([1, 8])]["step"].tolist() == [21, 18]
+    seen = set(rb.sample(200)["step"].tolist())
+    assert seen <= set(range(15, 25)) and len(seen) == 10
+
+
+def test_write_all_and_empty(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(6))
+    new = transitions(3, start=100)
+    rb.write_all(new, end=3)
+    assert rb[:]["step"].tolist() == [100, 101, 102, 3, 4, 5]
+    rb.empty()
+    assert len(rb) == 0 and rb.write_count == 0
+    rb.extend(transitions(2, start=50))
+    assert rb[:]["step"].tolist() == [50, 51]
+
+
+# ----------------------------------------------------------------- without replacement
+
+
+def test_without_replacement_every_row_once_per_epoch(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(20), sampler=rl.SamplerWithoutReplacement(), batch_size=5
+    )
+    rb.extend(transitions(20))
+    for _ in range(3):  # three epochs of four batches
+        epoch = torch.cat([rb.sample()["step"] for _ in range(4)])
+        assert sorted(epoch.tolist()) == list(range(20))
+
+
+def test_without_replacement_iteration_ends_with_the_epoch(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10), sampler=rl.SamplerWithoutReplacement(), batch_size=4
+    )
+    rb.extend(transitions(10))
+    batches = [b["step"].tolist() for b in rb]
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert sorted(sum(batches, [])) == list(range(10))
+    # the next iteration is a fresh epoch
+    assert sorted(sum((b["step"].tolist() for b in rb), [])) == list(range(10))
+
+
+def test_without_replacement_drop_last(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10),
+        sampler=rl.SamplerWithoutReplacement(drop_last=True),
+        batch_size=4,
+    )
+    rb.extend(transitions(10))
+    batches = [b["step"].tolist() for b in rb]
+    assert [len(b) for b in batches] == [4, 4]
+    assert len(set(sum(batches, []))) == 8
+    # sample() never returns a short batch: a new epoch starts instead
+    assert [len(rb.sample()) for _ in range(5)] == [4] * 5
+
+
+def test_without_replacement_in_storage_order(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10),
+        sampler=rl.SamplerWithoutReplacement(shuffle=False),
+        batch_size=5,
+    )
+    rb.extend(transitions(10, start=40))
+    assert rb.sample()["step"].tolist() == [40, 41, 42, 43, 44]
+    assert rb.sample()["step"].tolist() == [45, 46, 47, 48, 49]
+
+
+# ----------------------------------------------------------------- prioritized
+
+
+def expected_weights(priorities, index, alpha, beta, eps):
+    """TorchRL's importance weights: (p_i / p_min) ** -beta with p = (priority + eps) ** alpha."""
+    p = (np.asarray(priorities, np.float64) + eps) ** alpha
+    return (p[index] / p.min()) ** -beta
+
+
+def test_prioritized_weights_follow_torchrls_formula(rl):
+    alpha, beta, eps = 0.7, 0.5, 1e-8
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=alpha, beta=beta, eps=eps, storage=rl.LazyTensorStorage(8), batch_size=64
+    )
+    rb.extend(transitions(8))
+    priorities = [0.5, 1.0, 2.0, 4.0, 0.25, 3.0, 1.5, 8.0]
+    rb.update_priority(torch.arange(8), torch.tensor(priorities))
+    s = rb.sample()
+    assert s["priority_weight"].dtype == torch.float32 and s["priority_weight"].shape == (64,)
+    want = expected_weights(priorities, s["index"].numpy(), alpha, beta, eps)
+    np.testing.assert_allclose(s["priority_weight"].numpy(), want, rtol=1e-5)
+    # rows are drawn in proportion to (p + eps) ** alpha: row 7 far more than row 4
+    counts = np.bincount(rb.sample(4000)["index"].numpy(), minlength=8)
+    assert counts[7] > 3 * counts[4]
+
+
+def test_prioritized_zero_priority_rows_are_not_drawn(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=500
+    )
+    rb.extend(transitions(10))
+    priority = torch.zeros(10)
+    priority[[3, 7]] = 1.0
+    rb.update_priority(torch.arange(10), priority)
+    assert set(rb.sample()["index"].tolist()) == {3, 7}
+
+
+def test_update_tensordict_priority_from_a_sample(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=500
+    )
+    rb.extend(transitions(10))
+    rb.update_priority(torch.arange(10), torch.zeros(10))
+    s = rb.sample(4)
+    s.set("td_error", torch.where(s["index"] == s["index"][0], 5.0, 0.0))
+    rb.update_tensordict_priority(s)
+    assert set(rb.sample()["index"].tolist()) == {s["index"][0].item()}
+
+
+def test_extend_reads_priorities_from_priority_key(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=300
+    )
+    td = transitions(10)
+    td["td_error"] = (td["step"] == 6).float()
+    rb.extend(td)
+    assert set(rb.sample()["index"].tolist()) == {6}
+
+
+def test_prioritized_plain_buffer_returns_weights_in_info(rl):
+    rb = rl.PrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=rl.LazyTensorStorage(10))
+    rb.extend(torch.arange(10))
+    data, info = rb.sample(6, return_info=True)
+    assert set(info) == {"index", "priority_weight"}
+    assert torch.equal(data, info["index"])
+    rb.update_priority(info["index"], torch.full((6,), 2.0))
+    assert info["priority_weight"].shape == (6,)
+
+
+def test_sampler_beta_can_be_annealed(rl):
+    sampler = rl.PrioritizedSampler(10, alpha=1.0, beta=0.0)
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), sampler=sampler, batch_size=50)
+    rb.extend(transitions(10))
+    rb.update_priority(torch.arange(10), torch.arange(1.0, 11.0))
+    assert torch.all(rb.sample()["priority_weight"] == 1.0)  # beta 0: no correction
+    sampler.beta = 1.0
+    s = rb.sample()
+    np.testing.assert_allclose(
+        s["priority_weight"].numpy(),
+        expected_weights(np.arange(1.0, 11.0), s["index"].numpy(), 1.0, 1.0, 1e-8),
+        rtol=1e-5,
+    )
+
+
+# ----------------------------------------------------------------- slices
+
+
+def assert_windows(sample, num_slices, slice_len):
+    """Each slice is ``slice_len`` consecutive steps of one trajectory."""
+    episode = sample["episode"].view(num_slices, slice_len)
+    t = sample["t"].view(num_slices, slice_len)
+    assert torch.all(episode == episode[:, :1])
+    assert torch.all(t[:, 1:] - t[:, :-1] == 1)
+
+
+def test_slice_sampler_windows_and_flags(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(200),
+        sampler=rl.SliceSampler(slice_len=4, traj_key="episode"),
+        batch_size=32,
+    )
+    rb.extend(trajectories([10, 3, 12, 7, 20]))  # the length-3 one is never drawn
+    for _ in range(5):
+        s = rb.sample()
+        assert s.batch_size == torch.Size([32])
+        assert_windows(s, 8, 4)
+        assert 1 not in s["episode"].tolist()
+        assert s["index"].shape == (32, 1)
+        assert torch.equal(s["index"][:, 0], s["obs"].long())
+        truncated = s["next", "truncated"].view(8, 4)
+        assert truncated.dtype == torch.bool
+        assert torch.all(truncated[:, -1]) and not torch.any(truncated[:, :-1])
+        done = s["next", "done"].view(8, 4)
+        assert torch.all(done[:, -1]) and not torch.any(done[:, :-1])
+        assert s["next", "terminated"].shape == (32, 1)
+
+
+def test_slice_sampler_by_end_key_and_num_slices(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(200),
+        sampler=rl.SliceSampler(num_slices=5, end_key=("next", "done")),
+        batch_size=30,
+    )
+    rb.extend(trajectories([8, 9, 10, 11]))
+    for _ in range(5):
+        assert_windows(rb.sample(), 5, 6)
+
+
+def test_slice_sampler_marks_stored_is_init_at_slice_starts(rl):
+    data = trajectories([12, 12])
+    data["is_init"] = (data["t"] == 0)[:, None]
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(50),
+        sampler=rl.SliceSampler(slice_len=3, traj_key="episode"),
+        batch_size=12,
+    )
+    rb.extend(data)
+    s = rb.sample()
+    is_init = s["is_init"].view(4, 3)
+    assert torch.all(is_init[:, 0]) and not torch.any(is_init[:, 1:])
+
+
+def test_slice_sampler_without_strict_length_gives_short_slices(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(50),
+        sampler=rl.SliceSampler(slice_len=5, traj_key="episode", strict_length=False),
+        batch_size=40,
+    )
+    rb.extend(trajectories([2, 2, 2, 2]))  # every trajectory shorter than a slice
+    s = rb.sample()
+    assert len(s) == 16  # eight slices of the whole two-step trajectory
+    assert torch.equal(s["t"], torch.tensor([0, 1] * 8))
+    assert torch.equal(s["next", "truncated"][:, 0], torch.tensor([False, True] * 8))
+
+
+def test_slice_sampler_without_replacement_covers_every_row(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.SliceSamplerWithoutReplacement(slice_len=5, traj_key="episode"),
+        batch_size=10,
+    )
+    rb.extend(trajectories([5] * 8))  # one window per trajectory
+    epoch = []
+    for _ in range(4):
+        s = rb.sample()
+        assert_windows(s, 2, 5)
+        epoch += s["obs"].long().tolist()
+    assert sorted(epoch) == list(range(40))
+
+
+def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.PrioritizedSliceSampler(
+            100, alpha=1.0, beta=0.5, slice_len=4, traj_key="episode"
+        ),
+        batch_size=16,
+    )
+    rb.extend(trajectories([10, 10, 10]))
+    priority = torch.zeros(30)
+    priority[12] = 1.0  # episode 1, step 2
+    rb.update_priority(torch.arange(30), priority)
+    for _ in range(3):
+        s = rb.sample()
+        assert_windows(s, 4, 4)
+        assert s["obs"].view(4, 4)[:, 0].tolist() == [12.0] * 4
+        assert s["priority_weight"].shape == (16,)
+
+
+def test_split_trajectories_of_a_slice_sample(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.SliceSampler(slice_len=5, traj_key="episode"),
+        batch_size=20,
+    )
+    rb.extend(trajectories([30, 30]))
+    s = rb.sample()
+    split = face(rl, "split_trajectories")(s, done_key="done")
+    assert split.batch_size == torch.Size([4, 5])
+    assert torch.all(split["mask"])
+    assert torch.all(split["t"][:, 1:] - split["t"][:, :-1] == 1)
+
+
+# ----------------------------------------------------------------- writers, storages
+
+
+def test_max_value_writer_keeps_the_top_rows(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(5),
+        writer=rl.TensorDictMaxValueWriter(rank_key="key"),
+        sampler=rl.SamplerWithoutReplacement(),
+        batch_size=5,
+    )
+    keys = torch.randperm(20).float()
+    first = TensorDict({"key": keys[:10], "obs": keys[:10].long()}, [10])
+    index = rb.extend(first)
+    rb.extend(TensorDict({"key": keys[10:], "obs": keys[10:].long()}, [10]))
+    assert sorted(rb[:]["obs"].tolist()) == [15, 16, 17, 18, 19]
+    assert sorted(rb.sample()["obs"].tolist()) == [15, 16, 17, 18, 19]
+    assert (index == -1).sum().item() == 5  # five of the first ten rows ranked too low
+
+
+def test_ndim2_storage(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(12, ndim=2))
+    env = torch.arange(4)[:, None].expand(4, 5)
+    step = torch.arange(5)[None, :].expand(4, 5)
+    data = TensorDict({"obs": (env * 100 + step).float(), "env": env.clone()}, [4, 5])
+    index = rb.extend(data)  # 4 envs x 5 steps into 3 steps per env
+    assert len(rb) == 12
+    assert index.shape == (20, 2)
+    assert index[:, 1].tolist() == [0, 1, 2, 3] * 5
+    assert index[:, 0].tolist() == sum(([t % 3] * 4 for t in range(5)), [])
+    whole = rb[:]
+    assert whole.batch_size == torch.Size([4, 3])
+    assert whole["obs"][:, 0].tolist() == [3.0, 103.0, 203.0, 303.0]  # slot 0 holds step 3
+    s = rb.sample(50)
+    assert s["index"].shape == (50, 2)
+    assert torch.equal(s["env"], s["index"][:, 1])
+    assert torch.all((s["obs"].long() % 100) % 3 == s["index"][:, 0])
+
+
+def test_memmap_storage_keeps_rows_in_its_directory(rl, tmp_path):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(50, scratch_dir=tmp_path / "rows"))
+    rb.extend(transitions(30))
+    assert any((tmp_path / "rows").iterdir())
+    s = rb.sample(10)
+    assert torch.equal(s["step"], s["index"])
+    assert rb[:]["step"].tolist() == list(range(30))
+    del rb, s
+    gc.collect()
+    again = rl.TensorDictReplayBuffer(
+        storage=rl.LazyMemmapStorage(50, scratch_dir=tmp_path / "rows")
+    )
+    with pytest.raises((RuntimeError, OSError)):
+        again.extend(transitions(5))
+
+
+# ----------------------------------------------------------------- transforms
+
+
+def test_transforms_on_samples_and_inverted_on_writes(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    rb.append_transform(lambda td: td.set("obs", td["obs"] * 2))
+    rb.extend(transitions(5))
+    s = rb.sample()
+    assert torch.equal(s["obs"][:, 0], s["step"].float() * 2)
+    assert torch.equal(rb[:]["obs"][:, 0], torch.arange(5.0) * 2)  # rb[:] is transformed too
+
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    rb.append_transform(lambda td: td.set("step", td["step"] + 1000), invert=True)
+    rb.extend(transitions(5))
+    assert rb[:]["step"].tolist() == [1000, 1001, 1002, 1003, 1004]
+
+
+def test_insert_transform_runs_first(rl):
+    from torchrl.envs.transforms import Transform
+
+    class Scale(Transform):
+        def __init__(self, factor, add):
+            super().__init__(in_keys=["obs"], out_keys=["obs"])
+            self.factor, self.add = factor, add
+
+        def forward(self, td):
+            return td.set("obs", td["obs"] * self.factor + self.add)
+
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    rb.append_transform(Scale(10, 0))
+    rb.insert_transform(0, Scale(1, 1))
+    rb.extend(transitions(5))
+    s = rb.sample()
+    assert torch.equal(s["obs"][:, 0], (s["step"].float() + 1) * 10)
+
+
+# ----------------------------------------------------------------- persistence
+
+
+def test_dumps_loads_round_trip(rl, tmp_path):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=200
+    )
+    rb.extend(transitions(13))
+    priority = torch.zeros(10)
+    priority[4] = 1.0
+    rb.update_priority(torch.arange(10), priority)
+    rb.dumps(tmp_path / "ckpt")
+
+    loaded = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=200
+    )
+    loaded.loads(tmp_path / "ckpt")
+    assert len(loaded) == 10 and loaded.write_count == 13
+    assert loaded[:]["step"].tolist() == rb[:]["step"].tolist()
+    assert set(loaded.sample()["index"].tolist()) == {4}  # priorities came back
+    assert loaded.extend(transitions(1, start=99)).tolist() == [3]  # and the write cursor
+
+
+def test_save_hook_sees_the_stored_rows(rl, tmp_path):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(4))
+    calls = []
+
+    def hook(data, path=None):
+        calls.append((data["step"][:4].tolist(), path))
+        return data
+
+    rb.register_save_hook(hook)
+    rb.dumps(tmp_path / "ckpt")
+    assert len(calls) == 1
+    assert calls[0][0] == [0, 1, 2, 3]
+    assert calls[0][1] == (tmp_path / "ckpt" / "storage").absolute()
+
+
+# ----------------------------------------------------------------- trainer
+
+
+class Collector:
+    """The part of a TorchRL collector a ``Trainer`` uses: batches, in order."""
+
+    init_random_frames = 0
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def update_policy_weights_(self, *args, **kwargs):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def make_trainer(batches, loss_module):
+    from torchrl.trainers import Trainer
+
+    return Trainer(
+        collector=Collector(batches),
+        total_frames=sum(b.numel() for b in batches),
+        frame_skip=1,
+        optim_steps_per_batch=2,
+        loss_module=loss_module,
+        optimizer=torch.optim.SGD(loss_module.parameters(), lr=0.0),
+        progress_bar=False,
+        log_interval=10**9,
+        save_trainer_interval=10**9,
+    )
+
+
+def test_replay_buffer_trainer_hooks(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(100), batch_size=16
+    )
+    seen = []
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, td):
+            seen.append(td["index"].clone())
+            # only the row of step 7 keeps a priority
+            td.set("td_error", (td["step"] == 7).float())
+            return TensorDict({"loss": (td["obs"].sum() * self.w) * 0}, [])
+
+    batches = [transitions(10).reshape(2, 5), transitions(10, start=10).reshape(2, 5)]
+    trainer = make_trainer(batches, Loss())
+    face(rl, "ReplayBufferTrainer")(rb, batch_size=16, flatten_tensordicts=True).register(trainer)
+    trainer.train()
+    assert len(rb) == 20 and rb.write_count == 20
+    assert len(seen) == 4 and all(len(i) == 16 for i in seen)
+    # after the first optimisation step, every draw is the row of step 7
+    assert set(rb.sample(64)["step"].tolist()) == {7}
+
+
+# ----------------------------------------------------------------- replaybuf on purpose
+
+
+def test_replaybuf_update_priority_skips_rows_overwritten_since_the_sample():
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(4), batch_size=4
+    )
+    rb.extend(transitions(4))
+    rb.update_priority(torch.arange(4), torch.zeros(4))
+    s = rb.sample()
+    rb.extend(transitions(4, start=10))  # every sampled row is replaced
+    rb.update_priority(s["index"], torch.full((4,), 9.0))
+    native = rb._native
+    assert [native.priority(i) for i in range(4)] != [9.0] * 4
+    # an index that is not the latest sample's updates whatever is there now
+    rb.update_priority(s["index"].clone(), torch.full((4,), 9.0))
+    assert {native.priority(i) for i in s["index"].tolist()} == {9.0}
+
+
+def test_replaybuf_refuses_new_keys_after_the_first_write():
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(3))
+    extra = transitions(3)
+    extra["surprise"] = torch.zeros(3)
+    with pytest.raises(KeyError, match="surprise"):
+        rb.extend(extra)
+    sampled = rb.sample(3)  # a sample's own "index" is metadata, not a field
+    rb.extend(sampled)
+    assert len(rb) == 6
+
+
+def test_replaybuf_components_must_come_from_replaybuf():
+    with pytest.raises(TypeError, match="replaybuf.torchrl"):
+        replaybuf.torchrl.ReplayBuffer(sampler=torchrl.data.RandomSampler())
