@@ -23,9 +23,11 @@ JOIN_S = 30
 METHODS = ["spawn", "fork"]
 
 
-def collect(rb, worker, progress, batches, stop=None):
+def collect(rb, worker, progress, batches, stop=None, together=None):
     """A collector: extends ``batches`` chunks of its own ids (forever when 0, or until
-    ``stop`` is set), publishing how many rows it wrote in ``progress``."""
+    ``stop`` is set), publishing how many rows it wrote in ``progress``; then waits at
+    the barrier ``together``, if given, so that no collector's shard is given up (and
+    taken by another) before all are done."""
     if isinstance(rb, str):
         rb = replaybuf.ReplayBuffer.attach(rb)
     k = 0
@@ -35,15 +37,8 @@ def collect(rb, worker, progress, batches, stop=None):
         rb.extend(rows(worker * ID_STRIDE + np.arange(k, k + CHUNK)))
         k += CHUNK
         progress.value = k
-
-
-def handle(rb, method):
-    """What a collector of start method ``method`` is given: the buffer itself under
-    spawn (it pickles as its name and the child attaches), its name under fork.
-
-    A forked child that used the parent's handle would write as the parent: see
-    ``test_forked_children_writing_through_the_parents_handle_survive_a_kill``."""
-    return rb if method == "spawn" else rb.shared_name
+    if together is not None:
+        together.wait(START_S)
 
 
 @pytest.fixture
@@ -82,8 +77,10 @@ def test_collectors_extend_while_the_parent_samples(method, name, children):
     rb = replaybuf.ReplayBuffer(2048, spec=SPEC, shards=4, seed=7, shared=name)
     batches = 150
     progress = {w: ctx.Value("q", 0, lock=False) for w in (1, 2, 3)}
+    together = ctx.Barrier(len(progress))
     for w in progress:
-        children.append(ctx.Process(target=collect, args=(handle(rb, method), w, progress[w], batches)))
+        args = (rb, w, progress[w], batches, None, together)
+        children.append(ctx.Process(target=collect, args=args))
     for p in children:
         p.start()
     sampled = 0
@@ -101,7 +98,8 @@ def test_collectors_extend_while_the_parent_samples(method, name, children):
         assert p.exitcode == 0
     assert sampled > 0
     assert rb.write_count == 3 * batches * CHUNK
-    # Each collector wrote its own shard: the last 512 rows of each are there.
+    # Each collector wrote a shard of its own (all held their leases at once): the last
+    # 512 rows of each are there.
     ids = set(rb.read_all_in_order()["id"].tolist())
     for w in progress:
         last = w * ID_STRIDE + batches * CHUNK - 1
@@ -119,7 +117,7 @@ def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, chil
     stop = ctx.Event()
     progress = {w: ctx.Value("q", 0, lock=False) for w in (1, 2, 3, 4)}
     for w in (1, 2, 3):
-        args = (handle(rb, method), w, progress[w], 0, stop)
+        args = (rb, w, progress[w], 0, stop)
         children.append(ctx.Process(target=collect, args=args))
     for p in children:
         p.start()
@@ -135,7 +133,7 @@ def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, chil
         assert time.monotonic() < deadline, "the surviving collectors stopped"
         check_ids(assert_whole(rb.sample(256)), progress, progress)
     # A new collector takes the killed one's shard and finishes.
-    late = ctx.Process(target=collect, args=(handle(rb, method), 4, progress[4], 30))
+    late = ctx.Process(target=collect, args=(rb, 4, progress[4], 30))
     children.append(late)
     late.start()
     late.join(START_S)
@@ -159,15 +157,11 @@ def collect_inherited(rb, progress):
         progress.value += 8 * CHUNK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="native face: a forked child that writes through the parent's handle writes as "
-    "the parent (its process-table entry and shard lease); when one such child is "
-    "SIGKILLed mid-extend, another child's extends often spin forever",
-)
 def test_forked_children_writing_through_the_parents_handle_survive_a_kill(name, children):
-    """Rounds of two forked children and one kill; in about half the rounds here the
-    survivor stops for good (at 100% CPU) while the parent's own extends go on."""
+    """Rounds of two forked children and one kill: the survivor's extends go on. A
+    forked child re-attaches as itself on its first call (before that fix, it wrote as
+    the parent, and in about half the rounds the survivor spun forever on the dead
+    child's write, which looked in progress while the parent lived)."""
     ctx = mp.get_context("fork")
     rb = replaybuf.ReplayBuffer(1 << 14, spec=SPEC, shards=4, seed=5, shared=name)
     for _round in range(8):

@@ -1,0 +1,861 @@
+//! `replaybuf.ReplayBuffer`: the engine's buffer with numpy arrays in and out.
+//!
+//! Rows cross once: `extend` copies the caller's arrays into the storage, and `sample`
+//! writes the drawn rows straight into fresh numpy arrays (or, with `sample_into`, the
+//! caller's), which then own their memory like any other array. The GIL is released
+//! while rows move, draws are made or a wait happens, so Python collector and learner
+//! threads run at once.
+
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::{
+    PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use replaybuf::sampler::Marks;
+use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
+
+use crate::config;
+use crate::errors::{key_error, py_err, type_error, value_error};
+use crate::fields::{
+    dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
+    spec_from_py,
+};
+
+/// Forks of this process so far: the package counts them with
+/// `os.register_at_fork(after_in_child=_native._forked)`.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a fork, in the child (registered by the package at import).
+#[pyfunction]
+pub(crate) fn _forked() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Idle extend batches kept per buffer: one per collector thread of the usual shapes.
+const IDLE_BATCHES: usize = 4;
+
+/// One field as Python sees it, made once per buffer.
+struct FieldOut {
+    key: Key,
+    py_key: Py<PyAny>,
+    dtype: DType,
+    descr: Py<PyArrayDescr>,
+    shape: Vec<usize>,
+    bytes: usize,
+}
+
+/// A replay buffer of numpy rows (see the package's docs for every argument).
+#[pyclass(frozen, module = "replaybuf._native", name = "ReplayBuffer", subclass)]
+pub(crate) struct Buffer {
+    /// Write-locked only by `loads`, which needs the buffer's only handle, and by a
+    /// forked child's first call on a shared buffer (see [`Buffer::handle`]).
+    rb: RwLock<ReplayBuffer>,
+    /// The fork count ([`FORKS`]) `rb` belongs to.
+    forks: AtomicU64,
+    /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
+    /// back, so threads never share a random stream or wait on each other.
+    learners: Mutex<Vec<Learner>>,
+    /// Idle batches `extend` copies the caller's arrays into, kept so that a steady
+    /// collector allocates (and the kernel zeroes) nothing per call.
+    batches: Mutex<Vec<Batch>>,
+    fields: Vec<FieldOut>,
+    prioritized: bool,
+    slices: bool,
+    /// The shared region's name, for pickling.
+    shared: Option<String>,
+}
+
+/// Raw spans of arrays the GIL-free part of a call reads or writes.
+struct Spans(Vec<(*mut u8, usize)>);
+
+// SAFETY: the spans point into numpy arrays that the calling frame keeps alive (it
+// holds references to them) for the whole GIL-free section that uses them.
+unsafe impl Send for Spans {}
+
+/// A span of an array's data: its pointer and byte length.
+fn span(array: &Bound<'_, PyUntypedArray>) -> (*mut u8, usize) {
+    // SAFETY: `as_array_ptr` points at a live array object (we hold a reference).
+    let data = unsafe { (*array.as_array_ptr()).data } as *mut u8;
+    let bytes = array.len() * array.dtype().itemsize();
+    (data, bytes)
+}
+
+/// A new, uninitialised C-order array of `descr` and `shape`.
+fn empty<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // SAFETY: the numpy C API, called with the GIL held: `PyArray_NewFromDescr` steals
+    // the reference to the descriptor we pass (hence `into_dtype_ptr`), reads `dims`
+    // (`shape.len()` of them), and returns a new reference or null with an error set.
+    unsafe {
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            PY_ARRAY_API.get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.clone().into_dtype_ptr(),
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        );
+        Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
+    }
+}
+
+impl Buffer {
+    fn wrap(py: Python<'_>, rb: ReplayBuffer, shared: Option<String>) -> PyResult<Buffer> {
+        let fields = rb
+            .spec()
+            .fields()
+            .iter()
+            .map(|f| {
+                Ok(FieldOut {
+                    key: f.key().clone(),
+                    py_key: key_to_py(py, f.key())?.unbind(),
+                    dtype: f.dtype(),
+                    descr: numpy_dtype(py, f.dtype())?.unbind(),
+                    shape: f.shape().to_vec(),
+                    bytes: f.bytes(),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Buffer {
+            prioritized: rb.alpha().is_some(),
+            slices: rb.slice_sampler().is_some(),
+            learners: Mutex::new(Vec::new()),
+            batches: Mutex::new(Vec::new()),
+            rb: RwLock::new(rb),
+            forks: AtomicU64::new(FORKS.load(Ordering::Relaxed)),
+            fields,
+            shared,
+        })
+    }
+
+    /// The batch shape of `data` for this buffer: `[n]`, or `[t, E]` for ndim 2.
+    fn batch_of(&self, py: Python<'_>, rb: &ReplayBuffer, data: &Bound<'_, PyAny>) -> PyResult<Batch> {
+        let leaves = flatten(data)?;
+        let batch_dims = rb.ndim();
+        let np = py.import("numpy")?;
+        // Pair the caller's arrays with the spec's fields, checking everything before
+        // anything is copied.
+        let mut arrays: Vec<Option<Bound<'_, PyUntypedArray>>> = vec![None; self.fields.len()];
+        let mut shape: Option<Vec<usize>> = None;
+        for (key, value) in leaves {
+            let Some(i) = self.fields.iter().position(|f| f.key == key) else {
+                return Err(key_error(format!(
+                    "`{}` is not a field of this buffer",
+                    key_to_py(py, &key)?
+                )));
+            };
+            let f = &self.fields[i];
+            let array = match value.cast::<PyUntypedArray>() {
+                Ok(a) => a.clone(),
+                // Lists, scalars, tensors: converted to the field's dtype.
+                Err(_) => np
+                    .call_method1("ascontiguousarray", (value, f.descr.bind(py)))?
+                    .cast_into::<PyUntypedArray>()?,
+            };
+            let found = dtype_of_descr(&array.dtype())?;
+            if found != f.dtype && !(f.dtype == DType::BF16 && found == DType::U16) {
+                return Err(type_error(format!(
+                    "`{}` must be {}, got {}",
+                    f.py_key.bind(py),
+                    f.descr.bind(py),
+                    array.dtype()
+                )));
+            }
+            if !array.is_c_contiguous() {
+                return Err(value_error(format!(
+                    "`{}` is not C-contiguous: pass numpy.ascontiguousarray(...)",
+                    f.py_key.bind(py)
+                )));
+            }
+            let dims = array.shape();
+            let ok = dims.len() == batch_dims + f.shape.len() && dims[batch_dims..] == f.shape[..];
+            if !ok {
+                return Err(value_error(format!(
+                    "`{}` has shape {:?}; expected (*batch, {}) with {batch_dims} batch dimension(s)",
+                    f.py_key.bind(py),
+                    dims,
+                    f.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            match &shape {
+                None => shape = Some(dims[..batch_dims].to_vec()),
+                Some(s) if s[..] != dims[..batch_dims] => {
+                    return Err(value_error(format!(
+                        "`{}` has batch shape {:?}, other fields {:?}",
+                        f.py_key.bind(py),
+                        &dims[..batch_dims],
+                        s
+                    )))
+                }
+                Some(_) => {}
+            }
+            arrays[i] = Some(array);
+        }
+        if let Some(i) = arrays.iter().position(Option::is_none) {
+            return Err(key_error(format!(
+                "field `{}` is missing",
+                self.fields[i].py_key.bind(py)
+            )));
+        }
+        let shape = shape.unwrap_or_default();
+        let spans = Spans(arrays.iter().flatten().map(span).collect());
+        let mut batch = self.take_batch(rb, &shape);
+        let keys: Vec<&Key> = self.fields.iter().map(|f| &f.key).collect();
+        py.detach(|| {
+            let spans = spans;
+            for (key, &(ptr, len)) in keys.iter().zip(&spans.0) {
+                let dst = batch
+                    .column_bytes_mut(*key)
+                    .expect("the batch has the buffer's fields");
+                // SAFETY: `ptr` is the data of a C-contiguous array of `len` bytes
+                // (checked above), kept alive by `arrays` for this call.
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
+            }
+        });
+        drop(arrays);
+        Ok(batch)
+    }
+
+    /// The engine's handle, for one call.
+    ///
+    /// A process forked from the one that attached a shared buffer inherits its
+    /// handle, and with it the parent's identity in the region: its process-table entry
+    /// and the locks that tell the others it lives. Writing as the parent, a child that
+    /// dies mid-write would leave a write that looks in progress for as long as the
+    /// parent lives. So the first call in a forked child attaches afresh, as itself,
+    /// and forgets the inherited handle without dropping it (dropping would detach the
+    /// parent).
+    fn handle(&self) -> PyResult<RwLockReadGuard<'_, ReplayBuffer>> {
+        let forks = FORKS.load(Ordering::Relaxed);
+        if self.forks.load(Ordering::Relaxed) == forks {
+            return Ok(self.rb.read());
+        }
+        let mut rb = self.rb.write();
+        if self.forks.load(Ordering::Relaxed) != forks {
+            if let Some(name) = &self.shared {
+                let fresh = ReplayBuffer::attach(name).map_err(py_err)?;
+                std::mem::forget(std::mem::replace(&mut *rb, fresh));
+                std::mem::forget(std::mem::take(&mut *self.learners.lock()));
+                std::mem::forget(std::mem::take(&mut *self.batches.lock()));
+            }
+            self.forks.store(forks, Ordering::Relaxed);
+        }
+        Ok(RwLockWriteGuard::downgrade(rb))
+    }
+
+    /// An idle batch of `shape` (contents stale: every column is overwritten).
+    fn take_batch(&self, rb: &ReplayBuffer, shape: &[usize]) -> Batch {
+        let mut idle = self.batches.lock();
+        match idle.iter().position(|b| b.shape() == shape) {
+            Some(i) => idle.swap_remove(i),
+            None => rb.batch(shape),
+        }
+    }
+
+    /// Gives a batch back for the next `extend` (a few are kept, of the latest shapes).
+    fn give_batch(&self, batch: Batch) {
+        let mut idle = self.batches.lock();
+        if idle.len() == IDLE_BATCHES {
+            idle.remove(0);
+        }
+        idle.push(batch);
+    }
+
+    /// Runs `f` with a learner handle of this buffer's.
+    fn with_learner<R>(&self, rb: &ReplayBuffer, f: impl FnOnce(&mut Learner) -> R) -> R {
+        let mut learner = self.learners.lock().pop().unwrap_or_else(|| rb.learner());
+        let out = f(&mut learner);
+        self.learners.lock().push(learner);
+        out
+    }
+
+    /// The dict of a batch the engine returned (`get`, `read_all_in_order`).
+    fn dict_of_batch<'py>(&self, py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let rows = batch.shape().to_vec();
+        for f in &self.fields {
+            let mut shape = rows.clone();
+            shape.extend_from_slice(&f.shape);
+            let array = empty(py, f.descr.bind(py), &shape)?;
+            let (ptr, len) = span(&array);
+            let src = batch.column_bytes(&f.key).map_err(py_err)?;
+            // SAFETY: a fresh array of `len` bytes, ours alone.
+            unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(src);
+            out.set_item(f.py_key.bind(py), array)?;
+        }
+        out.set_item("index", PyArray1::from_slice(py, batch.index()))?;
+        out.set_item("generation", PyArray1::from_slice(py, batch.generations()))?;
+        Ok(out)
+    }
+
+    /// Samples into `arrays` (one per field, then index, generation, and weight and
+    /// marks when this sampler writes them), `rows` rows of room: returns rows drawn.
+    fn sample_spans(&self, py: Python<'_>, rows: usize, spans: Spans) -> PyResult<usize> {
+        let rb = self.handle()?;
+        let spec: &Spec = rb.spec();
+        let fields = self.fields.len();
+        let (prioritized, slices) = (self.prioritized, self.slices);
+        py.detach(|| {
+            let spans = spans;
+            // SAFETY: every span is the data of an array of that many bytes that the
+            // caller holds for this call, and no two overlap (distinct arrays, checked
+            // by the caller for `sample_into`).
+            let bytes = |i: usize| unsafe {
+                let (ptr, len) = spans.0[i];
+                std::slice::from_raw_parts_mut(ptr, len)
+            };
+            let words = |i: usize| -> &mut [u64] { bytemuck::cast_slice_mut(bytes(i)) };
+            let mut dest = Destination::new(spec, rows, (0..fields).map(bytes), words(fields), words(fields + 1))
+                .map_err(py_err)?;
+            let mut next = fields + 2;
+            if prioritized {
+                dest = dest
+                    .with_weight(bytemuck::cast_slice_mut(bytes(next)))
+                    .map_err(py_err)?;
+                next += 1;
+            }
+            if slices {
+                let marks: &mut [Marks] = bytemuck::cast_slice_mut(bytes(next));
+                dest = dest.with_marks(marks).map_err(py_err)?;
+            }
+            self.with_learner(&rb, |l| l.sample_to(&mut dest)).map_err(py_err)
+        })
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    #[new]
+    #[pyo3(signature = (
+        capacity,
+        *,
+        spec = None,
+        example = None,
+        sampler = None,
+        write_policy = None,
+        ndim = 1,
+        envs = None,
+        dim_extend = 0,
+        shards = None,
+        seed = None,
+        batch_size = None,
+        priority_key = None,
+        memmap = None,
+        shared = None,
+        existsok = false,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        capacity: usize,
+        spec: Option<&Bound<'_, PyAny>>,
+        example: Option<&Bound<'_, PyAny>>,
+        sampler: Option<&Bound<'_, PyAny>>,
+        write_policy: Option<&Bound<'_, PyAny>>,
+        ndim: usize,
+        envs: Option<usize>,
+        dim_extend: usize,
+        shards: Option<usize>,
+        seed: Option<u64>,
+        batch_size: Option<usize>,
+        priority_key: Option<&Bound<'_, PyAny>>,
+        memmap: Option<std::path::PathBuf>,
+        shared: Option<String>,
+        existsok: bool,
+    ) -> PyResult<Buffer> {
+        let spec = match (spec, example) {
+            (Some(s), None) => spec_from_py(s)?,
+            (None, Some(e)) => spec_from_example(e, 0)?,
+            _ => return Err(value_error("give one of spec= and example=")),
+        };
+        let mut b = ReplayBuffer::builder(spec)
+            .capacity(capacity)
+            .ndim(ndim)
+            .dim_extend(dim_extend)
+            .sampler(config::sampler(sampler)?)
+            .write_policy(config::write_policy(write_policy)?)
+            .existsok(existsok);
+        if let Some(envs) = envs {
+            b = b.envs(envs);
+        }
+        if let Some(shards) = shards {
+            b = b.shards(shards);
+        }
+        if let Some(seed) = seed {
+            b = b.seed(seed);
+        }
+        if let Some(n) = batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(key) = priority_key {
+            b = b.priority_key(key_from_py(key)?);
+        }
+        if let Some(dir) = memmap {
+            b = b.memmap(dir);
+        }
+        if let Some(name) = &shared {
+            b = b.shared(name.clone());
+        }
+        let rb = py.detach(|| b.build()).map_err(py_err)?;
+        Buffer::wrap(py, rb, shared)
+    }
+
+    /// Attaches to a shared buffer another process made with `shared=name`.
+    #[staticmethod]
+    fn attach(py: Python<'_>, name: String) -> PyResult<Buffer> {
+        let rb = py.detach(|| ReplayBuffer::attach(&name)).map_err(py_err)?;
+        Buffer::wrap(py, rb, Some(name))
+    }
+
+    /// A buffer rebuilt from a checkpoint `dumps` wrote: same configuration, on the
+    /// heap, every row, priority and sampler state.
+    #[staticmethod]
+    fn from_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Buffer> {
+        let rb = py
+            .detach(|| ReplayBuffer::from_checkpoint(&path))
+            .map_err(py_err)?;
+        Buffer::wrap(py, rb, None)
+    }
+
+    /// A checkpoint or file-backed directory opened read-only, its rows mapped from
+    /// the files as they are sampled: every write is refused.
+    #[staticmethod]
+    fn open_dataset(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Buffer> {
+        let rb = py
+            .detach(|| ReplayBuffer::open_dataset(&path))
+            .map_err(py_err)?;
+        Buffer::wrap(py, rb, None)
+    }
+
+    /// Rows the storage holds.
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.handle()?.len())
+    }
+
+    /// Rows the storage can hold.
+    #[getter]
+    fn capacity(&self) -> PyResult<usize> {
+        Ok(self.handle()?.capacity())
+    }
+
+    /// Rows ever written (TorchRL's `write_count`).
+    #[getter]
+    fn write_count(&self) -> PyResult<u64> {
+        Ok(self.handle()?.write_count())
+    }
+
+    /// 1, or 2 for a storage of `[steps, envs]`.
+    #[getter]
+    fn ndim(&self) -> PyResult<usize> {
+        Ok(self.handle()?.ndim())
+    }
+
+    /// Environments of an ndim-2 storage (1 for ndim 1).
+    #[getter]
+    fn envs(&self) -> PyResult<usize> {
+        Ok(self.handle()?.envs())
+    }
+
+    /// Independent rings the rows are spread over.
+    #[getter]
+    fn shards(&self) -> PyResult<usize> {
+        Ok(self.handle()?.shards())
+    }
+
+    /// The seed of every draw.
+    #[getter]
+    fn seed(&self) -> PyResult<u64> {
+        Ok(self.handle()?.seed())
+    }
+
+    /// The rows `sample()` draws when given no count, if set.
+    #[getter]
+    fn batch_size(&self) -> PyResult<Option<usize>> {
+        Ok(self.handle()?.batch_size())
+    }
+
+    /// Whether the sampler is prioritized (samples carry `weight`).
+    #[getter]
+    fn prioritized(&self) -> bool {
+        self.prioritized
+    }
+
+    /// Whether the sampler draws slices of trajectories (samples carry `marks`).
+    #[getter]
+    fn samples_slices(&self) -> bool {
+        self.slices
+    }
+
+    /// The shared region's name, for a shared buffer.
+    #[getter]
+    fn shared_name(&self) -> Option<&str> {
+        self.shared.as_deref()
+    }
+
+    /// The priority exponent, for a prioritized sampler.
+    #[getter]
+    fn alpha(&self) -> PyResult<Option<f64>> {
+        Ok(self.handle()?.alpha())
+    }
+
+    #[setter(alpha)]
+    fn set_alpha(&self, py: Python<'_>, alpha: f64) -> PyResult<()> {
+        let rb = self.handle()?;
+        py.detach(|| rb.set_alpha(alpha)).map_err(py_err)
+    }
+
+    /// The importance-correction exponent, for a prioritized sampler.
+    #[getter]
+    fn beta(&self) -> PyResult<Option<f64>> {
+        Ok(self.handle()?.beta())
+    }
+
+    #[setter(beta)]
+    fn set_beta(&self, beta: f64) -> PyResult<()> {
+        self.handle()?.set_beta(beta).map_err(py_err)
+    }
+
+    /// The fields: a list of `(key, numpy dtype, shape)`.
+    #[getter]
+    fn spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self
+            .fields
+            .iter()
+            .map(|f| {
+                let dtype: Bound<'_, PyAny> = if f.dtype == DType::BF16 {
+                    "bfloat16".into_pyobject(py)?.into_any()
+                } else {
+                    f.descr.bind(py).clone().into_any()
+                };
+                PyTuple::new(
+                    py,
+                    [
+                        f.py_key.bind(py).clone(),
+                        dtype,
+                        PyTuple::new(py, &f.shape)?.into_any(),
+                    ],
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Appends a batch (a dict of arrays, nested dicts or tuple keys for nested
+    /// fields, each of shape `(n, *field shape)`, or `(t, envs, *field shape)` for
+    /// ndim 2) and returns the storage index of every row (`2**64 - 1` for a row a
+    /// max-value writer rejected).
+    fn extend<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let rb = self.handle()?;
+        let batch = self.batch_of(py, &rb, data)?;
+        let written = py.detach(|| rb.extend(&batch));
+        let shape = batch.shape().to_vec();
+        self.give_batch(batch);
+        let written = written.map_err(py_err)?;
+        let index: Vec<u64> = (0..written.len())
+            .map(|row| written.get(row).unwrap_or(u64::MAX))
+            .collect();
+        Ok(PyArray1::from_vec(py, index).reshape(shape)?.into_any())
+    }
+
+    /// Adds one transition (a dict of arrays of the field shapes) and returns its
+    /// index. ndim-1 storages only.
+    fn add(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let np = py.import("numpy")?;
+        let one = PyDict::new(py);
+        for (key, value) in flatten(data)? {
+            let field = self.fields.iter().find(|f| f.key == key);
+            let array = match (value.cast::<PyUntypedArray>(), field) {
+                (Ok(a), _) => a.clone().into_any(),
+                (Err(_), Some(f)) => np.call_method1("asarray", (value, f.descr.bind(py)))?,
+                (Err(_), None) => value,
+            };
+            one.set_item(key_to_py(py, &key)?, np.call_method1("expand_dims", (array, 0))?)?;
+        }
+        let rb = self.handle()?;
+        let batch = self.batch_of(py, &rb, &one)?;
+        py.detach(|| rb.add(&batch)).map_err(py_err)
+    }
+
+    /// Draws `n` rows (the buffer's `batch_size` when `n` is None): a dict of one
+    /// array per field, plus `index` and `generation` (uint64), `weight` (float32) for a
+    /// prioritized sampler and `marks` (uint8: 1 valid, 2 start, 4 end, 8 truncated)
+    /// for a slice sampler. Fewer rows only when a without-replacement epoch ends short.
+    #[pyo3(signature = (n = None))]
+    fn sample<'py>(&self, py: Python<'py>, n: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
+        let n = match n.or(self.handle()?.batch_size()) {
+            Some(n) => n,
+            None => return Err(value_error("give a batch size: sample(n), or batch_size= when building")),
+        };
+        let mut arrays: Vec<(Bound<'py, PyAny>, Bound<'py, PyUntypedArray>)> = Vec::new();
+        for f in &self.fields {
+            let mut shape = Vec::with_capacity(1 + f.shape.len());
+            shape.push(n);
+            shape.extend_from_slice(&f.shape);
+            arrays.push((f.py_key.bind(py).clone(), empty(py, f.descr.bind(py), &shape)?));
+        }
+        let u64s = PyArrayDescr::of::<u64>(py);
+        let names = ["index", "generation"];
+        for name in names {
+            arrays.push((name.into_pyobject(py)?.into_any(), empty(py, &u64s, &[n])?));
+        }
+        if self.prioritized {
+            let f32s = PyArrayDescr::of::<f32>(py);
+            arrays.push(("weight".into_pyobject(py)?.into_any(), empty(py, &f32s, &[n])?));
+        }
+        if self.slices {
+            let u8s = PyArrayDescr::of::<u8>(py);
+            arrays.push(("marks".into_pyobject(py)?.into_any(), empty(py, &u8s, &[n])?));
+        }
+        let spans = Spans(arrays.iter().map(|(_, a)| span(a)).collect());
+        let rows = self.sample_spans(py, n, spans)?;
+        let out = PyDict::new(py);
+        let cut = (rows < n).then(|| PySlice::new(py, 0, rows as isize, 1));
+        for (key, array) in arrays {
+            match &cut {
+                None => out.set_item(key, array)?,
+                Some(cut) => out.set_item(key, array.get_item(cut)?)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Draws into the caller's arrays (a dict like one `sample` returns, its arrays
+    /// C-contiguous and of the right dtypes, with room for the same number of rows;
+    /// `weight` for a prioritized sampler and `marks` for a slice sampler): no
+    /// allocation. Returns the rows drawn. The arrays must not be used by another
+    /// thread during the call.
+    fn sample_into<'py>(&self, py: Python<'py>, out: &Bound<'py, PyDict>) -> PyResult<usize> {
+        let get = |key: &Bound<'py, PyAny>, name: &str| -> PyResult<Bound<'py, PyUntypedArray>> {
+            let value = out
+                .get_item(key)?
+                .ok_or_else(|| key_error(format!("sample_into: no array for `{name}`")))?;
+            let array = value
+                .cast_into::<PyUntypedArray>()
+                .map_err(|_| type_error(format!("sample_into: `{name}` is not a numpy array")))?;
+            if !array.is_c_contiguous() || !array.is_aligned() || !writeable(&array) {
+                return Err(value_error(format!(
+                    "sample_into: `{name}` must be C-contiguous, aligned and writeable"
+                )));
+            }
+            Ok(array)
+        };
+        let mut arrays = Vec::new();
+        for f in &self.fields {
+            let array = get(f.py_key.bind(py), &f.py_key.bind(py).to_string())?;
+            if !array.dtype().is_equiv_to(f.descr.bind(py)) {
+                return Err(type_error(format!(
+                    "sample_into: `{}` must be {}, got {}",
+                    f.py_key.bind(py),
+                    f.descr.bind(py),
+                    array.dtype()
+                )));
+            }
+            arrays.push(array);
+        }
+        let mut extra = vec![("index", PyArrayDescr::of::<u64>(py)), ("generation", PyArrayDescr::of::<u64>(py))];
+        if self.prioritized {
+            extra.push(("weight", PyArrayDescr::of::<f32>(py)));
+        }
+        if self.slices {
+            extra.push(("marks", PyArrayDescr::of::<u8>(py)));
+        }
+        for (name, descr) in &extra {
+            let array = get(&name.into_pyobject(py)?.into_any(), name)?;
+            if !array.dtype().is_equiv_to(descr) {
+                return Err(type_error(format!(
+                    "sample_into: `{name}` must be {descr}, got {}",
+                    array.dtype()
+                )));
+            }
+            arrays.push(array);
+        }
+        let rows = arrays[self.fields.len()].len();
+        // Distinct arrays: a dict may hold one array under two keys.
+        let spans = Spans(arrays.iter().map(span).collect());
+        let mut starts: Vec<(usize, usize)> = spans.0.iter().map(|&(p, l)| (p as usize, l)).collect();
+        starts.sort_unstable();
+        if starts.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0 && w[0].1 > 0) {
+            return Err(value_error("sample_into: two of the arrays share memory"));
+        }
+        for (f, array) in self.fields.iter().zip(&arrays) {
+            if array.len() != rows * f.bytes / f.dtype.size() {
+                return Err(value_error(format!(
+                    "sample_into: `{}` has shape {:?}, expected ({rows}, {})",
+                    f.py_key.bind(py),
+                    array.shape(),
+                    f.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        let n = self.handle()?.batch_size().unwrap_or(rows).min(rows);
+        self.sample_spans(py, n, spans)
+    }
+
+    /// Sets the priorities of sampled rows. With `generation` (from the sample), rows
+    /// replaced since they were drawn are skipped; without, the update goes to
+    /// whatever rows are at `index` now (TorchRL's behaviour). `priority` holds one
+    /// value per row, or several (reduced by the sampler's `reduction`). Returns
+    /// `(applied, stale)`. NaN, infinite or negative priorities change nothing.
+    #[pyo3(signature = (index, priority, generation = None))]
+    fn update_priority<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+        priority: &Bound<'py, PyAny>,
+        generation: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(usize, usize)> {
+        let np = py.import("numpy")?;
+        let as_vec = |x: &Bound<'py, PyAny>, dtype: &str| -> PyResult<Bound<'py, PyAny>> {
+            np.call_method1("ascontiguousarray", (x, dtype))?
+                .call_method1("reshape", (-1,))
+        };
+        let index_a = as_vec(index, "uint64")?.cast_into::<PyArray1<u64>>()?;
+        let priority_a = as_vec(priority, "float64")?.cast_into::<PyArray1<f64>>()?;
+        let rb = self.handle()?;
+        let index_r = index_a.readonly();
+        let priority_r = priority_a.readonly();
+        let (index_s, priority_s) = (index_r.as_slice()?, priority_r.as_slice()?);
+        let done = match generation {
+            Some(g) => {
+                let g = as_vec(g, "uint64")?.cast_into::<PyArray1<u64>>()?;
+                let g = g.readonly();
+                let g = g.as_slice()?;
+                py.detach(|| rb.update_priority(index_s, g, priority_s))
+            }
+            None => {
+                let current = py.detach(|| rb.get_many(index_s)).map_err(py_err)?;
+                py.detach(|| rb.update_priority(index_s, current.generations(), priority_s))
+            }
+        }
+        .map_err(py_err)?;
+        Ok((done.applied, done.stale))
+    }
+
+    /// The priority of the row at `index`, as last set (None if not prioritized, or no
+    /// row is there).
+    fn priority(&self, index: u64) -> PyResult<Option<f64>> {
+        Ok(self.handle()?.priority(index))
+    }
+
+    /// The rows at `index` (an int, or an array of ints), in that order, as a dict.
+    fn get<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let indices: Vec<u64> = match index.extract::<u64>() {
+            Ok(i) => vec![i],
+            Err(_) => py
+                .import("numpy")?
+                .call_method1("asarray", (index, "uint64"))?
+                .call_method1("reshape", (-1,))?
+                .call_method0("tolist")?
+                .extract()?,
+        };
+        let rb = self.handle()?;
+        let batch = py.detach(|| rb.get_many(&indices)).map_err(py_err)?;
+        self.dict_of_batch(py, &batch)
+    }
+
+    /// Every stored row among the first `end` positions (all when None), in storage
+    /// order (TorchRL's `rb[:end]`).
+    #[pyo3(signature = (end = None))]
+    fn read_all_in_order<'py>(&self, py: Python<'py>, end: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
+        let rb = self.handle()?;
+        let batch = py.detach(|| rb.read_all_in_order(end));
+        self.dict_of_batch(py, &batch)
+    }
+
+    /// Overwrites positions `0..end` with the first `end` rows of `data`, in storage
+    /// order (TorchRL's `rb[:end] = data`); every position must hold a row.
+    #[pyo3(signature = (data, end = None))]
+    fn write_all(&self, py: Python<'_>, data: &Bound<'_, PyAny>, end: Option<usize>) -> PyResult<()> {
+        let rb = self.handle()?;
+        let batch = self.batch_of(py, &rb, data)?;
+        py.detach(|| rb.write_all(&batch, end)).map_err(py_err)
+    }
+
+    /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let rb = self.handle()?;
+        py.detach(|| rb.clear());
+        Ok(())
+    }
+
+    /// Saves the whole state (rows, priorities, sampler state, random streams) under
+    /// the directory `path` (TorchRL's `dumps`).
+    fn dumps(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let rb = self.handle()?;
+        py.detach(|| rb.save(&path)).map_err(py_err)
+    }
+
+    /// Loads a checkpoint of this buffer's layout into it (TorchRL's `loads`). No
+    /// other thread may use the buffer meanwhile; on any error it is left as it was.
+    fn loads(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| {
+            let mut rb = self.rb.write();
+            self.learners.lock().clear();
+            rb.restore(&path)
+        })
+        .map_err(py_err)
+    }
+
+    /// Writes a file-backed storage through to its file and the disk.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let rb = self.handle()?;
+        py.detach(|| rb.flush()).map_err(py_err)
+    }
+
+    /// A shared buffer pickles as its name and attaches on unpickling, so it can be
+    /// handed to `multiprocessing` workers; any other buffer refuses to be pickled.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let py = slf.py();
+        match &slf.get().shared {
+            Some(name) => Ok((
+                py.import("replaybuf._native")?
+                    .getattr("ReplayBuffer")?
+                    .getattr("attach")?,
+                (name.clone(),),
+            )),
+            None => Err(type_error(
+                "a heap or file-backed replaybuf.ReplayBuffer cannot be pickled: its rows \
+                 live in this process. Build it with shared=\"name\" to hand it to other \
+                 processes (they attach to the same memory), or dumps() it to a directory",
+            )),
+        }
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let rb = self.handle()?;
+        Ok(format!(
+            "ReplayBuffer(len={}, capacity={}, fields={}, shards={}{})",
+            rb.len(),
+            rb.capacity(),
+            self.fields.len(),
+            rb.shards(),
+            self.shared
+                .as_deref()
+                .map(|n| format!(", shared={n:?}"))
+                .unwrap_or_default()
+        ))
+    }
+}
+
+/// Whether numpy lets the array be written.
+fn writeable(array: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: `as_array_ptr` points at a live array object (we hold a reference).
+    let flags = unsafe { (*array.as_array_ptr()).flags };
+    flags & npyffi::NPY_ARRAY_WRITEABLE != 0
+}

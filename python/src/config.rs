@@ -1,0 +1,170 @@
+//! Samplers and write policies from the plain descriptions the Python package passes:
+//! `{"kind": "prioritized", "alpha": 0.6, ...}`. The friendly classes
+//! (`replaybuf.Prioritized(...)`, TorchRL's `PrioritizedSampler(...)`) live in Python
+//! and describe themselves this way, so one parser serves both faces.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use replaybuf::sampler::{
+    Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+};
+use replaybuf::WritePolicy;
+
+use crate::errors::{type_error, value_error};
+use crate::fields::key_from_py;
+
+/// One entry of a description, if present and not None.
+fn get<'py>(d: &Bound<'py, PyDict>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(d.get_item(name)?.filter(|v| !v.is_none()))
+}
+
+fn get_as<'py, T: FromPyObjectOwned<'py>>(
+    d: &Bound<'py, PyDict>,
+    name: &str,
+) -> PyResult<Option<T>> {
+    get(d, name)?
+        .map(|v| {
+            v.extract::<T>()
+                .map_err(|_| type_error(format!("`{name}` has the wrong type: {v}")))
+        })
+        .transpose()
+}
+
+/// A description: a dict, or an object that gives one (`obj._describe()`).
+fn described<'py>(desc: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyDict>> {
+    if let Ok(d) = desc.cast::<PyDict>() {
+        return Ok(d.clone());
+    }
+    if desc.hasattr("_describe")? {
+        return desc
+            .call_method0("_describe")?
+            .cast_into::<PyDict>()
+            .map_err(|_| type_error(format!("{what}: _describe() must return a dict")));
+    }
+    Err(type_error(format!(
+        "{what}: expected one of replaybuf's classes, got {}",
+        desc.get_type().name()?
+    )))
+}
+
+fn kind(d: &Bound<'_, PyDict>) -> PyResult<String> {
+    get_as::<String>(d, "kind")?.ok_or_else(|| value_error("a description without \"kind\""))
+}
+
+fn reduction(d: &Bound<'_, PyDict>) -> PyResult<Reduction> {
+    Ok(match get_as::<String>(d, "reduction")?.as_deref() {
+        None | Some("max") => Reduction::Max,
+        Some("min") => Reduction::Min,
+        Some("mean") => Reduction::Mean,
+        Some("median") => Reduction::Median,
+        Some("sum") => Reduction::Sum,
+        Some(other) => {
+            return Err(value_error(format!(
+                "reduction is one of max, min, mean, median, sum; got {other:?}"
+            )))
+        }
+    })
+}
+
+fn prioritized(d: &Bound<'_, PyDict>) -> PyResult<Prioritized> {
+    let alpha = get_as::<f64>(d, "alpha")?.ok_or_else(|| value_error("prioritized: no alpha"))?;
+    let beta = get_as::<f64>(d, "beta")?.ok_or_else(|| value_error("prioritized: no beta"))?;
+    let mut p = Prioritized::new(alpha, beta).reduction(reduction(d)?);
+    if let Some(eps) = get_as::<f64>(d, "eps")? {
+        p = p.eps(eps);
+    }
+    if let Some(rows) = get_as::<usize>(d, "max_capacity")? {
+        p = p.max_capacity(rows);
+    }
+    if let Some(yes) = get_as::<bool>(d, "max_priority_within_buffer")? {
+        p = p.max_priority_within_buffer(yes);
+    }
+    Ok(p)
+}
+
+fn without_replacement(d: &Bound<'_, PyDict>) -> PyResult<WithoutReplacement> {
+    Ok(WithoutReplacement::new()
+        .drop_last(get_as::<bool>(d, "drop_last")?.unwrap_or(false))
+        .shuffle(get_as::<bool>(d, "shuffle")?.unwrap_or(true)))
+}
+
+/// The sampler a description names (`None`: uniform).
+pub(crate) fn sampler(desc: Option<&Bound<'_, PyAny>>) -> PyResult<Sampler> {
+    let Some(desc) = desc.filter(|d| !d.is_none()) else {
+        return Ok(Sampler::from(Uniform));
+    };
+    let d = &described(desc, "sampler")?;
+    Ok(match kind(d)?.as_str() {
+        "uniform" => Sampler::from(Uniform),
+        "without_replacement" => Sampler::from(without_replacement(d)?),
+        "prioritized" => Sampler::from(prioritized(d)?),
+        "slice" => Sampler::from(slice(d)?),
+        other => return Err(value_error(format!("no sampler is called {other:?}"))),
+    })
+}
+
+fn slice(d: &Bound<'_, PyDict>) -> PyResult<Slice> {
+    let mut s = match (
+        get_as::<usize>(d, "num_slices")?,
+        get_as::<usize>(d, "slice_len")?,
+    ) {
+        (Some(n), None) => Slice::num_slices(n),
+        (None, Some(len)) => Slice::slice_len(len),
+        _ => return Err(value_error("a slice sampler takes one of num_slices and slice_len")),
+    };
+    if let Some(k) = get(d, "traj_key")? {
+        s = s.traj_key(key_from_py(&k)?);
+    }
+    if let Some(k) = get(d, "end_key")? {
+        s = s.end_key(key_from_py(&k)?);
+    }
+    if let Some(k) = get(d, "truncated_key")? {
+        s = s.truncated_key(key_from_py(&k)?);
+    }
+    if let Some(strict) = get_as::<bool>(d, "strict_length")? {
+        s = s.strict_length(strict);
+    }
+    if let Some((left, right)) = get_as::<(usize, usize)>(d, "span")? {
+        s = s.span(left, right);
+    }
+    if let Some(w) = get(d, "without_replacement")? {
+        s = s.without_replacement(without_replacement(&described(&w, "without_replacement")?)?);
+    }
+    if let Some(p) = get(d, "prioritized")? {
+        let p = &described(&p, "prioritized")?;
+        let over = match get_as::<String>(p, "over")?.as_deref() {
+            None | Some("start") => SlicePriority::Start,
+            Some("window") => SlicePriority::Window,
+            Some(other) => {
+                return Err(value_error(format!(
+                    "slice priorities are over \"start\" or \"window\", got {other:?}"
+                )))
+            }
+        };
+        s = s.prioritized(prioritized(p)?, over);
+    }
+    Ok(s)
+}
+
+/// The write policy a description names (`None`: round robin).
+pub(crate) fn write_policy(desc: Option<&Bound<'_, PyAny>>) -> PyResult<WritePolicy> {
+    let Some(desc) = desc.filter(|d| !d.is_none()) else {
+        return Ok(WritePolicy::RoundRobin);
+    };
+    let d = &described(desc, "write_policy")?;
+    Ok(match kind(d)?.as_str() {
+        "round_robin" => WritePolicy::RoundRobin,
+        "immutable" => WritePolicy::Immutable,
+        "max_value" => {
+            let key = get(d, "rank_key")?.ok_or_else(|| value_error("max_value: no rank_key"))?;
+            WritePolicy::MaxValue {
+                rank_key: key_from_py(&key)?,
+                reduction: match get(d, "reduction")? {
+                    Some(_) => reduction(d)?,
+                    None => Reduction::Sum,
+                },
+            }
+        }
+        other => return Err(value_error(format!("no write policy is called {other:?}"))),
+    })
+}
