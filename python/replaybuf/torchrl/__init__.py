@@ -62,12 +62,7 @@ the dataset's rows.
 
 from torchrl.collectors.utils import split_trajectories
 
-from .replay_buffers import (
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    TensorDictPrioritizedReplayBuffer,
-    TensorDictReplayBuffer,
-)
+from .replay_buffers import PrioritizedReplayBuffer, ReplayBuffer
 from .samplers import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
@@ -78,6 +73,7 @@ from .samplers import (
     SliceSamplerWithoutReplacement,
 )
 from .storages import LazyMemmapStorage, LazyTensorStorage, Storage, TensorStorage
+from .tensordict_buffers import TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from .trainers import ReplayBufferTrainer
 from .writers import (
     ImmutableDatasetWriter,

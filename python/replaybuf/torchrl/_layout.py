@@ -102,6 +102,31 @@ class Field:
         return t.view(torch.bfloat16) if self.dtype is torch.bfloat16 else t
 
 
+try:
+    from tensordict._td import _StringOnlyDict
+except ImportError:  # another tensordict: its own constructor, slower
+    _StringOnlyDict = None
+
+
+def tensordict_of(src: dict, batch_size: torch.Size, device: Optional[torch.device]) -> TensorDict:
+    """A TensorDict holding ``src``'s tensors as they are (no checks, no copies):
+    what ``TensorDict._new_unsafe`` does, without its compile check and arguments,
+    which cost as much as the rest of a sample's decoding."""
+    if _StringOnlyDict is None:
+        td = TensorDict._new_unsafe(src, batch_size=batch_size, nested=False)
+        td._device = device
+        return td
+    td = _NEW_TENSORDICT(TensorDict)
+    td._tensordict = _StringOnlyDict(src)
+    td._batch_size = batch_size
+    td._device = device
+    td._td_dim_names = None
+    return td
+
+
+_NEW_TENSORDICT = TensorDict.__new__
+
+
 def _path_of(key: Key) -> Tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
@@ -128,16 +153,18 @@ class TensorDictLayout:
         # Nested TensorDicts, parents before children, and the leaves by parent.
         prefixes = sorted((p for p in self.extra_dims if p), key=len)
         self._prefixes = prefixes
-        self._nested = bool(prefixes)
         self._leaves = [
             (f.native, _path_of(f.key)[:-1], _path_of(f.key)[-1], f) for f in self.fields
         ]
         self._root_extra = tuple(self.extra_dims.get((), ()))
+        # Without nesting, fields go straight into the root: by engine name and
+        # name, bfloat16 ones apart (they are viewed back from their raw bits).
+        self._flat = not prefixes
+        self._plain = [(f.native, f.key) for f in self.fields if f.dtype is not torch.bfloat16]
+        self._bfloat16 = [(f.native, f.key) for f in self.fields if f.dtype is torch.bfloat16]
 
     @classmethod
-    def of(
-        cls, td: TensorDictBase, batch_dims: int, skip: Sequence[Key] = ()
-    ) -> TensorDictLayout:
+    def of(cls, td: TensorDictBase, batch_dims: int, skip: Sequence[Key] = ()) -> TensorDictLayout:
         fields = []
         for key, value in td.items(include_nested=True, leaves_only=True):
             if key in skip:
@@ -188,16 +215,20 @@ class TensorDictLayout:
         batch: Tuple[int, ...],
         device: Optional[torch.device],
         extra: Optional[Dict[Key, torch.Tensor]] = None,
+        extra_nested: bool = False,
     ) -> TensorDictBase:
         """A TensorDict of batch ``batch`` from sampled arrays, with ``extra`` entries
-        (index, weights, slice flags) added beside the fields."""
-        new = TensorDict._new_unsafe
+        (index, weights, slice flags; ``extra_nested`` when some key is a tuple) set
+        beside the fields."""
         root_batch = torch.Size(batch + self._root_extra)
-        if not self._nested and not (extra and any(isinstance(k, tuple) for k in extra)):
-            src = {name: f.tensor(arrays[native]) for native, _, name, f in self._leaves}
+        if self._flat and not extra_nested:
+            from_numpy = torch.from_numpy
+            src = {name: from_numpy(arrays[native]) for native, name in self._plain}
+            for native, name in self._bfloat16:
+                src[name] = from_numpy(arrays[native]).view(torch.bfloat16)
             if extra:
                 src.update(extra)
-            return new(src, batch_size=root_batch, device=device, nested=False)
+            return tensordict_of(src, root_batch, device)
         dicts: Dict[Tuple[str, ...], dict] = {(): {}}
         for prefix in self._prefixes:
             dicts[prefix] = {}
@@ -210,11 +241,9 @@ class TensorDictLayout:
                     dicts.setdefault(path[:i], {})
                 dicts[path[:-1]][path[-1]] = value
         for prefix in sorted((p for p in dicts if p), key=len, reverse=True):
-            sub_batch = torch.Size(batch + tuple(self.extra_dims.get(prefix, self._root_extra)))
-            dicts[prefix[:-1]][prefix[-1]] = new(
-                dicts[prefix], batch_size=sub_batch, device=device, nested=False
-            )
-        return new(dicts[()], batch_size=root_batch, device=device, nested=False)
+            sub_batch = torch.Size(batch + self.extra_dims.get(prefix, self._root_extra))
+            dicts[prefix[:-1]][prefix[-1]] = tensordict_of(dicts[prefix], sub_batch, device)
+        return tensordict_of(dicts[()], root_batch, device)
 
     def to_json(self) -> dict:
         return {

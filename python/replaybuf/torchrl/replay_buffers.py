@@ -1,29 +1,26 @@
-"""The buffers: TorchRL's ``ReplayBuffer`` family over one of replaybuf's engine
-buffers.
+"""``ReplayBuffer`` and ``PrioritizedReplayBuffer``: TorchRL's buffers over one of
+replaybuf's engine buffers.
 
 A buffer is configuration (storage, sampler, writer, transforms) until the first data
 is written; that data fixes the fields (see :mod:`._layout`) and the engine buffer is
 made from them. From then on every row moves in one engine call: ``extend`` hands the
-tensors' memory to the engine, which copies it into the storage with the GIL released,
-and ``sample`` gets fresh arrays that become the returned tensors without a copy.
+tensors' memory to the engine, which copies it into the storage with the GIL
+released, and ``sample`` gets fresh arrays that become the returned tensors without a
+copy.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 import threading
 import weakref
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase, is_tensor_collection
+from tensordict import is_tensor_collection
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
-from tensordict.utils import expand_as_right
 from torch.utils import _pytree
 from torchrl.envs.transforms.transforms import (
     Compose,
@@ -32,36 +29,23 @@ from torchrl.envs.transforms.transforms import (
     _InvertTransform,
 )
 
-from .._native import MARK_END, MARK_TRUNCATED, MARK_VALID, EpochEnd
+from .._native import EpochEnd
 from .._native import ReplayBuffer as NativeReplayBuffer
-from ._layout import Layout, TensorDictLayout, TreeLayout, layout_from_json, to_array
+from . import _checkpoint
+from ._layout import Layout, TensorDictLayout, TreeLayout
+from ._sample_info import SamplePlan
 from .samplers import PrioritizedSampler, RandomSampler, Sampler
 from .storages import LazyTensorStorage, Storage, TensorStorage
-from .writers import (
-    ImmutableDatasetWriter,
-    RoundRobinWriter,
-    TensorDictRoundRobinWriter,
-    Writer,
-)
+from .writers import ImmutableDatasetWriter, RoundRobinWriter, Writer
 
-__all__ = [
-    "ReplayBuffer",
-    "PrioritizedReplayBuffer",
-    "TensorDictReplayBuffer",
-    "TensorDictPrioritizedReplayBuffer",
-]
-
-# Files a checkpoint directory holds beside the engine's own.
-FACE_FILE = "torchrl.json"
-TRANSFORM_FILE = "transform.t"
-SAVE_HOOK_DIR = "storage"
+__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer"]
 
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
-_SLICE_END_MARKS = MARK_END | MARK_TRUNCATED
-_CPU = torch.device("cpu")
+_NOT_WRITTEN = 2**64 - 1
+CPU = torch.device("cpu")
 
 
-def _component(value: Any, default: Callable[[], Any], base: type, what: str) -> Any:
+def component(value: Any, default: Callable[[], Any], base: type, what: str) -> Any:
     """A storage, sampler or writer given as an instance, a constructor or None."""
     if value is None:
         return default()
@@ -73,6 +57,10 @@ def _component(value: Any, default: Callable[[], Any], base: type, what: str) ->
             f"it from replaybuf.torchrl, not torchrl.data); got {type(value).__name__}"
         )
     return value
+
+
+def default_storage() -> Storage:
+    return LazyTensorStorage(1_000)
 
 
 def _as_compose(transform: Any) -> Compose:
@@ -89,29 +77,23 @@ def _as_compose(transform: Any) -> Compose:
 
 
 def _stack(items: list) -> Any:
-    """A list of values to add one at a time, as one batch."""
+    """A list of elements to add one at a time, as one batch."""
     if items and is_tensor_collection(items[0]):
         return torch.stack(items)
     return _pytree.tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *items)
 
 
-class _SamplePlan:
-    """What decoding a sample of this buffer involves, worked out once."""
+def _each_tensor(data: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to a tensor or TensorDict, or to each tensor of a pytree."""
+    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
+        return fn(data)
+    return _pytree.tree_map(fn, data)
 
-    def __init__(self, rb: ReplayBuffer) -> None:
-        sampler, layout = rb._sampler, rb._layout
-        self.prioritized = sampler.prioritized
-        self.slices = sampler.slices
-        self.may_pad = self.slices and sampler._may_pad
-        self.envs = rb._envs if rb._storage.ndim == 2 else 0
-        self.info_keys = sampler._info_keys() if self.slices else None
-        self.done_field = self.terminated_field = self.init_field = None
-        if self.info_keys is not None:
-            _, done, terminated = self.info_keys
-            self.done_field = layout.field_of(done)
-            self.terminated_field = layout.field_of(terminated)
-            if sampler.init_key is not None:
-                self.init_field = layout.field_of(sampler.init_key)
+
+def _layout_of(data: Any, batch_dims: int, skip: Tuple[Any, ...]) -> Layout:
+    if is_tensor_collection(data):
+        return TensorDictLayout.of(data, batch_dims, skip=skip)
+    return TreeLayout.of(data, batch_dims)
 
 
 class ReplayBuffer:
@@ -121,9 +103,9 @@ class ReplayBuffer:
         storage: a :mod:`~replaybuf.torchrl.storages` storage (or its constructor);
             default ``LazyTensorStorage(1_000)``.
         sampler: a :mod:`~replaybuf.torchrl.samplers` sampler; default
-            :class:`RandomSampler`.
+            :class:`~replaybuf.torchrl.RandomSampler`.
         writer: a :mod:`~replaybuf.torchrl.writers` writer; default
-            :class:`RoundRobinWriter`.
+            :class:`~replaybuf.torchrl.RoundRobinWriter`.
         collate_fn: applied to every sampled batch before the transforms.
         pin_memory: pin sampled batches (for a fast copy to a GPU).
         prefetch: accepted and ignored: a sample is one GIL-free engine call.
@@ -131,7 +113,7 @@ class ReplayBuffer:
             written data); see :meth:`append_transform`.
         batch_size: rows :meth:`sample` draws when given none.
         dim_extend: the data dimension :meth:`extend` appends along (default
-            ``storage.ndim - 1``: time of ``[envs, time]`` batches on ``ndim=2``).
+            ``storage.ndim - 1``: time, of ``[envs, time]`` batches on ``ndim=2``).
         generator: a ``torch.Generator`` whose seed seeds the buffer's draws (without
             one, the seed is drawn from torch's global generator when the buffer is
             made, so ``torch.manual_seed`` makes runs repeatable).
@@ -140,9 +122,9 @@ class ReplayBuffer:
     passed to :meth:`extend` is a list of elements to add one at a time.
     """
 
-    _is_tensordict = False
     # Keys of written TensorDicts that are metadata, not fields.
     _skip_keys: Tuple[Any, ...] = ()
+    _default_writer: Callable[[], Writer] = RoundRobinWriter
 
     def __init__(
         self,
@@ -182,14 +164,15 @@ class ReplayBuffer:
             )
         if dim_extend is not None and dim_extend < 0:
             raise ValueError("dim_extend must be a positive value.")
-        self._storage: Storage = _component(
-            storage, lambda: LazyTensorStorage(1_000), Storage, "storage"
-        )
-        self._sampler: Sampler = _component(sampler, RandomSampler, Sampler, "sampler")
-        self._writer: Writer = _component(writer, self._default_writer, Writer, "writer")
-        self._transform = _as_compose(
-            transform_factory() if transform_factory is not None else transform
-        )
+        self._storage: Storage = component(storage, default_storage, Storage, "storage")
+        self._sampler: Sampler = component(sampler, RandomSampler, Sampler, "sampler")
+        self._writer: Writer = component(writer, self._default_writer, Writer, "writer")
+        if transform_factory is not None:
+            transform = transform_factory()
+        self._transform = _as_compose(transform)
+        # The chain's modules, whose emptiness the hot paths test (a dict, so the
+        # test costs no nn.Module attribute lookup; appends and inserts edit it).
+        self._transform_modules = self._transform.transforms._modules
         self._batch_size = batch_size
         if batch_size is None and getattr(self._sampler, "drop_last", False):
             raise ValueError(
@@ -205,20 +188,18 @@ class ReplayBuffer:
         # Set once, on the first write (or load), under `_build_lock`.
         self._native: Optional[NativeReplayBuffer] = None
         self._layout: Optional[Layout] = None
-        self._plan: Optional[_SamplePlan] = None
+        self._plan: Optional[SamplePlan] = None
         self._envs = 1
         self._device: Optional[torch.device] = None
         self._build_lock = threading.Lock()
-        # (index as handed out, its rows' generations) of the latest sample, one
-        # attribute so that a thread never pairs one sample's index with another's.
+        # (index as handed out, its rows' generations) of the latest sample: one
+        # attribute, so a thread never pairs one sample's index with another's rows.
         self._last: Optional[Tuple[Any, np.ndarray]] = None
         # write_count kept across `empty(empty_write_count=False)`.
         self._write_count_base = 0
         self._storage._rb = self
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
-
-    _default_writer = RoundRobinWriter
 
     # ----------------------------------------------------------------- building
 
@@ -227,34 +208,34 @@ class ReplayBuffer:
             return self._generator.initial_seed() % 2**64
         return int(torch.randint(0, 2**62, (), dtype=torch.int64))
 
-    def _batch_shape(self, data: Any) -> Tuple[int, ...]:
+    def _envs_of(self, data: Any) -> int:
+        """Environments of an ndim-2 batch (``[envs, time]`` when extending along
+        dimension 1, else ``[time, envs]``)."""
+        if self._storage.ndim == 1:
+            return 1
         if is_tensor_collection(data):
-            return tuple(data.batch_size)
-        leaves = _pytree.tree_leaves(data)
-        return tuple(torch.as_tensor(leaves[0]).shape) if leaves else ()
+            shape = tuple(data.batch_size)
+        else:
+            shape = tuple(torch.as_tensor(_pytree.tree_leaves(data)[0]).shape)
+        return shape[0] if self._dim_extend == 1 else shape[1]
 
     def _ensure_built(self, data: Any, batch_dims: int) -> None:
         """Makes the engine buffer from the first data written (once)."""
         with self._build_lock:
-            if self._layout is not None:
-                return
-            if is_tensor_collection(data):
-                layout: Layout = TensorDictLayout.of(data, batch_dims, skip=self._skip_keys)
-            else:
-                layout = TreeLayout.of(data, batch_dims)
-            envs = 1
-            if self._storage.ndim == 2:
-                shape = self._batch_shape(data)
-                envs = shape[0] if self._dim_extend == 1 else shape[1]
-            self._make_native(layout, envs, self._storage._output_device(data))
+            if self._layout is None:
+                layout = _layout_of(data, batch_dims, self._skip_keys)
+                device = self._storage._output_device(data)
+                self._install(self._make_native(layout, self._envs_of(data)), device)
+
+    def _ensure_native_for(self, layout: Layout, envs: int) -> None:
+        """Makes the engine buffer for a known layout (a checkpoint's), if none yet."""
+        with self._build_lock:
+            if self._layout is None:
+                native = self._make_native(layout, envs)
+                self._install(native, self._storage._output_device(None))
 
     def _make_native(
-        self,
-        layout: Layout,
-        envs: int,
-        device: Optional[torch.device],
-        write_policy: Any = None,
-        memmap: bool = True,
+        self, layout: Layout, envs: int, write_policy: Any = None, files: bool = True
     ) -> NativeReplayBuffer:
         storage = self._storage
         kwargs: Dict[str, Any] = {
@@ -267,56 +248,45 @@ class ReplayBuffer:
         if storage.ndim == 2:
             capacity = -(capacity // -envs) * envs
             kwargs.update(ndim=2, envs=envs, dim_extend=self._dim_extend)
-        if memmap:
+        if files:
             kwargs.update(storage._native_kwargs())
         native = NativeReplayBuffer(capacity, **kwargs)
-        self._install(native, layout, envs, device)
+        self._layout, self._envs = layout, envs
         return native
 
-    def _install(
-        self, native: NativeReplayBuffer, layout: Layout, envs: int, device: Optional[torch.device]
-    ) -> None:
-        self._layout, self._envs, self._device = layout, envs, device
+    def _install(self, native: NativeReplayBuffer, device: Optional[torch.device]) -> None:
+        self._device = device
+        self._plan = SamplePlan(
+            self._sampler, self._layout, self._envs if self._storage.ndim == 2 else 0
+        )
         self._native = native
         self._sampler._native = native
-        self._plan = _SamplePlan(self)
 
     def _fill(self, data: Any) -> None:
         """Writes a :class:`TensorStorage`'s initial rows (its dataset)."""
         if not isinstance(self._writer, ImmutableDatasetWriter):
             self._extend(data)
             return
-        # An engine dataset is opened from a checkpoint: write the rows into a
-        # round-robin buffer, save it, and open that read-only (the files stay mapped
-        # while the buffer lives).
+        # An engine dataset is opened from a checkpoint: the rows go into a
+        # round-robin buffer, which is saved and opened read-only (its files stay
+        # mapped while this buffer lives).
         with self._build_lock:
-            layout = (
-                TensorDictLayout.of(data, self._storage.ndim)
-                if is_tensor_collection(data)
-                else TreeLayout.of(data, self._storage.ndim)
-            )
-            shape = self._batch_shape(data)
-            envs = (
-                1 if self._storage.ndim == 1 else (shape[0] if self._dim_extend == 1 else shape[1])
-            )
+            layout = _layout_of(data, self._storage.ndim, self._skip_keys)
             staging = self._make_native(
-                layout, envs, None, write_policy=self._describe_round_robin(), memmap=False
+                layout,
+                self._envs_of(data),
+                write_policy=RoundRobinWriter()._describe(),
+                files=False,
             )
             staging.extend(layout.arrays(data))
             directory = tempfile.mkdtemp(prefix="replaybuf-dataset-")
             staging.dumps(directory)
-            native = NativeReplayBuffer.open_dataset(directory)
             weakref.finalize(self, shutil.rmtree, directory, True)
-            self._install(native, layout, envs, self._storage._output_device(data))
-
-    @staticmethod
-    def _describe_round_robin() -> Any:
-        return RoundRobinWriter()._describe()
+            self._install(
+                NativeReplayBuffer.open_dataset(directory), self._storage._output_device(data)
+            )
 
     # ----------------------------------------------------------------- writing
-
-    def _has_transform(self) -> bool:
-        return len(self._transform) > 0
 
     def _transpose(self, data: Any) -> Any:
         if is_tensor_collection(data):
@@ -335,7 +305,8 @@ class ReplayBuffer:
         return self._native.extend(self._layout.arrays(data))
 
     def _index_of_written(self, written: np.ndarray) -> torch.Tensor:
-        """TorchRL's index of written rows: flat, or ``[steps * envs, 2]`` for ndim 2."""
+        """TorchRL's index of written rows: flat (-1 where not written), or
+        ``[steps * envs, 2]`` (step, env) rows in time order for ndim 2."""
         if self._storage.ndim == 1:
             return torch.from_numpy(written.reshape(-1).view(np.int64))
         flat = (written.T if self._dim_extend == 1 else written).reshape(-1).astype(np.int64)
@@ -346,13 +317,13 @@ class ReplayBuffer:
         return self._index_of_written(self._write(data))
 
     def extend(self, data: Any, *, update_priority: Optional[bool] = None) -> torch.Tensor:
-        """Appends a batch (the leading dimension indexes its elements; a list holds
+        """Appends a batch (its leading dimension indexes the elements; a list holds
         elements) and returns where each element was written."""
         if update_priority is not None:
             raise NotImplementedError(
                 "update_priority is not supported in this class. See TensorDictReplayBuffer.extend."
             )
-        if self._has_transform():
+        if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform.inv(data)
         if data is None:
@@ -369,14 +340,15 @@ class ReplayBuffer:
         if isinstance(self._writer, ImmutableDatasetWriter):
             raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
         index = self._native.add(self._layout.arrays(data))
-        return -1 if index == 2**64 - 1 else index
+        return -1 if index == _NOT_WRITTEN else index
 
     def add(self, data: Any) -> int:
         """Adds one element and returns its index."""
-        if self._has_transform():
+        if self._transform_modules:
             is_tc = is_tensor_collection(data)
             with _set_dispatch_td_nn_modules(is_tc):
                 if is_tc:
+                    # Transforms expect a time dimension, as TorchRL gives them.
                     data = self._transform.inv(data.unsqueeze(-1))
                     data = None if data is None else data.squeeze(-1)
                 else:
@@ -398,116 +370,44 @@ class ReplayBuffer:
         return self._batch_size
 
     def _draw(self, n: int, retry: bool = True) -> Dict[Any, np.ndarray]:
-        """The engine's sample of ``n`` rows; a new epoch starts when one ran out
-        (``retry``), as TorchRL's samplers start one on the call after."""
+        """The engine's sample of ``n`` rows, padding dropped. When an epoch has run
+        out, a new one starts (``retry``), as TorchRL's samplers start one on the
+        call after the last batch of an epoch."""
         native = self._native
         if native is None or len(native) == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         try:
-            return native.sample(n)
+            out = native.sample(n)
         except EpochEnd:
             if not retry:
                 raise
-            return native.sample(n)
+            out = native.sample(n)
+        return self._plan.drop_padding(out)
 
-    def _info(self, out: Dict[Any, np.ndarray], stacked: bool) -> Dict[Any, Any]:
-        """The sample's metadata, TorchRL's way: ``index`` (stacked for a TensorDict
-        buffer, a tuple of per-dimension indices for a plain one when several),
-        ``priority_weight``, slice flags."""
-        plan = self._plan
-        index = torch.from_numpy(out["index"].view(np.int64))
-        if plan.envs:
-            steps, envs = np.divmod(out["index"].astype(np.int64), plan.envs)
-            steps, envs = torch.from_numpy(steps), torch.from_numpy(envs)
-            index = torch.stack([steps, envs], -1) if stacked else (steps, envs)
-        elif plan.slices:
-            index = index.unsqueeze(-1) if stacked else (index,)
-        self._last = (index, out["generation"])
-        info: Dict[Any, Any] = {"index": index}
-        if plan.prioritized:
-            info["priority_weight"] = torch.from_numpy(out["weight"])
-        if plan.info_keys is not None:
-            self._slice_info(out, info)
-        return info
-
-    def _slice_info(self, out: Dict[Any, np.ndarray], info: Dict[Any, Any]) -> None:
-        """TorchRL's slice flags: ``truncated`` at every slice's last step, ``done``
-        the stored flag or'ed with it, ``terminated`` as stored, and the stored
-        ``is_init`` set at every slice's first step."""
-        plan = self._plan
-        truncated_key, done_key, terminated_key = plan.info_keys
-        ends = (out["marks"] & _SLICE_END_MARKS) != 0
-        n = len(ends)
-        truncated = torch.from_numpy(ends).unsqueeze(-1)
-
-        def stored(field: Any) -> torch.Tensor:
-            value = field.tensor(out[field.native])
-            return value, truncated.reshape((n,) + (1,) * (value.dim() - 1))
-
-        if plan.done_field is not None:
-            done, flag = stored(plan.done_field)
-            done = done | flag
-        else:
-            done = truncated.clone()
-        if plan.terminated_field is not None:
-            terminated = plan.terminated_field.tensor(out[plan.terminated_field.native])
-        else:
-            terminated = torch.zeros_like(truncated)
-        info[truncated_key] = truncated
-        info[done_key] = done
-        info[terminated_key] = terminated
-        if plan.init_field is not None:
-            starts = np.empty(n, dtype=bool)
-            if n:
-                starts[0] = True
-                starts[1:] = ends[:-1]
-            is_init = plan.init_field.tensor(out[plan.init_field.native])
-            info[self._sampler.init_key] = is_init | torch.from_numpy(starts).reshape(
-                (n,) + (1,) * (is_init.dim() - 1)
-            )
-
-    def _drop_padding(self, out: Dict[Any, np.ndarray]) -> Dict[Any, np.ndarray]:
-        valid = (out["marks"] & MARK_VALID) != 0
-        if valid.all():
-            return out
-        return {k: v[valid] for k, v in out.items()}
-
-    def _finish(self, data: Any) -> Any:
+    def _collate_and_transform(self, data: Any) -> Any:
         if self._collate_fn is not None:
             data = self._collate_fn(data)
-        if self._has_transform():
-            is_td = is_tensor_collection(data)
-            with _set_dispatch_td_nn_modules(is_td):
+        if self._transform_modules:
+            with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform(data)
         return data
 
     def _deliver(self, data: Any) -> Any:
+        """The batch pinned and on the output device, as configured."""
         if self._pin_memory and torch.cuda.is_available():
-            data = (
-                data.pin_memory()
-                if hasattr(data, "pin_memory")
-                else _pytree.tree_map(lambda x: x.pin_memory(), data)
-            )
+            data = _each_tensor(data, lambda x: x.pin_memory())
         if self._device is not None:
-            data = (
-                data.to(self._device)
-                if hasattr(data, "to")
-                else _pytree.tree_map(lambda x: x.to(self._device), data)
-            )
+            data = _each_tensor(data, lambda x: x.to(self._device))
         return data
 
     def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
         out = self._draw(n, retry)
-        plan = self._plan
-        if plan.may_pad:
-            out = self._drop_padding(out)
-        info = self._info(out, stacked=False)
-        data = self._layout.rows(out, (len(out["index"]),), _CPU)
-        data = self._deliver(self._finish(data))
+        info = self._plan.info(out, stacked=False)
+        self._last = (info["index"], out["generation"])
+        data = self._layout.rows(out, (len(out["index"]),), CPU)
+        data = self._deliver(self._collate_and_transform(data))
         if self._device is not None:
-            info = _pytree.tree_map(
-                lambda x: x.to(self._device) if isinstance(x, torch.Tensor) else x, info
-            )
+            info = _pytree.tree_map(lambda x: x.to(self._device), info)
         return data, info
 
     def sample(self, batch_size: Optional[int] = None, return_info: bool = False) -> Any:
@@ -519,8 +419,8 @@ class ReplayBuffer:
         return (data, info) if return_info else data
 
     def __iter__(self) -> Iterator[Any]:
-        """Batches of ``batch_size``, until a sampler without replacement runs out
-        of its epoch (forever with replacement)."""
+        """Batches of ``batch_size``, until a sampler without replacement runs out of
+        its epoch (forever with replacement)."""
         if self._batch_size is None:
             raise RuntimeError(
                 "Cannot iterate over the replay buffer. Batch_size was not specified "
@@ -540,7 +440,7 @@ class ReplayBuffer:
     # ----------------------------------------------------------------- priorities
 
     def _positions(self, index: Any) -> np.ndarray:
-        """Flat engine positions (int64, -1 for none) from a TorchRL index."""
+        """Flat engine positions (int64; -1: none) of a TorchRL index."""
         if isinstance(index, torch.Tensor):
             a = index.detach().cpu().numpy()
         else:
@@ -552,24 +452,32 @@ class ReplayBuffer:
             a = a[..., 0]
         return a.reshape(-1)
 
+    def _generation_of(self, index: Any) -> Optional[np.ndarray]:
+        """The generations of the latest sample's rows, when ``index`` is its index
+        (the same tensor, or one sharing its memory and shape)."""
+        last = self._last
+        if last is None:
+            return None
+        mine = last[0]
+        if index is mine:
+            return last[1]
+        if (
+            isinstance(index, torch.Tensor)
+            and isinstance(mine, torch.Tensor)
+            and index.shape == mine.shape
+            and index.data_ptr() == mine.data_ptr()
+        ):
+            return last[1]
+        return None
+
     def update_priority(self, index: Any, priority: Any) -> None:
-        """Sets the priorities of the rows at ``index`` (a sample's ``index``, or
-        indices from :meth:`extend`). Given the index of this buffer's latest sample,
-        rows overwritten since that sample keep their priority."""
+        """Sets the priorities of the rows at ``index`` (a sample's ``index``, or what
+        :meth:`extend` returned). Given the index of this buffer's latest sample, rows
+        overwritten since that sample keep their priority."""
         native = self._native
         if native is None or not self._sampler.prioritized:
             return
-        generation = None
-        last = self._last
-        if last is not None:
-            last_index = last[0]
-            if index is last_index or (
-                isinstance(index, torch.Tensor)
-                and isinstance(last_index, torch.Tensor)
-                and index.shape == last_index.shape
-                and index.data_ptr() == last_index.data_ptr()
-            ):
-                generation = last[1]
+        generation = self._generation_of(index)
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
         positions = self._positions(index)
@@ -581,11 +489,11 @@ class ReplayBuffer:
             priority = np.full(n, float(priority.reshape(-1)[0]))
         else:
             priority = priority.reshape(n, -1)
-        valid = positions >= 0
-        if not valid.all():
-            positions, priority = positions[valid], priority[valid]
+        written = positions >= 0
+        if not written.all():
+            positions, priority = positions[written], priority[written]
             if generation is not None:
-                generation = generation[valid]
+                generation = generation[written]
         native.update_priority(positions.view(np.uint64), priority, generation)
 
     # ----------------------------------------------------------------- reading
@@ -600,55 +508,52 @@ class ReplayBuffer:
         native = self._native
         return self._write_count_base + (0 if native is None else native.write_count)
 
-    def _rows(self, out: Dict[Any, np.ndarray], batch: Tuple[int, ...]) -> Any:
-        return self._layout.rows(out, batch, _CPU)
+    def _read_ndim2(self) -> Any:
+        """Every stored step, ``[envs, steps]`` (``[steps, envs]`` when extending
+        along dimension 0)."""
+        out = self._native.read_all_in_order()
+        envs = self._envs
+        steps = len(out["index"]) // envs
+        fields = {}
+        for f in self._layout.fields:
+            a = out[f.native].reshape((steps, envs) + f.shape)
+            fields[f.native] = (
+                np.ascontiguousarray(np.swapaxes(a, 0, 1)) if self._dim_extend == 1 else a
+            )
+        batch = (envs, steps) if self._dim_extend == 1 else (steps, envs)
+        return self._layout.rows(fields, batch, CPU)
 
     def _read(self, index: Any) -> Any:
         """The stored rows at ``index``, untransformed."""
         native = self._native
         if native is None:
             raise IndexError("the buffer holds no rows yet")
+        rows = self._layout.rows
         if self._storage.ndim == 2:
             if index != slice(None):
                 raise NotImplementedError("an ndim-2 buffer is read whole: rb[:]")
-            out = native.read_all_in_order()
-            steps = len(out["index"]) // self._envs
-            fields = {}
-            for f in self._layout.fields:
-                a = out[f.native].reshape((steps, self._envs) + f.shape)
-                fields[f.native] = (
-                    np.ascontiguousarray(np.swapaxes(a, 0, 1)) if self._dim_extend == 1 else a
-                )
-            batch = (self._envs, steps) if self._dim_extend == 1 else (steps, self._envs)
-            return self._rows(fields, batch)
+            return self._read_ndim2()
         if isinstance(index, slice):
-            if (
-                index.step in (None, 1)
-                and index.start in (None, 0)
-                and (index.stop is None or index.stop >= 0)
-            ):
+            if index.step in (None, 1) and index.start in (None, 0) and (index.stop or 0) >= 0:
                 out = native.read_all_in_order(index.stop)
             else:
                 out = native.get(np.arange(len(native))[index])
-            return self._rows(out, (len(out["index"]),))
+            return rows(out, (len(out["index"]),), CPU)
         if isinstance(index, (int, np.integer)) or (
             isinstance(index, torch.Tensor) and index.ndim == 0
         ):
             i = int(index)
-            if i < 0:
-                i += len(native)
-            out = native.get(i)
-            return self._rows({k: v[0, ...] for k, v in out.items()}, ())
+            out = native.get(i + len(native) if i < 0 else i)
+            return rows({k: v[0, ...] for k, v in out.items()}, (), CPU)
         a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
         if a.dtype == bool:
             a = np.nonzero(a)[0]
         a = np.where(a < 0, a + len(native), a).reshape(-1)
-        out = native.get(a)
-        return self._rows(out, (len(a),))
+        return rows(native.get(a), (len(a),), CPU)
 
     def __getitem__(self, index: Any) -> Any:
-        """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage
-        order), ``rb[:end]``, ``rb[indices]``; ``rb[key]`` is ``rb[:][key]``."""
+        """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage order),
+        ``rb[:end]``, ``rb[indices]``; ``rb[key]`` is ``rb[:][key]``."""
         if isinstance(index, str) or (
             isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
         ):
@@ -658,7 +563,7 @@ class ReplayBuffer:
         data = self._read(index)
         if not isinstance(index, (int, np.integer)) and self._collate_fn is not None:
             data = self._collate_fn(data)
-        if self._has_transform():
+        if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform(data)
         return data
@@ -674,7 +579,7 @@ class ReplayBuffer:
         ``data``)."""
         if self._storage.ndim != 1:
             raise NotImplementedError("write_all needs a storage of ndim 1")
-        if self._has_transform():
+        if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform.inv(data)
         if isinstance(self._writer, ImmutableDatasetWriter):
@@ -707,9 +612,7 @@ class ReplayBuffer:
         self._transform.append(transform)
         return self
 
-    def insert_transform(
-        self, index: int, transform: Any, *, invert: bool = False
-    ) -> ReplayBuffer:
+    def insert_transform(self, index: int, transform: Any, *, invert: bool = False) -> ReplayBuffer:
         """Inserts a transform at ``index`` of the chain (see :meth:`append_transform`)."""
         transform.eval()
         if invert:
@@ -720,105 +623,42 @@ class ReplayBuffer:
     # ----------------------------------------------------------------- persistence
 
     def register_save_hook(self, hook: Callable[..., Any]) -> None:
-        """Registers ``hook(data, path=...)``, called by :meth:`dumps` with the
-        stored rows (a batch in storage order); hooks chain, and a TensorDict the
-        last returns is memory-mapped under ``path`` (``<dir>/storage``) beside the
-        checkpoint."""
+        """Registers ``hook(data, path=...)``, which :meth:`dumps` calls with the stored
+        rows in storage order; hooks chain, and a TensorDict the last returns is
+        memory-mapped at ``path`` (``<dir>/storage``) beside the checkpoint."""
         self._save_hooks.append(hook)
 
     def register_load_hook(self, hook: Callable[..., Any]) -> None:
-        """Registers ``hook(data, out=None)``, called by :meth:`loads` with the loaded
-        rows; a batch the last hook returns is written back in their place."""
+        """Registers ``hook(data, out=None)``, which :meth:`loads` calls with the loaded
+        rows; the batch the last hook returns is written back in their place."""
         self._load_hooks.append(hook)
 
-    def _run_save_hooks(self, path: Path) -> None:
-        data = self._read(slice(None))
-        capacity = self._native.capacity
-        for hook in self._save_hooks:
-            if hasattr(hook, "is_full"):
-                hook.is_full = len(self) == capacity
-            if hasattr(hook, "shift"):
-                hook.shift = self._native.write_count % capacity
-            data = hook(data, path=path)
-        if is_tensor_collection(data):
-            data.memmap(path, copy_existing=True)
-
     def dumps(self, path: Any) -> None:
-        """Saves the whole buffer (rows, priorities, sampler and random state,
+        """Saves the whole buffer (rows, priorities, sampler and random state, the
         transforms' state) under the directory ``path``."""
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True)
-        native = self._native
-        if native is None:
-            raise RuntimeError("Cannot save a non-initialized storage.")
-        if self._save_hooks:
-            self._run_save_hooks(path / SAVE_HOOK_DIR)
-        native.dumps(path)
-        face = {
-            "layout": self._layout.to_json(),
-            "envs": self._envs,
-            "batch_size": self._batch_size,
-            "write_count_base": self._write_count_base,
-        }
-        (path / FACE_FILE).write_text(json.dumps(face))
-        transform_state = self._transform.state_dict()
-        if transform_state:
-            torch.save(transform_state, path / TRANSFORM_FILE)
+        _checkpoint.dump(self, path)
 
     def loads(self, path: Any) -> None:
-        """Loads a buffer :meth:`dumps` saved (into a fresh buffer of the same
-        configuration, or this one)."""
-        path = Path(path).absolute()
-        face = json.loads((path / FACE_FILE).read_text())
-        if self._native is None:
-            with self._build_lock:
-                if self._native is None:
-                    self._make_native(
-                        layout_from_json(json.dumps(face["layout"])),
-                        face["envs"],
-                        self._storage._output_device(None),
-                    )
-        self._native.loads(path)
-        if (path / TRANSFORM_FILE).exists():
-            self._transform.load_state_dict(torch.load(path / TRANSFORM_FILE))
-        self._batch_size = face["batch_size"]
-        self._write_count_base = face.get("write_count_base", 0)
-        self._last = None
-        if self._load_hooks:
-            data = self._read(slice(None))
-            for hook in self._load_hooks:
-                data = hook(data, out=None)
-            if data is not None:
-                self._native.write_all(self._layout.arrays(data))
+        """Loads what :meth:`dumps` saved, into a buffer of the same configuration
+        (written to or not)."""
+        _checkpoint.load(self, path)
 
     save = dumps
     dump = dumps
     load = loads
 
     def state_dict(self) -> Dict[str, Any]:
-        """The buffer's whole state as bytes (a :meth:`dumps` directory's files)."""
-        with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
-            self.dumps(d)
-            files = {}
-            for root, _, names in os.walk(d):
-                for name in names:
-                    full = os.path.join(root, name)
-                    files[os.path.relpath(full, d)] = Path(full).read_bytes()
-        return {"replaybuf_checkpoint": files}
+        """The buffer's whole state (the files :meth:`dumps` writes, as bytes)."""
+        return _checkpoint.state_dict(self)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
-            for name, data in state_dict["replaybuf_checkpoint"].items():
-                full = Path(d, name)
-                full.parent.mkdir(parents=True, exist_ok=True)
-                full.write_bytes(data)
-            self.loads(d)
+        _checkpoint.load_state_dict(self, state_dict)
 
     # ----------------------------------------------------------------- attributes
 
     def set_rng(self, generator: torch.Generator) -> None:
-        """Seeds the buffer's draws from ``generator`` (takes effect when the buffer
-        makes its engine buffer, on the first write)."""
+        """Seeds the buffer's draws from ``generator`` (takes effect when the engine
+        buffer is made, on the first write)."""
         self._generator = generator
 
     @property
@@ -853,8 +693,9 @@ class ReplayBuffer:
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
-    """A :class:`ReplayBuffer` with a :class:`PrioritizedSampler` of ``alpha``,
-    ``beta`` and ``eps`` (TorchRL's ``PrioritizedReplayBuffer``)."""
+    """A :class:`ReplayBuffer` with a :class:`~replaybuf.torchrl.PrioritizedSampler` of
+    ``alpha``, ``beta`` and ``eps`` (TorchRL's ``PrioritizedReplayBuffer``);
+    ``sample(..., return_info=True)`` gives the index to update priorities with."""
 
     def __init__(
         self,
@@ -874,7 +715,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         delayed_init: bool = False,
         sync: bool = True,
     ) -> None:
-        storage = _component(storage, lambda: LazyTensorStorage(1_000), Storage, "storage")
+        storage = component(storage, default_storage, Storage, "storage")
         if sampler is None:
             sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
         super().__init__(
@@ -886,139 +727,4 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             transform=transform,
             batch_size=batch_size,
             dim_extend=dim_extend,
-        )
-
-
-class TensorDictReplayBuffer(ReplayBuffer):
-    """A replay buffer of TensorDicts (TorchRL's ``TensorDictReplayBuffer``): samples
-    carry ``"index"`` (and ``"priority_weight"`` with a prioritized sampler, the slice
-    flags with a slice sampler), and :meth:`update_tensordict_priority` reads new
-    priorities from ``priority_key`` (default ``"td_error"``). ``extend`` also sets
-    the priorities of written rows from that key when the data has it."""
-
-    _is_tensordict = True
-    _skip_keys = ("index",)
-    _default_writer = TensorDictRoundRobinWriter
-
-    def __init__(self, *, priority_key: Any = "td_error", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.priority_key = priority_key
-
-    def extend(
-        self, tensordicts: TensorDictBase, *, update_priority: Optional[bool] = None
-    ) -> torch.Tensor:
-        """Appends a TensorDict batch and returns where each row was written."""
-        if not isinstance(tensordicts, TensorDictBase):
-            raise ValueError(
-                f"{type(self).__name__} only accepts TensorDictBase subclasses. "
-                "Please use a regular `ReplayBuffer` instead."
-            )
-        if self._has_transform():
-            tensordicts = self._transform.inv(tensordicts)
-            if tensordicts is None:
-                return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        written = self._write(tensordicts)
-        if self._sampler.prioritized and update_priority is not False:
-            priority = tensordicts.get(self.priority_key, None)
-            if priority is not None:
-                self._native.update_priority(
-                    written.reshape(-1), to_array(priority).reshape(written.size, -1)
-                )
-        return self._index_of_written(written)
-
-    def add(self, data: TensorDictBase) -> int:
-        """Adds one TensorDict (batch size ``[]``) and returns its index."""
-        if self._has_transform():
-            data = self._transform.inv(data)
-        if data is None:
-            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        index = self._add(data)
-        if self._sampler.prioritized and index >= 0:
-            priority = data.get(self.priority_key, None)
-            if priority is not None:
-                self._native.update_priority(
-                    np.array([index], np.uint64), to_array(priority).reshape(1, -1)
-                )
-        return index
-
-    def sample(
-        self,
-        batch_size: Optional[int] = None,
-        return_info: bool = False,
-        include_info: Optional[bool] = None,
-    ) -> Any:
-        """Draws a TensorDict of ``batch_size`` rows (else the buffer's), with its
-        ``"index"`` and sampler entries set; with ``return_info``, also the info."""
-        data, info = self._sample(self._resolve_batch_size(batch_size))
-        return (data, info) if return_info else data
-
-    def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
-        out = self._draw(n, retry)
-        plan = self._plan
-        if plan.may_pad:
-            out = self._drop_padding(out)
-        info = self._info(out, stacked=True)
-        rows = (len(out["index"]),)
-        if self._collate_fn is None and not self._has_transform():
-            data = self._layout.rows(out, rows, _CPU, extra=info)
-        else:
-            data = self._finish(self._layout.rows(out, rows, _CPU))
-            for key, value in info.items():
-                data.set(key, expand_as_right(value, data) if value.ndim < data.ndim else value)
-        if self._pin_memory or self._device is not None:
-            data = self._deliver(data)
-            info = {k: data.get(k) for k in info}
-        return data, info
-
-    def update_tensordict_priority(self, data: TensorDictBase) -> None:
-        """Sets the priorities of a sample's rows from its ``priority_key`` entry
-        (several values per row are reduced by the sampler's ``reduction``)."""
-        if not self._sampler.prioritized:
-            return
-        priority = data.get(self.priority_key, None)
-        if priority is None:
-            return
-        self.update_priority(data.get("index"), priority)
-
-
-class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
-    """A :class:`TensorDictReplayBuffer` with a :class:`PrioritizedSampler` of
-    ``alpha``, ``beta``, ``eps`` and ``reduction`` (TorchRL's
-    ``TensorDictPrioritizedReplayBuffer``)."""
-
-    def __init__(
-        self,
-        *,
-        alpha: float,
-        beta: float,
-        priority_key: Any = "td_error",
-        eps: float = 1e-8,
-        storage: Any = None,
-        sampler_device: Any = None,
-        sync: bool = True,
-        collate_fn: Optional[Callable] = None,
-        pin_memory: bool = False,
-        prefetch: Optional[int] = None,
-        transform: Any = None,
-        reduction: str = "max",
-        batch_size: Optional[int] = None,
-        dim_extend: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        shared: bool = False,
-        compilable: bool = False,
-    ) -> None:
-        storage = _component(storage, lambda: LazyTensorStorage(1_000), Storage, "storage")
-        super().__init__(
-            priority_key=priority_key,
-            storage=storage,
-            sampler=PrioritizedSampler(storage.max_size, alpha, beta, eps, reduction=reduction),
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            prefetch=prefetch,
-            transform=transform,
-            batch_size=batch_size,
-            dim_extend=dim_extend,
-            generator=generator,
-            shared=shared,
-            compilable=compilable,
         )

@@ -1,0 +1,99 @@
+"""A buffer's ``dumps``/``loads``: the engine's checkpoint plus what the face adds.
+
+A checkpoint directory holds the engine's files (rows, priorities, sampler and random
+state; crash-safe and checksummed), ``torchrl.json`` (the fields as the first write
+fixed them, so an unwritten buffer can be rebuilt before loading, and the face's
+counters), ``transform.t`` when the transforms have state, and ``storage/`` when save
+hooks returned a TensorDict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+from tensordict import is_tensor_collection
+
+from ._layout import layout_from_json
+
+FACE_FILE = "torchrl.json"
+TRANSFORM_FILE = "transform.t"
+SAVE_HOOK_DIR = "storage"
+
+
+def _run_save_hooks(rb: Any, path: Path) -> None:
+    """Each hook gets the stored rows (in storage order) and ``path``, as TorchRL's
+    checkpointers call them; a TensorDict the last returns is memory-mapped there."""
+    data = rb._read(slice(None))
+    native = rb._native
+    for hook in rb._save_hooks:
+        if hasattr(hook, "is_full"):
+            hook.is_full = len(native) == native.capacity
+        if hasattr(hook, "shift"):
+            hook.shift = native.write_count % native.capacity
+        data = hook(data, path=path)
+    if is_tensor_collection(data):
+        data.memmap(path, copy_existing=True)
+
+
+def dump(rb: Any, path: Any) -> None:
+    path = Path(path).absolute()
+    path.mkdir(exist_ok=True)
+    if rb._native is None:
+        raise RuntimeError("Cannot save a non-initialized storage.")
+    if rb._save_hooks:
+        _run_save_hooks(rb, path / SAVE_HOOK_DIR)
+    rb._native.dumps(path)
+    face = {
+        "layout": rb._layout.to_json(),
+        "envs": rb._envs,
+        "batch_size": rb._batch_size,
+        "write_count_base": rb._write_count_base,
+    }
+    (path / FACE_FILE).write_text(json.dumps(face))
+    transform_state = rb._transform.state_dict()
+    if transform_state:
+        torch.save(transform_state, path / TRANSFORM_FILE)
+
+
+def load(rb: Any, path: Any) -> None:
+    path = Path(path).absolute()
+    face = json.loads((path / FACE_FILE).read_text())
+    rb._ensure_native_for(layout_from_json(json.dumps(face["layout"])), face["envs"])
+    rb._native.loads(path)
+    if (path / TRANSFORM_FILE).exists():
+        rb._transform.load_state_dict(torch.load(path / TRANSFORM_FILE))
+    rb._batch_size = face["batch_size"]
+    rb._write_count_base = face.get("write_count_base", 0)
+    rb._last = None
+    if rb._load_hooks:
+        data = rb._read(slice(None))
+        for hook in rb._load_hooks:
+            data = hook(data, out=None)
+        if data is not None:
+            rb._native.write_all(rb._layout.arrays(data))
+
+
+def state_dict(rb: Any) -> Dict[str, Any]:
+    """The files of a :func:`dump`, as bytes by relative path."""
+    with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
+        dump(rb, d)
+        files = {}
+        for root, _, names in os.walk(d):
+            for name in names:
+                full = os.path.join(root, name)
+                files[os.path.relpath(full, d)] = Path(full).read_bytes()
+    return {"replaybuf_checkpoint": files}
+
+
+def load_state_dict(rb: Any, state: Dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
+        for name, data in state["replaybuf_checkpoint"].items():
+            full = Path(d, name)
+            full.parent.mkdir(parents=True, exist_ok=True)
+            full.write_bytes(data)
+        load(rb, d)
