@@ -160,6 +160,40 @@ def test_add_one_element(rl):
     assert rb[:]["step"].tolist() == [0, 1, 2]
 
 
+def test_fields_named_like_sample_metadata(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    n = torch.arange(6)
+    rb.extend(TensorDict({"weight": n * 2.0, "marks": n * 3, "generation": n * 4}, [6]))
+    s = rb.sample(20)
+    assert torch.equal(s["weight"], s["index"] * 2.0)
+    assert torch.equal(s["marks"], s["index"] * 3)
+    assert torch.equal(s["generation"], s["index"] * 4)
+
+
+def test_sample_with_info_and_key_lookup(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=5)
+    rb.extend(transitions(7))
+    data, info = rb.sample(return_info=True)
+    assert torch.equal(info["index"], data["index"])
+    assert rb["step"].tolist() == list(range(7))
+    assert rb["next", "obs"][:, 0].tolist() == [float(i + 1) for i in range(7)]
+
+
+def test_same_seed_same_draws(rl):
+    def draws(**kwargs):
+        rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(100), batch_size=16, **kwargs)
+        rb.extend(transitions(100))
+        return [rb.sample()["step"].tolist() for _ in range(3)]
+
+    first = draws(generator=torch.Generator().manual_seed(7))
+    assert draws(generator=torch.Generator().manual_seed(7)) == first
+    assert draws(generator=torch.Generator().manual_seed(8)) != first
+    torch.manual_seed(3)
+    global_first = draws()
+    torch.manual_seed(3)
+    assert draws() == global_first
+
+
 # ----------------------------------------------------------------- storage order, eviction
 
 
@@ -193,6 +227,29 @@ def test_write_all_and_empty(rl):
     assert len(rb) == 0 and rb.write_count == 0
     rb.extend(transitions(2, start=50))
     assert rb[:]["step"].tolist() == [50, 51]
+
+
+def test_empty_keeping_write_count(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(6))
+    rb.empty(empty_write_count=False)
+    assert len(rb) == 0 and rb.write_count == 6
+    assert rb.extend(transitions(2)).tolist() == [0, 1]  # the cursor starts over
+    assert rb.write_count == 8
+
+
+def test_immutable_dataset(rl):
+    data = transitions(12)
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.TensorStorage(data),
+        writer=rl.ImmutableDatasetWriter(),
+        sampler=rl.SamplerWithoutReplacement(),
+        batch_size=4,
+    )
+    assert len(rb) == 12
+    assert sorted(torch.cat([b["step"] for b in rb]).tolist()) == list(range(12))
+    with pytest.raises(RuntimeError):
+        rb.extend(transitions(2))
 
 
 # ----------------------------------------------------------------- without replacement
@@ -434,6 +491,29 @@ def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
         assert s["priority_weight"].shape == (16,)
 
 
+def test_plain_buffer_slices_give_flags_in_info(rl):
+    rb = rl.ReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.SliceSampler(slice_len=4, traj_key="episode"),
+        batch_size=8,
+    )
+    rb.extend(trajectories([10, 10]))
+    data, info = rb.sample(return_info=True)
+    assert isinstance(info["index"], tuple) and len(info["index"]) == 1
+    assert torch.equal(info["index"][0], data["obs"].long())
+    assert info["next", "truncated"][:, 0].tolist() == [False, False, False, True] * 2
+    assert "truncated" not in data["next"].keys()  # only TensorDict buffers set them
+
+
+def test_random_sampler_without_replacement_dispatch(rl):
+    sampler = rl.RandomSampler(replacement=False, drop_last=True)
+    assert isinstance(sampler, rl.SamplerWithoutReplacement) and sampler.drop_last
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(9), sampler=sampler, batch_size=3)
+    rb.extend(transitions(9))
+    assert sorted(torch.cat([b["step"] for b in rb]).tolist()) == list(range(9))
+    assert sampler.ran_out
+
+
 def test_split_trajectories_of_a_slice_sample(rl):
     rb = rl.TensorDictReplayBuffer(
         storage=rl.LazyTensorStorage(100),
@@ -493,6 +573,9 @@ def test_memmap_storage_keeps_rows_in_its_directory(rl, tmp_path):
     s = rb.sample(10)
     assert torch.equal(s["step"], s["index"])
     assert rb[:]["step"].tolist() == list(range(30))
+    rb.empty()
+    assert rb.extend(transitions(3, start=70)).tolist() == [0, 1, 2]
+    assert rb[:]["step"].tolist() == [70, 71, 72]
     del rb, s
     gc.collect()
     again = rl.TensorDictReplayBuffer(
@@ -559,6 +642,27 @@ def test_dumps_loads_round_trip(rl, tmp_path):
     assert loaded[:]["step"].tolist() == rb[:]["step"].tolist()
     assert set(loaded.sample()["index"].tolist()) == {4}  # priorities came back
     assert loaded.extend(transitions(1, start=99)).tolist() == [3]  # and the write cursor
+
+
+def test_state_dict_round_trip(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(14))
+    state = rb.state_dict()
+    loaded = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    loaded.extend(transitions(3, start=500))  # overwritten by the load
+    loaded.load_state_dict(state)
+    assert loaded[:]["step"].tolist() == [10, 11, 12, 13, 4, 5, 6, 7, 8, 9]
+    assert loaded.write_count == 14
+
+
+def test_memmap_buffer_dumps_and_loads(rl, tmp_path):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(20, scratch_dir=tmp_path / "a"))
+    rb.extend(transitions(25))
+    rb.dumps(tmp_path / "ckpt")
+    loaded = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(20, scratch_dir=tmp_path / "b"))
+    loaded.loads(tmp_path / "ckpt")
+    assert loaded[:]["step"].tolist() == rb[:]["step"].tolist()
+    assert len(loaded) == 20
 
 
 def test_save_hook_sees_the_stored_rows(rl, tmp_path):
@@ -655,7 +759,7 @@ def test_replaybuf_update_priority_skips_rows_overwritten_since_the_sample():
     rb.extend(transitions(4, start=10))  # every sampled row is replaced
     rb.update_priority(s["index"], torch.full((4,), 9.0))
     native = rb._native
-    assert [native.priority(i) for i in range(4)] != [9.0] * 4
+    assert all(native.priority(i) != 9.0 for i in range(4))
     # an index that is not the latest sample's updates whatever is there now
     rb.update_priority(s["index"].clone(), torch.full((4,), 9.0))
     assert {native.priority(i) for i in s["index"].tolist()} == {9.0}

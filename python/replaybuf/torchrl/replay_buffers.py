@@ -593,11 +593,22 @@ class ReplayBuffer:
         if isinstance(self._writer, ImmutableDatasetWriter):
             raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
         kept = 0 if empty_write_count else self.write_count
-        if self._native is not None:
-            self._native.clear()
+        with self._build_lock:
+            if self._native is not None:
+                self._renew_native()
         self._write_count_base = kept
         self._last = None
         self._sampler.ran_out = False
+
+    def _renew_native(self) -> None:
+        """Replaces the engine buffer by an empty one of the same fields: TorchRL's
+        ``empty`` also puts the write cursor back at 0, which the engine's ``clear``
+        does not."""
+        layout, envs, device = self._layout, self._envs, self._device
+        # Dropping the only references closes the engine buffer (and its files).
+        self._native = self._sampler._native = None
+        self._storage._release()
+        self._install(self._make_native(layout, envs), device)
 
     # ----------------------------------------------------------------- transforms
 

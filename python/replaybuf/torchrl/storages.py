@@ -9,6 +9,7 @@ in replaybuf's engine, never in tensors owned by the storage object.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -40,6 +41,9 @@ class Storage:
     def _native_kwargs(self) -> dict:
         """Constructor arguments of the engine buffer that this storage decides."""
         return {}
+
+    def _release(self) -> None:
+        """Frees what the (dropped) engine buffer kept, so a fresh one can be made."""
 
     def _output_device(self, data: Any) -> Optional[torch.device]:
         """The device samples are handed out on (None: CPU, where they are made)."""
@@ -127,11 +131,27 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.scratch_dir = None if scratch_dir is None else str(scratch_dir)
         self.existsok = existsok
         self._auto_cleanup = scratch_dir is None if auto_cleanup is None else auto_cleanup
+        # What the directory held before the engine buffer was made in it.
+        self._before: Optional[set] = None
 
     def _native_kwargs(self) -> dict:
         directory = self.scratch_dir
         if directory is None:
             directory = self.scratch_dir = tempfile.mkdtemp(prefix="replaybuf-memmap-")
-        if self._auto_cleanup:
+        if self._auto_cleanup and self._before is None:
             weakref.finalize(self, shutil.rmtree, directory, True)
+        self._before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
         return {"memmap": directory, "existsok": self.existsok}
+
+    def _release(self) -> None:
+        """Removes the files the engine buffer made in the directory (and only
+        those)."""
+        directory = self.scratch_dir
+        if directory is None or self._before is None or not os.path.isdir(directory):
+            return
+        for name in set(os.listdir(directory)) - self._before:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
