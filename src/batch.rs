@@ -2,11 +2,15 @@
 //!
 //! Each field of the spec is one contiguous column of shape `[..batch shape, ..field
 //! shape]`, readable as a typed slice without copying. A sampled batch also carries the
-//! storage `index` of every row (and its write `generation`).
+//! storage `index` of every row (and its write `generation`). A [`Destination`] is
+//! the same columns in memory the caller owns, for a sample written in place.
 //!
 //! Layer: algos.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use crate::dtype::{DType, Element};
 use crate::error::DataError;
@@ -50,38 +54,90 @@ macro_rules! draw_accessors {
 pub(crate) use draw_accessors;
 
 /// One field's values for every row of a batch, 8-byte aligned so that any element
-/// type can be viewed in place.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// type can be viewed in place; or, inside [`Batch::borrowing`], the caller's bytes.
+#[derive(Debug, Default)]
 pub(crate) struct Column {
     words: Vec<u64>,
     bytes: usize,
+    /// The caller's bytes, aligned for the field's dtype, in a batch that
+    /// [`Batch::borrowing`] lends for one call; `words` is empty then.
+    borrowed: Option<NonNull<u8>>,
 }
+
+// SAFETY: a borrowed column is a `&[u8]` of the caller's, which is `Send` and `Sync`;
+// `Batch::borrowing` keeps that borrow alive for as long as the batch lives.
+unsafe impl Send for Column {}
+// SAFETY: as above.
+unsafe impl Sync for Column {}
 
 impl Column {
     fn zeros(bytes: usize) -> Column {
         Column {
             words: vec![0; bytes.div_ceil(8)],
             bytes,
+            borrowed: None,
         }
     }
 
     /// Resizes to `bytes`, reusing the allocation when it is large enough.
     fn resize(&mut self, bytes: usize) {
+        self.own();
         self.words.resize(bytes.div_ceil(8), 0);
         self.bytes = bytes;
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.bytes]
+        match self.borrowed {
+            // SAFETY: `Batch::borrowing` made this from a live `&[u8]` of `bytes` bytes
+            // that outlives the batch.
+            Some(ptr) => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.bytes) },
+            None => &bytemuck::cast_slice(&self.words)[..self.bytes],
+        }
     }
 
     pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.own();
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.bytes]
+    }
+
+    /// Copies borrowed bytes into words of its own: the caller's are read-only.
+    fn own(&mut self) {
+        if self.borrowed.is_some() {
+            let mut words = vec![0u64; self.bytes.div_ceil(8)];
+            bytemuck::cast_slice_mut(&mut words)[..self.bytes].copy_from_slice(self.as_bytes());
+            self.words = words;
+            self.borrowed = None;
+        }
     }
 }
 
-/// Reusable scratch of the sampling path, kept inside a batch so that `sample_into`
-/// allocates nothing once warm.
+impl<'a> From<&'a mut Column> for &'a mut [u8] {
+    fn from(column: &'a mut Column) -> &'a mut [u8] {
+        column.as_bytes_mut()
+    }
+}
+
+impl Clone for Column {
+    /// A copy that owns its bytes, borrowed or not: a clone may outlive the borrow.
+    fn clone(&self) -> Column {
+        let mut words = vec![0u64; self.bytes.div_ceil(8)];
+        bytemuck::cast_slice_mut(&mut words)[..self.bytes].copy_from_slice(self.as_bytes());
+        Column {
+            words,
+            bytes: self.bytes,
+            borrowed: None,
+        }
+    }
+}
+
+impl PartialEq for Column {
+    fn eq(&self, other: &Column) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+/// Reusable scratch of the sampling path, kept inside a batch (and a learner, for
+/// `sample_to`) so that a sample allocates nothing once warm.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Scratch {
     pub(crate) windows: Vec<Window>,
@@ -172,6 +228,81 @@ impl Batch {
         batch
     }
 
+    /// Runs `f` with a batch of `shape` whose columns are `columns` themselves, not
+    /// copies: one byte slice per field of `spec`, in its order, each `rows * field
+    /// bytes` long (row-major, elements in native byte order). What a binding that
+    /// holds its data elsewhere (numpy arrays, a tensor's memory) extends from, with
+    /// one copy, into the storage. A column not aligned for its dtype is copied. A
+    /// clone of the batch owns its bytes.
+    ///
+    /// ```
+    /// use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+    ///
+    /// let spec = Spec::builder().field("x", DType::U16, [2]).build()?;
+    /// let rb = ReplayBuffer::builder(spec).capacity(8).build()?;
+    /// let x: Vec<u16> = vec![1, 2, 3, 4];
+    /// let written = Batch::borrowing(rb.spec().clone(), [2], &[bytemuck::cast_slice(&x)], |b| {
+    ///     rb.extend(b)
+    /// })??;
+    /// assert_eq!(written.len(), 2);
+    /// assert_eq!(rb.get(1)?.column::<u16>("x")?, &[3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn borrowing<R>(
+        spec: impl Into<Arc<Spec>>,
+        shape: impl AsRef<[usize]>,
+        columns: &[&[u8]],
+        f: impl FnOnce(&Batch) -> R,
+    ) -> Result<R, DataError> {
+        let spec = spec.into();
+        let shape = shape.as_ref().to_vec();
+        let rows: usize = shape.iter().product();
+        if columns.len() != spec.fields().len() {
+            return Err(DataError::ColumnCount {
+                expected: spec.fields().len(),
+                found: columns.len(),
+            });
+        }
+        let mut owned = Vec::with_capacity(columns.len());
+        for (f, data) in spec.fields().iter().zip(columns) {
+            let bytes = rows * f.bytes();
+            if data.len() != bytes {
+                return Err(DataError::ColumnBytes {
+                    key: f.key().clone(),
+                    expected: bytes,
+                    found: data.len(),
+                });
+            }
+            let aligned = (data.as_ptr() as usize).is_multiple_of(f.dtype().size());
+            owned.push(if aligned {
+                Column {
+                    words: Vec::new(),
+                    bytes,
+                    borrowed: NonNull::new(data.as_ptr().cast_mut()),
+                }
+            } else {
+                let mut c = Column::zeros(bytes);
+                c.as_bytes_mut().copy_from_slice(data);
+                c
+            });
+        }
+        let mut batch = Batch {
+            full_shapes: Vec::new(),
+            spec,
+            shape,
+            columns: owned,
+            index: Vec::new(),
+            generation: Vec::new(),
+            weight: None,
+            marks: None,
+            scratch: Scratch::default(),
+        };
+        batch.refresh_shapes();
+        // The borrowed columns live in `batch`, which `f` only sees by reference and
+        // which is dropped here, inside the borrow of `columns`.
+        Ok(f(&batch))
+    }
+
     fn refresh_shapes(&mut self) {
         let (spec, shape) = (&self.spec, &self.shape);
         self.full_shapes.resize(spec.fields().len(), Vec::new());
@@ -254,6 +385,14 @@ impl Batch {
     pub fn column_bytes(&self, key: impl KeyLike) -> Result<&[u8], DataError> {
         let (i, _) = self.find(key)?;
         Ok(self.columns[i].as_bytes())
+    }
+
+    /// The raw bytes of a column, writable, whatever its dtype (each element in native
+    /// byte order). A `bool` byte other than 0 or 1 is kept as it is, and a typed
+    /// `bool` view of it is refused ([`DataError::InvalidBool`]).
+    pub fn column_bytes_mut(&mut self, key: impl KeyLike) -> Result<&mut [u8], DataError> {
+        let (i, _) = self.find(key)?;
+        Ok(self.columns[i].as_bytes_mut())
     }
 
     /// The dtype of a column.
@@ -351,47 +490,172 @@ impl Batch {
 
     /// Checks that this batch can be written to a storage of `spec`, and returns, for
     /// each field of `spec`, the column of this batch that holds it.
-    pub(crate) fn columns_for(
-        &self,
-        spec: &Spec,
-    ) -> Result<smallvec::SmallVec<[usize; 8]>, DataError> {
-        if std::ptr::eq(&*self.spec, spec) {
-            return Ok((0..spec.fields().len()).collect());
-        }
-        let mut map = smallvec::SmallVec::new();
-        for f in spec.fields() {
-            let (i, mine) = self
-                .spec
-                .field(f.key())
-                .ok_or_else(|| DataError::MissingField {
-                    key: f.key().clone(),
-                })?;
-            if mine.dtype() != f.dtype() {
-                return Err(DataError::DType {
-                    key: f.key().clone(),
-                    expected: f.dtype(),
-                    found: mine.dtype(),
-                });
-            }
-            if mine.shape() != f.shape() {
-                return Err(DataError::FieldShape {
-                    key: f.key().clone(),
-                    expected: f.shape().to_vec(),
-                    found: mine.shape().to_vec(),
-                });
-            }
-            map.push(i);
-        }
-        if let Some(extra) = self
-            .spec
-            .fields()
-            .iter()
-            .find(|m| spec.field(m.key()).is_none())
-        {
-            return Err(DataError::UnknownField {
-                key: extra.key().clone(),
+    pub(crate) fn columns_for(&self, spec: &Spec) -> Result<SmallVec<[usize; 8]>, DataError> {
+        columns_for(&self.spec, spec)
+    }
+}
+
+/// Caller-owned memory one sample is written into: a byte slice per spec field, in the
+/// spec's field order, each room for `rows * field.bytes()` bytes (row-major, the
+/// field's elements in native byte order), plus `rows` of index and generation, and,
+/// for prioritized samplers, `rows` of weight; slice samplers also write `rows` marks.
+///
+/// [`Learner::sample_to`](crate::Learner::sample_to) writes here directly: no
+/// intermediate [`Batch`], and no allocation once the learner is warm.
+///
+/// ```
+/// use replaybuf::{DType, Destination, ReplayBuffer, Spec};
+///
+/// let spec = Spec::builder()
+///     .field("obs", DType::F32, [3])
+///     .field("done", DType::Bool, [])
+///     .build()?;
+/// let rb = ReplayBuffer::builder(spec).capacity(100).seed(0).build()?;
+/// rb.extend(&rb.batch([10]))?;
+///
+/// // Memory the caller owns (numpy arrays', pinned host memory, ...).
+/// let (mut obs, mut done) = (vec![0u8; 4 * 12], vec![0u8; 4]);
+/// let (mut index, mut generation) = ([0u64; 4], [0u64; 4]);
+/// let spec = rb.spec().clone();
+/// let mut dest = Destination::new(
+///     &spec,
+///     4,
+///     [&mut obs[..], &mut done[..]],
+///     &mut index,
+///     &mut generation,
+/// )?;
+/// let mut learner = rb.learner();
+/// assert_eq!(learner.sample_to(&mut dest)?, 4);
+/// drop(dest); // the memory is the caller's again
+/// assert!(index.iter().all(|&i| i < 10));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Destination<'a> {
+    /// The spec the columns were checked against: a sample pairs its fields with the
+    /// storage's by key, or refuses a storage of other fields.
+    pub(crate) spec: &'a Spec,
+    pub(crate) rows: usize,
+    /// Column `i` holds field `i` of `spec`: exactly `rows * bytes()` bytes.
+    pub(crate) columns: SmallVec<[&'a mut [u8]; 8]>,
+    /// Exactly `rows` entries each, as are `weight` and `marks` when given.
+    pub(crate) index: &'a mut [u64],
+    pub(crate) generation: &'a mut [u64],
+    pub(crate) weight: Option<&'a mut [f32]>,
+    pub(crate) marks: Option<&'a mut [Marks]>,
+}
+
+impl<'a> Destination<'a> {
+    /// Room for `rows` rows of `spec`: `columns` holds one byte slice per field of
+    /// `spec`, in its order, of `rows * field.bytes()` bytes; `index` and `generation`
+    /// hold `rows` entries. A wrong count of columns or a wrong length is refused.
+    pub fn new(
+        spec: &'a Spec,
+        rows: usize,
+        columns: impl IntoIterator<Item = &'a mut [u8]>,
+        index: &'a mut [u64],
+        generation: &'a mut [u64],
+    ) -> Result<Destination<'a>, DataError> {
+        let columns: SmallVec<[&'a mut [u8]; 8]> = columns.into_iter().collect();
+        if columns.len() != spec.fields().len() {
+            return Err(DataError::ColumnCount {
+                expected: spec.fields().len(),
+                found: columns.len(),
             });
         }
-        Ok(map)
+        for (f, c) in spec.fields().iter().zip(&columns) {
+            let expected = rows.saturating_mul(f.bytes());
+            if c.len() != expected {
+                return Err(DataError::ColumnBytes {
+                    key: f.key().clone(),
+                    expected,
+                    found: c.len(),
+                });
+            }
+        }
+        row_slice("index", rows, index.len())?;
+        row_slice("generation", rows, generation.len())?;
+        Ok(Destination {
+            spec,
+            rows,
+            columns,
+            index,
+            generation,
+            weight: None,
+            marks: None,
+        })
     }
+
+    /// Room for importance weights, `rows` of them: a prioritized sampler writes them,
+    /// and refuses to sample into a destination without it.
+    pub fn with_weight(self, weight: &'a mut [f32]) -> Result<Self, DataError> {
+        row_slice("weight", self.rows, weight.len())?;
+        Ok(Destination {
+            weight: Some(weight),
+            ..self
+        })
+    }
+
+    /// Room for slice marks, `rows` of them (see [`Batch::marks`]): slice samplers
+    /// write them when given, and other samplers leave them as they are.
+    pub fn with_marks(self, marks: &'a mut [Marks]) -> Result<Self, DataError> {
+        row_slice("marks", self.rows, marks.len())?;
+        Ok(Destination {
+            marks: Some(marks),
+            ..self
+        })
+    }
+
+    /// The rows this destination has room for.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Checks that a destination's slice `part` holds one entry per row.
+fn row_slice(part: &'static str, rows: usize, found: usize) -> Result<(), DataError> {
+    if found == rows {
+        Ok(())
+    } else {
+        Err(DataError::RowSlice {
+            part,
+            expected: rows,
+            found,
+        })
+    }
+}
+
+/// Checks that columns of `mine` (in its order) can hold rows of `spec`, and returns,
+/// for each field of `spec`, the column of `mine` that holds it.
+pub(crate) fn columns_for(mine: &Spec, spec: &Spec) -> Result<SmallVec<[usize; 8]>, DataError> {
+    if std::ptr::eq(mine, spec) {
+        return Ok((0..spec.fields().len()).collect());
+    }
+    let mut map = SmallVec::new();
+    for f in spec.fields() {
+        let (i, theirs) = mine.field(f.key()).ok_or_else(|| DataError::MissingField {
+            key: f.key().clone(),
+        })?;
+        if theirs.dtype() != f.dtype() {
+            return Err(DataError::DType {
+                key: f.key().clone(),
+                expected: f.dtype(),
+                found: theirs.dtype(),
+            });
+        }
+        if theirs.shape() != f.shape() {
+            return Err(DataError::FieldShape {
+                key: f.key().clone(),
+                expected: f.shape().to_vec(),
+                found: theirs.shape().to_vec(),
+            });
+        }
+        map.push(i);
+    }
+    if let Some(extra) = mine.fields().iter().find(|m| spec.field(m.key()).is_none()) {
+        return Err(DataError::UnknownField {
+            key: extra.key().clone(),
+        });
+    }
+    Ok(map)
 }

@@ -2,7 +2,7 @@
 //!
 //! Layer: api.
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Destination, Scratch};
 use crate::buffer::ReplayBuffer;
 use crate::error::SampleError;
 use crate::rng::Rng;
@@ -14,11 +14,17 @@ use crate::rng::Rng;
 pub struct Learner {
     buffer: ReplayBuffer,
     rng: Rng,
+    /// The working room of [`sample_to`](Self::sample_to) (a batch keeps its own).
+    scratch: Scratch,
 }
 
 impl Learner {
     pub(crate) fn new(buffer: ReplayBuffer, rng: Rng) -> Learner {
-        Learner { buffer, rng }
+        Learner {
+            buffer,
+            rng,
+            scratch: Scratch::default(),
+        }
     }
 
     /// The buffer this handle samples.
@@ -40,6 +46,28 @@ impl Learner {
         let n = inner.core.batch_size_for(batch)?;
         inner.core.sample_into(&mut self.rng, n, batch)?;
         inner.transforms.apply(batch)
+    }
+
+    /// Samples up to `dest.rows()` rows straight into `dest` (memory the caller owns:
+    /// no intermediate [`Batch`], and no allocation once this learner is warm) and
+    /// returns how many rows were written: fewer than asked only when a
+    /// without-replacement epoch ends short, as [`sample`](Self::sample) would return
+    /// a shorter batch. A slice sampler writes whole slices, so `dest.rows()` must
+    /// split into them as a batch size must.
+    ///
+    /// Refused before anything is drawn: a destination of another spec
+    /// ([`SampleError::SpecMismatch`]), a prioritized sample into one without room for
+    /// weights ([`SampleError::NoWeightRoom`]), and a buffer with transforms, which
+    /// run on a [`Batch`] ([`SampleError::TransformsNeedBatch`]).
+    pub fn sample_to(&mut self, dest: &mut Destination<'_>) -> Result<usize, SampleError> {
+        let inner = self.buffer.state();
+        if inner.transforms.len() != 0 {
+            return Err(SampleError::TransformsNeedBatch);
+        }
+        let rows = dest.rows();
+        inner
+            .core
+            .sample_to(&mut self.rng, rows, dest, &mut self.scratch)
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.

@@ -91,7 +91,7 @@ mod trainer;
 pub mod trajectories;
 pub mod typed;
 
-pub use batch::{Batch, View};
+pub use batch::{Batch, Destination, View};
 pub use buffer::ReplayBuffer;
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use core::Written;

@@ -22,8 +22,7 @@ use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 use crate::config;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
-    dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
-    spec_from_py,
+    dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example, spec_from_py,
 };
 
 /// Forks of this process so far: the package counts them with
@@ -35,9 +34,6 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 pub(crate) fn _forked() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
-
-/// Idle extend batches kept per buffer: one per collector thread of the usual shapes.
-const IDLE_BATCHES: usize = 4;
 
 /// One field as Python sees it, made once per buffer.
 struct FieldOut {
@@ -60,9 +56,6 @@ pub(crate) struct Buffer {
     /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
     /// back, so threads never share a random stream or wait on each other.
     learners: Mutex<Vec<Learner>>,
-    /// Idle batches `extend` copies the caller's arrays into, kept so that a steady
-    /// collector allocates (and the kernel zeroes) nothing per call.
-    batches: Mutex<Vec<Batch>>,
     fields: Vec<FieldOut>,
     prioritized: bool,
     slices: bool,
@@ -132,7 +125,6 @@ impl Buffer {
             prioritized: rb.alpha().is_some(),
             slices: rb.slice_sampler().is_some(),
             learners: Mutex::new(Vec::new()),
-            batches: Mutex::new(Vec::new()),
             rb: RwLock::new(rb),
             forks: AtomicU64::new(FORKS.load(Ordering::Relaxed)),
             fields,
@@ -140,8 +132,17 @@ impl Buffer {
         })
     }
 
-    /// The batch shape of `data` for this buffer: `[n]`, or `[t, E]` for ndim 2.
-    fn batch_of(&self, py: Python<'_>, rb: &ReplayBuffer, data: &Bound<'_, PyAny>) -> PyResult<Batch> {
+    /// Runs `f`, with the GIL released, on a batch whose columns are `data`'s arrays
+    /// (a dict of arrays of shape `[n, ..]`, or `[t, E, ..]` for ndim 2), borrowed, not
+    /// copied: the engine copies them once, into the storage. Everything is checked
+    /// before `f` runs.
+    fn with_batch<R: Send>(
+        &self,
+        py: Python<'_>,
+        rb: &ReplayBuffer,
+        data: &Bound<'_, PyAny>,
+        f: impl FnOnce(&Batch) -> R + Send,
+    ) -> PyResult<R> {
         let leaves = flatten(data)?;
         let batch_dims = rb.ndim();
         let np = py.import("numpy")?;
@@ -211,21 +212,20 @@ impl Buffer {
         }
         let shape = shape.unwrap_or_default();
         let spans = Spans(arrays.iter().flatten().map(span).collect());
-        let mut batch = self.take_batch(rb, &shape);
-        let keys: Vec<&Key> = self.fields.iter().map(|f| &f.key).collect();
-        py.detach(|| {
+        let spec = rb.spec().clone();
+        let out = py.detach(|| {
             let spans = spans;
-            for (key, &(ptr, len)) in keys.iter().zip(&spans.0) {
-                let dst = batch
-                    .column_bytes_mut(*key)
-                    .expect("the batch has the buffer's fields");
-                // SAFETY: `ptr` is the data of a C-contiguous array of `len` bytes
-                // (checked above), kept alive by `arrays` for this call.
-                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
-            }
+            // SAFETY: each span is the data of a C-contiguous array of that many bytes
+            // (checked above), kept alive by `arrays` for this call and only read.
+            let columns: Vec<&[u8]> = spans
+                .0
+                .iter()
+                .map(|&(ptr, len)| unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) })
+                .collect();
+            Batch::borrowing(spec, &shape, &columns, f)
         });
         drop(arrays);
-        Ok(batch)
+        out.map_err(py_err)
     }
 
     /// The engine's handle, for one call.
@@ -248,29 +248,10 @@ impl Buffer {
                 let fresh = ReplayBuffer::attach(name).map_err(py_err)?;
                 std::mem::forget(std::mem::replace(&mut *rb, fresh));
                 std::mem::forget(std::mem::take(&mut *self.learners.lock()));
-                std::mem::forget(std::mem::take(&mut *self.batches.lock()));
             }
             self.forks.store(forks, Ordering::Relaxed);
         }
         Ok(RwLockWriteGuard::downgrade(rb))
-    }
-
-    /// An idle batch of `shape` (contents stale: every column is overwritten).
-    fn take_batch(&self, rb: &ReplayBuffer, shape: &[usize]) -> Batch {
-        let mut idle = self.batches.lock();
-        match idle.iter().position(|b| b.shape() == shape) {
-            Some(i) => idle.swap_remove(i),
-            None => rb.batch(shape),
-        }
-    }
-
-    /// Gives a batch back for the next `extend` (a few are kept, of the latest shapes).
-    fn give_batch(&self, batch: Batch) {
-        let mut idle = self.batches.lock();
-        if idle.len() == IDLE_BATCHES {
-            idle.remove(0);
-        }
-        idle.push(batch);
     }
 
     /// Runs `f` with a learner handle of this buffer's.
@@ -317,8 +298,14 @@ impl Buffer {
                 std::slice::from_raw_parts_mut(ptr, len)
             };
             let words = |i: usize| -> &mut [u64] { bytemuck::cast_slice_mut(bytes(i)) };
-            let mut dest = Destination::new(spec, rows, (0..fields).map(bytes), words(fields), words(fields + 1))
-                .map_err(py_err)?;
+            let mut dest = Destination::new(
+                spec,
+                rows,
+                (0..fields).map(bytes),
+                words(fields),
+                words(fields + 1),
+            )
+            .map_err(py_err)?;
             let mut next = fields + 2;
             if prioritized {
                 dest = dest
@@ -330,7 +317,8 @@ impl Buffer {
                 let marks: &mut [Marks] = bytemuck::cast_slice_mut(bytes(next));
                 dest = dest.with_marks(marks).map_err(py_err)?;
             }
-            self.with_learner(&rb, |l| l.sample_to(&mut dest)).map_err(py_err)
+            self.with_learner(&rb, |l| l.sample_to(&mut dest))
+                .map_err(py_err)
         })
     }
 }
@@ -562,15 +550,12 @@ impl Buffer {
         data: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let rb = self.handle()?;
-        let batch = self.batch_of(py, &rb, data)?;
-        let written = py.detach(|| rb.extend(&batch));
-        let shape = batch.shape().to_vec();
-        self.give_batch(batch);
+        let (written, shape) =
+            self.with_batch(py, &rb, data, |b| (rb.extend(b), b.shape().to_vec()))?;
         let written = written.map_err(py_err)?;
-        let index: Vec<u64> = (0..written.len())
-            .map(|row| written.get(row).unwrap_or(u64::MAX))
-            .collect();
-        Ok(PyArray1::from_vec(py, index).reshape(shape)?.into_any())
+        Ok(PyArray1::from_vec(py, written.to_vec())
+            .reshape(shape)?
+            .into_any())
     }
 
     /// Adds one transition (a dict of arrays of the field shapes) and returns its
@@ -585,11 +570,14 @@ impl Buffer {
                 (Err(_), Some(f)) => np.call_method1("asarray", (value, f.descr.bind(py)))?,
                 (Err(_), None) => value,
             };
-            one.set_item(key_to_py(py, &key)?, np.call_method1("expand_dims", (array, 0))?)?;
+            one.set_item(
+                key_to_py(py, &key)?,
+                np.call_method1("expand_dims", (array, 0))?,
+            )?;
         }
         let rb = self.handle()?;
-        let batch = self.batch_of(py, &rb, &one)?;
-        py.detach(|| rb.add(&batch)).map_err(py_err)
+        self.with_batch(py, &rb, &one, |b| rb.add(b))?
+            .map_err(py_err)
     }
 
     /// Draws `n` rows (the buffer's `batch_size` when `n` is None): a dict of one
@@ -600,14 +588,21 @@ impl Buffer {
     fn sample<'py>(&self, py: Python<'py>, n: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
         let n = match n.or(self.handle()?.batch_size()) {
             Some(n) => n,
-            None => return Err(value_error("give a batch size: sample(n), or batch_size= when building")),
+            None => {
+                return Err(value_error(
+                    "give a batch size: sample(n), or batch_size= when building",
+                ))
+            }
         };
         let mut arrays: Vec<(Bound<'py, PyAny>, Bound<'py, PyUntypedArray>)> = Vec::new();
         for f in &self.fields {
             let mut shape = Vec::with_capacity(1 + f.shape.len());
             shape.push(n);
             shape.extend_from_slice(&f.shape);
-            arrays.push((f.py_key.bind(py).clone(), empty(py, f.descr.bind(py), &shape)?));
+            arrays.push((
+                f.py_key.bind(py).clone(),
+                empty(py, f.descr.bind(py), &shape)?,
+            ));
         }
         let u64s = PyArrayDescr::of::<u64>(py);
         let names = ["index", "generation"];
@@ -616,11 +611,17 @@ impl Buffer {
         }
         if self.prioritized {
             let f32s = PyArrayDescr::of::<f32>(py);
-            arrays.push(("weight".into_pyobject(py)?.into_any(), empty(py, &f32s, &[n])?));
+            arrays.push((
+                "weight".into_pyobject(py)?.into_any(),
+                empty(py, &f32s, &[n])?,
+            ));
         }
         if self.slices {
             let u8s = PyArrayDescr::of::<u8>(py);
-            arrays.push(("marks".into_pyobject(py)?.into_any(), empty(py, &u8s, &[n])?));
+            arrays.push((
+                "marks".into_pyobject(py)?.into_any(),
+                empty(py, &u8s, &[n])?,
+            ));
         }
         let spans = Spans(arrays.iter().map(|(_, a)| span(a)).collect());
         let rows = self.sample_spans(py, n, spans)?;
@@ -668,7 +669,10 @@ impl Buffer {
             }
             arrays.push(array);
         }
-        let mut extra = vec![("index", PyArrayDescr::of::<u64>(py)), ("generation", PyArrayDescr::of::<u64>(py))];
+        let mut extra = vec![
+            ("index", PyArrayDescr::of::<u64>(py)),
+            ("generation", PyArrayDescr::of::<u64>(py)),
+        ];
         if self.prioritized {
             extra.push(("weight", PyArrayDescr::of::<f32>(py)));
         }
@@ -688,9 +692,13 @@ impl Buffer {
         let rows = arrays[self.fields.len()].len();
         // Distinct arrays: a dict may hold one array under two keys.
         let spans = Spans(arrays.iter().map(span).collect());
-        let mut starts: Vec<(usize, usize)> = spans.0.iter().map(|&(p, l)| (p as usize, l)).collect();
+        let mut starts: Vec<(usize, usize)> =
+            spans.0.iter().map(|&(p, l)| (p as usize, l)).collect();
         starts.sort_unstable();
-        if starts.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0 && w[0].1 > 0) {
+        if starts
+            .windows(2)
+            .any(|w| w[0].0 + w[0].1 > w[1].0 && w[0].1 > 0)
+        {
             return Err(value_error("sample_into: two of the arrays share memory"));
         }
         for (f, array) in self.fields.iter().zip(&arrays) {
@@ -699,7 +707,11 @@ impl Buffer {
                     "sample_into: `{}` has shape {:?}, expected ({rows}, {})",
                     f.py_key.bind(py),
                     array.shape(),
-                    f.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                    f.shape
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )));
             }
         }
@@ -772,7 +784,11 @@ impl Buffer {
     /// Every stored row among the first `end` positions (all when None), in storage
     /// order (TorchRL's `rb[:end]`).
     #[pyo3(signature = (end = None))]
-    fn read_all_in_order<'py>(&self, py: Python<'py>, end: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
+    fn read_all_in_order<'py>(
+        &self,
+        py: Python<'py>,
+        end: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let rb = self.handle()?;
         let batch = py.detach(|| rb.read_all_in_order(end));
         self.dict_of_batch(py, &batch)
@@ -781,10 +797,15 @@ impl Buffer {
     /// Overwrites positions `0..end` with the first `end` rows of `data`, in storage
     /// order (TorchRL's `rb[:end] = data`); every position must hold a row.
     #[pyo3(signature = (data, end = None))]
-    fn write_all(&self, py: Python<'_>, data: &Bound<'_, PyAny>, end: Option<usize>) -> PyResult<()> {
+    fn write_all(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        end: Option<usize>,
+    ) -> PyResult<()> {
         let rb = self.handle()?;
-        let batch = self.batch_of(py, &rb, data)?;
-        py.detach(|| rb.write_all(&batch, end)).map_err(py_err)
+        self.with_batch(py, &rb, data, |b| rb.write_all(b, end))?
+            .map_err(py_err)
     }
 
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.

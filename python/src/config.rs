@@ -110,7 +110,11 @@ fn slice(d: &Bound<'_, PyDict>) -> PyResult<Slice> {
     ) {
         (Some(n), None) => Slice::num_slices(n),
         (None, Some(len)) => Slice::slice_len(len),
-        _ => return Err(value_error("a slice sampler takes one of num_slices and slice_len")),
+        _ => {
+            return Err(value_error(
+                "a slice sampler takes one of num_slices and slice_len",
+            ))
+        }
     };
     if let Some(k) = get(d, "traj_key")? {
         s = s.traj_key(key_from_py(&k)?);

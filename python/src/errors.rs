@@ -8,8 +8,7 @@
 //! `create_exception!` can declare.
 
 use pyo3::exceptions::{
-    PyException, PyIndexError, PyKeyError, PyOSError, PyStopIteration, PyTypeError,
-    PyValueError,
+    PyException, PyIndexError, PyKeyError, PyOSError, PyStopIteration, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

@@ -106,7 +106,9 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
     let mut fields = Vec::new();
     let mut add = |key: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>, shape: &Bound<'_, PyAny>| {
         let shape: Vec<usize> = shape.extract().map_err(|_| {
-            type_error(format!("the shape of `{key}` is a tuple of ints, got {shape}"))
+            type_error(format!(
+                "the shape of `{key}` is a tuple of ints, got {shape}"
+            ))
         })?;
         fields.push((key_from_py(key)?, dtype_from_py(dtype)?, shape));
         PyResult::Ok(())
@@ -132,10 +134,9 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
         }
     } else if let Ok(l) = spec.cast::<PyList>() {
         for item in l.iter() {
-            let (key, dtype, shape): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) =
-                item.extract().map_err(|_| {
-                    type_error(format!("a field is (key, dtype, shape), got {item}"))
-                })?;
+            let (key, dtype, shape): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) = item
+                .extract()
+                .map_err(|_| type_error(format!("a field is (key, dtype, shape), got {item}")))?;
             add(&key, &dtype, &shape)?;
         }
     } else {
@@ -145,7 +146,9 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
     }
     fields
         .into_iter()
-        .fold(Spec::builder(), |b, (key, dtype, shape)| b.field(key, dtype, shape))
+        .fold(Spec::builder(), |b, (key, dtype, shape)| {
+            b.field(key, dtype, shape)
+        })
         .build()
         .map_err(py_err)
 }
@@ -179,7 +182,10 @@ pub(crate) fn flatten<'py>(data: &Bound<'py, PyAny>) -> PyResult<Vec<(Key, Bound
     let dict = data.cast::<PyDict>().map_err(|_| {
         type_error(format!(
             "expected a dict of arrays, got {}",
-            data.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            data.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ))
     })?;
     let mut out = Vec::with_capacity(dict.len());

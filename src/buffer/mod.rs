@@ -136,6 +136,12 @@ impl ReplayBuffer {
         self.state().core.sampler.slice().cloned()
     }
 
+    /// The builder's `batch_size`: the rows [`sample_default`](Self::sample_default)
+    /// draws, if one was set.
+    pub fn batch_size(&self) -> Option<usize> {
+        self.state().core.batch_size
+    }
+
     /// The seed of every draw.
     pub fn seed(&self) -> u64 {
         self.state().core.seed

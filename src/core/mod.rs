@@ -8,10 +8,11 @@
 //!
 //! Layer: core.
 
-use crate::batch::{Batch, Column, Scratch};
+use crate::batch::{self, Batch, Destination, Scratch};
 use crate::error::{AccessError, DataError, PriorityError, SampleError};
 use crate::rng::{self, Rng};
 use crate::sampler::prioritized::{self, Masses};
+use crate::sampler::slice::Marks;
 use crate::sampler::{read_draws, uniform_redraw, OnMiss, SamplerEngine};
 use crate::spec::Spec;
 use crate::storage::freeze::Retired;
@@ -233,36 +234,50 @@ impl Core {
         first
     }
 
+    /// Samples `n` rows into `batch`, with the scratch it keeps.
     pub(crate) fn sample_into(
         &self,
         rng: &mut Rng,
         n: usize,
         batch: &mut Batch,
     ) -> Result<(), SampleError> {
-        if let Some(slice) = self.sampler.slice_state() {
-            return self.sample_slices(slice, rng, n, batch);
-        }
-        // The batch may list the same fields in another order: pair them by key.
-        let map = batch
-            .columns_for(self.storage.spec())
-            .map_err(|_| SampleError::SpecMismatch)?;
         let mut scratch = std::mem::take(batch.scratch_mut());
-        let result = self.draw(rng, n, &mut scratch).and_then(|()| {
-            let weighted = self.sampler.prioritized().is_some();
-            batch.reshape_for_sample(scratch.draws.len(), weighted);
-            let parts = batch.parts_mut();
-            let mut dest = dest_for(self.storage.spec(), &map, parts.columns);
-            self.gather_sampled(
-                rng,
-                &mut scratch,
-                &mut dest,
-                parts.generation,
-                parts.index,
-                parts.weight,
-            )
-        });
+        let result = self.sample_to(rng, n, batch, &mut scratch);
         *batch.scratch_mut() = scratch;
-        result
+        result.map(drop)
+    }
+
+    /// Samples up to `n` rows into `out`, with `scratch` as working room; returns the
+    /// rows written (fewer than `n` only when a without-replacement epoch ends short).
+    /// Everything that can refuse the sample does so before anything is drawn.
+    pub(crate) fn sample_to(
+        &self,
+        rng: &mut Rng,
+        n: usize,
+        out: &mut impl SampleOut,
+        scratch: &mut Scratch,
+    ) -> Result<usize, SampleError> {
+        if let Some(slice) = self.sampler.slice_state() {
+            return self.sample_slices(slice, rng, n, out, scratch);
+        }
+        // The output may list the same fields in another order: pair them by key.
+        let spec = self.storage.spec();
+        let map = out.column_map(spec)?;
+        let weighted = self.sampler.prioritized().is_some();
+        out.check_weighted(weighted)?;
+        self.draw(rng, n, scratch)?;
+        let rows = scratch.draws.len();
+        out.shape_rows(rows, weighted);
+        let mut parts = out.parts(spec, &map);
+        self.gather_sampled(
+            rng,
+            scratch,
+            &mut parts.dest,
+            parts.generation,
+            parts.index,
+            parts.weight.filter(|_| weighted),
+        )?;
+        Ok(rows)
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
@@ -470,10 +485,15 @@ pub(crate) struct Weigh<'a> {
     out: &'a mut [f32],
 }
 
-/// The copy plan from rows of `spec` into a batch's columns: field `i` of `spec` goes
-/// to column `map[i]` (see `Batch::columns_for`).
-pub(crate) fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]) -> Dest<'a> {
-    let mut columns: SmallVec<[Option<&'a mut Column>; 8]> = columns.iter_mut().map(Some).collect();
+/// The copy plan from rows of `spec` into an output's columns: field `i` of `spec`
+/// goes to column `map[i]` (see `batch::columns_for`). The columns are a batch's
+/// (`&mut Column`) or a caller's bytes.
+pub(crate) fn dest_for<'a, C: Into<&'a mut [u8]>>(
+    spec: &Spec,
+    map: &[usize],
+    columns: impl IntoIterator<Item = C>,
+) -> Dest<'a> {
+    let mut columns: SmallVec<[Option<C>; 8]> = columns.into_iter().map(Some).collect();
     Dest {
         cols: spec
             .fields()
@@ -483,11 +503,110 @@ pub(crate) fn dest_for<'a>(spec: &Spec, map: &[usize], columns: &'a mut [Column]
                 data: columns[i]
                     .take()
                     .expect("replaybuf internal error: a column mapped twice")
-                    .as_bytes_mut(),
+                    .into(),
                 bytes: f.bytes(),
                 offset: f.offset(),
             })
             .collect(),
+    }
+}
+
+/// Where a sample's rows go: a [`Batch`], shaped to fit each sample, or a caller's
+/// [`Destination`] of fixed room. One sampling body (`Core::sample_to`, the slice
+/// samples of `slices.rs`) writes both.
+pub(crate) trait SampleOut {
+    /// For each field of `spec`, the column of this output that takes it; refused if
+    /// the output's fields are not `spec`'s.
+    fn column_map(&self, spec: &Spec) -> Result<SmallVec<[usize; 8]>, SampleError>;
+
+    /// Refuses, before anything is drawn, a weighted sample into an output that has
+    /// no room for weights.
+    fn check_weighted(&self, weighted: bool) -> Result<(), SampleError>;
+
+    /// Makes room for `rows` rows, with a weight each when `weighted`.
+    fn shape_rows(&mut self, rows: usize, weighted: bool);
+
+    /// Makes room for `slices` slices of `len` rows, with marks (and weights when
+    /// `weighted`).
+    fn shape_slices(&mut self, slices: usize, len: usize, weighted: bool);
+
+    /// The parts a sample writes, rows of `spec` going to columns as `map` says.
+    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_>;
+}
+
+/// The parts of an output a sample writes, borrowed apart. Row `k` of the sample is
+/// row `k` of each.
+pub(crate) struct SampleParts<'a> {
+    pub(crate) dest: Dest<'a>,
+    pub(crate) index: &'a mut [u64],
+    pub(crate) generation: &'a mut [u64],
+    pub(crate) weight: Option<&'a mut [f32]>,
+    /// Slice samples' marks, when the output keeps them.
+    pub(crate) marks: Option<&'a mut [Marks]>,
+}
+
+impl SampleOut for Batch {
+    fn column_map(&self, spec: &Spec) -> Result<SmallVec<[usize; 8]>, SampleError> {
+        Batch::columns_for(self, spec).map_err(|_| SampleError::SpecMismatch)
+    }
+
+    fn check_weighted(&self, _: bool) -> Result<(), SampleError> {
+        Ok(())
+    }
+
+    fn shape_rows(&mut self, rows: usize, weighted: bool) {
+        self.reshape_for_sample(rows, weighted);
+    }
+
+    fn shape_slices(&mut self, slices: usize, len: usize, weighted: bool) {
+        self.reshape_for_slices(slices, len, weighted);
+    }
+
+    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_> {
+        let parts = self.parts_mut();
+        SampleParts {
+            dest: dest_for(spec, map, parts.columns),
+            index: parts.index,
+            generation: parts.generation,
+            weight: parts.weight,
+            marks: parts.marks,
+        }
+    }
+}
+
+/// A destination's room is fixed: a sample of fewer rows writes its first rows.
+impl SampleOut for Destination<'_> {
+    fn column_map(&self, spec: &Spec) -> Result<SmallVec<[usize; 8]>, SampleError> {
+        batch::columns_for(self.spec, spec).map_err(|_| SampleError::SpecMismatch)
+    }
+
+    fn check_weighted(&self, weighted: bool) -> Result<(), SampleError> {
+        if weighted && self.weight.is_none() {
+            return Err(SampleError::NoWeightRoom);
+        }
+        Ok(())
+    }
+
+    fn shape_rows(&mut self, rows: usize, _: bool) {
+        assert!(
+            rows <= self.rows,
+            "replaybuf internal error: {rows} rows sampled into room for {}",
+            self.rows
+        );
+    }
+
+    fn shape_slices(&mut self, slices: usize, len: usize, weighted: bool) {
+        self.shape_rows(slices * len, weighted);
+    }
+
+    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_> {
+        SampleParts {
+            dest: dest_for(spec, map, self.columns.iter_mut().map(|c| &mut **c)),
+            index: &mut *self.index,
+            generation: &mut *self.generation,
+            weight: self.weight.as_deref_mut(),
+            marks: self.marks.as_deref_mut(),
+        }
     }
 }
 

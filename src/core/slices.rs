@@ -7,131 +7,113 @@
 use rand::RngExt;
 use smallvec::SmallVec;
 
-use super::Core;
-use crate::batch::{Batch, Scratch};
-use crate::core::dest_for;
+use super::{Core, SampleOut, SampleParts};
+use crate::batch::Scratch;
 use crate::error::SampleError;
 use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::{self, Marks, NoPick, Slice, SlicePriority};
 use crate::sampler::without_replacement::Epochs;
 use crate::storage::lanes::{LaneView, Lanes, TRAJ_MASK};
-use crate::storage::plan::Dest;
 use crate::storage::shard::Window as ShardWindow;
 use crate::storage::Miss;
 use crate::sumtree::tree::Tree;
 use crate::sync::Backoff;
 
 impl Core {
-    /// Samples `n` rows as windows of one trajectory each into `batch`, shaped
-    /// `[num_slices, slice_len]` (see `sampler/slice.rs`). Every window is picked
-    /// first and its first rows prefetched, so that the windows' memory misses overlap;
-    /// then each is read, and one that does not read whole is picked again.
+    /// Samples `n` rows as windows of one trajectory each into `out`, shaped
+    /// `[num_slices, slice_len]` (see `sampler/slice.rs`); returns the rows written.
+    /// Every window is picked first and its first rows prefetched, so that the
+    /// windows' memory misses overlap; then each is read, and one that does not read
+    /// whole is picked again.
     pub(crate) fn sample_slices(
         &self,
         state: &slice::SliceState,
         rng: &mut Rng,
         n: usize,
-        batch: &mut Batch,
-    ) -> Result<(), SampleError> {
+        out: &mut impl SampleOut,
+        scratch: &mut Scratch,
+    ) -> Result<usize, SampleError> {
         let cfg = &state.cfg;
         let (slices, len) = cfg.layout(n).ok_or(SampleError::SliceBatchSize {
             batch: n,
             divisor: cfg.divisor(),
         })?;
-        let map = batch
-            .columns_for(self.storage.spec())
-            .map_err(|_| SampleError::SpecMismatch)?;
+        let spec = self.storage.spec();
+        let map = out.column_map(spec)?;
+        out.check_weighted(state.priorities.is_some())?;
         let lanes = self
             .storage
             .lanes()
             .expect("replaybuf internal error: a slice buffer without lane blocks");
-        let mut scratch = std::mem::take(batch.scratch_mut());
-        let result = (|| {
-            let Scratch {
-                lanes: views,
-                cumulative,
-                slices: windows,
-                windows: shard_windows,
-                ..
-            } = &mut scratch;
-            let trees = self.storage.trees();
-            let prio = state.priorities.as_ref().map(|p| Prio {
-                state: p,
-                over: cfg
-                    .prioritized
-                    .map_or(SlicePriority::Start, |(_, over)| over),
-                min: trees.iter().map(Tree::min).min().unwrap_or(u64::MAX),
-                masses: Masses::new(&trees),
-                trees: &trees,
-                shard_windows,
-                first_view: SmallVec::new(),
-            });
-            let mut picker = Picker {
-                buffer: self,
-                cfg,
-                lanes,
-                views,
-                cumulative,
-                len: len as u64,
-                failures: 0,
-                backoff: Backoff::new(),
-                prio,
-            };
-            windows.clear();
-            if let Some(epochs) = &state.epochs {
-                return self.read_epoch_slices(epochs, picker, windows, slices, batch, &map);
+        let Scratch {
+            lanes: views,
+            cumulative,
+            slices: windows,
+            windows: shard_windows,
+            ..
+        } = scratch;
+        let trees = self.storage.trees();
+        let prio = state.priorities.as_ref().map(|p| Prio {
+            state: p,
+            over: cfg
+                .prioritized
+                .map_or(SlicePriority::Start, |(_, over)| over),
+            min: trees.iter().map(Tree::min).min().unwrap_or(u64::MAX),
+            masses: Masses::new(&trees),
+            trees: &trees,
+            shard_windows,
+            first_view: SmallVec::new(),
+        });
+        let mut picker = Picker {
+            buffer: self,
+            cfg,
+            lanes,
+            views,
+            cumulative,
+            len: len as u64,
+            failures: 0,
+            backoff: Backoff::new(),
+            prio,
+        };
+        windows.clear();
+        if let Some(epochs) = &state.epochs {
+            return self.read_epoch_slices(epochs, picker, windows, slices, out, &map);
+        }
+        if picker.refresh() == 0 {
+            return Err(SampleError::Empty);
+        }
+        for _ in 0..slices {
+            windows.push(picker.pick(rng)?);
+        }
+        self.prefetch_windows(windows);
+        let weighted = picker.prio.is_some();
+        out.shape_slices(slices, len, weighted);
+        let mut parts = out.parts(spec, &map);
+        parts.weight = parts.weight.filter(|_| weighted);
+        for (s, &first_pick) in windows.iter().enumerate() {
+            let mut w = first_pick;
+            while !self.read_window(&w, s * len, len, &mut parts) {
+                picker.failures += 1;
+                w = picker.pick(rng)?;
             }
-            if picker.refresh() == 0 {
-                return Err(SampleError::Empty);
-            }
-            for _ in 0..slices {
-                windows.push(picker.pick(rng)?);
-            }
-            for w in windows.iter() {
-                let rows = (w.to - w.from).min(SLICE_PREFETCH_ROWS);
-                for seq in w.from..w.from + rows {
-                    self.storage.prefetch(w.draw(seq));
-                }
-            }
-            batch.reshape_for_slices(slices, len, picker.prio.is_some());
-            let parts = batch.parts_mut();
-            let marks = parts
-                .marks
-                .expect("replaybuf internal error: a slice batch without marks");
-            let mut dest = dest_for(self.storage.spec(), &map, parts.columns);
-            let mut out = SliceOut {
-                dest: &mut dest,
-                index: parts.index,
-                generation: parts.generation,
-                marks,
-                weight: parts.weight,
-            };
-            for (s, &first_pick) in windows.iter().enumerate() {
-                let mut w = first_pick;
-                while !self.read_window(&w, s * len, len, &mut out) {
-                    picker.failures += 1;
-                    w = picker.pick(rng)?;
-                }
-            }
-            Ok(())
-        })();
-        *batch.scratch_mut() = scratch;
-        result
+        }
+        Ok(slices * len)
     }
 
     /// The without-replacement slice sample: the open epoch's next `slices` windows
     /// (see [`Slice::without_replacement`]), each read once; a window whose rows were
-    /// replaced since the epoch began is skipped for the epoch's next one.
+    /// replaced since the epoch began is skipped for the epoch's next one. Returns the
+    /// rows written.
     fn read_epoch_slices(
         &self,
         epochs: &Epochs<slice::SliceWindow>,
         mut picker: Picker<'_>,
         windows: &mut Vec<slice::SliceWindow>,
         slices: usize,
-        batch: &mut Batch,
+        out: &mut impl SampleOut,
         map: &[usize],
-    ) -> Result<(), SampleError> {
+    ) -> Result<usize, SampleError> {
         let (len, strict) = (picker.len, picker.cfg.strict_length);
         let in_rows = |e| match e {
             SampleError::NotEnough {
@@ -154,25 +136,11 @@ impl Core {
                 windows,
             )
             .map_err(in_rows)?;
-        for w in windows.iter() {
-            for seq in w.from..w.from + (w.to - w.from).min(SLICE_PREFETCH_ROWS) {
-                self.storage.prefetch(w.draw(seq));
-            }
-        }
+        self.prefetch_windows(windows);
         let len = len as usize;
-        batch.reshape_for_slices(slices, len, false);
-        let parts = batch.parts_mut();
-        let marks = parts
-            .marks
-            .expect("replaybuf internal error: a slice batch without marks");
-        let mut dest = dest_for(self.storage.spec(), map, parts.columns);
-        let mut out = SliceOut {
-            dest: &mut dest,
-            index: parts.index,
-            generation: parts.generation,
-            marks,
-            weight: None,
-        };
+        out.shape_slices(slices, len, false);
+        let mut parts = out.parts(self.storage.spec(), map);
+        parts.weight = None;
         let mut read = 0;
         let mut next = 0;
         while read < slices {
@@ -182,20 +150,29 @@ impl Core {
                     break;
                 }
             }
-            if self.read_window(&windows[next], read * len, len, &mut out) {
+            if self.read_window(&windows[next], read * len, len, &mut parts) {
                 read += 1;
             }
             next += 1;
         }
-        drop(dest);
+        drop(parts);
         let drop_last = epochs.drop_last();
         if read == 0 || (drop_last && read < slices) {
             // The windows ran out under this sample: the epoch is over.
             epochs.close_exhausted();
             return Err(SampleError::EpochEnd);
         }
-        batch.reshape_for_slices(read, len, false);
-        Ok(())
+        out.shape_slices(read, len, false);
+        Ok(read * len)
+    }
+
+    /// Prefetches the first rows of every window.
+    fn prefetch_windows(&self, windows: &[slice::SliceWindow]) {
+        for w in windows {
+            for seq in w.from..w.from + (w.to - w.from).min(SLICE_PREFETCH_ROWS) {
+                self.storage.prefetch(w.draw(seq));
+            }
+        }
     }
 
     /// Reads window `w` into rows `first..first + len` of `out`, padding after its
@@ -206,7 +183,7 @@ impl Core {
         w: &slice::SliceWindow,
         first: usize,
         len: usize,
-        out: &mut SliceOut<'_, '_>,
+        out: &mut SampleParts<'_>,
     ) -> bool {
         let rows = (w.to - w.from) as usize;
         for i in 0..rows {
@@ -216,7 +193,7 @@ impl Core {
             }
             let (seq, k) = (w.from + i as u64, first + i);
             let read = loop {
-                match self.storage.read_slice_row(w.draw(seq), out.dest, k) {
+                match self.storage.read_slice_row(w.draw(seq), &mut out.dest, k) {
                     Err(Miss::Torn) => continue,
                     other => break other,
                 }
@@ -232,7 +209,9 @@ impl Core {
                 Ok((stamp, index, word)) if word & TRAJ_MASK == w.traj => {
                     out.index[k] = index;
                     out.generation[k] = stamp.generation();
-                    out.marks[k] = Marks::of(w, seq, word);
+                    if let Some(marks) = out.marks.as_deref_mut() {
+                        marks[k] = Marks::of(w, seq, word);
+                    }
                 }
                 _ => return false,
             }
@@ -241,7 +220,9 @@ impl Core {
             out.dest.zero_row(k);
             out.index[k] = u64::MAX;
             out.generation[k] = 0;
-            out.marks[k] = Marks::default();
+        }
+        if let Some(marks) = out.marks.as_deref_mut() {
+            marks[first + rows..first + len].fill(Marks::default());
         }
         if let Some(weight) = out.weight.as_deref_mut() {
             weight[first..first + rows].fill(w.weight);
@@ -421,13 +402,4 @@ impl Picker<'_> {
             weight: p.state.weight(mass, p.min.min(mass)),
         })
     }
-}
-
-/// Where a slice sample's rows go.
-struct SliceOut<'a, 'd> {
-    dest: &'a mut Dest<'d>,
-    index: &'a mut [u64],
-    generation: &'a mut [u64],
-    marks: &'a mut [Marks],
-    weight: Option<&'a mut [f32]>,
 }

@@ -300,6 +300,37 @@ pub enum DataError {
         /// Elements given.
         found: usize,
     },
+    /// A [`Destination`](crate::Destination) was given another number of columns
+    /// than its spec has fields.
+    #[error("{found} columns given for a spec of {expected} fields")]
+    ColumnCount {
+        /// Fields of the spec.
+        expected: usize,
+        /// Columns given.
+        found: usize,
+    },
+    /// A [`Destination`](crate::Destination)'s column is not `rows * field bytes`
+    /// long.
+    #[error("the column of field `{key}` has {found} bytes, the rows need {expected}")]
+    ColumnBytes {
+        /// The field.
+        key: Key,
+        /// Bytes the rows need.
+        expected: usize,
+        /// Bytes given.
+        found: usize,
+    },
+    /// A [`Destination`](crate::Destination)'s index, generation, weight or marks
+    /// slice does not hold one entry per row.
+    #[error("the {part} slice holds {found} entries, the rows need {expected}")]
+    RowSlice {
+        /// Which slice: "index", "generation", "weight" or "marks".
+        part: &'static str,
+        /// Rows of the destination.
+        expected: usize,
+        /// Entries given.
+        found: usize,
+    },
     /// The batch shape does not fit the storage (`[n]` for ndim 1; `[t, E]` or `[E, t]`
     /// for ndim 2 depending on `dim_extend`).
     #[error("batch shape {found:?} does not fit: {expected}")]
@@ -486,6 +517,14 @@ pub enum SampleError {
         /// What it reported.
         error: Box<DataError>,
     },
+    /// A prioritized sample writes importance weights, and the
+    /// [`Destination`](crate::Destination) has no room for them.
+    #[error("a prioritized sample writes importance weights: give the destination room for them (`with_weight`)")]
+    NoWeightRoom,
+    /// The buffer has transforms, which run on a [`Batch`](crate::Batch): a sample
+    /// into a [`Destination`](crate::Destination) would skip them.
+    #[error("the buffer has transforms, which run on a Batch: sample into one (`sample_into`), or clear them")]
+    TransformsNeedBatch,
     /// With `strict_length`, no stored trajectory is as long as a slice.
     #[error("no stored trajectory is {slice_len} steps long (the longest has {longest}); store longer ones or set strict_length(false)")]
     TrajectoriesTooShort {
