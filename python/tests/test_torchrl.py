@@ -11,6 +11,8 @@ replaybuf does on purpose differently (see the module docstring of
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -371,6 +373,36 @@ def test_prioritized_plain_buffer_returns_weights_in_info(rl):
     assert info["priority_weight"].shape == (6,)
 
 
+def test_several_priorities_per_row_are_reduced(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), reduction="mean", batch_size=200
+    )
+    rb.extend(transitions(10))
+    rb.update_priority(torch.arange(10), torch.zeros(10))
+    s = rb.sample(10)
+    chosen = s["index"][0]
+    td_error = torch.zeros(10, 3)
+    td_error[s["index"] == chosen] = torch.tensor([0.0, 0.0, 3.0])  # mean 1, max 3
+    s.set("td_error", td_error)
+    rb.update_tensordict_priority(s)
+    assert set(rb.sample()["index"].tolist()) == {chosen.item()}
+
+
+def test_prioritized_ndim2_storage(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(12, ndim=2), batch_size=100
+    )
+    rb.extend(TensorDict({"x": torch.arange(20.0).reshape(4, 5)}, [4, 5]))
+    every = torch.tensor([[step, env] for step in range(3) for env in range(4)])
+    priority = torch.zeros(12)
+    priority[6] = 1.0  # slot 1, env 2
+    rb.update_priority(every, priority)
+    s = rb.sample()
+    assert s["index"].shape == (100, 2)
+    assert {tuple(i) for i in s["index"].tolist()} == {(1, 2)}
+    assert set(s["x"].tolist()) == {14.0}  # slot 1 holds step 4 of env 2 (x = 2 * 5 + 4)
+
+
 def test_sampler_beta_can_be_annealed(rl):
     sampler = rl.PrioritizedSampler(10, alpha=1.0, beta=0.0)
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), sampler=sampler, batch_size=50)
@@ -417,6 +449,19 @@ def test_slice_sampler_windows_and_flags(rl):
         done = s["next", "done"].view(8, 4)
         assert torch.all(done[:, -1]) and not torch.any(done[:, :-1])
         assert s["next", "terminated"].shape == (32, 1)
+
+
+def test_slice_sampler_finds_the_episode_key_itself(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.SliceSampler(slice_len=5),
+        batch_size=20,
+    )
+    data = trajectories([9, 9, 9])
+    data["next", "done"] = torch.zeros_like(data["next", "done"])  # ids only
+    rb.extend(data)
+    for _ in range(5):
+        assert_windows(rb.sample(), 4, 5)
 
 
 def test_slice_sampler_by_end_key_and_num_slices(rl):
@@ -781,3 +826,40 @@ def test_replaybuf_refuses_new_keys_after_the_first_write():
 def test_replaybuf_components_must_come_from_replaybuf():
     with pytest.raises(TypeError, match="replaybuf.torchrl"):
         replaybuf.torchrl.ReplayBuffer(sampler=torchrl.data.RandomSampler())
+
+
+def test_replaybuf_collectors_extend_while_a_learner_samples():
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(3000), batch_size=128)
+    rb.extend(transitions(1000))
+    stop = threading.Event()
+    errors = []
+
+    def collect(worker):
+        start = 10_000 * (worker + 1)
+        try:
+            while not stop.is_set():
+                rb.extend(transitions(200, start=start))
+                start += 200
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=collect, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    checked = 0
+    deadline = time.monotonic() + 0.5
+    try:
+        while time.monotonic() < deadline:
+            s = rb.sample()
+            step = s["step"]
+            assert torch.equal(s["obs"][:, 0], step.float())  # every row whole
+            assert torch.equal(s["next", "obs"][:, 2], step.float() + 1)
+            assert torch.equal(s["pixels"][:, 1, 1], (step % 256).to(torch.uint8))
+            checked += len(s)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert checked > 0 and rb.write_count > 1000
