@@ -122,7 +122,9 @@ class Memory:
         prefetch: int = 0,
     ) -> None:
         if crc_debug:
-            raise ValueError("replaybuf.tmrl.Memory does not store info: crc_debug is not supported")
+            raise ValueError(
+                "replaybuf.tmrl.Memory does not store info: crc_debug is not supported"
+            )
         self.nb_steps = int(nb_steps)
         self.device = device
         self.batch_size = int(batch_size)
@@ -161,7 +163,9 @@ class Memory:
 
     # Building ------------------------------------------------------------------------
 
-    def _build(self, obs: Tuple[np.dtype, Tuple[int, ...]], act: Tuple[np.dtype, Tuple[int, ...]]) -> None:
+    def _build(
+        self, obs: Tuple[np.dtype, Tuple[int, ...]], act: Tuple[np.dtype, Tuple[int, ...]]
+    ) -> None:
         spec = [
             ("obs", obs[0], obs[1]),
             ("act", act[0], act[1]),
@@ -218,7 +222,9 @@ class Memory:
             array = np.asarray(columns[key])
             target = dtypes[key]
             if array.dtype != target and not np.can_cast(array.dtype, target, "same_kind"):
-                raise TypeError(f"append_buffer: `{key}` is {array.dtype}, the memory stores {target}")
+                raise TypeError(
+                    f"append_buffer: `{key}` is {array.dtype}, the memory stores {target}"
+                )
             arrays[key] = np.ascontiguousarray(array, dtype=target)
         return self._native.append_buffer(arrays)
 
@@ -318,7 +324,9 @@ class Memory:
             rows["terminated"],
             rows["truncated"],
         )
-        batch = [self._preprocessed(tuple(c[r] for c in columns)) for r in range(len(rows["index"]))]
+        batch = [
+            self._preprocessed(tuple(c[r] for c in columns)) for r in range(len(rows["index"]))
+        ]
         return self.collate(batch, self.device)
 
     def collate(self, batch: List[Transition], device: Any = None) -> Tuple[Any, ...]:

@@ -11,9 +11,17 @@ import time
 
 import numpy as np
 import pytest
-
 import replaybuf
-from _helpers import ID_STRIDE, SPEC, assert_whole, remove_region, rows, shm_name, shm_path, wait_for
+from _helpers import (
+    ID_STRIDE,
+    SPEC,
+    assert_whole,
+    remove_region,
+    rows,
+    shm_name,
+    shm_path,
+    wait_for,
+)
 
 CHUNK = 32
 # Bounds on waits (seconds): a spawned child imports numpy and replaybuf first.
@@ -149,8 +157,9 @@ def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, chil
 
 
 def collect_inherited(rb, progress):
-    """A forked collector writing through the parent's handle (no attach), one
-    prebuilt chunk over and over so that a kill most often lands inside an extend."""
+    """A forked collector given the parent's handle as it is (fork pickles nothing),
+    extending one prebuilt chunk over and over so that a kill most often lands inside
+    an extend."""
     chunk = rows(ID_STRIDE + np.arange(8 * CHUNK))
     while True:
         rb.extend(chunk)
@@ -170,7 +179,11 @@ def test_forked_children_writing_through_the_parents_handle_survive_a_kill(name,
         children.extend(pair)
         for p in pair:
             p.start()
-        wait_for(lambda: all(v.value >= 100 * CHUNK for v in progress), START_S, "collectors")
+
+        def started(progress=progress):
+            return all(v.value >= 100 * CHUNK for v in progress)
+
+        wait_for(started, START_S, "collectors")
         os.kill(pair[0].pid, signal.SIGKILL)
         pair[0].join(JOIN_S)
         time.sleep(0.2)

@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 import pytest
-
 import replaybuf
 import replaybuf.tmrl as tmrl_face
 from replaybuf.tmrl import Memory
@@ -98,7 +97,11 @@ def test_samples_become_transitions_within_episodes_and_across_buffers():
     first = [sample(0, act=False)] + samples([1, 2, 3, 100, 101, 102], "..t...")
     memory.append(TmrlBuffer(first, train_return=5.0))
     assert len(memory) == 5
-    assert (memory.stat_train_return, memory.stat_test_return, memory.stat_train_steps) == (5.0, 10.0, 7)
+    assert (memory.stat_train_return, memory.stat_test_return, memory.stat_train_steps) == (
+        5.0,
+        10.0,
+        7,
+    )
     memory.append(TmrlBuffer(samples([103, 200, 201], "c..")))
     expected = [
         (0, 1, 0.5, 1, False, False),
@@ -221,7 +224,7 @@ def test_columns_and_image_observations():
     """A dict of columns appends without a Python loop; uint8 images collate as float32."""
     memory = Memory(batch_size=6, seed=4, obs=(np.uint8, (2, 4, 4)), act=(np.float32, (3,)))
     n = 10
-    obs = (np.arange(n, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 4, 4), np.uint8))
+    obs = np.arange(n, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 4, 4), np.uint8)
     columns = {
         "act": np.tile(np.arange(n, dtype=np.float32)[:, None], (1, 3)),
         "obs": obs,
@@ -274,13 +277,15 @@ def test_refusals():
         memory.sample()
     memory.append_buffer(samples([0, 1], ".."))
     with pytest.raises(TypeError):  # float observations into a float32 memory: fine;
-        memory.append_buffer({  # a complex one is not the same kind.
-            "act": np.zeros((1, 2), np.float32),
-            "obs": np.zeros((1, 3), np.complex64),
-            "rew": np.zeros(1),
-            "terminated": np.zeros(1, bool),
-            "truncated": np.zeros(1, bool),
-        })
+        memory.append_buffer(
+            {  # a complex one is not the same kind.
+                "act": np.zeros((1, 2), np.float32),
+                "obs": np.zeros((1, 3), np.complex64),
+                "rew": np.zeros(1),
+                "terminated": np.zeros(1, bool),
+                "truncated": np.zeros(1, bool),
+            }
+        )
     with pytest.raises(replaybuf.ReplayBufferValueError):
         memory.append_buffer([(np.zeros(4, np.float32), np.zeros(3), 0.0, False, False, {})])
     with pytest.raises(KeyError):

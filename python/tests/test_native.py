@@ -1,0 +1,524 @@
+"""The native face, replaybuf.ReplayBuffer: every sampler, ndim-2 storage, write
+policies, file-backed storage, checkpoints, sample_into, priority updates, and bad
+input that changes nothing. Every error is a ReplayBufferError and its builtin."""
+
+import gc
+import json
+import shutil
+import tracemalloc
+
+import numpy as np
+import pytest
+import replaybuf
+from replaybuf import (
+    MARK_END,
+    MARK_START,
+    MARK_TRUNCATED,
+    MARK_VALID,
+    ReplayBuffer,
+    ReplayBufferError,
+)
+
+# Every field derives from `id`: a row read back is checked whole by `check`.
+SPEC = {
+    "id": ("int64", ()),
+    "obs": ("float32", (3,)),
+    "reward": ("float32", ()),
+    "traj": ("int64", ()),
+    ("next", "done"): ("bool", ()),
+}
+TRAJ = 5  # steps per trajectory: ids 5t .. 5t+4
+
+
+def data(ids):
+    ids = np.asarray(ids, np.int64)
+    return {
+        "id": ids,
+        "obs": (ids[..., None] * np.array([1, 2, 3])).astype(np.float32),
+        "reward": (ids % 97).astype(np.float32),
+        "traj": ids // TRAJ,
+        ("next", "done"): ids % TRAJ == TRAJ - 1,
+    }
+
+
+def check(batch):
+    """Asserts every row is whole; returns the ids."""
+    ids = batch["id"]
+    want = data(ids)
+    for key in ("obs", "reward", "traj", ("next", "done")):
+        np.testing.assert_array_equal(batch[key], want[key], err_msg=str(key))
+    return ids
+
+
+def buffer(capacity=32, n=10, **kw):
+    kw.setdefault("seed", 1)
+    rb = ReplayBuffer(capacity, spec=SPEC, **kw)
+    if n:
+        rb.extend(data(np.arange(n)))
+    return rb
+
+
+def raises(builtin, match=None):
+    """pytest.raises of a ReplayBufferError that is also ``builtin``."""
+
+    class Both:
+        def __enter__(self):
+            self.ctx = pytest.raises(builtin, match=match)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *exc):
+            out = self.ctx.__exit__(*exc)
+            assert isinstance(self.info.value, ReplayBufferError), type(self.info.value).__mro__
+            return out
+
+    return Both()
+
+
+# Samplers -----------------------------------------------------------------------------
+
+
+def test_uniform():
+    rb = buffer(n=10)
+    seen = set()
+    for _ in range(50):
+        batch = rb.sample(8)
+        assert set(batch) == set(SPEC) | {"index", "generation"}
+        ids = check(batch)
+        assert batch["index"].dtype == batch["generation"].dtype == np.uint64
+        # A row's index reads back the same row.
+        np.testing.assert_array_equal(rb.get(batch["index"])["id"], ids)
+        seen |= set(ids.tolist())
+    assert seen == set(range(10))
+    assert not rb.prioritized and not rb.samples_slices
+    with raises(ValueError, "batch size"):
+        rb.sample()
+    assert len(buffer(n=10, batch_size=6).sample()["id"]) == 6
+
+
+def test_without_replacement_epochs():
+    rb = buffer(n=10, sampler=replaybuf.WithoutReplacement())
+    epoch = [check(rb.sample(4)) for _ in range(3)]
+    assert [len(b) for b in epoch] == [4, 4, 2]  # the last batch short
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(10))
+    with pytest.raises(replaybuf.EpochEnd):  # the call after the epoch's last batch
+        rb.sample(4)
+    assert sorted(np.concatenate([rb.sample(4)["id"] for _ in range(3)]).tolist()) == list(
+        range(10)
+    )
+    # drop_last: the epoch ends rather than give 2 rows; EpochEnd is a StopIteration.
+    rb = buffer(n=10, sampler=replaybuf.WithoutReplacement(drop_last=True))
+    assert [len(rb.sample(4)["id"]) for _ in range(2)] == [4, 4]
+    with raises(StopIteration):
+        rb.sample(4)
+    # No shuffle: storage order.
+    rb = buffer(n=10, sampler=replaybuf.WithoutReplacement(shuffle=False))
+    assert [rb.sample(4)["id"].tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_prioritized():
+    rb = buffer(n=10, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.5))
+    assert rb.prioritized and (rb.alpha, rb.beta) == (1.0, 0.5)
+    # New rows come in at the largest priority: all equal, so weights are all 1.
+    batch = rb.sample(16)
+    check(batch)
+    assert batch["weight"].dtype == np.float32
+    np.testing.assert_allclose(batch["weight"], 1.0)
+    # Only row 3 has priority: it is drawn every time, with the smallest weight
+    # ((N P)^-beta over the largest of any row: (10 * 1)^-0.5 / (10 * 1e-8)^-0.5).
+    assert rb.update_priority(np.arange(10), np.where(np.arange(10) == 3, 1.0, 0.0)) == (10, 0)
+    batch = rb.sample(64)
+    assert set(batch["id"].tolist()) == {3}
+    np.testing.assert_allclose(batch["weight"], 1e-4, rtol=1e-3)
+    assert rb.priority(3) == 1.0 and rb.priority(4) == 0.0
+    rb.beta = 0.0
+    np.testing.assert_allclose(rb.sample(4)["weight"], 1.0)
+    # Proportional: priorities 1 and 3 draw about 1:3.
+    rb = buffer(n=2, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.4), seed=5)
+    rb.update_priority([0, 1], [1.0, 3.0])
+    counts = np.bincount(rb.sample(20_000)["id"], minlength=2)
+    assert abs(counts[1] / counts.sum() - 0.75) < 0.02
+
+
+def test_slices_of_trajectories():
+    rb = buffer(capacity=64, n=30, sampler=replaybuf.Slice(slice_len=4, traj_key="traj"))
+    assert rb.samples_slices
+    batch = rb.sample(12)
+    ids, marks = check(batch), batch["marks"]
+    assert marks.dtype == np.uint8
+    for s in range(3):
+        part, m = ids[4 * s : 4 * s + 4], marks[4 * s : 4 * s + 4]
+        # Consecutive steps of one trajectory.
+        assert (np.diff(part) == 1).all() and len(set(part // TRAJ)) == 1
+        assert (m & MARK_VALID).all()
+        # Start and end mark a trajectory's first and last step, truncated a slice
+        # cut before its trajectory's end.
+        assert bool(m[0] & MARK_START) == (part[0] % TRAJ == 0)
+        assert not (m[1:] & MARK_START).any() and not (m[:-1] & (MARK_END | MARK_TRUNCATED)).any()
+        last = m[-1]
+        ends_there = part[-1] % TRAJ == TRAJ - 1
+        assert bool(last & MARK_END) == ends_there
+        assert bool(last & MARK_TRUNCATED) == (not ends_there)
+    # Trajectories told apart by their end flag (the default end key) read the same.
+    rb = buffer(capacity=64, n=30, sampler=replaybuf.Slice(num_slices=3))
+    ids = check(rb.sample(12))
+    for s in range(3):
+        part = ids[4 * s : 4 * s + 4]
+        assert (np.diff(part) == 1).all() and len(set(part // TRAJ)) == 1
+
+
+def test_slices_without_replacement_and_prioritized():
+    slices = replaybuf.Slice(
+        slice_len=4, traj_key="traj", without_replacement=replaybuf.WithoutReplacement()
+    )
+    rb = buffer(capacity=64, n=30, sampler=slices)
+    starts = []
+    for _ in range(3):
+        ids = check(rb.sample(8))
+        starts += [ids[0] // TRAJ, ids[4] // TRAJ]
+    assert sorted(starts) == list(range(6))  # each trajectory once in the epoch
+    with pytest.raises(replaybuf.EpochEnd):
+        rb.sample(8)
+    p = replaybuf.Prioritized(alpha=1.0, beta=0.4)
+    rb = buffer(
+        capacity=64, n=30, sampler=replaybuf.Slice(slice_len=4, traj_key="traj", prioritized=p)
+    )
+    batch = rb.sample(8)
+    check(batch)
+    assert {"weight", "marks"} <= set(batch)
+
+
+# ndim 2 -------------------------------------------------------------------------------
+
+
+def steps(t0, t, envs):
+    """``t`` steps of ``envs`` environments: id ``100 * env + step``."""
+    ids = np.arange(t0, t0 + t)[:, None] + 100 * np.arange(envs)[None, :]
+    return data(ids)
+
+
+def test_ndim2_storage():
+    envs = 3
+    rb = ReplayBuffer(8 * envs, spec=SPEC, ndim=2, envs=envs, seed=2)
+    assert (rb.ndim, rb.envs, rb.capacity) == (2, 3, 24)
+    index = rb.extend(steps(0, 4, envs))
+    assert index.shape == (4, envs) and len(rb) == 12
+    rb.extend(steps(4, 6, envs))  # 10 steps into 8: the 2 oldest of each env go
+    assert len(rb) == 24 and rb.write_count == 30
+    ids = check(rb.read_all_in_order())
+    assert sorted(ids.tolist()) == sorted(s + 100 * e for s in range(2, 10) for e in range(envs))
+    check(rb.sample(32))
+    # (t, E) with E not the storage's: refused, nothing written.
+    with raises(ValueError):
+        rb.extend(steps(10, 2, envs + 1))
+    with raises(ValueError):  # one transition is for ndim-1 storages
+        rb.add({k: v[0, 0] for k, v in steps(0, 1, envs).items()})
+    assert rb.write_count == 30
+    # dim_extend=1: batches of (E, t).
+    rb = ReplayBuffer(8 * envs, spec=SPEC, ndim=2, envs=envs, dim_extend=1, seed=2)
+    flipped = {k: np.ascontiguousarray(np.swapaxes(v, 0, 1)) for k, v in steps(0, 4, envs).items()}
+    assert rb.extend(flipped).shape == (envs, 4)
+    assert sorted(check(rb.read_all_in_order()).tolist()) == sorted(
+        steps(0, 4, envs)["id"].ravel().tolist()
+    )
+
+
+# Write policies -----------------------------------------------------------------------
+
+
+def test_max_value_keeps_the_top_rows():
+    rb = ReplayBuffer(4, spec=SPEC, write_policy=replaybuf.MaxValue(rank_key="reward"))
+    index = rb.extend(data([5, 1, 7, 3, 9, 2]))  # rewards are the ids here
+    rejected = 2**64 - 1
+    assert (index == rejected).sum() == 2
+    assert sorted(check(rb.read_all_in_order()).tolist()) == [3, 5, 7, 9]
+    assert rb.extend(data([2]))[0] == rejected  # below every kept row
+    rb.extend(data([8]))  # replaces the lowest (3)
+    assert sorted(rb.read_all_in_order()["id"].tolist()) == [5, 7, 8, 9]
+
+
+def test_immutable_refuses_writes():
+    rb = ReplayBuffer(4, spec=SPEC, write_policy=replaybuf.Immutable())
+    with raises(ValueError, "immutable"):
+        rb.extend(data([1, 2]))
+    with raises(ValueError, "immutable"):
+        rb.add({k: v[0] for k, v in data([1]).items()})
+    assert len(rb) == 0 and rb.write_count == 0
+
+
+# Files and checkpoints ----------------------------------------------------------------
+
+
+def test_file_backed_storage_is_reopened_with_its_rows(tmp_path):
+    d = tmp_path / "rows"
+    rb = buffer(capacity=16, n=10, memmap=d)
+    rb.flush()
+    del rb
+    gc.collect()
+    with raises(OSError, "already holds a buffer"):
+        ReplayBuffer(16, spec=SPEC, memmap=d)
+    again = ReplayBuffer(16, spec=SPEC, memmap=d, existsok=True)
+    assert len(again) == 10
+    assert check(again.read_all_in_order()).tolist() == list(range(10))
+    again.extend(data([10, 11]))
+    del again
+    gc.collect()
+    ds = ReplayBuffer.open_dataset(d)
+    assert sorted(check(ds.sample(64)).tolist())[-1] == 11 and len(ds) == 12
+    with raises(ValueError, "immutable"):
+        ds.extend(data([12]))
+    assert len(ds) == 12
+
+
+def test_checkpoints_round_trip(tmp_path):
+    sampler = replaybuf.Prioritized(alpha=0.6, beta=0.4)
+    rb = buffer(capacity=32, n=20, sampler=sampler, seed=3)
+    rb.update_priority(np.arange(20), np.arange(20) + 1.0)
+    rb.dumps(tmp_path / "c")
+    ahead = [rb.sample(8)["id"].tolist() for _ in range(3)]
+    # from_checkpoint: the same rows, priorities, configuration and random streams.
+    copy = ReplayBuffer.from_checkpoint(tmp_path / "c")
+    assert (len(copy), copy.capacity, copy.seed, copy.alpha, copy.beta) == (20, 32, 3, 0.6, 0.4)
+    assert [copy.priority(i) for i in range(20)] == [i + 1.0 for i in range(20)]
+    assert [copy.sample(8)["id"].tolist() for _ in range(3)] == ahead
+    # loads: into a buffer of the same layout, replacing what it held.
+    other = buffer(capacity=32, n=5, sampler=sampler, seed=99)
+    other.loads(tmp_path / "c")
+    assert len(other) == 20 and other.seed == 3
+    assert check(other.read_all_in_order()).tolist() == list(range(20))
+    # open_dataset: read-only.
+    ds = ReplayBuffer.open_dataset(tmp_path / "c")
+    assert len(ds) == 20 and len(check(ds.sample(16))) == 16
+    with raises(ValueError, "immutable"):
+        ds.extend(data([1]))
+    # A checkpoint of another layout is refused by loads, which changes nothing.
+    small = ReplayBuffer(8, spec={"x": ("float32", ())})
+    small.extend({"x": np.ones(3, np.float32)})
+    with raises(OSError):
+        small.loads(tmp_path / "c")
+    assert len(small) == 3
+
+
+# sample_into --------------------------------------------------------------------------
+
+
+def out_arrays(rb, n, extra=()):
+    out = {key: np.empty((n,) + shape, dtype) for key, dtype, shape in rb.spec}
+    out["index"] = np.empty(n, np.uint64)
+    out["generation"] = np.empty(n, np.uint64)
+    for name, dtype in extra:
+        out[name] = np.empty(n, dtype)
+    return out
+
+
+def test_sample_into_allocates_nothing():
+    rb = buffer(capacity=1024, n=1024, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
+    out = out_arrays(rb, 32, [("weight", np.float32)])
+    assert rb.sample_into(out) == 32
+    check(out)
+    before = {k: v.__array_interface__["data"][0] for k, v in out.items()}
+    for _ in range(100):
+        rb.sample_into(out)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(5000):
+            rb.sample_into(out)
+        current, peak = tracemalloc.get_traced_memory()
+        into = (current - base, peak - base)
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(10):
+            rb.sample(32)
+        _, sample_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Nothing grows or comes and goes; sample() by contrast allocates its batch.
+    assert into[0] < 1024 and into[1] < 1024, into
+    assert sample_peak - base > 32 * 4 * 3
+    assert {k: v.__array_interface__["data"][0] for k, v in out.items()} == before
+    check(out)
+
+
+def test_sample_into_refuses_arrays_it_cannot_fill():
+    rb = buffer(n=10)
+    good = out_arrays(rb, 4)
+    bad_dtype = dict(good, obs=np.empty((4, 3), np.float64))
+    with raises(TypeError):
+        rb.sample_into(bad_dtype)
+    with raises(KeyError):
+        rb.sample_into({k: v for k, v in good.items() if k != "reward"})
+    with raises(ValueError, "C-contiguous"):
+        rb.sample_into(dict(good, obs=np.empty((3, 4), np.float32).T))
+    with raises(ValueError, "share memory"):
+        rb.sample_into(dict(good, traj=good["id"]))
+    with raises(ValueError, "shape"):
+        rb.sample_into(dict(good, obs=np.empty((4, 2), np.float32)))
+    assert rb.sample_into(good) == 4
+
+
+# Priorities ---------------------------------------------------------------------------
+
+
+def test_stale_priority_updates_are_dropped_and_counted():
+    rb = buffer(capacity=4, n=4, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.4))
+    rb.update_priority(np.arange(4), [1.0, 1.0, 1.0, 1.0])
+    batch = rb.sample(1)
+    (i,) = batch["index"]
+    rb.extend(data(np.arange(4, 8)))  # every row replaced: the sampled one too
+    assert rb.update_priority(batch["index"], [5.0], batch["generation"]) == (0, 1)
+    assert rb.priority(i) != 5.0
+    # With the row's current generation the update applies; without one, it goes to
+    # whatever row is at the index now (TorchRL's behaviour).
+    now = rb.get(batch["index"])["generation"]
+    assert rb.update_priority(batch["index"], [5.0], now) == (1, 0)
+    assert rb.update_priority(batch["index"], [6.0]) == (1, 0) and rb.priority(i) == 6.0
+
+
+# Bad input changes nothing ------------------------------------------------------------
+
+
+def state(rb):
+    rows = rb.read_all_in_order()
+    prio = [rb.priority(int(i)) for i in rows["index"]] if rb.prioritized else None
+    return len(rb), rb.write_count, {str(k): v.tolist() for k, v in rows.items()}, prio
+
+
+def wrong(**changes):
+    batch = data(np.arange(100, 104))
+    for key, value in changes.items():
+        if value is None:
+            del batch[key]
+        else:
+            batch[key] = value
+    return batch
+
+
+BAD_EXTENDS = [
+    ("dtype", TypeError, wrong(obs=np.zeros((4, 3), np.float64))),
+    ("dtype of id", TypeError, wrong(id=np.arange(4, dtype=np.int32))),
+    ("shape", ValueError, wrong(obs=np.zeros((4, 2), np.float32))),
+    ("batch shape", ValueError, wrong(reward=np.zeros(5, np.float32))),
+    ("non-contiguous", ValueError, wrong(obs=np.zeros((3, 4), np.float32).T)),
+    ("missing key", KeyError, wrong(reward=None)),
+    ("unknown key", KeyError, dict(wrong(), extra=np.zeros(4))),
+    ("not a dict", TypeError, [1, 2, 3]),
+]
+
+
+@pytest.mark.parametrize("what,builtin,batch", BAD_EXTENDS, ids=[b[0] for b in BAD_EXTENDS])
+def test_a_bad_extend_changes_nothing(what, builtin, batch):
+    rb = buffer(capacity=8, n=6, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
+    before = state(rb)
+    with raises(builtin):
+        rb.extend(batch)
+    assert state(rb) == before
+    # Not even the cursor moved: the next rows go where they would have gone.
+    assert rb.extend(data([6, 7])).tolist() == [6, 7]
+
+
+@pytest.mark.parametrize(
+    "priority",
+    [[float("nan")], [-1.0], [float("inf")], [1.0, float("nan")]],
+    ids=["nan", "negative", "inf", "one of two"],
+)
+def test_bad_priorities_change_nothing(priority):
+    rb = buffer(capacity=8, n=6, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
+    rb.update_priority(np.arange(6), np.arange(6) + 1.0)
+    before = state(rb)
+    with raises(ValueError, "finite"):
+        rb.update_priority(np.arange(len(priority)), priority)
+    assert state(rb) == before
+
+
+def test_bad_updates_change_nothing():
+    rb = buffer(capacity=8, n=6, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
+    before = state(rb)
+    with raises(ValueError, "line up"):
+        rb.update_priority([0, 1], [1.0])
+    with raises(IndexError):
+        rb.update_priority([99], [1.0], [0])
+    with raises(IndexError):
+        rb.get(99)
+    assert state(rb) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs,builtin",
+    [
+        (dict(capacity=0), ValueError),
+        (dict(shards=3), ValueError),
+        (dict(spec={"x": ("complex64", ())}), TypeError),
+        (dict(sampler="uniform"), TypeError),
+        (dict(sampler={"kind": "nonsense"}), ValueError),
+        (dict(ndim=2), ValueError),
+    ],
+    ids=[
+        "zero capacity",
+        "shards not a power of 2",
+        "bad dtype",
+        "bad sampler",
+        "no sampler",
+        "ndim2 without envs",
+    ],
+)
+def test_bad_settings_are_refused(kwargs, builtin):
+    kwargs = dict(dict(capacity=8, spec=SPEC), **kwargs)
+    with raises(builtin):
+        ReplayBuffer(kwargs.pop("capacity"), **kwargs)
+
+
+@pytest.mark.parametrize("damage", ["truncate rows", "flip a byte", "garbage meta", "missing file"])
+def test_a_corrupted_checkpoint_changes_nothing(tmp_path, damage):
+    rb = buffer(capacity=16, n=12, seed=4)
+    rb.dumps(tmp_path / "c")
+    files = {p.name: p for p in (tmp_path / "c").iterdir()}
+    slots = next(p for name, p in files.items() if name.startswith("slots"))
+    raw = slots.read_bytes()
+    if damage == "truncate rows":
+        slots.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip a byte":
+        slots.write_bytes(raw[:100] + bytes([raw[100] ^ 0xFF]) + raw[101:])
+    elif damage == "garbage meta":
+        (tmp_path / "c" / "meta.json").write_text("{not json")
+    else:
+        slots.unlink()
+    target = buffer(capacity=16, n=3, seed=4)
+    before = state(target)
+    with raises(OSError):
+        target.loads(tmp_path / "c")
+    assert state(target) == before
+    target.extend(data([3]))
+    with raises(OSError):
+        ReplayBuffer.from_checkpoint(tmp_path / "c")
+    with raises(OSError):
+        ReplayBuffer.open_dataset(tmp_path / "c")
+
+
+def test_a_checkpoint_meta_of_another_version_is_refused(tmp_path):
+    rb = buffer(n=5)
+    rb.dumps(tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    meta["version"] = meta["version"] + 100
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    with raises(OSError):
+        ReplayBuffer.from_checkpoint(tmp_path / "c")
+    shutil.rmtree(tmp_path / "c")
+    with raises(OSError, "no buffer there"):
+        ReplayBuffer.from_checkpoint(tmp_path / "c")
+
+
+def test_every_exception_class_is_a_replaybuffer_error_and_its_builtin():
+    pairs = [
+        (replaybuf.ReplayBufferValueError, ValueError),
+        (replaybuf.ReplayBufferTypeError, TypeError),
+        (replaybuf.ReplayBufferIndexError, IndexError),
+        (replaybuf.ReplayBufferKeyError, KeyError),
+        (replaybuf.ReplayBufferOSError, OSError),
+        (replaybuf.EpochEnd, StopIteration),
+    ]
+    for cls, builtin in pairs:
+        assert issubclass(cls, ReplayBufferError) and issubclass(cls, builtin)
+        assert cls.__module__ == "replaybuf"
