@@ -192,9 +192,9 @@ class ReplayBuffer:
         self._envs = 1
         self._device: Optional[torch.device] = None
         self._build_lock = threading.Lock()
-        # (index as handed out, its rows' generations) of the latest sample: one
-        # attribute, so a thread never pairs one sample's index with another's rows.
-        self._last: Optional[Tuple[Any, np.ndarray]] = None
+        # The latest sample's (index as handed out, engine positions, generations):
+        # one attribute, so a thread never pairs one sample's index with another's.
+        self._last: Optional[Tuple[Any, np.ndarray, np.ndarray]] = None
         # write_count kept across `empty(empty_write_count=False)`.
         self._write_count_base = 0
         self._storage._rb = self
@@ -403,7 +403,7 @@ class ReplayBuffer:
     def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
         out = self._draw(n, retry)
         info = self._plan.info(out, stacked=False)
-        self._last = (info["index"], out["generation"])
+        self._last = (info["index"], out["index"], out["generation"])
         data = self._layout.rows(out, (len(out["index"]),), CPU)
         data = self._deliver(self._collate_and_transform(data))
         if self._device is not None:
@@ -452,22 +452,21 @@ class ReplayBuffer:
             a = a[..., 0]
         return a.reshape(-1)
 
-    def _generation_of(self, index: Any) -> Optional[np.ndarray]:
-        """The generations of the latest sample's rows, when ``index`` is its index
-        (the same tensor, or one sharing its memory and shape)."""
+    def _latest_rows(self, index: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """The engine positions and generations of the latest sample's rows, when
+        ``index`` is that sample's index (the same tensor, or one sharing its memory
+        and shape)."""
         last = self._last
         if last is None:
             return None
         mine = last[0]
-        if index is mine:
-            return last[1]
-        if (
+        if index is mine or (
             isinstance(index, torch.Tensor)
             and isinstance(mine, torch.Tensor)
             and index.shape == mine.shape
             and index.data_ptr() == mine.data_ptr()
         ):
-            return last[1]
+            return last[1], last[2]
         return None
 
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -477,24 +476,30 @@ class ReplayBuffer:
         native = self._native
         if native is None or not self._sampler.prioritized:
             return
-        generation = self._generation_of(index)
-        if isinstance(index, tuple):
-            index = torch.stack([torch.as_tensor(i) for i in index], -1)
-        positions = self._positions(index)
+        latest = self._latest_rows(index)
+        if latest is not None:
+            positions, generation = latest
+        else:
+            if isinstance(index, tuple):
+                index = torch.stack([torch.as_tensor(i) for i in index], -1)
+            positions, generation = self._positions(index), None
         n = positions.size
         if isinstance(priority, torch.Tensor):
+            if not priority.is_floating_point() or priority.dtype is torch.bfloat16:
+                priority = priority.double()
             priority = priority.detach().cpu().numpy()
-        priority = np.asarray(priority, dtype=np.float64)
+        else:
+            priority = np.asarray(priority, dtype=np.float64)
         if priority.size == 1 and n != 1:
             priority = np.full(n, float(priority.reshape(-1)[0]))
-        else:
+        elif priority.ndim != 1:
             priority = priority.reshape(n, -1)
-        written = positions >= 0
-        if not written.all():
-            positions, priority = positions[written], priority[written]
-            if generation is not None:
-                generation = generation[written]
-        native.update_priority(positions.view(np.uint64), priority, generation)
+        if generation is None:
+            written = positions >= 0  # -1: a row a max-value writer did not write
+            if not written.all():
+                positions, priority = positions[written], priority[written]
+            positions = positions.view(np.uint64)
+        native.update_priority(positions, priority, generation)
 
     # ----------------------------------------------------------------- reading
 

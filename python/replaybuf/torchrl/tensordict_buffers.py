@@ -97,7 +97,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
         out = self._draw(n, retry)
         info = self._plan.info(out, stacked=True)
-        self._last = (info["index"], out["generation"])
+        self._last = (info["index"], out["index"], out["generation"])
         rows = (len(out["index"]),)
         if self._collate_fn is None and not self._transform_modules:
             data = self._layout.rows(out, rows, CPU, info, self._plan.nested_info)
