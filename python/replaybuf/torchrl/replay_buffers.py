@@ -11,10 +11,7 @@ copy.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -32,7 +29,8 @@ from torchrl.envs.transforms.transforms import (
 from .._native import EpochEnd
 from .._native import ReplayBuffer as NativeReplayBuffer
 from . import _checkpoint
-from ._layout import Layout, TensorDictLayout, TreeLayout
+from ._engine import LazyEngine
+from ._layout import Layout
 from ._sample_info import SamplePlan
 from .samplers import PrioritizedSampler, RandomSampler, Sampler
 from .storages import LazyTensorStorage, Storage, TensorStorage
@@ -90,13 +88,7 @@ def _each_tensor(data: Any, fn: Callable[[Any], Any]) -> Any:
     return _pytree.tree_map(fn, data)
 
 
-def _layout_of(data: Any, batch_dims: int, skip: Tuple[Any, ...]) -> Layout:
-    if is_tensor_collection(data):
-        return TensorDictLayout.of(data, batch_dims, skip=skip)
-    return TreeLayout.of(data, batch_dims)
-
-
-class ReplayBuffer:
+class ReplayBuffer(LazyEngine):
     """A replay buffer with TorchRL's interface (``torchrl.data.ReplayBuffer``).
 
     Keyword Args:
@@ -200,91 +192,6 @@ class ReplayBuffer:
         self._storage._rb = self
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
-
-    # ----------------------------------------------------------------- building
-
-    def _seed(self) -> int:
-        if self._generator is not None:
-            return self._generator.initial_seed() % 2**64
-        return int(torch.randint(0, 2**62, (), dtype=torch.int64))
-
-    def _envs_of(self, data: Any) -> int:
-        """Environments of an ndim-2 batch (``[envs, time]`` when extending along
-        dimension 1, else ``[time, envs]``)."""
-        if self._storage.ndim == 1:
-            return 1
-        if is_tensor_collection(data):
-            shape = tuple(data.batch_size)
-        else:
-            shape = tuple(torch.as_tensor(_pytree.tree_leaves(data)[0]).shape)
-        return shape[0] if self._dim_extend == 1 else shape[1]
-
-    def _ensure_built(self, data: Any, batch_dims: int) -> None:
-        """Makes the engine buffer from the first data written (once)."""
-        with self._build_lock:
-            if self._layout is None:
-                layout = _layout_of(data, batch_dims, self._skip_keys)
-                device = self._storage._output_device(data)
-                self._install(self._make_native(layout, self._envs_of(data)), device)
-
-    def _ensure_native_for(self, layout: Layout, envs: int) -> None:
-        """Makes the engine buffer for a known layout (a checkpoint's), if none yet."""
-        with self._build_lock:
-            if self._layout is None:
-                native = self._make_native(layout, envs)
-                self._install(native, self._storage._output_device(None))
-
-    def _make_native(
-        self, layout: Layout, envs: int, write_policy: Any = None, files: bool = True
-    ) -> NativeReplayBuffer:
-        storage = self._storage
-        kwargs: Dict[str, Any] = {
-            "spec": layout.spec(),
-            "sampler": self._sampler._describe_for([f.key for f in layout.fields]),
-            "write_policy": write_policy or self._writer._describe(),
-            "seed": self._seed(),
-        }
-        capacity = storage.max_size
-        if storage.ndim == 2:
-            capacity = -(capacity // -envs) * envs
-            kwargs.update(ndim=2, envs=envs, dim_extend=self._dim_extend)
-        if files:
-            kwargs.update(storage._native_kwargs())
-        native = NativeReplayBuffer(capacity, **kwargs)
-        self._layout, self._envs = layout, envs
-        return native
-
-    def _install(self, native: NativeReplayBuffer, device: Optional[torch.device]) -> None:
-        self._device = device
-        self._plan = SamplePlan(
-            self._sampler, self._layout, self._envs if self._storage.ndim == 2 else 0
-        )
-        self._native = native
-        self._sampler._native = native
-
-    def _fill(self, data: Any) -> None:
-        """Writes a :class:`TensorStorage`'s initial rows (its dataset)."""
-        if not isinstance(self._writer, ImmutableDatasetWriter):
-            self._extend(data)
-            return
-        # An engine dataset is opened from a checkpoint: the rows go into a
-        # round-robin buffer, which is saved and opened read-only (its files stay
-        # mapped while this buffer lives).
-        with self._build_lock:
-            layout = _layout_of(data, self._storage.ndim, self._skip_keys)
-            staging = self._make_native(
-                layout,
-                self._envs_of(data),
-                write_policy=RoundRobinWriter()._describe(),
-                files=False,
-            )
-            staging.extend(layout.arrays(data))
-            directory = tempfile.mkdtemp(prefix="replaybuf-dataset-")
-            staging.dumps(directory)
-            weakref.finalize(self, shutil.rmtree, directory, True)
-            self._install(
-                NativeReplayBuffer.open_dataset(directory), self._storage._output_device(data)
-            )
 
     # ----------------------------------------------------------------- writing
 
@@ -604,16 +511,6 @@ class ReplayBuffer:
         self._write_count_base = kept
         self._last = None
         self._sampler.ran_out = False
-
-    def _renew_native(self) -> None:
-        """Replaces the engine buffer by an empty one of the same fields: TorchRL's
-        ``empty`` also puts the write cursor back at 0, which the engine's ``clear``
-        does not."""
-        layout, envs, device = self._layout, self._envs, self._device
-        # Dropping the only references closes the engine buffer (and its files).
-        self._native = self._sampler._native = None
-        self._storage._release()
-        self._install(self._make_native(layout, envs), device)
 
     # ----------------------------------------------------------------- transforms
 

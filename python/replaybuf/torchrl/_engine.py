@@ -1,0 +1,129 @@
+"""The engine buffer behind a face buffer, made lazily.
+
+A face buffer is configuration until data arrives: the first write (or a checkpoint's
+layout, on ``loads``) fixes the fields, and the engine buffer is made from them and
+from the storage (capacity, ``ndim``, files), the sampler and the writer. This module
+holds that step, shared by every buffer class; the buffer's constructor sets the
+attributes it reads (``_storage``, ``_sampler``, ``_writer``, ``_dim_extend``,
+``_generator``, ``_skip_keys``, ``_build_lock``) and the ones it sets (``_native``,
+``_layout``, ``_plan``, ``_envs``, ``_device``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from tensordict import is_tensor_collection
+from torch.utils import _pytree
+
+from .._native import ReplayBuffer as NativeReplayBuffer
+from ._layout import Layout, TensorDictLayout, TreeLayout
+from ._sample_info import SamplePlan
+from .writers import ImmutableDatasetWriter, RoundRobinWriter
+
+
+def _layout_of(data: Any, batch_dims: int, skip: Tuple[Any, ...]) -> Layout:
+    if is_tensor_collection(data):
+        return TensorDictLayout.of(data, batch_dims, skip=skip)
+    return TreeLayout.of(data, batch_dims)
+
+
+class LazyEngine:
+    """Makes, fills and renews a buffer's engine buffer."""
+
+    def _seed(self) -> int:
+        if self._generator is not None:
+            return self._generator.initial_seed() % 2**64
+        return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+
+    def _envs_of(self, data: Any) -> int:
+        """Environments of an ndim-2 batch (``[envs, time]`` when extending along
+        dimension 1, else ``[time, envs]``)."""
+        if self._storage.ndim == 1:
+            return 1
+        if is_tensor_collection(data):
+            shape = tuple(data.batch_size)
+        else:
+            shape = tuple(torch.as_tensor(_pytree.tree_leaves(data)[0]).shape)
+        return shape[0] if self._dim_extend == 1 else shape[1]
+
+    def _ensure_built(self, data: Any, batch_dims: int) -> None:
+        """Makes the engine buffer from the first data written (once)."""
+        with self._build_lock:
+            if self._layout is None:
+                layout = _layout_of(data, batch_dims, self._skip_keys)
+                device = self._storage._output_device(data)
+                self._install(self._make_native(layout, self._envs_of(data)), device)
+
+    def _ensure_native_for(self, layout: Layout, envs: int) -> None:
+        """Makes the engine buffer for a known layout (a checkpoint's), if none yet."""
+        with self._build_lock:
+            if self._layout is None:
+                native = self._make_native(layout, envs)
+                self._install(native, self._storage._output_device(None))
+
+    def _make_native(
+        self, layout: Layout, envs: int, write_policy: Any = None, files: bool = True
+    ) -> NativeReplayBuffer:
+        storage = self._storage
+        kwargs: Dict[str, Any] = {
+            "spec": layout.spec(),
+            "sampler": self._sampler._describe_for([f.key for f in layout.fields]),
+            "write_policy": write_policy or self._writer._describe(),
+            "seed": self._seed(),
+        }
+        capacity = storage.max_size
+        if storage.ndim == 2:
+            capacity = -(capacity // -envs) * envs
+            kwargs.update(ndim=2, envs=envs, dim_extend=self._dim_extend)
+        if files:
+            kwargs.update(storage._native_kwargs())
+        native = NativeReplayBuffer(capacity, **kwargs)
+        self._layout, self._envs = layout, envs
+        return native
+
+    def _install(self, native: NativeReplayBuffer, device: Optional[torch.device]) -> None:
+        self._device = device
+        self._plan = SamplePlan(
+            self._sampler, self._layout, self._envs if self._storage.ndim == 2 else 0
+        )
+        self._native = native
+        self._sampler._native = native
+
+    def _fill(self, data: Any) -> None:
+        """Writes a :class:`TensorStorage`'s initial rows (its dataset)."""
+        if not isinstance(self._writer, ImmutableDatasetWriter):
+            self._extend(data)
+            return
+        # An engine dataset is opened from a checkpoint: the rows go into a
+        # round-robin buffer, which is saved and opened read-only (its files stay
+        # mapped while this buffer lives).
+        with self._build_lock:
+            layout = _layout_of(data, self._storage.ndim, self._skip_keys)
+            staging = self._make_native(
+                layout,
+                self._envs_of(data),
+                write_policy=RoundRobinWriter()._describe(),
+                files=False,
+            )
+            staging.extend(layout.arrays(data))
+            directory = tempfile.mkdtemp(prefix="replaybuf-dataset-")
+            staging.dumps(directory)
+            weakref.finalize(self, shutil.rmtree, directory, True)
+            self._install(
+                NativeReplayBuffer.open_dataset(directory), self._storage._output_device(data)
+            )
+
+    def _renew_native(self) -> None:
+        """Replaces the engine buffer by an empty one of the same fields: TorchRL's
+        ``empty`` also puts the write cursor back at 0, which the engine's ``clear``
+        does not."""
+        layout, envs, device = self._layout, self._envs, self._device
+        # Dropping the only references closes the engine buffer (and its files).
+        self._native = self._sampler._native = None
+        self._storage._release()
+        self._install(self._make_native(layout, envs), device)
