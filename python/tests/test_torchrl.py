@@ -293,6 +293,17 @@ def test_without_replacement_drop_last(rl):
     assert [len(rb.sample()) for _ in range(5)] == [4] * 5
 
 
+def test_without_replacement_drop_last_needs_a_full_batch(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10),
+        sampler=rl.SamplerWithoutReplacement(drop_last=True),
+        batch_size=4,
+    )
+    rb.extend(transitions(3))
+    with pytest.raises(ValueError):
+        rb.sample()
+
+
 def test_without_replacement_in_storage_order(rl):
     rb = rl.TensorDictReplayBuffer(
         storage=rl.LazyTensorStorage(10),
@@ -473,6 +484,19 @@ def test_slice_sampler_by_end_key_and_num_slices(rl):
     rb.extend(trajectories([8, 9, 10, 11]))
     for _ in range(5):
         assert_windows(rb.sample(), 5, 6)
+
+
+def test_slice_sampler_refuses_when_no_trajectory_is_long_enough(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(50),
+        sampler=rl.SliceSampler(slice_len=5, traj_key="episode"),
+        batch_size=10,
+    )
+    rb.extend(trajectories([3, 4]))
+    with pytest.raises(RuntimeError):
+        rb.sample()
+    with pytest.raises(RuntimeError, match="empty"):
+        rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(5)).sample(2)
 
 
 def test_slice_sampler_marks_stored_is_init_at_slice_starts(rl):

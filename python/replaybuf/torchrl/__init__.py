@@ -49,7 +49,11 @@ Differences from TorchRL, on purpose
   files as bytes.
 - **Errors** are replaybuf's (``ReplayBufferError`` subclasses of ``ValueError``,
   ``TypeError``, ``KeyError``, ``IndexError``) where the engine refuses data, e.g. a
-  dtype that differs from the stored field's (TorchRL raises ``RuntimeError``).
+  dtype that differs from the stored field's (TorchRL raises ``RuntimeError``). A
+  sample the engine cannot draw raises an error that is both a ``ValueError`` and a
+  ``RuntimeError``, so either ``except`` clause catches it.
+- ``update_tensordict_priority`` on a TensorDict without the priority key changes
+  nothing (TorchRL resets those rows to the default priority).
 
 Not offered: ``ListStorage`` (arbitrary Python objects), ``shared=True`` (use
 ``replaybuf.ReplayBuffer(shared=...)``), ``checkpointer=``, ``consume_after_n_samples``,

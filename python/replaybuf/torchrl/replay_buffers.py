@@ -26,7 +26,7 @@ from torchrl.envs.transforms.transforms import (
     _InvertTransform,
 )
 
-from .._native import EpochEnd
+from .._native import EpochEnd, ReplayBufferValueError
 from .._native import ReplayBuffer as NativeReplayBuffer
 from . import _checkpoint
 from ._engine import LazyEngine
@@ -41,6 +41,12 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer"]
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _NOT_WRITTEN = 2**64 - 1
 CPU = torch.device("cpu")
+
+
+class SampleRefusedError(ReplayBufferValueError, RuntimeError):
+    """The engine cannot draw the batch asked for (no trajectory long enough for a
+    slice, fewer rows than a batch without replacement): a ``ValueError`` as replaybuf
+    raises it, and a ``RuntimeError`` as TorchRL's samplers mostly do."""
 
 
 def component(value: Any, default: Callable[[], Any], base: type, what: str) -> Any:
@@ -284,11 +290,14 @@ class ReplayBuffer(LazyEngine):
         if native is None or len(native) == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         try:
-            out = native.sample(n)
-        except EpochEnd:
-            if not retry:
-                raise
-            out = native.sample(n)
+            try:
+                out = native.sample(n)
+            except EpochEnd:
+                if not retry:
+                    raise
+                out = native.sample(n)
+        except ReplayBufferValueError as e:
+            raise SampleRefusedError(str(e)) from e
         return self._plan.drop_padding(out)
 
     def _collate_and_transform(self, data: Any) -> Any:
