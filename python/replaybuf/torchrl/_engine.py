@@ -54,17 +54,29 @@ class LazyEngine:
     def _ensure_built(self, data: Any, batch_dims: int) -> None:
         """Makes the engine buffer from the first data written (once)."""
         with self._build_lock:
-            if self._layout is None:
+            if self._native is None:
                 layout = _layout_of(data, batch_dims, self._skip_keys)
-                device = self._storage._output_device(data)
-                self._install(self._make_native(layout, self._envs_of(data)), device)
+                envs = self._envs_of(data)
+                native = self._make_native(layout, envs)
+                self._install(native, layout, envs, self._storage._output_device(data))
+
+    def _native_to_write(self, data: Any, batch_dims: int) -> NativeReplayBuffer:
+        """The engine buffer that takes ``data`` (made from it if there is none yet;
+        refused for a read-only dataset)."""
+        if isinstance(self._writer, ImmutableDatasetWriter):
+            raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
+        native = self._native
+        if native is None:
+            self._ensure_built(data, batch_dims)
+            native = self._native
+        return native
 
     def _ensure_native_for(self, layout: Layout, envs: int) -> None:
         """Makes the engine buffer for a known layout (a checkpoint's), if none yet."""
         with self._build_lock:
-            if self._layout is None:
+            if self._native is None:
                 native = self._make_native(layout, envs)
-                self._install(native, self._storage._output_device(None))
+                self._install(native, layout, envs, self._storage._output_device(None))
 
     def _make_native(
         self, layout: Layout, envs: int, write_policy: Any = None, files: bool = True
@@ -82,15 +94,19 @@ class LazyEngine:
             kwargs.update(ndim=2, envs=envs, dim_extend=self._dim_extend)
         if files:
             kwargs.update(storage._native_kwargs())
-        native = NativeReplayBuffer(capacity, **kwargs)
-        self._layout, self._envs = layout, envs
-        return native
+        return NativeReplayBuffer(capacity, **kwargs)
 
-    def _install(self, native: NativeReplayBuffer, device: Optional[torch.device]) -> None:
-        self._device = device
-        self._plan = SamplePlan(
-            self._sampler, self._layout, self._envs if self._storage.ndim == 2 else 0
-        )
+    def _install(
+        self,
+        native: NativeReplayBuffer,
+        layout: Layout,
+        envs: int,
+        device: Optional[torch.device],
+    ) -> None:
+        """Puts ``native`` in service; ``_native`` is set last, so a thread that
+        finds it set finds everything else set too."""
+        self._layout, self._envs, self._device = layout, envs, device
+        self._plan = SamplePlan(self._sampler, layout, envs if self._storage.ndim == 2 else 0)
         self._native = native
         self._sampler._native = native
 
@@ -104,19 +120,15 @@ class LazyEngine:
         # mapped while this buffer lives).
         with self._build_lock:
             layout = _layout_of(data, self._storage.ndim, self._skip_keys)
-            staging = self._make_native(
-                layout,
-                self._envs_of(data),
-                write_policy=RoundRobinWriter()._describe(),
-                files=False,
-            )
+            envs = self._envs_of(data)
+            round_robin = RoundRobinWriter()._describe()
+            staging = self._make_native(layout, envs, write_policy=round_robin, files=False)
             staging.extend(layout.arrays(data))
             directory = tempfile.mkdtemp(prefix="replaybuf-dataset-")
             staging.dumps(directory)
             weakref.finalize(self, shutil.rmtree, directory, True)
-            self._install(
-                NativeReplayBuffer.open_dataset(directory), self._storage._output_device(data)
-            )
+            dataset = NativeReplayBuffer.open_dataset(directory)
+            self._install(dataset, layout, envs, self._storage._output_device(data))
 
     def _renew_native(self) -> None:
         """Replaces the engine buffer by an empty one of the same fields: TorchRL's
@@ -126,4 +138,4 @@ class LazyEngine:
         # Dropping the only references closes the engine buffer (and its files).
         self._native = self._sampler._native = None
         self._storage._release()
-        self._install(self._make_native(layout, envs), device)
+        self._install(self._make_native(layout, envs), layout, envs, device)

@@ -211,11 +211,7 @@ class ReplayBuffer(LazyEngine):
         ndim = self._storage.ndim
         if ndim == 1 and self._dim_extend > 0:
             data = self._transpose(data)
-        if self._layout is None:
-            self._ensure_built(data, ndim)
-        if isinstance(self._writer, ImmutableDatasetWriter):
-            raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
-        return self._native.extend(self._layout.arrays(data))
+        return self._native_to_write(data, ndim).extend(self._layout.arrays(data))
 
     def _index_of_written(self, written: np.ndarray) -> torch.Tensor:
         """TorchRL's index of written rows: flat (-1 where not written), or
@@ -248,11 +244,7 @@ class ReplayBuffer(LazyEngine):
     def _add(self, data: Any) -> int:
         if self._storage.ndim != 1:
             raise NotImplementedError("add() needs a storage of ndim 1; use extend()")
-        if self._layout is None:
-            self._ensure_built(data, 0)
-        if isinstance(self._writer, ImmutableDatasetWriter):
-            raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
-        index = self._native.add(self._layout.arrays(data))
+        index = self._native_to_write(data, 0).add(self._layout.arrays(data))
         return -1 if index == _NOT_WRITTEN else index
 
     def add(self, data: Any) -> int:
@@ -503,11 +495,7 @@ class ReplayBuffer(LazyEngine):
         if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform.inv(data)
-        if isinstance(self._writer, ImmutableDatasetWriter):
-            raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
-        if self._layout is None:
-            self._ensure_built(data, 1)
-        self._native.write_all(self._layout.arrays(data), end)
+        self._native_to_write(data, 1).write_all(self._layout.arrays(data), end)
 
     def empty(self, empty_write_count: bool = True) -> None:
         """Drops every row; ``write_count`` too unless ``empty_write_count=False``."""
