@@ -9,7 +9,12 @@ nothing else in the script changes.
 
 It trains until the mean return of the last 20 episodes reaches ``--target`` (195,
 CartPole-v0's "solved" line; v1 episodes run to 500) or ``--frames`` environment steps
-are spent, and prints the score, the frames and the time taken.
+are spent, and prints the score, the frames and the time taken; it exits 1 if the
+target was not reached. On the 2-core development machine, seeds 0 to 3 reached 195
+after 8,800 to 11,792 frames (16 to 27 s) with replaybuf's buffer and after 9,744 to
+39,920 frames (21 to 94 s) with TorchRL's; ``--target 475`` (v1's line) took 66,624
+frames (seed 0, 128 s) with replaybuf's and 66,256 with TorchRL's. The two buffers
+draw different rows, so runs of one seed differ between them.
 
     python examples/python/torchrl_dqn.py                      # replaybuf's buffer
     python examples/python/torchrl_dqn.py --buffer torchrl     # TorchRL's, for comparison
@@ -44,7 +49,7 @@ else:
 
 FRAMES_PER_BATCH = 16  # environment steps between learning phases
 UPDATES_PER_BATCH = 4  # gradient steps per learning phase
-WARMUP_FRAMES = 1_000  # random steps before learning starts
+WARMUP_FRAMES = 1_024  # random steps before learning starts (a multiple of FRAMES_PER_BATCH)
 BUFFER_SIZE = 50_000
 BATCH_SIZE = 128
 GAMMA = 0.99
