@@ -635,6 +635,25 @@ def test_ndim2_storage(rl):
     assert torch.all((s["obs"].long() % 100) % 3 == s["index"][:, 0])
 
 
+def test_slices_of_an_ndim2_storage_stay_in_one_env(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(40, ndim=2),
+        sampler=rl.SliceSampler(slice_len=4, end_key=("next", "done")),
+        batch_size=16,
+    )
+    env = torch.arange(4)[:, None].expand(4, 10).clone()
+    t = torch.arange(10)[None, :].expand(4, 10).clone()
+    rb.extend(TensorDict({"env": env, "t": t, ("next", "done"): (t % 5 == 4)[..., None]}, [4, 10]))
+    for _ in range(5):
+        s = rb.sample()
+        assert s["index"].shape == (16, 2)
+        assert torch.equal(s["index"][:, 1], s["env"])
+        env_of, t_of = s["env"].view(4, 4), s["t"].view(4, 4)
+        assert torch.all(env_of == env_of[:, :1])
+        assert torch.all(t_of[:, 1:] - t_of[:, :-1] == 1)
+        assert torch.all(t_of // 5 == t_of[:, :1] // 5)  # within one trajectory
+
+
 def test_memmap_storage_keeps_rows_in_its_directory(rl, tmp_path):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(50, scratch_dir=tmp_path / "rows"))
     rb.extend(transitions(30))
