@@ -13,8 +13,8 @@ are spent, and prints the score, the frames and the time taken; it exits 1 if th
 target was not reached. On the 2-core development machine, seeds 0 to 3 reached 195
 after 8,800 to 11,792 frames (16 to 27 s) with replaybuf's buffer and after 9,744 to
 39,920 frames (21 to 94 s) with TorchRL's; ``--target 475`` (v1's line) took 66,624
-frames (seed 0, 128 s) with replaybuf's and 66,256 with TorchRL's. The two buffers
-draw different rows, so runs of one seed differ between them.
+frames (seed 0, 128 s) with replaybuf's and 73,520 (130 s) with TorchRL's. The two
+buffers draw different rows, so runs of one seed differ between them.
 
     python examples/python/torchrl_dqn.py                      # replaybuf's buffer
     python examples/python/torchrl_dqn.py --buffer torchrl     # TorchRL's, for comparison
