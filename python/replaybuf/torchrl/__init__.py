@@ -60,8 +60,10 @@ Not offered: ``ListStorage`` (arbitrary Python objects), ``shared=True`` (use
 ``sample_unit``, ensembles, and the slice samplers' ``end_keys``, ``ends``,
 ``trajectories``, ``fragmented`` and ``pad_output``. ``prefetch``, ``compilable``,
 ``delayed_init``, ``cache_values``, ``use_gpu`` and ``compile`` are accepted and have
-nothing to do. ``ImmutableDatasetWriter`` needs a :class:`TensorStorage` built from
-the dataset's rows.
+nothing to do; so have a ``PrioritizedSampler``'s ``max_capacity`` and ``dtype`` (its
+tree covers the storage, in float64). ``ImmutableDatasetWriter`` needs a
+:class:`TensorStorage` built from the dataset's rows. On an ``ndim=2`` storage,
+``rb[:]`` reads every step; ``add``, ``write_all`` and other indexing need ``ndim=1``.
 """
 
 from torchrl.collectors.utils import split_trajectories
