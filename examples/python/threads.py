@@ -1,6 +1,6 @@
 """Collector threads extend one replay buffer while learner threads sample it.
 
-Each collector thread steps its own pendulums (``pendulum.py``, Gymnasium's
+Each collector thread steps its own pendulums (``pendulum_sim.py``, Gymnasium's
 Pendulum-v1 dynamics in numpy) and extends the buffer with a chunk of transitions at a
 time; each learner thread samples batches and recomputes every sampled transition from
 the simulator, counting any row that is not one whole transition (torn). The buffer is
@@ -19,73 +19,77 @@ import argparse
 import threading
 import time
 
-import numpy as np
-
 import replaybuf
-from pendulum import SPEC, Pendulums, torn_rows
+from pendulum_sim import SPEC, collect, learn
+
+
+def parse_args(what: str, learners: int) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to run")
+    p.add_argument("--collectors", type=int, default=2, help=f"collector {what}")
+    p.add_argument("--learners", type=int, default=learners, help="learner threads")
+    p.add_argument("--capacity", type=int, default=100_000, help="rows the buffer holds")
+    p.add_argument("--envs", type=int, default=50, help="pendulums per collector")
+    p.add_argument("--steps", type=int, default=20, help="steps per chunk (envs * steps rows)")
+    p.add_argument("--batch", type=int, default=256, help="rows per sample")
+    return p.parse_args()
+
+
+def report(args, written: int, sampled: int, torn: int, elapsed: float) -> int:
+    """Prints the totals and the torn rows; the exit status (0: none torn)."""
+    print(
+        f"{args.collectors} collector(s), {args.learners} learner(s), {elapsed:.1f}s: "
+        f"{written:,} transitions written ({written / elapsed:,.0f}/s), "
+        f"{sampled:,} rows sampled and checked ({sampled / elapsed:,.0f}/s)"
+    )
+    print(f"torn rows: {torn} of {sampled:,} checked")
+    if sampled == 0:
+        print("no row was sampled: nothing was checked")
+        return 1
+    return 1 if torn else 0
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=10.0, help="how long the collectors and learners run")
-    p.add_argument("--collectors", type=int, default=2, help="collector threads")
-    p.add_argument("--learners", type=int, default=2, help="learner threads")
-    p.add_argument("--capacity", type=int, default=100_000, help="rows the buffer holds")
-    p.add_argument("--envs", type=int, default=50, help="pendulums per collector")
-    p.add_argument("--steps", type=int, default=20, help="steps per chunk (a chunk is envs * steps rows)")
-    p.add_argument("--batch", type=int, default=256, help="rows per sample")
-    args = p.parse_args()
-
+    args = parse_args("threads", learners=2)
     # One shard per collector: no two collectors share a write cursor.
     rb = replaybuf.ReplayBuffer(args.capacity, spec=SPEC, shards=args.collectors, seed=0)
     stop = threading.Event()
-    written = [0] * args.collectors
-    sampled = [0] * args.learners
-    torn = [0] * args.learners
+    written = [[0] for _ in range(args.collectors)]
+    tallies = [[0, 0] for _ in range(args.learners)]  # rows sampled, torn
     errors: list[BaseException] = []
 
-    def collector(k: int) -> None:
+    def guarded(loop, *loop_args) -> None:
         try:
-            sim = Pendulums(k, args.envs, seed=k)
-            while not stop.is_set():
-                rows = sim.rollout(args.steps)
-                rb.extend(rows)
-                written[k] += len(rows["tag"])
+            loop(*loop_args)
         except BaseException as e:  # reported by the main thread
             errors.append(e)
             stop.set()
 
-    def learner(k: int) -> None:
-        try:
-            # A learner's arrays are allocated once and refilled by each sample.
-            out = None
-            while not stop.is_set():
-                if len(rb) < args.batch:
-                    time.sleep(0.001)
-                    continue
-                if out is None:
-                    out = rb.sample(args.batch)
-                else:
-                    rb.sample_into(out)
-                sampled[k] += len(out["tag"])
-                torn[k] += torn_rows(out, args.collectors)
-        except BaseException as e:
-            errors.append(e)
-            stop.set()
-
-    threads = [threading.Thread(target=collector, args=(k,), name=f"collector-{k}")
-               for k in range(args.collectors)]
-    threads += [threading.Thread(target=learner, args=(k,), name=f"learner-{k}")
-                for k in range(args.learners)]
+    threads = [
+        threading.Thread(
+            target=guarded, args=(collect, rb, k, args.envs, args.steps, stop, written[k])
+        )
+        for k in range(args.collectors)
+    ]
+    threads += [
+        threading.Thread(
+            target=guarded, args=(learn, rb, args.batch, args.collectors, stop, tallies[k])
+        )
+        for k in range(args.learners)
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
     last, last_written, last_sampled = start, 0, 0
     while not stop.is_set() and time.perf_counter() - start < args.seconds:
         time.sleep(min(1.0, max(0.0, args.seconds - (time.perf_counter() - start))))
-        now, w, s = time.perf_counter(), sum(written), sum(sampled)
-        print(f"{now - start:5.1f}s  written {(w - last_written) / (now - last):12,.0f}/s  "
-              f"sampled {(s - last_sampled) / (now - last):12,.0f}/s  stored {len(rb):,}", flush=True)
+        now = time.perf_counter()
+        w, s = sum(c[0] for c in written), sum(t[0] for t in tallies)
+        print(
+            f"{now - start:5.1f}s  written {(w - last_written) / (now - last):12,.0f}/s  "
+            f"sampled {(s - last_sampled) / (now - last):12,.0f}/s  stored {len(rb):,}",
+            flush=True,
+        )
         last, last_written, last_sampled = now, w, s
     stop.set()
     for t in threads:
@@ -93,16 +97,13 @@ def main() -> int:
     if errors:
         raise errors[0]
     elapsed = time.perf_counter() - start
-
-    w, s, bad = sum(written), sum(sampled), sum(torn)
-    print(f"{args.collectors} collector(s), {args.learners} learner(s), {elapsed:.1f}s: "
-          f"{w:,} transitions written ({w / elapsed:,.0f}/s), "
-          f"{s:,} rows sampled and checked ({s / elapsed:,.0f}/s)")
-    print(f"torn rows: {bad} of {s:,} checked")
-    if s == 0:
-        print("no row was sampled: nothing was checked")
-        return 1
-    return 1 if bad else 0
+    return report(
+        args,
+        sum(c[0] for c in written),
+        sum(t[0] for t in tallies),
+        sum(t[1] for t in tallies),
+        elapsed,
+    )
 
 
 if __name__ == "__main__":

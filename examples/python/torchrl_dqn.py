@@ -35,10 +35,16 @@ from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, SoftUpdate
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-p.add_argument("--buffer", choices=["replaybuf", "torchrl"], default="replaybuf",
-               help="whose TensorDictReplayBuffer and LazyTensorStorage to import")
+p.add_argument(
+    "--buffer",
+    choices=["replaybuf", "torchrl"],
+    default="replaybuf",
+    help="whose TensorDictReplayBuffer and LazyTensorStorage to import",
+)
 p.add_argument("--frames", type=int, default=100_000, help="environment steps at most")
-p.add_argument("--target", type=float, default=195.0, help="stop once the last 20 episodes average this")
+p.add_argument(
+    "--target", type=float, default=195.0, help="stop once the last 20 episodes average this"
+)
 p.add_argument("--seed", type=int, default=0)
 args = p.parse_args()
 
@@ -68,14 +74,25 @@ def make_env():
 
 env = make_env()
 env.set_seed(args.seed)
-value_net = MLP(in_features=env.observation_spec["observation"].shape[-1],
-                out_features=env.action_spec.shape[-1], num_cells=[128, 128], activation_class=nn.ReLU)
+value_net = MLP(
+    in_features=env.observation_spec["observation"].shape[-1],
+    out_features=env.action_spec.shape[-1],
+    num_cells=[128, 128],
+    activation_class=nn.ReLU,
+)
 actor = QValueActor(value_net, in_keys=["observation"], spec=env.action_spec)
-exploration = EGreedyModule(env.action_spec, eps_init=1.0, eps_end=EPS_END, annealing_num_steps=EPS_FRAMES)
+exploration = EGreedyModule(
+    env.action_spec, eps_init=1.0, eps_end=EPS_END, annealing_num_steps=EPS_FRAMES
+)
 policy = TensorDictSequential(actor, exploration)
 
-collector = Collector(env, policy, frames_per_batch=FRAMES_PER_BATCH, total_frames=args.frames,
-                      init_random_frames=WARMUP_FRAMES)
+collector = Collector(
+    env,
+    policy,
+    frames_per_batch=FRAMES_PER_BATCH,
+    total_frames=args.frames,
+    init_random_frames=WARMUP_FRAMES,
+)
 buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(BUFFER_SIZE), batch_size=BATCH_SIZE)
 
 loss_module = DQNLoss(actor, loss_function="smooth_l1", delay_value=True, double_dqn=True)
@@ -110,13 +127,19 @@ for data in collector:
         if score >= args.target:
             break
     if frames % 5_000 < FRAMES_PER_BATCH:
-        print(f"frames {frames:7,}  episodes {episodes:5,}  last-{WINDOW} mean return {score:6.1f}  "
-              f"epsilon {exploration.eps.item():.3f}  {time.perf_counter() - start:6.1f}s", flush=True)
+        print(
+            f"frames {frames:7,}  episodes {episodes:5,}  last-{WINDOW} mean return {score:6.1f}  "
+            f"epsilon {exploration.eps.item():.3f}  {time.perf_counter() - start:6.1f}s",
+            flush=True,
+        )
 collector.shutdown()
 
 elapsed = time.perf_counter() - start
 reached = score >= args.target
 print(f"buffer: {args.buffer} ({type(buffer).__module__}.{type(buffer).__qualname__})")
-print(f"{'reached' if reached else 'did not reach'} a mean return of {args.target:g} over the last {WINDOW} "
-      f"episodes: {score:.1f} after {frames:,} frames, {episodes:,} episodes, {elapsed:.0f}s")
+print(
+    f"{'reached' if reached else 'did not reach'} a mean return of {args.target:g} over the "
+    f"last {WINDOW} episodes: {score:.1f} after {frames:,} frames, {episodes:,} episodes, "
+    f"{elapsed:.0f}s"
+)
 raise SystemExit(0 if reached else 1)

@@ -22,6 +22,7 @@ FILTER keeps the jobs whose label ("replaybuf-py mujoco-slice", ...) contains it
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -33,10 +34,20 @@ R = np.random.default_rng(0)
 SEED = 7
 
 # field name -> (shape, dtype), as WORKLOADS.md gives them (TorchRL's dtypes: bool is a byte)
-MUJOCO = dict(obs=((17,), np.float32), action=((6,), np.float32), reward=((1,), np.float32),
-              next_obs=((17,), np.float32), done=((1,), np.bool_))
-ATARI = dict(obs=((4, 84, 84), np.uint8), action=((1,), np.int64), reward=((1,), np.float32),
-             next_obs=((4, 84, 84), np.uint8), done=((1,), np.bool_))
+MUJOCO = dict(
+    obs=((17,), np.float32),
+    action=((6,), np.float32),
+    reward=((1,), np.float32),
+    next_obs=((17,), np.float32),
+    done=((1,), np.bool_),
+)
+ATARI = dict(
+    obs=((4, 84, 84), np.uint8),
+    action=((1,), np.int64),
+    reward=((1,), np.float32),
+    next_obs=((4, 84, 84), np.uint8),
+    done=((1,), np.bool_),
+)
 # name -> (capacity, fields, extend chunk, sample batch)
 WL = {
     "mujoco": (200_000 if QUICK else 1_000_000, MUJOCO, 1000, 256),
@@ -57,8 +68,18 @@ def timeit(fn, n, warm=3):
 
 
 def emit(system, workload, op, sec, items):
-    print(json.dumps(dict(system=system, workload=workload, op=op,
-                          us_per_op=round(sec * 1e6, 2), items_per_s=round(items / sec))), flush=True)
+    print(
+        json.dumps(
+            dict(
+                system=system,
+                workload=workload,
+                op=op,
+                us_per_op=round(sec * 1e6, 2),
+                items_per_s=round(items / sec),
+            )
+        ),
+        flush=True,
+    )
 
 
 def chunk(fields, n):
@@ -136,21 +157,27 @@ def bench_native(name, prioritized=False, slice_=False):
 # ---------------------------------------------------------------- the TorchRL face
 
 
+@functools.cache
 def torchrl_face():
-    """replaybuf.torchrl's classes under the names the peers' bench imports, or None."""
+    """replaybuf.torchrl's classes under the names the peers' bench imports, or None
+    (said once on stderr)."""
     try:
         import replaybuf.torchrl as face
     except ImportError as e:
-        print(f"bench: replaybuf.torchrl is not importable ({e}); skipping replaybuf-torchrl",
-              file=sys.stderr)
+        print(
+            f"bench: replaybuf.torchrl is not importable ({e}); skipping replaybuf-torchrl",
+            file=sys.stderr,
+        )
         return None
     slice_sampler = getattr(face, "SliceSampler", None)
     if slice_sampler is None:
         from replaybuf.torchrl.samplers import SliceSampler as slice_sampler
-    return dict(LazyTensorStorage=face.LazyTensorStorage,
-                TensorDictReplayBuffer=face.TensorDictReplayBuffer,
-                TensorDictPrioritizedReplayBuffer=face.TensorDictPrioritizedReplayBuffer,
-                SliceSampler=slice_sampler)
+    return dict(
+        LazyTensorStorage=face.LazyTensorStorage,
+        TensorDictReplayBuffer=face.TensorDictReplayBuffer,
+        TensorDictPrioritizedReplayBuffer=face.TensorDictPrioritizedReplayBuffer,
+        SliceSampler=slice_sampler,
+    )
 
 
 def bench_torchrl_face(name, prioritized=False, slice_=False):
@@ -172,13 +199,16 @@ def bench_torchrl_face(name, prioritized=False, slice_=False):
     td = TensorDict({k: torch.from_numpy(v) for k, v in raw.items()}, [ch])
     wl = name + ("-prioritized" if prioritized else "") + ("-slice" if slice_ else "")
     if prioritized:
-        rb = TensorDictPrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(cap),
-                                               batch_size=batch)
+        rb = TensorDictPrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(cap), batch_size=batch
+        )
     elif slice_:
         td["traj"] = torch.arange(ch) // TRAJ_STEPS  # 5 trajectories of length 200 per chunk
-        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cap),
-                                    sampler=SliceSampler(slice_len=SLICE_LEN, traj_key="traj"),
-                                    batch_size=batch)
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(cap),
+            sampler=SliceSampler(slice_len=SLICE_LEN, traj_key="traj"),
+            batch_size=batch,
+        )
     else:
         rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cap), batch_size=batch)
     n = cap // ch
@@ -209,7 +239,10 @@ if __name__ == "__main__":
         ("replaybuf-py mujoco-prioritized", lambda: bench_native("mujoco", prioritized=True)),
         ("replaybuf-py mujoco-slice", lambda: bench_native("mujoco", slice_=True)),
         ("replaybuf-torchrl mujoco", lambda: bench_torchrl_face("mujoco")),
-        ("replaybuf-torchrl mujoco-prioritized", lambda: bench_torchrl_face("mujoco", prioritized=True)),
+        (
+            "replaybuf-torchrl mujoco-prioritized",
+            lambda: bench_torchrl_face("mujoco", prioritized=True),
+        ),
         ("replaybuf-torchrl mujoco-slice", lambda: bench_torchrl_face("mujoco", slice_=True)),
         ("replaybuf-py atari", lambda: bench_native("atari")),
         ("replaybuf-torchrl atari", lambda: bench_torchrl_face("atari")),

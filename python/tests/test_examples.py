@@ -46,13 +46,17 @@ def torn_and_checked(out: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize("collectors, learners", [(1, 1), (2, 2)])
 def test_threads_example_finds_no_torn_row(collectors, learners):
-    out, _ = run_example("threads.py", "--collectors", str(collectors), "--learners", str(learners), *SMALL)
+    out, _ = run_example(
+        "threads.py", "--collectors", str(collectors), "--learners", str(learners), *SMALL
+    )
     torn, checked = torn_and_checked(out)
     assert checked > 0
     assert torn == 0
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shared regions checked under /dev/shm")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="shared regions checked under /dev/shm"
+)
 def test_processes_example_finds_no_torn_row_and_removes_its_region():
     out, pid = run_example("processes.py", "--collectors", "2", "--learners", "1", *SMALL)
     torn, checked = torn_and_checked(out)

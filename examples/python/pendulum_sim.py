@@ -1,6 +1,7 @@
 """A small pendulum simulator in numpy, and the check that a sampled transition is whole.
 
-Shared by ``threads.py`` and ``processes.py``. The dynamics are Gymnasium's
+Shared by ``threads.py`` and ``processes.py``, with the loops of their collectors
+(:func:`collect`) and learners (:func:`learn`). The dynamics are Gymnasium's
 ``Pendulum-v1``; many pendulums step at once (one numpy array each for the angle and
 the angular velocity).
 
@@ -13,6 +14,8 @@ counted.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -36,9 +39,11 @@ ENV_BITS, STEP_BITS = 16, 32
 
 def tag_of(collector: int, env: np.ndarray, step: np.ndarray) -> np.ndarray:
     """The tags of environments `env` of `collector` at their steps `step`."""
-    return ((np.uint64(collector) << np.uint64(ENV_BITS + STEP_BITS))
-            | (env.astype(np.uint64) << np.uint64(STEP_BITS))
-            | step.astype(np.uint64))
+    return (
+        (np.uint64(collector) << np.uint64(ENV_BITS + STEP_BITS))
+        | (env.astype(np.uint64) << np.uint64(STEP_BITS))
+        | step.astype(np.uint64)
+    )
 
 
 def collector_of(tag: np.ndarray) -> np.ndarray:
@@ -126,3 +131,30 @@ def torn_rows(batch: dict, collectors: int) -> int:
         & (batch["done"][:, 0] == (step_of(tag) % EPISODE_STEPS == EPISODE_STEPS - 1))
     )
     return int(len(tag) - ok.sum())
+
+
+def collect(rb, collector: int, envs: int, steps: int, stop, tally) -> None:
+    """A collector: steps its `envs` pendulums and extends `rb` with `steps` steps of
+    each at a time until `stop` is set, adding the rows written to ``tally[0]``."""
+    sim = Pendulums(collector, envs, seed=collector)
+    while not stop.is_set():
+        rows = sim.rollout(steps)
+        rb.extend(rows)
+        tally[0] += len(rows["tag"])
+
+
+def learn(rb, batch: int, collectors: int, stop, tally) -> None:
+    """A learner: samples `batch` rows of `rb` until `stop` is set and checks each row,
+    adding the rows sampled to ``tally[0]`` and the torn ones to ``tally[1]``. Its
+    arrays are allocated by the first sample and refilled in place by the others."""
+    out = None
+    while not stop.is_set():
+        if len(rb) < batch:
+            time.sleep(0.001)
+            continue
+        if out is None:
+            out = rb.sample(batch)
+        else:
+            rb.sample_into(out)
+        tally[0] += len(out["tag"])
+        tally[1] += torn_rows(out, collectors)
