@@ -1,7 +1,7 @@
 //! Sample of 256 rows from a full 200,000-row mujoco buffer: the lock-free
 //! `Learner::sample_into` beside a `Mutex`-guarded row-major ring read with plain
 //! copies into columns, alone and while a background thread extends 1,000-row chunks
-//! in a loop.
+//! in a loop; and `Learner::sample_to` into memory the caller owns.
 
 // The loom-facade rule of .clippy.toml is for the library, not its benches.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -14,6 +14,7 @@ use common::{Columns, LockedRing, SAMPLE_ROWS, SEED};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
+use replaybuf::Destination;
 
 fn sample(c: &mut Criterion) {
     let spec = common::mujoco_spec();
@@ -74,5 +75,36 @@ fn sample(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sample);
+/// `sample_to` into memory the caller owns: the rows and copies of
+/// `sample_256_rows/lock_free/alone` (a buffer filled alike, a learner of the same
+/// seed), written to the caller's columns instead of a batch's.
+fn sample_to(c: &mut Criterion) {
+    let (rb, _) = common::lock_free_buffer(common::mujoco_spec());
+    let spec = rb.spec().clone();
+    let mut learner = rb.learner();
+    let mut columns: Vec<Vec<u8>> = spec
+        .fields()
+        .iter()
+        .map(|f| vec![0; SAMPLE_ROWS * f.bytes()])
+        .collect();
+    let (mut index, mut generation) = (vec![0; SAMPLE_ROWS], vec![0; SAMPLE_ROWS]);
+
+    let mut group = common::group(c, "sample_to_256_rows", SAMPLE_ROWS);
+    group.bench_function("caller_memory/alone", |b| {
+        b.iter(|| {
+            let mut dest = Destination::new(
+                &spec,
+                SAMPLE_ROWS,
+                columns.iter_mut().map(|c| &mut c[..]),
+                &mut index,
+                &mut generation,
+            )
+            .expect("room for the rows");
+            black_box(learner.sample_to(&mut dest).expect("sample"));
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sample, sample_to);
 criterion_main!(benches);
