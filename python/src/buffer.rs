@@ -6,7 +6,7 @@
 //! while rows move, draws are made or a wait happens, so Python collector and learner
 //! threads run at once.
 
-use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::npyffi;
 use numpy::{
     PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
     PyUntypedArrayMethods,
@@ -19,6 +19,7 @@ use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 use replaybuf::sampler::Marks;
 use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
+use crate::arrays::{dict_of_batch, empty, span, Spans};
 use crate::config;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
@@ -61,47 +62,6 @@ pub(crate) struct Buffer {
     slices: bool,
     /// The shared region's name, for pickling.
     shared: Option<String>,
-}
-
-/// Raw spans of arrays the GIL-free part of a call reads or writes.
-struct Spans(Vec<(*mut u8, usize)>);
-
-// SAFETY: the spans point into numpy arrays that the calling frame keeps alive (it
-// holds references to them) for the whole GIL-free section that uses them.
-unsafe impl Send for Spans {}
-
-/// A span of an array's data: its pointer and byte length.
-fn span(array: &Bound<'_, PyUntypedArray>) -> (*mut u8, usize) {
-    // SAFETY: `as_array_ptr` points at a live array object (we hold a reference).
-    let data = unsafe { (*array.as_array_ptr()).data } as *mut u8;
-    let bytes = array.len() * array.dtype().itemsize();
-    (data, bytes)
-}
-
-/// A new, uninitialised C-order array of `descr` and `shape`.
-fn empty<'py>(
-    py: Python<'py>,
-    descr: &Bound<'py, PyArrayDescr>,
-    shape: &[usize],
-) -> PyResult<Bound<'py, PyUntypedArray>> {
-    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-    // SAFETY: the numpy C API, called with the GIL held: `PyArray_NewFromDescr` steals
-    // the reference to the descriptor we pass (hence `into_dtype_ptr`), reads `dims`
-    // (`shape.len()` of them), and returns a new reference or null with an error set.
-    unsafe {
-        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
-            py,
-            PY_ARRAY_API.get_type_object(py, npyffi::NpyTypes::PyArray_Type),
-            descr.clone().into_dtype_ptr(),
-            dims.len() as std::os::raw::c_int,
-            dims.as_mut_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-            std::ptr::null_mut(),
-        );
-        Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
-    }
 }
 
 impl Buffer {
@@ -262,23 +222,28 @@ impl Buffer {
         out
     }
 
-    /// The dict of a batch the engine returned (`get`, `read_all_in_order`).
+    /// The dict of a batch the engine returned (`get`, `read_all_in_order`): its
+    /// fields, `index` and `generation`.
     fn dict_of_batch<'py>(&self, py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
-        let out = PyDict::new(py);
-        let rows = batch.shape().to_vec();
-        for f in &self.fields {
-            let mut shape = rows.clone();
-            shape.extend_from_slice(&f.shape);
-            let array = empty(py, f.descr.bind(py), &shape)?;
-            let (ptr, len) = span(&array);
-            let src = batch.column_bytes(&f.key).map_err(py_err)?;
-            // SAFETY: a fresh array of `len` bytes, ours alone.
-            unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(src);
-            out.set_item(f.py_key.bind(py), array)?;
-        }
-        out.set_item("index", PyArray1::from_slice(py, batch.index()))?;
+        let out = dict_of_batch(py, batch)?;
         out.set_item("generation", PyArray1::from_slice(py, batch.generations()))?;
         Ok(out)
+    }
+
+    /// What a sample carries besides its fields, in the order `sample_spans` takes
+    /// them: `index` and `generation`, then `weight` (prioritized) and `marks` (slices).
+    fn metadata<'py>(&self, py: Python<'py>) -> Vec<(&'static str, Bound<'py, PyArrayDescr>)> {
+        let mut out = vec![
+            ("index", PyArrayDescr::of::<u64>(py)),
+            ("generation", PyArrayDescr::of::<u64>(py)),
+        ];
+        if self.prioritized {
+            out.push(("weight", PyArrayDescr::of::<f32>(py)));
+        }
+        if self.slices {
+            out.push(("marks", PyArrayDescr::of::<u8>(py)));
+        }
+        out
     }
 
     /// Samples into `arrays` (one per field, then index, generation, and weight and
@@ -604,24 +569,8 @@ impl Buffer {
                 empty(py, f.descr.bind(py), &shape)?,
             ));
         }
-        let u64s = PyArrayDescr::of::<u64>(py);
-        let names = ["index", "generation"];
-        for name in names {
-            arrays.push((name.into_pyobject(py)?.into_any(), empty(py, &u64s, &[n])?));
-        }
-        if self.prioritized {
-            let f32s = PyArrayDescr::of::<f32>(py);
-            arrays.push((
-                "weight".into_pyobject(py)?.into_any(),
-                empty(py, &f32s, &[n])?,
-            ));
-        }
-        if self.slices {
-            let u8s = PyArrayDescr::of::<u8>(py);
-            arrays.push((
-                "marks".into_pyobject(py)?.into_any(),
-                empty(py, &u8s, &[n])?,
-            ));
+        for (name, descr) in self.metadata(py) {
+            arrays.push((name.into_pyobject(py)?.into_any(), empty(py, &descr, &[n])?));
         }
         let spans = Spans(arrays.iter().map(|(_, a)| span(a)).collect());
         let rows = self.sample_spans(py, n, spans)?;
@@ -669,17 +618,7 @@ impl Buffer {
             }
             arrays.push(array);
         }
-        let mut extra = vec![
-            ("index", PyArrayDescr::of::<u64>(py)),
-            ("generation", PyArrayDescr::of::<u64>(py)),
-        ];
-        if self.prioritized {
-            extra.push(("weight", PyArrayDescr::of::<f32>(py)));
-        }
-        if self.slices {
-            extra.push(("marks", PyArrayDescr::of::<u8>(py)));
-        }
-        for (name, descr) in &extra {
+        for (name, descr) in &self.metadata(py) {
             let array = get(&name.into_pyobject(py)?.into_any(), name)?;
             if !array.dtype().is_equiv_to(descr) {
                 return Err(type_error(format!(

@@ -2,6 +2,7 @@
 //! (see `python/replaybuf/`). Every class and function here is reached through that
 //! package; its docs are the user's.
 
+mod arrays;
 mod buffer;
 mod config;
 mod errors;

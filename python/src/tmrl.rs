@@ -31,6 +31,7 @@ use replaybuf::{Batch, ReplayBuffer, Spec};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::arrays::{dict_of_batch, span, Spans};
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{key_to_py, numpy_dtype, spec_from_py};
 
@@ -45,20 +46,6 @@ pub(crate) struct Memory {
     sample_spec: Arc<Spec>,
     nb_steps: usize,
     batch_size: usize,
-}
-
-/// The data of numpy arrays that a GIL-free copy reads: `(pointer, bytes)`.
-struct Spans(Vec<(*const u8, usize)>);
-
-// SAFETY: the spans point into numpy arrays that the calling frame holds references to
-// for the whole GIL-free section that reads them; nothing writes through them.
-unsafe impl Send for Spans {}
-
-/// A pointer to `array`'s data and its length in bytes.
-fn span(array: &Bound<'_, PyUntypedArray>) -> (*mut u8, usize) {
-    // SAFETY: `as_array_ptr` points at a live array object: we hold a reference to it.
-    let data = unsafe { (*array.as_array_ptr()).data } as *mut u8;
-    (data, array.len() * array.dtype().itemsize())
 }
 
 impl Memory {
@@ -122,15 +109,7 @@ impl Memory {
             arrays.push(array);
         }
         let mut batch = Batch::zeros(self.sample_spec.clone(), [rows.unwrap_or(0)]);
-        let spans = Spans(
-            arrays
-                .iter()
-                .map(|a| {
-                    let (ptr, len) = span(a);
-                    (ptr.cast_const(), len)
-                })
-                .collect(),
-        );
+        let spans = Spans(arrays.iter().map(span).collect());
         let spec = &self.sample_spec;
         py.detach(|| {
             let spans = spans;
@@ -146,28 +125,6 @@ impl Memory {
         drop(arrays);
         Ok(batch)
     }
-}
-
-/// A dict of `batch`'s fields, each a new array of `[rows, ..field shape]` in the
-/// field's dtype, and `index`.
-fn dict_of_batch<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bound<'py, PyDict>> {
-    let np = py.import("numpy")?;
-    let out = PyDict::new(py);
-    for field in batch.spec().fields() {
-        let mut shape = batch.shape().to_vec();
-        shape.extend_from_slice(field.shape());
-        let array = np
-            .call_method1("empty", (shape, numpy_dtype(py, field.dtype())?))?
-            .cast_into::<PyUntypedArray>()?;
-        let src = batch.column_bytes(field.key()).map_err(py_err)?;
-        let (ptr, len) = span(&array);
-        assert_eq!(len, src.len(), "a fresh array holds the column");
-        // SAFETY: a fresh C-contiguous array of `len` bytes that nothing else sees yet.
-        unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(src);
-        out.set_item(key_to_py(py, field.key())?, array)?;
-    }
-    out.set_item("index", PyArray1::from_slice(py, batch.index()))?;
-    Ok(out)
 }
 
 /// A collated tensor as a numpy array that owns the engine's values (no copy).
