@@ -5,7 +5,8 @@ use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use replaybuf::Batch;
+use replaybuf::{Batch, Spec};
+use std::sync::Arc;
 
 use crate::errors::py_err;
 use crate::fields::{key_to_py, numpy_dtype};
@@ -68,4 +69,29 @@ pub(crate) fn dict_of_batch<'py>(py: Python<'py>, batch: &Batch) -> PyResult<Bou
     }
     out.set_item("index", PyArray1::from_slice(py, batch.index()))?;
     Ok(out)
+}
+
+/// Runs `f`, with the GIL released, on a batch of `spec` and `shape` whose columns are
+/// `arrays` (one per field, in the spec's order, each C-contiguous and of the field's
+/// dtype and `[..shape, ..field shape]`: the caller checked), lent, not copied.
+pub(crate) fn with_borrowed<R: Send>(
+    py: Python<'_>,
+    spec: Arc<Spec>,
+    shape: &[usize],
+    arrays: &[Bound<'_, PyUntypedArray>],
+    f: impl FnOnce(&Batch) -> R + Send,
+) -> PyResult<R> {
+    let spans = Spans(arrays.iter().map(span).collect());
+    py.detach(|| {
+        let spans = spans;
+        // SAFETY: each span is the data of a C-contiguous array of that many bytes,
+        // kept alive by `arrays` for this call and only read.
+        let columns: Vec<&[u8]> = spans
+            .0
+            .iter()
+            .map(|&(ptr, len)| unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) })
+            .collect();
+        Batch::borrowing(spec, shape, &columns, f)
+    })
+    .map_err(py_err)
 }

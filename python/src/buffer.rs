@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 use replaybuf::sampler::Marks;
 use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
-use crate::arrays::{dict_of_batch, empty, span, Spans};
+use crate::arrays::{dict_of_batch, empty, span, with_borrowed, Spans};
 use crate::config;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
@@ -170,22 +170,14 @@ impl Buffer {
                 self.fields[i].py_key.bind(py)
             )));
         }
-        let shape = shape.unwrap_or_default();
-        let spans = Spans(arrays.iter().flatten().map(span).collect());
-        let spec = rb.spec().clone();
-        let out = py.detach(|| {
-            let spans = spans;
-            // SAFETY: each span is the data of a C-contiguous array of that many bytes
-            // (checked above), kept alive by `arrays` for this call and only read.
-            let columns: Vec<&[u8]> = spans
-                .0
-                .iter()
-                .map(|&(ptr, len)| unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) })
-                .collect();
-            Batch::borrowing(spec, &shape, &columns, f)
-        });
-        drop(arrays);
-        out.map_err(py_err)
+        let arrays: Vec<_> = arrays.into_iter().flatten().collect();
+        with_borrowed(
+            py,
+            rb.spec().clone(),
+            &shape.unwrap_or_default(),
+            &arrays,
+            f,
+        )
     }
 
     /// The engine's handle, for one call.

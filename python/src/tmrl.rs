@@ -31,7 +31,7 @@ use replaybuf::{Batch, ReplayBuffer, Spec};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::arrays::{dict_of_batch, span, Spans};
+use crate::arrays::{dict_of_batch, with_borrowed};
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{key_to_py, numpy_dtype, spec_from_py};
 
@@ -59,9 +59,14 @@ impl Memory {
         }
     }
 
-    /// The collector batch of `samples` (a dict of columns): every array checked before
-    /// anything is copied, then copied with the GIL released.
-    fn samples_of(&self, py: Python<'_>, samples: &Bound<'_, PyDict>) -> PyResult<Batch> {
+    /// Runs `f`, with the GIL released, on the collector batch of `samples` (a dict of
+    /// columns): every array checked first, then lent to the batch, not copied.
+    fn with_samples<R: Send>(
+        &self,
+        py: Python<'_>,
+        samples: &Bound<'_, PyDict>,
+        f: impl FnOnce(&Batch) -> R + Send,
+    ) -> PyResult<R> {
         let mut arrays = Vec::with_capacity(self.sample_spec.fields().len());
         let mut rows: Option<usize> = None;
         for field in self.sample_spec.fields() {
@@ -108,22 +113,13 @@ impl Memory {
             }
             arrays.push(array);
         }
-        let mut batch = Batch::zeros(self.sample_spec.clone(), [rows.unwrap_or(0)]);
-        let spans = Spans(arrays.iter().map(span).collect());
-        let spec = &self.sample_spec;
-        py.detach(|| {
-            let spans = spans;
-            for (field, &(ptr, len)) in spec.fields().iter().zip(&spans.0) {
-                let dst = batch
-                    .column_bytes_mut(field.key())
-                    .expect("the batch has the sample spec's fields");
-                // SAFETY: `ptr` is the data of a C-contiguous array of `len` bytes (dtype
-                // and shape checked above, so `len == dst.len()`), alive for this call.
-                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
-            }
-        });
-        drop(arrays);
-        Ok(batch)
+        with_borrowed(
+            py,
+            self.sample_spec.clone(),
+            &[rows.unwrap_or(0)],
+            &arrays,
+            f,
+        )
     }
 }
 
@@ -262,9 +258,8 @@ impl Memory {
         py: Python<'py>,
         samples: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let batch = self.samples_of(py, samples)?;
-        let written = py
-            .detach(|| self.memory.lock().append_buffer(&batch))
+        let written = self
+            .with_samples(py, samples, |b| self.memory.lock().append_buffer(b))?
             .map_err(py_err)?;
         let index: Vec<u64> = (0..written.len()).filter_map(|r| written.get(r)).collect();
         Ok(PyArray1::from_vec(py, index))
