@@ -103,10 +103,7 @@ impl Column {
     /// Copies borrowed bytes into words of its own: the caller's are read-only.
     fn own(&mut self) {
         if self.borrowed.is_some() {
-            let mut words = vec![0u64; self.bytes.div_ceil(8)];
-            bytemuck::cast_slice_mut(&mut words)[..self.bytes].copy_from_slice(self.as_bytes());
-            self.words = words;
-            self.borrowed = None;
+            *self = self.clone();
         }
     }
 }
@@ -385,14 +382,6 @@ impl Batch {
     pub fn column_bytes(&self, key: impl KeyLike) -> Result<&[u8], DataError> {
         let (i, _) = self.find(key)?;
         Ok(self.columns[i].as_bytes())
-    }
-
-    /// The raw bytes of a column, writable, whatever its dtype (each element in native
-    /// byte order). A `bool` byte other than 0 or 1 is kept as it is, and a typed
-    /// `bool` view of it is refused ([`DataError::InvalidBool`]).
-    pub fn column_bytes_mut(&mut self, key: impl KeyLike) -> Result<&mut [u8], DataError> {
-        let (i, _) = self.find(key)?;
-        Ok(self.columns[i].as_bytes_mut())
     }
 
     /// The dtype of a column.
