@@ -43,9 +43,11 @@ class Uniform(_Described):
 class WithoutReplacement(_Described):
     """Epochs: every row stored when an epoch begins is drawn once before any twice.
 
-    ``drop_last``: end the epoch (raise :class:`replaybuf.EpochEnd`) when fewer rows than
-    a batch are left, rather than returning a short batch. ``shuffle``: a fresh random
-    order each epoch (else storage order).
+    The sample that finds the epoch used up raises :class:`replaybuf.EpochEnd` (a
+    ``StopIteration``) and closes it; the sample after that starts a new epoch. Without
+    ``drop_last`` an epoch's last batch may be short, and the sample after it raises;
+    with ``drop_last`` the epoch ends (raises) as soon as fewer rows than a batch are
+    left. ``shuffle``: a fresh random order each epoch (else storage order).
     """
 
     drop_last: bool = False

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use replaybuf::sampler::Marks;
 use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
@@ -36,6 +36,41 @@ pub(crate) fn _forked() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The shared buffers this process has attached to or pickled, by region name, held
+/// weakly: unpickling a shared buffer in the process that already has it (a
+/// `copy.deepcopy`, a queue between threads) gives back the same object rather than a
+/// second attachment, which would be a second writer in the region and, with one
+/// shard, be refused every write.
+static ATTACHED: Mutex<Vec<(String, Py<PyWeakrefReference>)>> = Mutex::new(Vec::new());
+
+/// The live buffer this process holds for the shared region `name`, if any.
+fn attached<'py>(py: Python<'py>, name: &str) -> Option<Bound<'py, Buffer>> {
+    ATTACHED
+        .lock()
+        .iter()
+        .filter(|(n, _)| n == name)
+        .find_map(|(_, weak)| weak.bind(py).upgrade_as::<Buffer>().ok().flatten())
+}
+
+/// Records `buffer` as this process's handle on its shared region (a no-op for other
+/// buffers, and for one already recorded), forgetting buffers since dropped.
+fn remember(buffer: &Bound<'_, Buffer>) -> PyResult<()> {
+    let py = buffer.py();
+    let Some(name) = &buffer.get().shared else {
+        return Ok(());
+    };
+    let weak = PyWeakrefReference::new(buffer.as_any())?.unbind();
+    let mut all = ATTACHED.lock();
+    all.retain(|(_, w)| w.bind(py).upgrade().is_some());
+    if !all
+        .iter()
+        .any(|(_, w)| w.bind(py).upgrade().is_some_and(|b| b.is(buffer)))
+    {
+        all.push((name.clone(), weak));
+    }
+    Ok(())
+}
+
 /// One field as Python sees it, made once per buffer.
 struct FieldOut {
     key: Key,
@@ -47,7 +82,13 @@ struct FieldOut {
 }
 
 /// A replay buffer of numpy rows (see the package's docs for every argument).
-#[pyclass(frozen, module = "replaybuf._native", name = "ReplayBuffer", subclass)]
+#[pyclass(
+    frozen,
+    weakref,
+    module = "replaybuf._native",
+    name = "ReplayBuffer",
+    subclass
+)]
 pub(crate) struct Buffer {
     /// Write-locked only by `loads`, which needs the buffer's only handle, and by a
     /// forked child's first call on a shared buffer (see [`Buffer::handle`]).
@@ -357,11 +398,18 @@ impl Buffer {
         Buffer::wrap(py, rb, shared)
     }
 
-    /// Attaches to a shared buffer another process made with `shared=name`.
+    /// Attaches to a shared buffer another process made with `shared=name`. Where
+    /// this process already attached to that buffer or pickled it, returns that same
+    /// object, so that unpickling in the process that holds it adds no second writer.
     #[staticmethod]
-    fn attach(py: Python<'_>, name: String) -> PyResult<Buffer> {
+    fn attach(py: Python<'_>, name: String) -> PyResult<Bound<'_, Buffer>> {
+        if let Some(held) = attached(py, &name) {
+            return Ok(held);
+        }
         let rb = py.detach(|| ReplayBuffer::attach(&name)).map_err(py_err)?;
-        Buffer::wrap(py, rb, Some(name))
+        let buffer = Bound::new(py, Buffer::wrap(py, rb, Some(name))?)?;
+        remember(&buffer)?;
+        Ok(buffer)
     }
 
     /// A buffer rebuilt from a checkpoint `dumps` wrote: same configuration, on the
@@ -518,6 +566,14 @@ impl Buffer {
     /// Adds one transition (a dict of arrays of the field shapes) and returns its
     /// index. ndim-1 storages only.
     fn add(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let rb = self.handle()?;
+        if rb.ndim() != 1 {
+            return Err(value_error(format!(
+                "add writes one row, on an ndim-1 buffer only; this one has ndim={}: extend \
+                 it with arrays of shape [t, envs, ...]",
+                rb.ndim()
+            )));
+        }
         let np = py.import("numpy")?;
         let one = PyDict::new(py);
         for (key, value) in flatten(data)? {
@@ -532,7 +588,6 @@ impl Buffer {
                 np.call_method1("expand_dims", (array, 0))?,
             )?;
         }
-        let rb = self.handle()?;
         self.with_batch(py, &rb, &one, |b| rb.add(b))?
             .map_err(py_err)
     }
@@ -774,6 +829,7 @@ impl Buffer {
     /// handed to `multiprocessing` workers; any other buffer refuses to be pickled.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
         let py = slf.py();
+        remember(slf)?;
         match &slf.get().shared {
             Some(name) => Ok((
                 py.import("replaybuf._native")?

@@ -211,7 +211,7 @@ def test_ndim2_storage():
     # (t, E) with E not the storage's: refused, nothing written.
     with raises(ValueError):
         rb.extend(steps(10, 2, envs + 1))
-    with raises(ValueError):  # one transition is for ndim-1 storages
+    with raises(ValueError, match="ndim-1 buffer only"):  # one transition: ndim 1
         rb.add({k: v[0, 0] for k, v in steps(0, 1, envs).items()})
     assert rb.write_count == 30
     # dim_extend=1: batches of (E, t).

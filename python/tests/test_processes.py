@@ -209,11 +209,13 @@ def test_a_heap_or_file_backed_buffer_refuses_pickling(tmp_path):
 
 
 def test_a_shared_buffer_pickles_as_its_name_and_its_region_goes_with_it(name):
-    # Two shards: an unpickled handle is a member of its own, even in this process, and
-    # leases a shard of its own.
+    # Two shards: a handle attached by name is a member of its own, even in this
+    # process, and leases a shard of its own.
     rb = replaybuf.ReplayBuffer(64, spec=SPEC, shards=2, seed=1, shared=name)
     rb.extend(rows(np.arange(10)))
-    other = pickle.loads(pickle.dumps(rb))
+    other = replaybuf.ReplayBuffer.attach(name)
+    assert other is not rb
+    other = pickle.loads(pickle.dumps(other))
     assert other.shared_name == name and len(other) == 10
     other.extend(rows(np.arange(10, 20)))
     assert len(rb) == 20
@@ -222,6 +224,21 @@ def test_a_shared_buffer_pickles_as_its_name_and_its_region_goes_with_it(name):
     del rb, other
     gc.collect()
     assert not os.path.exists(shm_path(name)), "the creator removes the region's name"
+
+
+def test_unpickling_in_the_process_that_holds_the_buffer_gives_back_that_buffer(name):
+    # One shard: a second handle in this process would be a second writer, and be
+    # refused every write while the first holds the shard.
+    rb = replaybuf.ReplayBuffer(64, spec=SPEC, shards=1, seed=1, shared=name)
+    rb.extend(rows(np.arange(10)))
+    same = pickle.loads(pickle.dumps(rb))
+    assert same is rb
+    assert replaybuf.ReplayBuffer.attach(name) is rb
+    same.extend(rows(np.arange(10, 20)))
+    assert sorted(assert_whole(rb.read_all_in_order()).tolist()) == list(range(20))
+    del rb, same
+    gc.collect()
+    assert not os.path.exists(shm_path(name))
 
 
 def test_attaching_a_missing_name_raises_an_oserror():

@@ -110,7 +110,7 @@ impl PersistError {
         matches!(self.kind, PersistKind::Missing)
     }
 
-    /// Whether another process holds the storage.
+    /// Whether another buffer, in this process or another, holds the storage.
     pub fn is_in_use(&self) -> bool {
         matches!(self.kind, PersistKind::InUse)
     }
@@ -130,11 +130,15 @@ impl fmt::Display for PersistError {
             PersistKind::Io => write!(f, "{p}: I/O failed"),
             PersistKind::Exists => write!(
                 f,
-                "{p} already holds a buffer; pass existsok(true) to open it, or choose \
-                 another place"
+                "{p} already holds a buffer; set existsok to open it (Rust: \
+                 `.existsok(true)`, Python: `existsok=True`), or choose another place"
             ),
             PersistKind::Missing => write!(f, "{p}: no buffer there"),
-            PersistKind::InUse => write!(f, "{p} is in use by another process"),
+            PersistKind::InUse => write!(
+                f,
+                "{p} is open for writing by another buffer (in this process or another): \
+                 close that one first"
+            ),
             PersistKind::Foreign { owner, mode, me } if owner != me => write!(
                 f,
                 "{p} is owned by uid {owner} (mode {mode:04o}), not by this user (uid \
