@@ -149,6 +149,49 @@ impl Written {
 
     /// The storage indices of all rows, in batch order.
     pub fn to_vec(&self) -> Vec<u64> {
-        self.iter().collect()
+        match (&self.placed, self.order, self.runs.as_slice()) {
+            // One ndim-1 run, the common extend: walk the ring rather than divide per
+            // row, which `index` must.
+            (None, RowOrder::Flat, &[(ring, first, _)]) => {
+                let mut pos = first % ring.steps;
+                (0..self.steps)
+                    .map(|_| {
+                        let index = ring.index(pos, 0);
+                        pos += 1;
+                        if pos == ring.steps {
+                            pos = 0;
+                        }
+                        index
+                    })
+                    .collect()
+            }
+            _ => self.iter().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_vec_walks_the_ring_as_index_computes_it() {
+        let ring = Ring {
+            steps: 7,
+            width: 1,
+            first_slot: 0,
+            index_stride: 3,
+            index_offset: 1,
+        };
+        // First sequence numbers that start mid-ring, at a wrap, and laps in; batches
+        // shorter than, as long as and longer than the ring.
+        for first in [0, 5, 6, 7, 20] {
+            for steps in [0, 1, 3, 7, 16] {
+                let mut written = Written::new(steps, RowOrder::Flat);
+                written.push(ring, first, 0);
+                let by_row: Vec<u64> = (0..written.len()).map(|r| written.index(r)).collect();
+                assert_eq!(written.to_vec(), by_row, "first {first}, steps {steps}");
+            }
+        }
     }
 }
