@@ -112,7 +112,10 @@ fn a_second_process_or_handle_cannot_map_an_open_storage() {
     };
     let rb = build().unwrap();
     let e = build().unwrap_err();
-    assert!(e.to_string().contains("in use"), "{e}");
+    assert!(
+        e.to_string().contains("open for writing by another buffer"),
+        "{e}"
+    );
     drop(rb);
     build().unwrap();
 }

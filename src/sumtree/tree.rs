@@ -483,9 +483,12 @@ impl<'a> Tree<'a> {
     /// Applies many priority updates at once, `applied` receiving whether each was (it
     /// is not if the leaf or the raw word no longer names the update's lap: its row was
     /// replaced, or emptied). Each sets the raw word first, then the leaf, each by its
-    /// own compare-exchange; the ancestors' deltas are gathered first, so that an entry
-    /// many updates share (the upper levels) takes one `fetch_add`, not one per update.
-    /// Additions commute, so the result is the same as one update at a time.
+    /// own compare-exchange, then adds its delta to the sum entries above and refreshes
+    /// the min and max entries above, all while the lines it prefetched a few updates
+    /// earlier are at hand. The deltas of the upper levels (small, and shared by many
+    /// updates) are gathered and added last, one `fetch_add` per touched entry rather
+    /// than one per update. Additions commute, so the result is the same as one update
+    /// at a time.
     ///
     /// Returns the slots of applied updates whose raw word another writer changed
     /// after the update set it (loaded right after the update's leaf, while its line is
@@ -498,11 +501,15 @@ impl<'a> Tree<'a> {
     ) -> SmallVec<[usize; 4]> {
         /// Levels of at most this many entries gather their deltas densely.
         const DENSE_ENTRIES: usize = 1024;
+        /// Updates whose lines are loading while one is applied: enough to overlap
+        /// their misses, few enough that their lines (five or so each) stay in L1
+        /// until used, which prefetching a whole batch's would not.
+        const UPDATES_AHEAD: usize = 16;
         let top = self.layout.top();
         let dense_from = (1..=top)
             .find(|&l| self.layout.size(l) <= DENSE_ENTRIES)
             .unwrap_or(top);
-        let dense_offsets: Vec<usize> = (dense_from..=top)
+        let dense_offsets: SmallVec<[usize; 8]> = (dense_from..=top)
             .scan(0, |acc, l| {
                 let at = *acc;
                 *acc += self.layout.size(l);
@@ -511,57 +518,62 @@ impl<'a> Tree<'a> {
             .collect();
         let dense_len = (dense_from..=top).map(|l| self.layout.size(l)).sum();
         let mut dense = vec![0i64; dense_len];
-        // Everything the updates will write, loading at once: each leaf, its raw word
-        // and the sum entry above it. Each locked instruction below then finds its line
-        // ready instead of waiting out a miss, one after another.
-        for &Update { leaf: i, .. } in items {
-            for word in [
+        // What an update writes: its leaf, its raw word, and the sum, min and max
+        // entries above the leaf. Each locked instruction then finds its line ready
+        // instead of waiting out a miss, one after another.
+        let prefetch = |&Update { leaf: i, .. }: &Update| {
+            let lines = [
                 self.layout.leaf_word(i),
                 self.layout.raw_word(i),
                 self.layout.entry_word(TreeKind::Sum, 1, i / ARITY),
-            ] {
+            ]
+            .into_iter()
+            .chain(
+                self.layout
+                    .extrema()
+                    .iter()
+                    .map(|&kind| self.layout.entry_word(kind, 1, i / ARITY)),
+            );
+            for word in lines {
                 crate::storage::atomic_copy::prefetch(
                     self.words,
                     word * 8,
                     crate::storage::atomic_copy::Intent::Write,
                 );
             }
-            for &kind in self.layout.extrema() {
-                crate::storage::atomic_copy::prefetch(
-                    self.words,
-                    self.layout.entry_word(kind, 1, i / ARITY) * 8,
-                    crate::storage::atomic_copy::Intent::Write,
-                );
-            }
-        }
-        let mut changed: SmallVec<[(usize, Leaf, Leaf); 64]> = SmallVec::with_capacity(items.len());
+        };
+        items.iter().take(UPDATES_AHEAD).for_each(prefetch);
         let mut moved = SmallVec::new();
-        for (u, ok) in items.iter().zip(applied.iter_mut()) {
+        for (k, (u, ok)) in items.iter().zip(applied.iter_mut()).enumerate() {
+            if let Some(ahead) = items.get(k + UPDATES_AHEAD) {
+                prefetch(ahead);
+            }
             let new = Leaf::new(u.lap, u.mass);
-            let old = self.apply_update(u, new);
-            *ok = old.is_some();
-            if let Some(old) = old {
-                changed.push((u.leaf, old, new));
-                if self.raw_bits_at(u.leaf) != u.raw {
-                    moved.push(u.leaf);
-                }
-            }
-        }
-        for &(i, old, new) in &changed {
-            let delta = new.value() as i64 - old.value() as i64;
-            if delta == 0 {
+            let Some(old) = self.apply_update(u, new) else {
+                *ok = false;
                 continue;
+            };
+            *ok = true;
+            if self.raw_bits_at(u.leaf) != u.raw {
+                moved.push(u.leaf);
             }
-            let mut j = i;
-            for level in 1..=top {
-                j /= ARITY;
-                if level < dense_from {
-                    self.entry(TreeKind::Sum, level, j)
-                        .fetch_add(delta as u64, Ordering::Relaxed);
-                } else {
-                    dense[dense_offsets[level - dense_from] + j] += delta;
+            let delta = new.value() as i64 - old.value() as i64;
+            if delta != 0 {
+                let mut j = u.leaf;
+                for level in 1..=top {
+                    j /= ARITY;
+                    if level < dense_from {
+                        self.entry(TreeKind::Sum, level, j)
+                            .fetch_add(delta as u64, Ordering::Relaxed);
+                    } else {
+                        // Wrapping, as `add_deltas` explains: many updates' deltas
+                        // together may pass `i64::MAX`; the entry's sum is exact mod 2^64.
+                        let d = &mut dense[dense_offsets[level - dense_from] + j];
+                        *d = d.wrapping_add(delta);
+                    }
                 }
             }
+            self.refresh_extrema_after(u.leaf, old.code(), new.code());
         }
         for level in dense_from..=top {
             let at = dense_offsets[level - dense_from];
@@ -571,9 +583,6 @@ impl<'a> Tree<'a> {
                         .fetch_add(d as u64, Ordering::Relaxed);
                 }
             }
-        }
-        for &(i, old, new) in &changed {
-            self.refresh_extrema_after(i, old.code(), new.code());
         }
         moved
     }
