@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -88,7 +89,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller buffer, shorter runs")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed run")
     parser.add_argument("--trials", type=int, default=None, help="runs of each setting")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval(S) first (CPython's default is 0.005): how long a "
+        "thread waiting for the GIL sleeps before it asks the holder to hand it over",
+    )
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     capacity = 200_000 if args.quick else 1_000_000
     seconds = args.seconds or (1.0 if args.quick else 2.0)
     trials = args.trials or (3 if args.quick else 5)
@@ -135,6 +145,7 @@ def main() -> None:
             "core_share": {
                 k: round(statistics.median(c for _, c in v), 2) for k, v in figures.items()
             },
+            "switch_interval_s": sys.getswitchinterval(),
             "cpus": len(os.sched_getaffinity(0)),
             "loadavg_1m": round(os.getloadavg()[0], 2),
         }
