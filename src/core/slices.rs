@@ -311,8 +311,10 @@ impl Picker<'_> {
                     return Err(SampleError::Empty);
                 }
                 if self.cfg.strict_length {
+                    // A scan a writer tore says nothing: the picks go on (and end
+                    // `Starved` if the writers never let one land).
                     let longest = slice::longest(self.lanes, words, self.views);
-                    if longest < self.len {
+                    if let Some(longest) = longest.filter(|&l| l < self.len) {
                         return Err(SampleError::TrajectoriesTooShort {
                             slice_len: self.len as usize,
                             longest,

@@ -430,9 +430,11 @@ pub(crate) fn epoch_windows(
     }
 }
 
-/// The longest live trajectory of `views`, in rows (a full scan: only when picks keep
-/// failing).
-pub(crate) fn longest(lanes: &Lanes, words: &[AtomicU64], views: &[LaneView]) -> u64 {
+/// The most live steps of any one trajectory the views list, or `None` if a writer
+/// lapped a lane during the scan: a trajectory whose next start then reads as past the
+/// view's tail, or its own start past its end, reads as no rows, and the scan says
+/// nothing about the lengths.
+pub(crate) fn longest(lanes: &Lanes, words: &[AtomicU64], views: &[LaneView]) -> Option<u64> {
     let mut best = 0;
     for v in views {
         let (k, lane) = (v.shard as usize, u64::from(v.lane));
@@ -443,10 +445,13 @@ pub(crate) fn longest(lanes: &Lanes, words: &[AtomicU64], views: &[LaneView]) ->
             } else {
                 v.tail
             };
-            best = best.max(b.saturating_sub(a));
+            if b < a {
+                return None;
+            }
+            best = best.max(b - a);
         }
     }
-    best
+    Some(best)
 }
 
 /// A row's marks in a slice batch (see [`crate::Batch::marks`]).
