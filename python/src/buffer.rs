@@ -718,20 +718,15 @@ impl Buffer {
         priority: &Bound<'py, PyAny>,
         generation: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(usize, usize)> {
-        let np = py.import("numpy")?;
-        let as_vec = |x: &Bound<'py, PyAny>, dtype: &str| -> PyResult<Bound<'py, PyAny>> {
-            np.call_method1("ascontiguousarray", (x, dtype))?
-                .call_method1("reshape", (-1,))
-        };
-        let index_a = as_vec(index, "uint64")?.cast_into::<PyArray1<u64>>()?;
-        let priority_a = as_vec(priority, "float64")?.cast_into::<PyArray1<f64>>()?;
+        let index_a = flat_array::<u64>(index)?;
+        let priority_a = flat_array::<f64>(priority)?;
         let rb = self.handle()?;
         let index_r = index_a.readonly();
         let priority_r = priority_a.readonly();
         let (index_s, priority_s) = (index_r.as_slice()?, priority_r.as_slice()?);
         let done = match generation {
             Some(g) => {
-                let g = as_vec(g, "uint64")?.cast_into::<PyArray1<u64>>()?;
+                let g = flat_array::<u64>(g)?;
                 let g = g.readonly();
                 let g = g.as_slice()?;
                 py.detach(|| rb.update_priority(index_s, g, priority_s))
@@ -859,6 +854,25 @@ impl Buffer {
                 .unwrap_or_default()
         ))
     }
+}
+
+/// `x` as a contiguous, aligned 1-D array of `T`: itself when it is one already (what
+/// `sample` returns, the common case, which then costs no numpy call), else
+/// `numpy.require(x, T, ["C", "A"]).reshape(-1)`.
+fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<T>>> {
+    if let Ok(a) = x.cast::<PyArray1<T>>() {
+        // SAFETY: `as_array_ptr` points at a live array object (we hold a reference).
+        let flags = unsafe { (*a.as_array_ptr()).flags };
+        if a.is_c_contiguous() && flags & npyffi::NPY_ARRAY_ALIGNED != 0 {
+            return Ok(a.clone());
+        }
+    }
+    let py = x.py();
+    py.import("numpy")?
+        .call_method1("require", (x, numpy::dtype::<T>(py), ["C", "A"]))?
+        .call_method1("reshape", (-1,))?
+        .cast_into::<PyArray1<T>>()
+        .map_err(Into::into)
 }
 
 /// Whether numpy lets the array be written.

@@ -140,6 +140,27 @@ def test_prioritized():
     assert abs(counts[1] / counts.sum() - 0.75) < 0.02
 
 
+def test_update_priority_takes_any_array_like():
+    rb = buffer(n=8, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.5))
+    rows = rb.read_all_in_order()
+    index, generation = rows["index"][:4], rows["generation"][:4]
+    # Reversed views, lists, float32, a column, and uint64s unaligned in a byte buffer:
+    # each is read as the flat array it holds.
+    raw = np.zeros(8 * 4 + 1, np.uint8)
+    unaligned = raw[1:].view(np.uint64)
+    unaligned[:] = index
+    assert not unaligned.flags.aligned
+    for idx, prio, gen in [
+        (index[::-1], np.arange(8.0)[::2][::-1] + 1, generation[::-1]),
+        (list(index), [1.0, 3.0, 5.0, 7.0], list(generation)),
+        (index, np.array([[1], [3], [5], [7]], np.float32), generation),
+        (unaligned, np.array([1.0, 3.0, 5.0, 7.0]), generation),
+    ]:
+        assert rb.update_priority(idx, prio, generation=gen) == (4, 0)
+        for i, p in zip(index, [1.0, 3.0, 5.0, 7.0]):
+            assert rb.priority(int(i)) == p
+
+
 def test_slices_of_trajectories():
     rb = buffer(capacity=64, n=30, sampler=replaybuf.Slice(slice_len=4, traj_key="traj"))
     assert rb.samples_slices
