@@ -2,15 +2,15 @@
 //!
 //! The test binary runs itself as the child (`dumping_child`, which does nothing
 //! unless `REPLAYBUF_CRASH_DIR` is set): it extends a buffer and dumps it over and
-//! over into one directory. The parent kills it with SIGKILL after a random delay,
-//! then loads the directory. Every checkpoint the child wrote is a state it can
+//! over into one directory. The parent kills it with SIGKILL after a random number
+//! of dumps and a random part of the next, then loads the directory. Every checkpoint the child wrote is a state it can
 //! name (extend `i` writes rows `i * CHUNK..`), so the loaded rows must be exactly
 //! those of some generation.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 use replaybuf::sampler::Prioritized;
@@ -108,16 +108,23 @@ fn a_killed_dump_leaves_the_previous_checkpoint() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // Wait for the first dump of this run, so that one checkpoint exists.
+        // Wait for a few dumps of this run (at least one, so that a checkpoint
+        // exists), then kill at a random point of the next: counted in dumps and
+        // then in the time the last one took, the kills land at different points
+        // however fast this machine runs the child.
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        // (The harness prints its `test dumping_child ... ` before the first line.)
-        loop {
+        let dumps = rng.random_range(1..=6);
+        let (mut done, mut last, mut took) = (0, Instant::now(), Duration::from_millis(1));
+        while done < dumps {
+            // (The harness prints its `test dumping_child ... ` before the first line.)
             let line = lines.next().expect("the child dumps").unwrap();
             if line.contains("dumped") {
-                break;
+                done += 1;
+                took = last.elapsed();
+                last = Instant::now();
             }
         }
-        std::thread::sleep(Duration::from_micros(rng.random_range(0..60_000)));
+        std::thread::sleep(took.mul_f64(rng.random_range(0.0..1.0)));
         child.kill().unwrap();
         child.wait().unwrap();
         seen.insert(check_checkpoint(dir.path()));
