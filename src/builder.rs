@@ -17,6 +17,7 @@ use crate::error::{BuildError, BuildErrorKind};
 use crate::key::Key;
 use crate::policy::PolicyEngine;
 use crate::policy::WritePolicy;
+use crate::rate_limit::{RateLimit, RateLimiter};
 use crate::sampler::{Sampler, SamplerEngine};
 use crate::settings::Settings;
 #[cfg(not(replaybuf_loom))]
@@ -48,6 +49,8 @@ pub struct ReplayBufferBuilder {
     /// Only attach to the shared region: never create it.
     #[cfg_attr(replaybuf_loom, allow(dead_code))]
     pub(crate) attach_only: bool,
+    /// How far inserts and samples may run apart (`rate_limit.rs`).
+    pub(crate) rate_limit: Option<RateLimit>,
 }
 
 impl ReplayBufferBuilder {
@@ -77,6 +80,7 @@ impl ReplayBufferBuilder {
             private_copy: false,
             shared: None,
             attach_only: false,
+            rate_limit: None,
         }
     }
 
@@ -121,6 +125,18 @@ impl ReplayBufferBuilder {
         self
     }
 
+    /// Keeps inserts and samples within `limit` of each other (Reverb's rate limiters):
+    /// a sample waits for `min_size_to_sample` rows and while learners are too far
+    /// ahead, an insert while collectors are (see [`RateLimit`]). Every handle of the
+    /// buffer goes through one limiter; waits use no CPU and end at the limit's
+    /// timeouts (a [`RateLimitError`](crate::RateLimitError) then) or when the limiter
+    /// is closed. Threads of one process only, for now: a [`shared`](Self::shared)
+    /// buffer refuses it, since its processes would each count alone.
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
+    }
+
     /// Opens the buffer a [`memmap`](Self::memmap) directory already holds instead of
     /// refusing it (TorchRL's `existsok`), or attaches to the [`shared`](Self::shared)
     /// region of that name if there is one. Its layout (spec, capacity, shards, ndim,
@@ -140,7 +156,16 @@ impl ReplayBufferBuilder {
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
-        Ok(ReplayBuffer::from_state(self.build_inner()?))
+        if self.rate_limit.is_some() && self.shared.is_some() {
+            return Err(BuildError::new(BuildErrorKind::RateLimit {
+                reason: "a shared buffer's processes would each count alone: rate limits \
+                         are for the threads of one process, for now",
+            }));
+        }
+        let limiter = self.rate_limit.map(|l| Arc::new(RateLimiter::new(l)));
+        let mut rb = ReplayBuffer::from_state(self.build_inner()?);
+        rb.limiter = limiter;
+        Ok(rb)
     }
 
     /// Checks every choice, reserving nothing.

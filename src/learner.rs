@@ -42,10 +42,8 @@ impl Learner {
     /// Samples into `batch`, reusing its buffers (no allocation once warm). Draws the
     /// builder's `batch_size` rows, or as many as `batch` holds when none was set.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.buffer.state();
-        let n = inner.core.batch_size_for(batch)?;
-        inner.core.sample_into(&mut self.rng, n, batch)?;
-        inner.transforms.apply(batch)
+        let n = self.buffer.state().core.batch_size_for(batch)?;
+        self.sample_n_into(n, batch)
     }
 
     /// Samples up to `dest.rows()` rows straight into `dest` (memory the caller owns:
@@ -65,15 +63,21 @@ impl Learner {
             return Err(SampleError::TransformsNeedBatch);
         }
         let rows = dest.rows();
-        inner
-            .core
-            .sample_to(&mut self.rng, rows, dest, &mut self.scratch)
+        let (rng, scratch) = (&mut self.rng, &mut self.scratch);
+        self.buffer
+            .limited_sample(rows, || inner.core.sample_to(rng, rows, dest, scratch))
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
     pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.buffer.state();
-        inner.core.sample_into(&mut self.rng, n, batch)?;
-        inner.transforms.apply(batch)
+        let rng = &mut self.rng;
+        self.buffer
+            .limited_sample(n, || {
+                let inner = self.buffer.state();
+                inner.core.sample_into(rng, n, batch)?;
+                inner.transforms.apply(batch)?;
+                Ok(batch.len())
+            })
+            .map(drop)
     }
 }

@@ -74,6 +74,7 @@ mod buffer;
 mod builder;
 pub mod checkpoint;
 mod learner;
+mod rate_limit;
 mod settings;
 pub mod swap;
 mod writer;
@@ -97,9 +98,11 @@ pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use core::Written;
 pub use dtype::{DType, Element};
 pub use error::PriorityUpdate;
+pub use error::RateLimitError;
 pub use key::{Key, KeyLike};
 pub use learner::Learner;
 pub use policy::WritePolicy;
+pub use rate_limit::{RateLimit, RateLimitStats};
 pub use spec::{Field, Spec, SpecBuilder, MAX_ROW_BYTES};
 pub use transform::{Transform, TransformFn};
 pub use writer::Writer;
@@ -110,6 +113,8 @@ pub use writer::Writer;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
+    /// The rate limiter of `rate_limit.rs`, on its own (its loom model).
+    pub use crate::rate_limit::RateLimiter;
     pub use crate::storage::atomic_copy::{load, store};
     /// The atomic word of the crate's regions (`std`'s, or loom's under loom).
     pub use crate::sync::AtomicU64;

@@ -149,6 +149,23 @@ mod imp {
             guard
         }
 
+        /// [`Condvar::wait`], giving up at `deadline` if there is one: whether it
+        /// passed comes back beside the guard.
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            deadline: Option<std::time::Instant>,
+        ) -> (MutexGuard<'a, T>, bool) {
+            let timed_out = match deadline {
+                Some(at) => self.0.wait_until(&mut guard, at).timed_out(),
+                None => {
+                    self.0.wait(&mut guard);
+                    false
+                }
+            };
+            (guard, timed_out)
+        }
+
         pub(crate) fn notify_one(&self) {
             self.0.notify_one();
         }
@@ -295,6 +312,16 @@ mod imp {
             self.0
                 .wait(guard)
                 .expect("a replaybuf lock was poisoned by a panic")
+        }
+
+        /// Under loom a wait never times out (loom has no clock): a model whose
+        /// threads could only be freed by a timeout deadlocks, and loom reports it.
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            _deadline: Option<std::time::Instant>,
+        ) -> (MutexGuard<'a, T>, bool) {
+            (self.wait(guard), false)
         }
 
         pub(crate) fn notify_one(&self) {

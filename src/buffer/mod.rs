@@ -19,6 +19,7 @@ use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::policy::Admit;
+use crate::rate_limit::RateLimiter;
 use crate::rng::{self};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 
 #[cfg(not(replaybuf_loom))]
 mod attach;
+mod limits;
 mod priorities;
 mod transforms;
 
@@ -64,6 +66,9 @@ mod transforms;
 #[derive(Clone, Debug)]
 pub struct ReplayBuffer {
     pub(crate) cell: Arc<StateCell>,
+    /// The rate limit's counts, shared by every handle, if the buffer was built with
+    /// one (`rate_limit.rs`). Outside the state: a swap carries it over untouched.
+    pub(crate) limiter: Option<Arc<RateLimiter>>,
 }
 
 impl ReplayBuffer {
@@ -76,6 +81,7 @@ impl ReplayBuffer {
     pub(crate) fn from_state(state: State) -> ReplayBuffer {
         ReplayBuffer {
             cell: Arc::new(StateCell::new(state)),
+            limiter: None,
         }
     }
 
@@ -211,7 +217,8 @@ impl ReplayBuffer {
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
     /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.extend_rows(row, true).map(|w| w.index(0))
+        self.limited_insert(row.len(), || self.extend_rows(row, true))
+            .map(|w| w.index(0))
     }
 
     /// Appends a batch and returns where its rows went.
@@ -222,7 +229,7 @@ impl ReplayBuffer {
     /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
     /// with `dim_extend = 1`) appends `t` steps to every environment's column.
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        self.extend_rows(batch, false)
+        self.limited_insert(batch.len(), || self.extend_rows(batch, false))
     }
 
     /// Validates first, then takes the round-robin turn: a rejected batch changes
@@ -248,11 +255,14 @@ impl ReplayBuffer {
     /// Samples `n` rows into a new batch, with their `index` and `generations`.
     pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.batch([0]);
-        let inner = self.state();
-        inner
-            .core
-            .sample_into(&mut inner.core.call_rng(), n, &mut batch)?;
-        inner.transforms.apply(&mut batch)?;
+        self.limited_sample(n, || {
+            let inner = self.state();
+            inner
+                .core
+                .sample_into(&mut inner.core.call_rng(), n, &mut batch)?;
+            inner.transforms.apply(&mut batch)?;
+            Ok(batch.len())
+        })?;
         Ok(batch)
     }
 
@@ -270,12 +280,16 @@ impl ReplayBuffer {
     /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
     /// as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
-        let inner = self.state();
-        let n = inner.core.batch_size_for(batch)?;
-        inner
-            .core
-            .sample_into(&mut inner.core.call_rng(), n, batch)?;
-        inner.transforms.apply(batch)
+        let n = self.state().core.batch_size_for(batch)?;
+        self.limited_sample(n, || {
+            let inner = self.state();
+            inner
+                .core
+                .sample_into(&mut inner.core.call_rng(), n, batch)?;
+            inner.transforms.apply(batch)?;
+            Ok(batch.len())
+        })
+        .map(drop)
     }
 
     /// The row at storage `index`, as a batch of one.
@@ -346,8 +360,46 @@ impl ReplayBuffer {
     }
 }
 
-/// Running an operation against the current state.
+/// Running an operation against the current state, and through the rate limit.
 impl ReplayBuffer {
+    /// Runs `insert`, of `rows` rows, through the rate limit if there is one: waits for
+    /// its turn, counts the rows, and takes back those it did not store (all of them
+    /// if it failed; those a write policy rejected).
+    #[inline]
+    pub(crate) fn limited_insert<T: Stored>(
+        &self,
+        rows: usize,
+        insert: impl FnOnce() -> Result<T, DataError>,
+    ) -> Result<T, DataError> {
+        let Some(limiter) = &self.limiter else {
+            return insert();
+        };
+        limiter.insert(rows as u64)?;
+        let out = insert();
+        let stored = out.as_ref().map_or(0, Stored::stored);
+        limiter.refund_inserts(rows.saturating_sub(stored) as u64);
+        out
+    }
+
+    /// Runs `sample`, of `rows` rows, through the rate limit if there is one: waits
+    /// for its turn, counts the rows, and takes back those it did not draw (`sample`
+    /// returns how many it did).
+    #[inline]
+    pub(crate) fn limited_sample(
+        &self,
+        rows: usize,
+        sample: impl FnOnce() -> Result<usize, SampleError>,
+    ) -> Result<usize, SampleError> {
+        let Some(limiter) = &self.limiter else {
+            return sample();
+        };
+        limiter.sample(rows as u64)?;
+        let out = sample();
+        let drawn = *out.as_ref().unwrap_or(&0);
+        limiter.refund_samples(rows.saturating_sub(drawn) as u64);
+        out
+    }
+
     /// Runs `op` on the current state until it is not refused as [`Retired`]: a write
     /// that raced a swap and found its storage retired is redone, whole, on the state
     /// the swap published. It wrote nothing the first time.
@@ -368,5 +420,24 @@ impl ReplayBuffer {
     /// Holds the reconfiguration lock: no swap runs until the guard drops.
     pub(crate) fn reconfiguring(&self) -> MutexGuard<'_, ()> {
         self.cell.reconfigure.lock()
+    }
+}
+
+/// What an insert stored, for the rate limit's count.
+pub(crate) trait Stored {
+    /// Rows stored.
+    fn stored(&self) -> usize;
+}
+
+impl Stored for Written {
+    fn stored(&self) -> usize {
+        self.accepted()
+    }
+}
+
+/// A one-row insert's index: `u64::MAX` when a write policy rejected the row.
+impl Stored for u64 {
+    fn stored(&self) -> usize {
+        usize::from(*self != u64::MAX)
     }
 }

@@ -78,7 +78,10 @@ impl Written {
 
     /// Rows stored (not rejected).
     pub fn accepted(&self) -> usize {
-        self.len() - self.rejected().count()
+        match &self.placed {
+            Some(placed) => placed.iter().filter(|p| p.is_some()).count(),
+            None => self.len(),
+        }
     }
 
     /// The storage index of batch row `row`, or `None` if it was rejected. Panics if

@@ -73,6 +73,7 @@ pub(crate) enum BuildErrorKind {
     SliceKey { key: Key, reason: &'static str },
     SliceBatchSize { batch_size: usize, divisor: usize },
     Writer { reason: &'static str },
+    RateLimit { reason: &'static str },
     RankKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
@@ -147,6 +148,7 @@ impl fmt::Display for BuildError {
                  (num_slices or slice_len)"
             ),
             Writer { reason } => write!(f, "write policy: {reason}"),
+            RateLimit { reason } => write!(f, "rate limit: {reason}"),
             RankKey { key, reason } => write!(f, "max-value writer's rank key `{key}`: {reason}"),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
@@ -390,6 +392,10 @@ pub enum DataError {
         /// The value found.
         value: f64,
     },
+    /// The buffer's rate limit ([`RateLimit`](crate::RateLimit)) held the insert back
+    /// past its timeout, or its limiter is closed; nothing was written.
+    #[error(transparent)]
+    RateLimited(#[from] RateLimitError),
 }
 
 /// Why a priority update was refused. Nothing was changed.
@@ -525,6 +531,10 @@ pub enum SampleError {
     /// into a [`Destination`](crate::Destination) would skip them.
     #[error("the buffer has transforms, which run on a Batch: sample into one (`sample_into`), or clear them")]
     TransformsNeedBatch,
+    /// The buffer's rate limit ([`RateLimit`](crate::RateLimit)) held the sample back
+    /// past its timeout, or its limiter is closed; nothing was drawn.
+    #[error(transparent)]
+    RateLimited(#[from] RateLimitError),
     /// With `strict_length`, no stored trajectory is as long as a slice.
     #[error("no stored trajectory is {slice_len} steps long (the longest has {longest}); store longer ones or set strict_length(false)")]
     TrajectoriesTooShort {
@@ -533,6 +543,40 @@ pub enum SampleError {
         /// The longest stored trajectory's live steps.
         longest: u64,
     },
+}
+
+/// Why a rate-limited call did not go, or a limit was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RateLimitError {
+    /// The call waited its side's whole timeout; nothing was written or drawn.
+    #[error("rate limited: waited {waited:?} for the other side (samples per insert {samples_per_insert}, {inserts} rows inserted, {samples} sampled)")]
+    Timeout {
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// The limit's ratio.
+        samples_per_insert: f64,
+        /// Rows inserted when it gave up.
+        inserts: u64,
+        /// Rows sampled when it gave up.
+        samples: u64,
+    },
+    /// The limiter was closed ([`ReplayBuffer::close_rate_limit`]): a call that would
+    /// wait fails at once.
+    ///
+    /// [`ReplayBuffer::close_rate_limit`]: crate::ReplayBuffer::close_rate_limit
+    #[error("the rate limiter is closed: a call that would wait fails")]
+    Closed,
+    /// A limit that cannot be kept.
+    #[error("invalid rate limit: {reason}")]
+    Invalid {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The buffer was built without a rate limit.
+    #[error(
+        "this buffer has no rate limit: build it with one (`ReplayBufferBuilder::rate_limit`)"
+    )]
+    NoLimit,
 }
 
 /// A step of the learner's pipeline, as [`SampleError::Pipeline`] names it.

@@ -1,0 +1,213 @@
+//! Rate limits: a collector and a learner thread kept at a ratio, timeouts, closing,
+//! limits changed at run time, and rows that were not stored or drawn given back.
+
+use std::time::Duration;
+
+use replaybuf::error::{BuildError, DataError, SampleError};
+use replaybuf::sampler::WithoutReplacement;
+use replaybuf::{
+    DType, Destination, RateLimit, RateLimitError, ReplayBuffer, ReplayBufferBuilder, Spec,
+    WritePolicy,
+};
+
+fn spec() -> Spec {
+    Spec::builder().field("id", DType::U64, []).build().unwrap()
+}
+
+fn builder(capacity: usize) -> ReplayBufferBuilder {
+    ReplayBuffer::builder(spec()).capacity(capacity).seed(3)
+}
+
+fn rows(rb: &ReplayBuffer, first: u64, n: usize) -> replaybuf::Batch {
+    let mut b = rb.batch([n]);
+    let ids: Vec<u64> = (first..first + n as u64).collect();
+    b.set("id", &ids).unwrap();
+    b
+}
+
+const SHORT: Option<Duration> = Some(Duration::from_millis(30));
+
+#[test]
+fn a_collector_and_a_learner_thread_keep_the_ratio() {
+    // Each row sampled 4 times, give or take 256 samples, once 500 rows are in.
+    let (spi, min_size, error) = (4.0, 500, 256.0);
+    // Timeouts only so that a failing side frees the other instead of hanging it.
+    let limit = RateLimit::sample_to_insert_ratio(spi, min_size, error)
+        .unwrap()
+        .insert_timeout(Some(Duration::from_secs(20)))
+        .sample_timeout(Some(Duration::from_secs(20)));
+    let rb = builder(4096).rate_limit(limit).build().unwrap();
+    let (chunk, batch) = (100, 64);
+    let (low, high) = limit.diff_band();
+    // One call's overshoot past the band, on either side.
+    let (floor, ceiling) = (low - batch as f64, high + chunk as f64 * spi);
+    let check = |rb: &ReplayBuffer| {
+        let s = rb.rate_limit_stats().unwrap();
+        if s.inserts < min_size {
+            return; // filling: the diff climbs to the band
+        }
+        assert!(
+            (floor..=ceiling).contains(&s.diff()),
+            "diff {} outside {floor}..={ceiling} ({} inserted, {} sampled)",
+            s.diff(),
+            s.inserts,
+            s.samples
+        );
+    };
+    std::thread::scope(|s| {
+        let rb_c = &rb;
+        s.spawn(move || {
+            let writer = rb_c.writer();
+            for k in 0..200u64 {
+                writer.extend(&rows(rb_c, k * chunk as u64, chunk)).unwrap();
+                check(rb_c);
+            }
+            // Let the learner draw what it is owed, then free it.
+            std::thread::sleep(Duration::from_millis(50));
+            rb_c.close_rate_limit().unwrap();
+        });
+        let mut learner = rb.learner();
+        loop {
+            match learner.sample(batch) {
+                Ok(b) => assert_eq!(b.len(), batch),
+                Err(SampleError::RateLimited(RateLimitError::Closed)) => break,
+                Err(e) => panic!("{e}"),
+            }
+            check(&rb);
+        }
+    });
+    let s = rb.rate_limit_stats().unwrap();
+    assert_eq!(s.inserts, 200 * chunk as u64);
+    // The learner drew all it was owed: the diff ended at the band's floor.
+    assert!(
+        s.diff() <= low && s.diff() > floor,
+        "final diff {}",
+        s.diff()
+    );
+    let ratio = s.samples as f64 / s.inserts as f64;
+    assert!((ratio - spi).abs() < 0.1, "samples per insert {ratio}");
+    assert!(s.insert_waits > 0 && s.sample_waits > 0, "{s:?}");
+}
+
+#[test]
+fn samples_wait_for_the_min_size_and_time_out() {
+    let limit = RateLimit::min_size(10).sample_timeout(SHORT);
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    rb.extend(&rows(&rb, 0, 9)).unwrap();
+    match rb.sample(4) {
+        Err(SampleError::RateLimited(RateLimitError::Timeout {
+            waited, inserts, ..
+        })) => {
+            assert!(waited >= Duration::from_millis(30));
+            assert_eq!(inserts, 9);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        rb.rate_limit_stats().unwrap().samples,
+        0,
+        "nothing was drawn"
+    );
+    rb.extend(&rows(&rb, 9, 1)).unwrap();
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+    let mut into = rb.batch([8]);
+    rb.sample_into(&mut into).unwrap();
+    let s = rb.rate_limit_stats().unwrap();
+    assert_eq!((s.inserts, s.samples, s.sample_waits), (10, 12, 0));
+}
+
+#[test]
+fn an_insert_waiting_on_learners_is_freed_by_a_sample_a_new_limit_or_closing() {
+    let rb = builder(64)
+        .rate_limit(RateLimit::queue(4).unwrap())
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 4)).unwrap();
+    let wait_for_insert = |free: &dyn Fn()| {
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| rb.extend(&rows(&rb, 100, 1)));
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(!waiting.is_finished(), "the insert went past a full queue");
+            free();
+            waiting.join().unwrap()
+        })
+    };
+    // A learner takes one: the insert goes.
+    wait_for_insert(&|| assert_eq!(rb.sample(1).unwrap().len(), 1)).unwrap();
+    // A wider queue, at run time: the insert goes.
+    wait_for_insert(&|| rb.set_rate_limit(RateLimit::queue(6).unwrap()).unwrap()).unwrap();
+    rb.extend(&rows(&rb, 200, 1)).unwrap(); // 6 unsampled
+                                            // Closing: the insert fails, nothing written.
+    let before = rb.write_count();
+    let e = wait_for_insert(&|| rb.close_rate_limit().unwrap()).unwrap_err();
+    assert_eq!(e, DataError::RateLimited(RateLimitError::Closed));
+    assert_eq!(rb.write_count(), before);
+    // Reopened, a learner is owed rows: it samples; the collector waits again.
+    rb.reopen_rate_limit().unwrap();
+    assert_eq!(rb.sample(6).unwrap().len(), 6);
+    let s = rb.rate_limit_stats().unwrap();
+    assert_eq!((s.inserts, s.samples, s.insert_waits), (7, 7, 2));
+}
+
+#[test]
+fn rows_not_stored_or_not_drawn_are_given_back() {
+    // Refused data: counted, then given back.
+    let limit = RateLimit::queue(100).unwrap();
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    let other = Spec::builder().field("x", DType::F32, []).build().unwrap();
+    let wrong = replaybuf::Batch::zeros(other, [5]);
+    assert!(rb.extend(&wrong).is_err());
+    assert_eq!(rb.rate_limit_stats().unwrap().inserts, 0);
+    // Rows a max-value writer rejects are not inserts. (No wait from here on: only the
+    // counts are looked at.)
+    let limit = RateLimit::min_size(1);
+    let rb = builder(4)
+        .write_policy(WritePolicy::max_value("id"))
+        .rate_limit(limit)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 10, 4)).unwrap();
+    rb.extend(&rows(&rb, 0, 3)).unwrap(); // all below the kept rows
+    assert_eq!(rb.rate_limit_stats().unwrap().inserts, 4);
+    // A without-replacement epoch that ends short: the rows not drawn are given back.
+    let rb = builder(16)
+        .sampler(WithoutReplacement::new())
+        .rate_limit(limit)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 10)).unwrap();
+    assert_eq!(rb.sample(8).unwrap().len(), 8);
+    assert_eq!(rb.sample(8).unwrap().len(), 2);
+    assert_eq!(rb.sample(8).unwrap_err(), SampleError::EpochEnd);
+    assert_eq!(rb.rate_limit_stats().unwrap().samples, 10);
+    // Into memory the caller owns, through a learner.
+    let mut learner = rb.learner();
+    let (mut ids, mut index, mut generation) = (vec![0u8; 8 * 4], vec![0u64; 4], vec![0u64; 4]);
+    let mut dest = Destination::new(
+        rb.spec(),
+        4,
+        [ids.as_mut_slice()],
+        &mut index,
+        &mut generation,
+    )
+    .unwrap();
+    assert_eq!(learner.sample_to(&mut dest).unwrap(), 4);
+    assert_eq!(rb.rate_limit_stats().unwrap().samples, 14);
+}
+
+#[test]
+fn a_shared_buffer_and_a_buffer_without_a_limit_refuse_the_controls() {
+    let e: BuildError = builder(16)
+        .shared(format!("rb-ratelimit-{}", std::process::id()))
+        .rate_limit(RateLimit::min_size(1))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("rate limit"), "{e}");
+    let rb = builder(16).build().unwrap();
+    assert!(rb.rate_limit_stats().is_none());
+    assert_eq!(
+        rb.set_rate_limit(RateLimit::min_size(1)),
+        Err(RateLimitError::NoLimit)
+    );
+    assert_eq!(rb.close_rate_limit(), Err(RateLimitError::NoLimit));
+}
