@@ -19,6 +19,7 @@ __all__ = [
     "RoundRobin",
     "Immutable",
     "MaxValue",
+    "RateLimit",
 ]
 
 
@@ -126,3 +127,109 @@ class MaxValue(_Described):
     rank_key: Key = "reward"
     reduction: str = "sum"
     _kind = "max_value"
+
+
+class RateLimit:
+    """How far collectors and learners may run apart (Reverb's rate limiters).
+
+    The buffer counts rows inserted (``I``) and sampled (``S``) and keeps
+    ``diff = I * samples_per_insert - S`` between ``min_diff`` and ``max_diff``: a
+    ``sample`` waits for ``min_size_to_sample`` rows and while ``diff <= min_diff``
+    (learners ahead), an ``extend`` while ``diff >= max_diff`` (collectors ahead). A
+    call is judged by the counts before it, so an insert and a sample never wait on
+    each other at once; ``diff`` overshoots the band by at most one call. Waits release
+    the GIL and use no CPU; past ``insert_timeout`` / ``sample_timeout`` seconds (None:
+    no limit) they raise :class:`replaybuf.ReplayBufferTimeoutError` (a
+    ``TimeoutError``), and ``close_rate_limit()`` ends them with
+    :class:`replaybuf.RateLimitClosed`. Threads of one process (not ``shared=``).
+
+    >>> import replaybuf
+    >>> limit = replaybuf.RateLimit.sample_to_insert_ratio(8.0, 1000, 512.0, sample_timeout=5.0)
+    >>> rb = replaybuf.ReplayBuffer(10_000, spec={"x": ("float32", ())}, rate_limit=limit)
+    """
+
+    def __init__(
+        self,
+        min_size_to_sample: int = 1,
+        samples_per_insert: float = 1.0,
+        min_diff: float = float("-inf"),
+        max_diff: float = float("inf"),
+        *,
+        insert_timeout: Optional[float] = None,
+        sample_timeout: Optional[float] = None,
+    ) -> None:
+        self._d = {
+            "preset": "custom",
+            "min_size_to_sample": min_size_to_sample,
+            "samples_per_insert": samples_per_insert,
+            "min_diff": min_diff,
+            "max_diff": max_diff,
+        }
+        self._timeouts(insert_timeout, sample_timeout)
+
+    def _timeouts(self, insert_timeout: Optional[float], sample_timeout: Optional[float]) -> None:
+        for name, value in (("insert_timeout", insert_timeout), ("sample_timeout", sample_timeout)):
+            if value is not None:
+                self._d[name] = value
+
+    @classmethod
+    def _preset(
+        cls, preset: str, timeouts: Tuple[Optional[float], Optional[float]], **kw
+    ) -> RateLimit:
+        limit = cls.__new__(cls)
+        limit._d = {"preset": preset, **kw}
+        limit._timeouts(*timeouts)
+        return limit
+
+    @classmethod
+    def min_size(
+        cls,
+        min_size_to_sample: int,
+        *,
+        insert_timeout: Optional[float] = None,
+        sample_timeout: Optional[float] = None,
+    ) -> RateLimit:
+        """Samples wait for ``min_size_to_sample`` rows; nothing else waits."""
+        return cls._preset(
+            "min_size", (insert_timeout, sample_timeout), min_size_to_sample=min_size_to_sample
+        )
+
+    @classmethod
+    def sample_to_insert_ratio(
+        cls,
+        samples_per_insert: float,
+        min_size_to_sample: int,
+        error_buffer: float,
+        *,
+        insert_timeout: Optional[float] = None,
+        sample_timeout: Optional[float] = None,
+    ) -> RateLimit:
+        """Each row sampled about ``samples_per_insert`` times, give or take
+        ``error_buffer`` samples (at least ``2 * max(1, samples_per_insert)``), once
+        ``min_size_to_sample`` rows are in: a fixed replay ratio."""
+        return cls._preset(
+            "sample_to_insert_ratio",
+            (insert_timeout, sample_timeout),
+            samples_per_insert=samples_per_insert,
+            min_size_to_sample=min_size_to_sample,
+            error_buffer=error_buffer,
+        )
+
+    @classmethod
+    def queue(
+        cls,
+        size: int,
+        *,
+        insert_timeout: Optional[float] = None,
+        sample_timeout: Optional[float] = None,
+    ) -> RateLimit:
+        """Every row sampled once: collectors wait while ``size`` rows are unsampled,
+        learners while none is (rows come out in the sampler's order)."""
+        return cls._preset("queue", (insert_timeout, sample_timeout), size=size)
+
+    def _describe(self) -> dict:
+        return {"kind": "rate_limit", **self._d}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._d.items())
+        return f"RateLimit({args})"

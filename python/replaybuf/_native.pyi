@@ -24,6 +24,8 @@ class ReplayBufferIndexError(ReplayBufferError, IndexError): ...
 class ReplayBufferKeyError(ReplayBufferError, KeyError): ...
 class ReplayBufferOSError(ReplayBufferError, OSError): ...
 class EpochEnd(ReplayBufferError, StopIteration): ...
+class ReplayBufferTimeoutError(ReplayBufferError, TimeoutError): ...
+class RateLimitClosed(ReplayBufferError, RuntimeError): ...
 
 class ReplayBuffer:
     """A lock-free replay buffer of numpy rows.
@@ -35,7 +37,8 @@ class ReplayBuffer:
     ``RoundRobin`` by default). ``ndim=2, envs=E`` stores ``[steps, E]`` for batched
     environments; ``memmap=dir`` keeps the rows in files under ``dir``; ``shared=name``
     puts the buffer in shared memory that other processes ``attach`` to (and that
-    pickles as its name).
+    pickles as its name). ``rate_limit`` takes a :class:`replaybuf.RateLimit`: extends
+    and samples then wait their turn to keep a replay ratio.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class ReplayBuffer:
         example: Optional[Mapping[Key, Any]] = None,
         sampler: Optional[Any] = None,
         write_policy: Optional[Any] = None,
+        rate_limit: Optional[Any] = None,
         ndim: int = 1,
         envs: Optional[int] = None,
         dim_extend: int = 0,
@@ -67,6 +71,14 @@ class ReplayBuffer:
     def open_dataset(path: StrPath) -> ReplayBuffer:
         """A checkpoint or file-backed directory opened read-only."""
     def __len__(self) -> int: ...
+    def rate_limit_stats(self) -> Optional[Dict[str, Any]]:
+        """What the rate limit counted (rows, waits, seconds waited, the limit), or None."""
+    def set_rate_limit(self, limit: Any) -> None:
+        """Puts a new :class:`replaybuf.RateLimit` in force, counts kept."""
+    def close_rate_limit(self) -> None:
+        """Waiting calls, and later ones that would wait, raise ``RateLimitClosed``."""
+    def reopen_rate_limit(self) -> None:
+        """Opens a closed rate limit again."""
     @property
     def capacity(self) -> int: ...
     @property

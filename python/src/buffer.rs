@@ -331,6 +331,7 @@ impl Buffer {
         example = None,
         sampler = None,
         write_policy = None,
+        rate_limit = None,
         ndim = 1,
         envs = None,
         dim_extend = 0,
@@ -350,6 +351,7 @@ impl Buffer {
         example: Option<&Bound<'_, PyAny>>,
         sampler: Option<&Bound<'_, PyAny>>,
         write_policy: Option<&Bound<'_, PyAny>>,
+        rate_limit: Option<&Bound<'_, PyAny>>,
         ndim: usize,
         envs: Option<usize>,
         dim_extend: usize,
@@ -381,6 +383,9 @@ impl Buffer {
         }
         if let Some(seed) = seed {
             b = b.seed(seed);
+        }
+        if let Some(limit) = rate_limit.filter(|l| !l.is_none()) {
+            b = b.rate_limit(config::rate_limit(limit)?);
         }
         if let Some(n) = batch_size {
             b = b.batch_size(n);
@@ -430,6 +435,52 @@ impl Buffer {
             .detach(|| ReplayBuffer::open_dataset(&path))
             .map_err(py_err)?;
         Buffer::wrap(py, rb, None)
+    }
+
+    /// What the rate limit has counted, as a dict (rows `inserts` and `samples`,
+    /// `insert_waits` and `sample_waits` with their total seconds `insert_waited` and
+    /// `sample_waited`, `closed`, `diff`, and the limit in force), or None without a
+    /// rate limit.
+    fn rate_limit_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.handle()?.rate_limit_stats() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        let (min_diff, max_diff) = s.limit.diff_band();
+        let (insert_timeout, sample_timeout) = s.limit.timeouts();
+        d.set_item("inserts", s.inserts)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("insert_waits", s.insert_waits)?;
+        d.set_item("insert_waited", s.insert_waited.as_secs_f64())?;
+        d.set_item("sample_waits", s.sample_waits)?;
+        d.set_item("sample_waited", s.sample_waited.as_secs_f64())?;
+        d.set_item("closed", s.closed)?;
+        d.set_item("diff", s.diff())?;
+        d.set_item("samples_per_insert", s.limit.samples_per_insert())?;
+        d.set_item("min_size_to_sample", s.limit.min_size_to_sample())?;
+        d.set_item("min_diff", min_diff)?;
+        d.set_item("max_diff", max_diff)?;
+        d.set_item("insert_timeout", insert_timeout.map(|t| t.as_secs_f64()))?;
+        d.set_item("sample_timeout", sample_timeout.map(|t| t.as_secs_f64()))?;
+        Ok(Some(d))
+    }
+
+    /// Puts a new rate limit in force, counts kept; waiting calls judge themselves by
+    /// it at once.
+    fn set_rate_limit(&self, limit: &Bound<'_, PyAny>) -> PyResult<()> {
+        let limit = config::rate_limit(limit)?;
+        self.handle()?.set_rate_limit(limit).map_err(py_err)
+    }
+
+    /// Closes the rate limit: waiting calls, and later calls that would wait, raise
+    /// `RateLimitClosed` (for shutting collectors and learners down).
+    fn close_rate_limit(&self) -> PyResult<()> {
+        self.handle()?.close_rate_limit().map_err(py_err)
+    }
+
+    /// Opens a closed rate limit again.
+    fn reopen_rate_limit(&self) -> PyResult<()> {
+        self.handle()?.reopen_rate_limit().map_err(py_err)
     }
 
     /// Rows the storage holds.

@@ -8,9 +8,9 @@ use pyo3::types::PyDict;
 use replaybuf::sampler::{
     Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
-use replaybuf::WritePolicy;
+use replaybuf::{RateLimit, WritePolicy};
 
-use crate::errors::{type_error, value_error};
+use crate::errors::{py_err, type_error, value_error};
 use crate::fields::key_from_py;
 
 /// One entry of a description, if present and not None.
@@ -171,4 +171,53 @@ pub(crate) fn write_policy(desc: Option<&Bound<'_, PyAny>>) -> PyResult<WritePol
         }
         other => return Err(value_error(format!("no write policy is called {other:?}"))),
     })
+}
+
+/// A rate limit from its description (`replaybuf.RateLimit(...)._describe()`): a
+/// preset (`min_size`, `sample_to_insert_ratio`, `queue`) or the general form
+/// (`custom`), with timeouts in seconds. The engine checks the numbers.
+pub(crate) fn rate_limit(desc: &Bound<'_, PyAny>) -> PyResult<RateLimit> {
+    let d = described(desc, "rate_limit")?;
+    if kind(&d)? != "rate_limit" {
+        return Err(type_error("rate_limit: expected a replaybuf.RateLimit"));
+    }
+    let need = |name: &str| -> PyResult<f64> {
+        get_as::<f64>(&d, name)?
+            .ok_or_else(|| value_error(format!("rate_limit: `{name}` is missing")))
+    };
+    let min_size = get_as::<u64>(&d, "min_size_to_sample")?.unwrap_or(1);
+    let limit = match get_as::<String>(&d, "preset")?
+        .as_deref()
+        .unwrap_or("custom")
+    {
+        "custom" => RateLimit::new(
+            min_size,
+            need("samples_per_insert")?,
+            need("min_diff")?,
+            need("max_diff")?,
+        ),
+        "min_size" => Ok(RateLimit::min_size(min_size)),
+        "sample_to_insert_ratio" => RateLimit::sample_to_insert_ratio(
+            need("samples_per_insert")?,
+            min_size,
+            need("error_buffer")?,
+        ),
+        "queue" => RateLimit::queue(get_as::<u64>(&d, "size")?.unwrap_or(0)),
+        other => return Err(value_error(format!("rate_limit: unknown preset {other:?}"))),
+    }
+    .map_err(py_err)?;
+    let seconds = |name: &str| -> PyResult<Option<std::time::Duration>> {
+        get_as::<f64>(&d, name)?
+            .map(|s| {
+                std::time::Duration::try_from_secs_f64(s).map_err(|_| {
+                    value_error(format!(
+                        "rate_limit: `{name}` must be seconds >= 0, got {s}"
+                    ))
+                })
+            })
+            .transpose()
+    };
+    Ok(limit
+        .insert_timeout(seconds("insert_timeout")?)
+        .sample_timeout(seconds("sample_timeout")?))
 }

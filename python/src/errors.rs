@@ -8,14 +8,15 @@
 //! `create_exception!` can declare.
 
 use pyo3::exceptions::{
-    PyException, PyIndexError, PyKeyError, PyOSError, PyStopIteration, PyTypeError, PyValueError,
+    PyException, PyIndexError, PyKeyError, PyOSError, PyRuntimeError, PyStopIteration,
+    PyTimeoutError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use replaybuf::error::{
-    AccessError, BuildError, DataError, PersistError, PriorityError, SampleError, SpecError,
-    SwapError,
+    AccessError, BuildError, DataError, PersistError, PriorityError, RateLimitError, SampleError,
+    SpecError, SwapError,
 };
 
 /// Which exception class an error is raised as.
@@ -27,10 +28,12 @@ pub(crate) enum Kind {
     Key,
     Os,
     EpochEnd,
+    Timeout,
+    Closed,
 }
 
 /// The classes, by [`Kind`], in declaration order after the base.
-const CLASSES: [(Kind, &str, &str); 6] = [
+const CLASSES: [(Kind, &str, &str); 8] = [
     (
         Kind::Value,
         "ReplayBufferValueError",
@@ -61,6 +64,16 @@ const CLASSES: [(Kind, &str, &str); 6] = [
         "EpochEnd",
         "A without-replacement epoch ran out (the next sample starts a new one).",
     ),
+    (
+        Kind::Timeout,
+        "ReplayBufferTimeoutError",
+        "A call waited its rate limit's whole timeout; nothing was written or drawn.",
+    ),
+    (
+        Kind::Closed,
+        "RateLimitClosed",
+        "The rate limit was closed (close_rate_limit): a call that would wait fails.",
+    ),
 ];
 
 struct Classes {
@@ -78,6 +91,8 @@ fn builtin<'py>(py: Python<'py>, kind: Kind) -> Bound<'py, PyType> {
         Kind::Key => py.get_type::<PyKeyError>(),
         Kind::Os => py.get_type::<PyOSError>(),
         Kind::EpochEnd => py.get_type::<PyStopIteration>(),
+        Kind::Timeout => py.get_type::<PyTimeoutError>(),
+        Kind::Closed => py.get_type::<PyRuntimeError>(),
     }
 }
 
@@ -162,6 +177,7 @@ impl IntoPy for DataError {
         match self {
             DataError::MissingField { .. } | DataError::UnknownField { .. } => Kind::Key,
             DataError::DType { .. } | DataError::InvalidBool { .. } => Kind::Type,
+            DataError::RateLimited(e) => e.kind(),
             _ => Kind::Value,
         }
     }
@@ -171,6 +187,17 @@ impl IntoPy for SampleError {
     fn kind(&self) -> Kind {
         match self {
             SampleError::EpochEnd => Kind::EpochEnd,
+            SampleError::RateLimited(e) => e.kind(),
+            _ => Kind::Value,
+        }
+    }
+}
+
+impl IntoPy for RateLimitError {
+    fn kind(&self) -> Kind {
+        match self {
+            RateLimitError::Timeout { .. } => Kind::Timeout,
+            RateLimitError::Closed => Kind::Closed,
             _ => Kind::Value,
         }
     }

@@ -1,0 +1,115 @@
+"""Rate limits from Python: a collector and a learner thread kept at a replay ratio
+(each waiting with the GIL released), timeouts as TimeoutError, closing, a new limit
+at run time, and bad limits refused."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import replaybuf
+from replaybuf import RateLimit
+
+SPEC = {"id": ("int64", ())}
+
+
+def rows(first, n):
+    return {"id": np.arange(first, first + n)}
+
+
+def test_a_collector_and_a_learner_thread_keep_the_ratio():
+    limit = RateLimit.sample_to_insert_ratio(
+        4.0, 200, 128.0, insert_timeout=20.0, sample_timeout=20.0
+    )
+    rb = replaybuf.ReplayBuffer(4096, spec=SPEC, rate_limit=limit, seed=1)
+    errors = []
+
+    def collect():
+        try:
+            for k in range(100):
+                rb.extend(rows(k * 50, 50))
+            time.sleep(0.05)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+        finally:
+            rb.close_rate_limit()
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    drawn = 0
+    while True:
+        try:
+            drawn += len(rb.sample(32)["id"])
+        except replaybuf.RateLimitClosed:
+            break
+    collector.join(30)
+    assert not errors, errors
+    s = rb.rate_limit_stats()
+    assert s["inserts"] == 5000 and s["samples"] == drawn
+    # The learner drew all it was owed: the diff ended at the band's floor (the band
+    # is centred on min_size * 4 = 800, give or take 128), less at most one batch.
+    assert s["min_diff"] == 800 - 128
+    assert s["min_diff"] - 32 < s["diff"] <= s["min_diff"], s
+    assert s["closed"] and s["sample_waits"] > 0
+
+
+def test_a_sample_before_the_min_size_times_out_and_draws_nothing():
+    rb = replaybuf.ReplayBuffer(
+        64, spec=SPEC, rate_limit=RateLimit.min_size(10, sample_timeout=0.03)
+    )
+    rb.extend(rows(0, 9))
+    t = time.monotonic()
+    with pytest.raises(replaybuf.ReplayBufferTimeoutError, match="rate limited") as e:
+        rb.sample(4)
+    assert time.monotonic() - t >= 0.03
+    assert isinstance(e.value, TimeoutError) and isinstance(e.value, replaybuf.ReplayBufferError)
+    assert rb.rate_limit_stats()["samples"] == 0
+    rb.extend(rows(9, 1))
+    assert len(rb.sample(4)["id"]) == 4
+
+
+def test_a_waiting_extend_is_freed_by_a_wider_limit_or_closing():
+    rb = replaybuf.ReplayBuffer(64, spec=SPEC, rate_limit=RateLimit.queue(4))
+    rb.extend(rows(0, 4))
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(rb.extend(rows(4, 1))))
+    waiting.start()
+    time.sleep(0.05)
+    assert waiting.is_alive(), "the extend went past a full queue"
+    rb.set_rate_limit(RateLimit.queue(8))
+    waiting.join(10)
+    assert len(results) == 1 and rb.rate_limit_stats()["max_diff"] == 8
+    rb.extend(rows(5, 3))  # 8 unsampled now
+
+    def blocked():
+        try:
+            rb.extend(rows(8, 1))
+        except replaybuf.RateLimitClosed as e:
+            results.append(e)
+
+    waiting = threading.Thread(target=blocked)
+    waiting.start()
+    time.sleep(0.05)
+    rb.close_rate_limit()
+    waiting.join(10)
+    assert isinstance(results[-1], RuntimeError)
+    assert rb.write_count == 8
+    rb.reopen_rate_limit()
+    assert len(rb.sample(8)["id"]) == 8
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError, match="error_buffer"):
+        replaybuf.ReplayBuffer(
+            8, spec=SPEC, rate_limit=RateLimit.sample_to_insert_ratio(4.0, 1, 1.0)
+        )
+    with pytest.raises(ValueError, match="samples_per_insert"):
+        replaybuf.ReplayBuffer(8, spec=SPEC, rate_limit=RateLimit(1, 0.0))
+    with pytest.raises(ValueError, match="timeout"):
+        replaybuf.ReplayBuffer(8, spec=SPEC, rate_limit=RateLimit.min_size(1, insert_timeout=-1.0))
+    with pytest.raises(ValueError, match="rate limit"):
+        replaybuf.ReplayBuffer(8, spec=SPEC, shared="rb-rl-test", rate_limit=RateLimit.min_size(1))
+    rb = replaybuf.ReplayBuffer(8, spec=SPEC)
+    assert rb.rate_limit_stats() is None
+    with pytest.raises(ValueError, match="no rate limit"):
+        rb.close_rate_limit()
