@@ -26,7 +26,6 @@ actor is down raises :class:`ReplayBufferUnavailable` (retryable); it never hang
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from typing import Any, Dict, List, Optional
@@ -151,7 +150,7 @@ class RayReplayBuffer:
                 actor_class.options(**options).remote(cap, shard_kwargs, path, checkpoint_every_s)
             )
         self._get([a.ready.remote() for a in self._actors])
-        self._turn = itertools.count()
+        self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
 
     # ---------------------------------------------------------------- plumbing
@@ -175,7 +174,7 @@ class RayReplayBuffer:
     def extend(self, data: Dict[Any, Any]) -> np.ndarray:
         """Writes a dict of arrays into the next actor in turn; returns the rows'
         indices (global: ``local * num_actors + actor``)."""
-        k = next(self._turn) % self.num_actors
+        k, self._turn = self._turn, (self._turn + 1) % self.num_actors
         local = self._get(self._actors[k].extend.remote(data))
         return local * np.uint64(self.num_actors) + np.uint64(k)
 
