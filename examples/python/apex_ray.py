@@ -175,14 +175,11 @@ def main() -> None:
     rb.close_rate_limit()
     returns = ray.get(runs)
     for e, r in zip(epsilons, returns):
-        last = r[-20:] or [0.0]
-        print(
-            f"collector eps {e:.4f}: {len(r)} episodes, mean return of the last 20 {np.mean(last):.1f}"
-        )
+        last = np.mean(r[-20:] or [0.0])
+        print(f"collector eps {e:.4f}: {len(r)} episodes, last 20 returned {last:.1f} on average")
     s = rb.stats()[0]["rate_limit"]
-    print(
-        f"{s['inserts']} rows collected, {s['samples']} sampled: {s['samples'] / s['inserts']:.2f} per row"
-    )
+    ratio = s["samples"] / s["inserts"]
+    print(f"{s['inserts']} rows collected, {s['samples']} sampled: {ratio:.2f} per row")
     ray.shutdown()
 
 
