@@ -64,3 +64,19 @@ def test_processes_example_finds_no_torn_row_and_removes_its_region():
     assert torn == 0
     assert "shared region removed" in out
     assert not os.path.exists(f"/dev/shm/replaybuf.example-processes-{pid}")
+
+
+def test_the_apex_example_runs_on_a_local_ray_at_its_replay_ratio():
+    pytest.importorskip("ray")
+    pytest.importorskip("gymnasium")
+    out, _ = run_example("apex_ray.py", "--updates", "1000", "--collectors", "2")
+    m = re.search(r"^(\d+) rows collected, (\d+) sampled: ([\d.]+) per row$", out, re.MULTILINE)
+    assert m, f"no final line:\n{out}"
+    collected, sampled = int(m.group(1)), int(m.group(2))
+    assert sampled == 1000 * 64
+    # Held by the rate limit: diff = 8 * collected - sampled stays in the band 8,000
+    # (1,000 rows * 8) +- 256 (4 batches of 64), overshot by at most one call: an
+    # extend of 64 rows (+512) or a sample of 64.
+    diff = 8 * collected - sampled
+    assert 8000 - 256 - 64 <= diff <= 8000 + 256 + 64 * 8, out
+    assert len(re.findall(r"^collector eps", out, re.MULTILINE)) == 2
