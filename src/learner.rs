@@ -58,14 +58,16 @@ impl Learner {
     /// weights ([`SampleError::NoWeightRoom`]), and a buffer with transforms, which
     /// run on a [`Batch`] ([`SampleError::TransformsNeedBatch`]).
     pub fn sample_to(&mut self, dest: &mut Destination<'_>) -> Result<usize, SampleError> {
-        let inner = self.buffer.state();
-        if inner.transforms.len() != 0 {
+        if self.buffer.state().transforms.len() != 0 {
             return Err(SampleError::TransformsNeedBatch);
         }
         let rows = dest.rows();
         let (rng, scratch) = (&mut self.rng, &mut self.scratch);
-        self.buffer
-            .limited_sample(rows, || inner.core.sample_to(rng, rows, dest, scratch))
+        // The state is loaded after the rate limit's wait, as every sample path does:
+        // one loaded before a long wait may have been swapped out meanwhile.
+        self.buffer.limited_sample(rows, || {
+            self.buffer.state().core.sample_to(rng, rows, dest, scratch)
+        })
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
