@@ -13,7 +13,6 @@ lines (system, workload "ray", op, us_per_op, items_per_s).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -21,26 +20,16 @@ import time
 
 import numpy as np
 import ray
+from bench import WL, emit
+from bench import chunk as workload_chunk
 
-MUJOCO = {
-    "obs": ((17,), np.float32),
-    "action": ((6,), np.float32),
-    "reward": ((1,), np.float32),
-    "next_obs": ((17,), np.float32),
-    "done": ((1,), np.bool_),
-}
-CHUNK, BATCH, CAPACITY = 1000, 256, 1_000_000
+# The mujoco workload as bench.py (and WORKLOADS.md) give it.
+CAPACITY, MUJOCO, CHUNK, BATCH = WL["mujoco"]
+SPEC = {k: (np.dtype(d).name, s) for k, (s, d) in MUJOCO.items()}
 
 
 def chunk() -> dict:
-    rng = np.random.default_rng(0)
-    return {k: rng.random((CHUNK,) + s).astype(d) for k, (s, d) in MUJOCO.items()}
-
-
-def emit(system: str, op: str, us: float, items: int) -> None:
-    line = {"system": system, "workload": "ray", "op": op, "us_per_op": round(us, 2)}
-    line["items_per_s"] = round(items / us * 1e6)
-    print(json.dumps(line), flush=True)
+    return workload_chunk(MUJOCO, CHUNK)
 
 
 @ray.remote
@@ -75,7 +64,7 @@ def sample_latency(sample, calls: int = 200) -> tuple:
         t = time.perf_counter()
         sample()
         times.append(time.perf_counter() - t)
-    return statistics.mean(times) * 1e6, statistics.median(times) * 1e6
+    return statistics.mean(times), statistics.median(times)
 
 
 def torchrl_chunk():
@@ -101,8 +90,7 @@ def shared_rate(collectors: int, seconds: float) -> float:
     import replaybuf
 
     name = f"rb-raybench-{os.getpid()}"
-    spec = {k: (np.dtype(d).name, s) for k, (s, d) in MUJOCO.items()}
-    rb = replaybuf.ReplayBuffer(CAPACITY, spec=spec, shards=collectors, shared=name)
+    rb = replaybuf.ReplayBuffer(CAPACITY, spec=SPEC, shards=collectors, shared=name)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
@@ -122,17 +110,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--collectors", type=int, default=2)
     args = parser.parse_args()
-    ray.init(include_dashboard=False, logging_level="error", log_to_driver=False)
+    # Ray's workers import bench.py (the workload) from this folder.
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(
+        include_dashboard=False,
+        logging_level="error",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": here}},
+    )
 
     from replaybuf.ray import RayReplayBuffer
 
-    spec = {k: (np.dtype(d).name, s) for k, (s, d) in MUJOCO.items()}
-    rb = RayReplayBuffer(CAPACITY, spec=spec, seed=1)
+    rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1)
     rate = write_rate(rb, chunk, args.collectors, args.seconds)
-    emit("replaybuf-ray", "extend", CHUNK / rate * 1e6, CHUNK)
+    emit("replaybuf-ray", "ray", "extend", CHUNK / rate, CHUNK)
     mean, p50 = sample_latency(lambda: rb.sample(BATCH))
-    emit("replaybuf-ray", "sample", mean, BATCH)
-    emit("replaybuf-ray", "sample_p50", p50, BATCH)
+    emit("replaybuf-ray", "ray", "sample", mean, BATCH)
+    emit("replaybuf-ray", "ray", "sample_p50", p50, BATCH)
 
     try:
         from functools import partial
@@ -145,14 +139,14 @@ def main() -> None:
         trb = TorchRLRay(storage=partial(LazyTensorStorage, CAPACITY), batch_size=BATCH)
         # Collectors get TorchRL's picklable client, as its docs say.
         rate = write_rate(trb.client(), torchrl_chunk, args.collectors, args.seconds)
-        emit("torchrl-ray", "extend", CHUNK / rate * 1e6, CHUNK)
+        emit("torchrl-ray", "ray", "extend", CHUNK / rate, CHUNK)
         mean, p50 = sample_latency(lambda: trb.sample(BATCH))
-        emit("torchrl-ray", "sample", mean, BATCH)
-        emit("torchrl-ray", "sample_p50", p50, BATCH)
+        emit("torchrl-ray", "ray", "sample", mean, BATCH)
+        emit("torchrl-ray", "ray", "sample_p50", p50, BATCH)
 
     ray.shutdown()
     rate = shared_rate(args.collectors, args.seconds)
-    emit("replaybuf-shared", "extend", CHUNK / rate * 1e6, CHUNK)
+    emit("replaybuf-shared", "ray", "extend", CHUNK / rate, CHUNK)
 
 
 if __name__ == "__main__":

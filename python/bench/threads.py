@@ -26,27 +26,10 @@ import time
 
 import numpy as np
 import replaybuf
+from bench import WL, chunk
 
-# As python/bench/bench.py and WORKLOADS.md give the mujoco workload.
-MUJOCO = {
-    "obs": ((17,), np.float32),
-    "action": ((6,), np.float32),
-    "reward": ((1,), np.float32),
-    "next_obs": ((17,), np.float32),
-    "done": ((1,), np.bool_),
-}
-CHUNK = 1000
-BATCH = 256
-
-
-def chunk(rng: np.random.Generator, n: int) -> dict:
-    out = {}
-    for key, (shape, dtype) in MUJOCO.items():
-        if dtype == np.bool_:
-            out[key] = rng.random((n,) + shape) < 0.01
-        else:
-            out[key] = rng.standard_normal((n,) + shape).astype(dtype)
-    return out
+# The mujoco workload as bench.py (and WORKLOADS.md) give it.
+_, MUJOCO, CHUNK, BATCH = WL["mujoco"]
 
 
 def rate(op, rows_per_call: int, seconds: float, start: threading.Event, out: list) -> None:
@@ -103,10 +86,9 @@ def main() -> None:
     seconds = args.seconds or (1.0 if args.quick else 2.0)
     trials = args.trials or (3 if args.quick else 5)
 
-    rng = np.random.default_rng(0)
     spec = {key: (dtype, shape) for key, (shape, dtype) in MUJOCO.items()}
     rb = replaybuf.ReplayBuffer(capacity, spec=spec, seed=7)
-    data = chunk(rng, CHUNK)
+    data = chunk(MUJOCO, CHUNK)
     while len(rb) < capacity:
         rb.extend(data)
 

@@ -166,8 +166,20 @@ class RayReplayBuffer:
             raise ReplayBufferUnavailable(f"a buffer actor is unavailable: {e}") from e
 
     def _split(self, index: np.ndarray):
+        """Global indices as (actor, local index) arrays."""
         index = np.asarray(index, dtype=np.uint64).reshape(-1)
         return index % self.num_actors, index // self.num_actors
+
+    def _global(self, local: np.ndarray, k: int) -> np.ndarray:
+        """Actor ``k``'s local indices as global ones (what ``_split`` undoes)."""
+        return local * np.uint64(self.num_actors) + np.uint64(k)
+
+    def _merge(self, parts) -> Dict[Any, np.ndarray]:
+        """One dict of rows from ``(actor, rows)`` pairs, their indices made global."""
+        parts = list(parts)
+        for k, part in parts:
+            part[_INDEX] = self._global(part[_INDEX], k)
+        return {key: np.concatenate([p[key] for _, p in parts]) for key in parts[0][1]}
 
     # ---------------------------------------------------------------- the buffer
 
@@ -176,7 +188,7 @@ class RayReplayBuffer:
         indices (global: ``local * num_actors + actor``)."""
         k, self._turn = self._turn, (self._turn + 1) % self.num_actors
         local = self._get(self._actors[k].extend.remote(data))
-        return local * np.uint64(self.num_actors) + np.uint64(k)
+        return self._global(local, k)
 
     def add(self, data: Dict[Any, Any]) -> int:
         """Writes one transition (a dict of arrays of the field shapes)."""
@@ -194,9 +206,7 @@ class RayReplayBuffer:
         counts = self._rng.multinomial(batch_size, sizes / sizes.sum())
         parts = [(k, self._actors[k].sample.remote(int(c))) for k, c in enumerate(counts) if c]
         got = self._get([ref for _, ref in parts])
-        for (k, _), part in zip(parts, got):
-            part[_INDEX] = part[_INDEX] * np.uint64(self.num_actors) + np.uint64(k)
-        return {key: np.concatenate([p[key] for p in got]) for key in got[0]}
+        return self._merge(zip((k for k, _ in parts), got))
 
     def update_priority(self, index, priority, generation=None) -> tuple:
         """Sets priorities, each index routed to the actor that holds it; returns
@@ -222,9 +232,7 @@ class RayReplayBuffer:
         """Every stored row, actor by actor, each actor's oldest first; ``index``
         global."""
         parts = self._get([a.call.remote("read_all_in_order") for a in self._actors])
-        for k, part in enumerate(parts):
-            part[_INDEX] = part[_INDEX] * np.uint64(self.num_actors) + np.uint64(k)
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return self._merge(enumerate(parts))
 
     def __len__(self) -> int:
         return int(sum(self._get([a.size.remote() for a in self._actors])))

@@ -912,9 +912,7 @@ impl Buffer {
 /// `numpy.require(x, T, ["C", "A"]).reshape(-1)`.
 fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<T>>> {
     if let Ok(a) = x.cast::<PyArray1<T>>() {
-        // SAFETY: `as_array_ptr` points at a live array object (we hold a reference).
-        let flags = unsafe { (*a.as_array_ptr()).flags };
-        if a.is_c_contiguous() && flags & npyffi::NPY_ARRAY_ALIGNED != 0 {
+        if a.is_c_contiguous() && a.is_aligned() {
             return Ok(a.clone());
         }
     }

@@ -2,7 +2,7 @@
 
 use super::ReplayBuffer;
 use crate::error::RateLimitError;
-use crate::rate_limit::{RateLimit, RateLimitStats};
+use crate::rate_limit::{RateLimit, RateLimitStats, RateLimiter};
 
 /// The rate limit (see [`ReplayBufferBuilder::rate_limit`]).
 ///
@@ -18,10 +18,7 @@ impl ReplayBuffer {
     /// itself again by it (Reverb #134: a ratio changed mid-training). Refused if the
     /// buffer was built without a rate limit.
     pub fn set_rate_limit(&self, limit: RateLimit) -> Result<(), RateLimitError> {
-        self.limiter
-            .as_ref()
-            .ok_or(RateLimitError::NoLimit)?
-            .set(limit);
+        self.limiter()?.set(limit);
         Ok(())
     }
 
@@ -30,19 +27,18 @@ impl ReplayBuffer {
     /// For shutting down: collectors blocked on learners that have stopped, or the
     /// other way round, return instead of waiting out their timeouts.
     pub fn close_rate_limit(&self) -> Result<(), RateLimitError> {
-        self.limiter
-            .as_ref()
-            .ok_or(RateLimitError::NoLimit)?
-            .close(true);
+        self.limiter()?.close(true);
         Ok(())
     }
 
     /// Opens a closed rate limit again: calls wait for their turn as before.
     pub fn reopen_rate_limit(&self) -> Result<(), RateLimitError> {
-        self.limiter
-            .as_ref()
-            .ok_or(RateLimitError::NoLimit)?
-            .close(false);
+        self.limiter()?.close(false);
         Ok(())
+    }
+
+    /// The limiter, or [`RateLimitError::NoLimit`] for a buffer built without one.
+    fn limiter(&self) -> Result<&RateLimiter, RateLimitError> {
+        self.limiter.as_deref().ok_or(RateLimitError::NoLimit)
     }
 }
