@@ -10,10 +10,12 @@ use crate::backing::file;
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
 use crate::config::{
-    key_meta, key_of, Config, ConfigError, FieldMeta, ReductionMeta, SamplerMeta, WriterMeta,
+    key_meta, key_of, Config, ConfigError, FieldMeta, FramesMeta, ReductionMeta, SamplerMeta,
+    WriterMeta,
 };
 use crate::dtype::DType;
 use crate::error::{BuildError, BuildErrorKind};
+use crate::frames::Frames;
 use crate::key::Key;
 use crate::policy::PolicyEngine;
 use crate::policy::WritePolicy;
@@ -24,6 +26,7 @@ use crate::settings::Settings;
 use crate::shared::procs::PROCS;
 use crate::spec::Spec;
 use crate::state::State;
+use crate::storage::frames::FrameLayout;
 use crate::storage::geometry::Geometry;
 use crate::storage::lanes::Bounds;
 use crate::storage::{Storage, StorageParts};
@@ -51,6 +54,7 @@ pub struct ReplayBufferBuilder {
     pub(crate) attach_only: bool,
     /// How far inserts and samples may run apart (`rate_limit.rs`).
     pub(crate) rate_limit: Option<RateLimit>,
+    pub(crate) frames: Option<Frames>,
 }
 
 impl ReplayBufferBuilder {
@@ -81,6 +85,7 @@ impl ReplayBufferBuilder {
             shared: None,
             attach_only: false,
             rate_limit: None,
+            frames: None,
         }
     }
 
@@ -122,6 +127,13 @@ impl ReplayBufferBuilder {
     /// `replaybuf shm list` / `replaybuf shm remove --stale`. Linux and other Unix.
     pub fn shared(mut self, name: impl Into<String>) -> Self {
         self.shared = Some(name.into());
+        self
+    }
+
+    /// Stores fields once a step: frame stacks and `next_of` fields (see
+    /// [`Frames`]). Extends and samples keep the spec's fields as they are.
+    pub fn frames(mut self, frames: Frames) -> Self {
+        self.frames = Some(frames).filter(|f| !f.is_empty());
         self
     }
 
@@ -250,12 +262,32 @@ impl ReplayBufferBuilder {
                 Some(i)
             }
         };
+        let frames = match &self.frames {
+            None => None,
+            Some(frames) => {
+                if matches!(self.settings.write_policy, WritePolicy::MaxValue { .. }) {
+                    return err(BuildErrorKind::Writer {
+                        reason: "a max-value writer rewrites rows in place, which a \
+                                 buffer with frames cannot: its rows are other rows' frames",
+                    });
+                }
+                let layout = FrameLayout::new(&self.spec, frames, &geometry)
+                    .map_err(|reason| BuildError::new(BuildErrorKind::Frames { reason }))?;
+                if priority_field.is_some_and(|i| layout.places()[i].len == 0) {
+                    return err(BuildErrorKind::Frames {
+                        reason: "the priority field must be stored, not a next_of field".into(),
+                    });
+                }
+                Some(layout)
+            }
+        };
         Ok(Checked {
             geometry,
             dim_extend,
             policy,
             trees,
             slices,
+            frames,
             priority_field,
         })
     }
@@ -266,6 +298,7 @@ impl ReplayBufferBuilder {
         let checked = self.check()?;
         let (geometry, trees) = (checked.geometry, checked.trees);
         let slices = checked.slices;
+        let frames = &checked.frames;
         let mut seed = self.settings.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = self.config(seed);
         let (storage, origin) = match (&self.memmap, &self.shared) {
@@ -288,7 +321,15 @@ impl ReplayBufferBuilder {
                     (false, false) => crate::backing::shm::AttachMode::Create,
                 };
                 let opened = crate::backing::shm::open(name, &config, mode, |meta| {
-                    StorageParts::new(self.spec.clone(), geometry, trees, slices, meta, PROCS)
+                    StorageParts::new(
+                        self.spec.clone(),
+                        geometry,
+                        trees,
+                        slices,
+                        frames.clone(),
+                        meta,
+                        PROCS,
+                    )
                 })
                 .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 let mut storage = opened.storage;
@@ -324,14 +365,24 @@ impl ReplayBufferBuilder {
                     geometry,
                     trees,
                     slices,
+                    frames.clone(),
                     config.layout_hash(),
                 )
                 .map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?,
                 Origin::Fresh,
             ),
             (Some(dir), None) => {
-                let parts =
-                    |meta| StorageParts::new(self.spec.clone(), geometry, trees, slices, meta, 0);
+                let parts = |meta| {
+                    StorageParts::new(
+                        self.spec.clone(),
+                        geometry,
+                        trees,
+                        slices,
+                        frames.clone(),
+                        meta,
+                        0,
+                    )
+                };
                 let opened = if self.private_copy {
                     file::open_copy(dir, &config, parts)
                 } else {
@@ -400,6 +451,8 @@ pub(crate) struct Checked {
     trees: Option<bool>,
     /// A slice sampler's trajectory bounds.
     slices: Option<Bounds>,
+    /// Fields stored once a step.
+    frames: Option<FrameLayout>,
     priority_field: Option<usize>,
 }
 
@@ -489,6 +542,7 @@ impl ReplayBufferBuilder {
                 },
             },
             priority_key: self.priority_key.as_ref().map(key_meta),
+            frames: self.frames.as_ref().map(FramesMeta::of),
         }
     }
 
@@ -521,6 +575,9 @@ impl ReplayBufferBuilder {
         }
         if let Some(k) = &config.priority_key {
             b = b.priority_key(key_of(k));
+        }
+        if let Some(f) = &config.frames {
+            b = b.frames(f.frames());
         }
         Ok(b)
     }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::SpecError;
+use crate::frames::{Frames, StackFill};
 use crate::key::Key;
 use crate::sampler::slice::SliceShape;
 use crate::sampler::{
@@ -40,6 +41,60 @@ pub(crate) struct Config {
     pub(crate) sampler: SamplerMeta,
     pub(crate) writer: WriterMeta,
     pub(crate) priority_key: Option<Vec<String>>,
+    /// Fields stored once a step (absent in checkpoints of buffers without them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) frames: Option<FramesMeta>,
+}
+
+/// Fields stored once a step ([`Frames`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FramesMeta {
+    pub(crate) stacks: Vec<(Vec<String>, usize)>,
+    pub(crate) next_of: Vec<(Vec<String>, Vec<String>)>,
+    pub(crate) fill_zeros: bool,
+    pub(crate) unchecked: bool,
+    pub(crate) done: Option<Vec<String>>,
+    pub(crate) truncated: Option<Vec<String>>,
+    pub(crate) terminal_slots: Option<usize>,
+}
+
+impl FramesMeta {
+    pub(crate) fn of(f: &Frames) -> FramesMeta {
+        FramesMeta {
+            stacks: f.stacks.iter().map(|(k, d)| (key_meta(k), *d)).collect(),
+            next_of: f
+                .next_of
+                .iter()
+                .map(|(a, b)| (key_meta(a), key_meta(b)))
+                .collect(),
+            fill_zeros: f.fill == StackFill::Zeros,
+            unchecked: f.unchecked,
+            done: f.done.as_ref().map(key_meta),
+            truncated: f.truncated.as_ref().map(key_meta),
+            terminal_slots: f.terminal_slots,
+        }
+    }
+
+    pub(crate) fn frames(&self) -> Frames {
+        Frames {
+            stacks: self.stacks.iter().map(|(k, d)| (key_of(k), *d)).collect(),
+            next_of: self
+                .next_of
+                .iter()
+                .map(|(a, b)| (key_of(a), key_of(b)))
+                .collect(),
+            fill: if self.fill_zeros {
+                StackFill::Zeros
+            } else {
+                StackFill::Repeat
+            },
+            unchecked: self.unchecked,
+            done: self.done.as_deref().map(key_of),
+            truncated: self.truncated.as_deref().map(key_of),
+            terminal_slots: self.terminal_slots,
+        }
+    }
 }
 
 /// One field of the spec.
@@ -319,6 +374,8 @@ impl Config {
             envs: Option<usize>,
             sampler: SamplerMeta,
             priority_key: &'a Option<Vec<String>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            frames: &'a Option<FramesMeta>,
         }
         let key = LayoutKey {
             spec: &self.spec,
@@ -328,6 +385,7 @@ impl Config {
             envs: self.envs,
             sampler: self.sampler.without_runtime(),
             priority_key: &self.priority_key,
+            frames: &self.frames,
         };
         let bytes = serde_json::to_vec(&key).expect("a layout key always serialises");
         xxhash_rust::xxh3::xxh3_64(&bytes)

@@ -105,6 +105,9 @@ impl State {
         data: &Batch,
         end: Option<usize>,
     ) -> Result<(), Attempt<AccessError>> {
+        if self.core.storage.frames().is_some() {
+            return Err(Attempt::Failed(AccessError::FramesRewrite));
+        }
         let rewrite = self.admit_rewrite(data)?;
         let data = &*rewrite.data;
         let storage = &self.core.storage;

@@ -315,11 +315,11 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
 
     fn source(items: &[T], order: RowOrder) -> Source<'_> {
         Source {
-            cols: smallvec![SrcCol {
-                data: bytemuck::cast_slice(items),
-                bytes: std::mem::size_of::<T>(),
-                offset: 0,
-            }],
+            cols: smallvec![SrcCol::whole(
+                bytemuck::cast_slice(items),
+                std::mem::size_of::<T>(),
+                0,
+            )],
             order,
         }
     }
@@ -408,11 +408,11 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
             batch.weight = Some(vec![0.0; m]);
         }
         let mut dest = Dest {
-            cols: smallvec![DstCol {
-                data: bytemuck::cast_slice_mut(&mut batch.rows),
-                bytes: std::mem::size_of::<T>(),
-                offset: 0,
-            }],
+            cols: smallvec![DstCol::whole(
+                bytemuck::cast_slice_mut(&mut batch.rows),
+                std::mem::size_of::<T>(),
+                0,
+            )],
         };
         let weight = match (&mut batch.weight, inner.core.sampler.prioritized()) {
             (w, Some(_)) => Some(&mut w.get_or_insert_with(Vec::new)[..]),

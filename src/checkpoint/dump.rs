@@ -42,7 +42,6 @@ use super::epochs;
 use crate::backing::dir::{self, CheckpointMeta, DirKind, DirMeta, FileMeta, Part};
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
-use crate::core::dest_for;
 use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
@@ -50,6 +49,7 @@ use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
 use crate::storage::stamp::Stamp;
+use crate::storage::plan::{Dest, DstCol};
 use crate::storage::{atomic_copy, Storage};
 
 /// Bytes moved per read or write call.
@@ -307,6 +307,15 @@ fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, Persis
         ),
     };
     let save_hooks = inner.hooks.save();
+    if compact.is_some() && inner.core.storage.frames().is_some() {
+        return Err(PersistError::new(
+            dir,
+            PersistKind::Unsupported(
+                "the compact format and frames do not combine: a buffer with frames is \
+                 saved compact already",
+            ),
+        ));
+    }
     if compact.is_some() && !save_hooks.is_empty() {
         return Err(PersistError::new(
             dir,
@@ -492,11 +501,19 @@ pub(crate) fn with_rows<T>(
     batch: &mut Batch,
     f: impl FnOnce(&mut Batch) -> T,
 ) -> T {
-    *batch = Batch::zeros(storage.spec().clone(), [slots.len()]);
-    let identity: Vec<usize> = (0..storage.spec().fields().len()).collect();
+    // The rows as stored (with frames: one frame of each stack, no next_of fields).
+    let spec = storage.row_spec();
+    *batch = Batch::zeros(spec.clone(), [slots.len()]);
     {
         let parts = batch.parts_mut();
-        let mut dest = dest_for(storage.spec(), &identity, parts.columns);
+        let mut dest = Dest {
+            cols: spec
+                .fields()
+                .iter()
+                .zip(parts.columns)
+                .map(|(f, c)| DstCol::whole(c.as_bytes_mut(), f.bytes(), f.offset()))
+                .collect(),
+        };
         for (k, &slot) in slots.iter().enumerate() {
             dest.read_row(storage.words(), storage.row_offset_of(slot), k);
         }

@@ -57,7 +57,8 @@ impl Core {
             });
         }
         let s = self.storage.shards().len() as u64;
-        Ok(if s == 1 || self.sampler.slice().is_some() {
+        let one_ring = self.sampler.slice().is_some() || self.storage.frames().is_some();
+        Ok(if s == 1 || one_ring {
             0
         } else {
             (self
@@ -98,10 +99,16 @@ impl Core {
             .fields()
             .iter()
             .zip(&map)
-            .map(|(f, &i)| SrcCol {
-                data: batch.columns()[i].as_bytes(),
-                bytes: f.bytes(),
-                offset: f.offset(),
+            .enumerate()
+            .map(|(f, (field, &i))| {
+                let place = self.storage.place(f);
+                SrcCol {
+                    data: batch.columns()[i].as_bytes(),
+                    bytes: field.bytes(),
+                    offset: place.offset,
+                    skip: place.skip,
+                    len: place.len,
+                }
             })
             .collect();
         Ok(Source { cols, order })
@@ -174,11 +181,44 @@ impl Core {
         batch: &'a Batch,
     ) -> Result<Prepared<'a>, DataError> {
         let (steps, order) = self.extent(shard, batch)?;
+        let src = self.source(batch, order)?;
+        if self.storage.frames().is_some() {
+            self.check_frames(shard, steps, &src)?;
+        }
         Ok(Prepared {
             steps,
-            src: self.source(batch, order)?,
+            src,
             priorities: self.batch_priorities(batch)?,
         })
+    }
+
+    /// Checks a frames buffer's extend of `shard` (or of the whole buffer) against
+    /// the trajectories it continues (`Storage::check_frames`).
+    fn check_frames(
+        &self,
+        shard: Option<usize>,
+        steps: u64,
+        src: &Source<'_>,
+    ) -> Result<(), DataError> {
+        let storage = &self.storage;
+        let groups: SmallVec<[(usize, Source<'_>); 4]> = match (shard, storage.geometry()) {
+            (Some(k), _) => smallvec::smallvec![(k, src.clone())],
+            // A buffer-level extend of an ndim-1 frames buffer goes to one ring.
+            (None, Geometry::Flat { .. }) => smallvec::smallvec![(self.pick_shard()?, src.clone())],
+            (None, Geometry::Grid { .. }) => (storage.shards().iter().enumerate())
+                .map(|(k, s)| (k, src.for_group(s.ring().index_offset)))
+                .collect(),
+        };
+        for (k, src) in groups {
+            storage
+                .check_frames(k, steps, &src)
+                .map_err(|m| DataError::Frames {
+                    key: m.key,
+                    row: m.row,
+                    what: m.what,
+                })?;
+        }
+        Ok(())
     }
 
     /// Appends validated rows. `shard: None` writes every env group of an ndim-2 storage.
@@ -268,7 +308,7 @@ impl Core {
         self.draw(rng, n, scratch)?;
         let rows = scratch.draws.len();
         out.shape_rows(rows, weighted);
-        let mut parts = out.parts(spec, &map);
+        let mut parts = out.parts(&self.storage, &map);
         self.gather_sampled(
             rng,
             scratch,
@@ -443,7 +483,7 @@ impl Core {
             batch.reshape_for_sample(draws.len(), false);
             let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
             let parts = batch.parts_mut();
-            let mut dest = dest_for(self.storage.spec(), &identity, parts.columns);
+            let mut dest = dest_for(&self.storage, &identity, parts.columns);
             let read = self.gather(
                 &draws,
                 Want::AtLeast,
@@ -489,23 +529,30 @@ pub(crate) struct Weigh<'a> {
 /// goes to column `map[i]` (see `batch::columns_for`). The columns are a batch's
 /// (`&mut Column`) or a caller's bytes.
 pub(crate) fn dest_for<'a, C: Into<&'a mut [u8]>>(
-    spec: &Spec,
+    storage: &Storage,
     map: &[usize],
     columns: impl IntoIterator<Item = C>,
 ) -> Dest<'a> {
     let mut columns: SmallVec<[Option<C>; 8]> = columns.into_iter().map(Some).collect();
     Dest {
-        cols: spec
+        cols: storage
+            .spec()
             .fields()
             .iter()
             .zip(map)
-            .map(|(f, &i)| DstCol {
-                data: columns[i]
-                    .take()
-                    .expect("replaybuf internal error: a column mapped twice")
-                    .into(),
-                bytes: f.bytes(),
-                offset: f.offset(),
+            .enumerate()
+            .map(|(f, (field, &i))| {
+                let place = storage.place(f);
+                DstCol {
+                    data: columns[i]
+                        .take()
+                        .expect("replaybuf internal error: a column mapped twice")
+                        .into(),
+                    bytes: field.bytes(),
+                    offset: place.offset,
+                    skip: place.skip,
+                    len: place.len,
+                }
             })
             .collect(),
     }
@@ -530,8 +577,9 @@ pub(crate) trait SampleOut {
     /// `weighted`).
     fn shape_slices(&mut self, slices: usize, len: usize, weighted: bool);
 
-    /// The parts a sample writes, rows of `spec` going to columns as `map` says.
-    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_>;
+    /// The parts a sample writes, the rows of `storage` going to columns as `map`
+    /// says.
+    fn parts(&mut self, storage: &Storage, map: &[usize]) -> SampleParts<'_>;
 }
 
 /// The parts of an output a sample writes, borrowed apart. Row `k` of the sample is
@@ -562,10 +610,10 @@ impl SampleOut for Batch {
         self.reshape_for_slices(slices, len, weighted);
     }
 
-    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_> {
+    fn parts(&mut self, storage: &Storage, map: &[usize]) -> SampleParts<'_> {
         let parts = self.parts_mut();
         SampleParts {
-            dest: dest_for(spec, map, parts.columns),
+            dest: dest_for(storage, map, parts.columns),
             index: parts.index,
             generation: parts.generation,
             weight: parts.weight,
@@ -599,9 +647,9 @@ impl SampleOut for Destination<'_> {
         self.shape_rows(slices * len, weighted);
     }
 
-    fn parts(&mut self, spec: &Spec, map: &[usize]) -> SampleParts<'_> {
+    fn parts(&mut self, storage: &Storage, map: &[usize]) -> SampleParts<'_> {
         SampleParts {
-            dest: dest_for(spec, map, self.columns.iter_mut().map(|c| &mut **c)),
+            dest: dest_for(storage, map, self.columns.iter_mut().map(|c| &mut **c)),
             index: &mut *self.index,
             generation: &mut *self.generation,
             weight: self.weight.as_deref_mut(),

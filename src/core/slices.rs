@@ -89,7 +89,7 @@ impl Core {
         self.prefetch_windows(windows);
         let weighted = picker.prio.is_some();
         out.shape_slices(slices, len, weighted);
-        let mut parts = out.parts(spec, &map);
+        let mut parts = out.parts(&self.storage, &map);
         parts.weight = parts.weight.filter(|_| weighted);
         for (s, &first_pick) in windows.iter().enumerate() {
             let mut w = first_pick;
@@ -139,7 +139,7 @@ impl Core {
         self.prefetch_windows(windows);
         let len = len as usize;
         out.shape_slices(slices, len, false);
-        let mut parts = out.parts(self.storage.spec(), map);
+        let mut parts = out.parts(&self.storage, map);
         parts.weight = None;
         let mut read = 0;
         let mut next = 0;

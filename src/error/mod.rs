@@ -74,6 +74,7 @@ pub(crate) enum BuildErrorKind {
     SliceBatchSize { batch_size: usize, divisor: usize },
     Writer { reason: &'static str },
     RateLimit { reason: &'static str },
+    Frames { reason: String },
     RankKey { key: Key, reason: &'static str },
     Spec(SpecError),
     Region(io::Error),
@@ -149,6 +150,7 @@ impl fmt::Display for BuildError {
             ),
             Writer { reason } => write!(f, "write policy: {reason}"),
             RateLimit { reason } => write!(f, "rate limit: {reason}"),
+            Frames { reason } => write!(f, "frames: {reason}"),
             RankKey { key, reason } => write!(f, "max-value writer's rank key `{key}`: {reason}"),
             Spec(e) => write!(f, "spec: {e}"),
             Region(e) => write!(f, "could not reserve the storage memory: {e}"),
@@ -260,6 +262,20 @@ impl std::error::Error for SwapError {
 /// Data that does not match the buffer's spec or storage shape. Nothing was written.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum DataError {
+    /// A frames buffer's stacks or next values do not follow their trajectory (see
+    /// [`Frames`](crate::Frames)); nothing was written.
+    #[error(
+        "field `{key}` of data row {row}: {what} (a buffer with frames stores one frame a \
+         step; feed each trajectory's steps in order, or declare the stacks unchecked)"
+    )]
+    Frames {
+        /// The field.
+        key: Key,
+        /// The row of the extend's data.
+        row: usize,
+        /// What does not follow.
+        what: &'static str,
+    },
     /// The spec has a field the data lacks.
     #[error("field `{key}` is missing")]
     MissingField {
@@ -631,4 +647,8 @@ pub enum AccessError {
     /// The data does not fit the spec.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A buffer with frames rewrites no row in place: its rows are other rows'
+    /// frames and next values.
+    #[error("a buffer with frames (frame stacks or next_of) cannot rewrite rows in place")]
+    FramesRewrite,
 }

@@ -33,7 +33,7 @@ pub(crate) struct Scalar {
 impl Scalar {
     /// The value of data row `r`, widened to 64 bits.
     #[inline]
-    fn get(&self, src: &Source<'_>, r: usize) -> u64 {
+    pub(crate) fn get(&self, src: &Source<'_>, r: usize) -> u64 {
         let col = &src.cols[self.field];
         let b = &col.data[r * col.bytes..][..col.bytes];
         match self.dtype {

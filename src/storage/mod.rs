@@ -20,6 +20,7 @@
 //! Layer: algos.
 
 pub mod atomic_copy;
+pub(crate) mod frames;
 pub(crate) mod freeze;
 pub(crate) mod geometry;
 pub(crate) mod lanes;
@@ -45,6 +46,7 @@ use atomic_copy::Intent;
 use crate::region::{Block, Region};
 use crate::shared::procs::ProcTable;
 use crate::spec::Spec;
+use crate::storage::frames::{FrameLayout, StepWord};
 use crate::storage::lanes::{Bounds, Lanes, Turn};
 #[cfg(not(replaybuf_loom))]
 use crate::storage::member::Member;
@@ -163,6 +165,9 @@ pub(crate) struct Storage {
     /// Every lane's trajectory block (slice sampling), after the trees, and how rows
     /// say where trajectories end.
     slices: Option<(Lanes, Bounds)>,
+    /// Fields stored once a step (`frames.rs`), with their side slots after the lane
+    /// blocks.
+    frames: Option<Arc<FrameLayout>>,
 }
 
 impl Storage {
@@ -174,9 +179,10 @@ impl Storage {
         geometry: Geometry,
         trees: Option<bool>,
         slices: Option<Bounds>,
+        frames: Option<FrameLayout>,
         layout_hash: u64,
     ) -> io::Result<Storage> {
-        let parts = StorageParts::new(spec, geometry, trees, slices, 0, 0)?;
+        let parts = StorageParts::new(spec, geometry, trees, slices, frames, 0, 0)?;
         let region = Arc::new(Region::heap(parts.layout.words)?);
         layout::write_header(region.words(), &parts.layout, layout_hash, &[]);
         Ok(parts.into_storage(region))
@@ -365,8 +371,36 @@ impl Storage {
         stamp::begin_read(self.stamp(ring.first_slot + leaf))
     }
 
+    /// The fields of a row as extends give them and samples return them.
     pub(crate) fn spec(&self) -> &Arc<Spec> {
         &self.spec
+    }
+
+    /// The row a slot stores: the spec, or with frames one frame of each stack and no
+    /// `next_of` fields.
+    pub(crate) fn row_spec(&self) -> &Arc<Spec> {
+        self.frames.as_ref().map_or(&self.spec, |f| &f.stored)
+    }
+
+    /// Fields stored once a step, if any.
+    pub(crate) fn frames(&self) -> Option<&FrameLayout> {
+        self.frames.as_deref()
+    }
+
+    /// Where field `i` of the spec lies in a stored row, and which of its bytes are
+    /// stored there.
+    pub(crate) fn place(&self, i: usize) -> frames::Place {
+        match &self.frames {
+            Some(f) => f.places()[i],
+            None => {
+                let f = &self.spec.fields()[i];
+                frames::Place {
+                    offset: f.offset(),
+                    skip: 0,
+                    len: f.bytes(),
+                }
+            }
+        }
     }
 
     pub(crate) fn geometry(&self) -> &Geometry {
@@ -484,6 +518,17 @@ impl Storage {
             && ring_slots as usize * self.slot_bytes >= STREAMING_RING_BYTES;
         // A slice buffer's lanes: their turns, taken before any row is written.
         let mut turns: SmallVec<[Turn; 8]> = SmallVec::new();
+        // A frames buffer's lanes: the last step of each trajectory, walked through
+        // the steps an append longer than the ring claims but never writes.
+        let mut last = SmallVec::<[Option<StepWord>; 8]>::new();
+        if self.frames.is_some() {
+            last = self.frames_last(k, first);
+            for j in 0..steps.saturating_sub(ring.steps) {
+                for lane in 0..ring.width {
+                    self.frames_step(k, first + j, j, lane, src, &mut last[lane as usize], false);
+                }
+            }
+        }
         let slices = self.slices.as_ref().map(|(lanes, bounds)| {
             let fresh_from = shard.floor();
             turns.extend((0..ring.width).map(|lane| lanes.begin(self.words(), k, lane, first)));
@@ -519,6 +564,15 @@ impl Storage {
                     crate::sync::store_beside_rmw(
                         &self.words()[self.raw_word(slot)],
                         sumtree::raw_bits(step.lap, Some(raw)),
+                        Ordering::Release,
+                    );
+                }
+                if self.frames.is_some() {
+                    let last = &mut last[lane as usize];
+                    let word = self.frames_step(k, step.seq, step.j, lane, src, last, true);
+                    crate::sync::store_beside_rmw(
+                        &self.words()[self.frames_word(slot)],
+                        word,
                         Ordering::Release,
                     );
                 }
@@ -651,12 +705,21 @@ impl Storage {
             _ => {}
         }
         header(slot);
+        let word = self
+            .frames
+            .as_ref()
+            .map(|_| StepWord(self.words()[self.frames_word(slot)].load(Ordering::Relaxed)));
         dst.read_row(self.words(), self.row_offset(slot), k);
-        if stamp::validate(stamp, seen) {
-            Ok((seen, ring.index(pos, u64::from(draw.lane))))
-        } else {
-            Err(Miss::Torn)
+        if !stamp::validate(stamp, seen) {
+            return Err(Miss::Torn);
         }
+        if let Some(word) = word {
+            // The row's sequence number: the drawn one, or a later lap's.
+            let laps = u64::from(seen.lap().wrapping_sub((draw.seq / ring.steps) as u32));
+            let seq = draw.seq + laps * ring.steps;
+            self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
+        }
+        Ok((seen, ring.index(pos, u64::from(draw.lane))))
     }
 
     /// Whether the drawn row was claimed by a writer that died before publishing it,
@@ -681,7 +744,8 @@ impl Storage {
     /// writer that died before publishing it).
     pub(crate) fn draw_at(&self, index: u64) -> Option<Draw> {
         let (k, pos, lane) = self.geometry.locate(index)?;
-        let seq = self.shards[k as usize].seq_at(pos)?;
+        let steps = self.shards[k as usize].ring().steps;
+        let seq = self.sampleable(k as usize).seq_at(pos, steps)?;
         let d = Draw {
             shard: k as u32,
             lane: lane as u32,
@@ -712,9 +776,24 @@ impl Storage {
     }
 
     /// Fills `out` with every shard's live window.
+    /// A frames buffer's windows leave out the rows that cannot be rebuilt yet or
+    /// any more (`FrameLayout::trim`).
     pub(crate) fn windows(&self, out: &mut Vec<Window>) {
         out.clear();
-        out.extend(self.shards.iter().map(Shard::window));
+        out.extend((0..self.shards.len()).map(|k| self.sampleable(k)));
+    }
+
+    /// Shard `k`'s live window, less a frames buffer's rows that cannot be rebuilt.
+    fn sampleable(&self, k: usize) -> Window {
+        let shard = &self.shards[k];
+        let w = shard.window();
+        match &self.frames {
+            Some(f) => {
+                let (lo, hi) = f.trim(w.lo, w.hi, shard.ring().steps);
+                Window { lo, hi }
+            }
+            None => w,
+        }
     }
 
     /// Rows stored (claimed and not emptied).
@@ -759,6 +838,7 @@ impl Storage {
             header_bytes: self.header_bytes,
             trees: self.trees.clone(),
             slices: self.slices.clone(),
+            frames: self.frames.clone(),
         }
     }
 
@@ -824,6 +904,7 @@ pub(crate) struct StorageParts {
     header_bytes: usize,
     trees: Vec<TreeLayout>,
     slices: Option<(Lanes, Bounds)>,
+    frames: Option<Arc<FrameLayout>>,
 }
 
 impl StorageParts {
@@ -834,13 +915,18 @@ impl StorageParts {
         geometry: Geometry,
         trees: Option<bool>,
         slices: Option<Bounds>,
+        mut frames: Option<FrameLayout>,
         meta_bytes: usize,
         procs: usize,
     ) -> io::Result<StorageParts> {
         let (with_trees, with_max) = (trees.is_some(), trees == Some(true));
         let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "storage too large");
-        let header_bytes = 8 + 8 * usize::from(with_trees) + 8 * usize::from(slices.is_some());
-        let slot_bytes = header_bytes + spec.row_bytes();
+        let header_bytes = 8
+            + 8 * usize::from(with_trees)
+            + 8 * usize::from(frames.is_some())
+            + 8 * usize::from(slices.is_some());
+        let row_bytes = frames.as_ref().map_or(spec.row_bytes(), |f| f.stored.row_bytes());
+        let slot_bytes = header_bytes + row_bytes;
         let capacity = usize::try_from(geometry.capacity()).map_err(|_| too_large())?;
         let mut tree_layouts = Vec::new();
         let mut lanes = None;
@@ -868,11 +954,15 @@ impl StorageParts {
                 Some(next - at)
             },
             |at| {
-                if slices.is_none() {
-                    return Some(0);
+                let mut taken = 0;
+                if slices.is_some() {
+                    let (l, words) = Lanes::new(&geometry, at)?;
+                    lanes = Some(l);
+                    taken = words;
                 }
-                let (l, taken) = Lanes::new(&geometry, at)?;
-                lanes = Some(l);
+                if let Some(f) = &mut frames {
+                    taken += f.place_side(geometry.shards() as usize, at + taken)?;
+                }
                 Some(taken)
             },
         )
@@ -885,6 +975,7 @@ impl StorageParts {
             header_bytes,
             trees: tree_layouts,
             slices: lanes.zip(slices),
+            frames: frames.map(Arc::new),
         })
     }
 
@@ -924,6 +1015,7 @@ impl StorageParts {
             header_bytes: self.header_bytes,
             trees: self.trees.into_boxed_slice(),
             slices: self.slices,
+            frames: self.frames,
         }
     }
 }

@@ -19,6 +19,36 @@ pub(crate) struct SrcCol<'a> {
     pub(crate) bytes: usize,
     /// Where the field starts inside a stored row.
     pub(crate) offset: usize,
+    /// The part of each row's value that is stored: `len` bytes from `skip` (all of
+    /// it, but for a frame stack's newest frame and a `next_of` field's nothing; see
+    /// `frames.rs`).
+    pub(crate) skip: usize,
+    pub(crate) len: usize,
+}
+
+impl<'a> SrcCol<'a> {
+    /// A field stored whole.
+    pub(crate) fn whole(data: &'a [u8], bytes: usize, offset: usize) -> SrcCol<'a> {
+        SrcCol {
+            data,
+            bytes,
+            offset,
+            skip: 0,
+            len: bytes,
+        }
+    }
+
+    /// The stored part of data row `r`.
+    #[inline]
+    fn stored(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.bytes + self.skip..][..self.len]
+    }
+
+    /// All of data row `r`'s value.
+    #[inline]
+    pub(crate) fn value(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.bytes..][..self.bytes]
+    }
 }
 
 /// How the rows of an extend are ordered in the caller's data.
@@ -86,7 +116,7 @@ impl<'a> Source<'a> {
     pub(crate) fn write_row(&self, words: &[AtomicU64], row: usize, step: u64, lane: u64) {
         let r = self.order.row(step, lane);
         for c in &self.cols {
-            atomic_copy::store(words, row + c.offset, &c.data[r * c.bytes..][..c.bytes]);
+            atomic_copy::store(words, row + c.offset, c.stored(r));
         }
     }
 
@@ -105,8 +135,8 @@ impl<'a> Source<'a> {
         let r = self.order.row(step, lane);
         atomic_copy::streaming_fence();
         for c in &self.cols {
-            let data = &c.data[r * c.bytes..][..c.bytes];
-            if c.bytes >= STREAMING_FIELD_BYTES {
+            let data = c.stored(r);
+            if data.len() >= STREAMING_FIELD_BYTES {
                 atomic_copy::store_streaming(words, row + c.offset, data);
             } else {
                 atomic_copy::store(words, row + c.offset, data);
@@ -123,9 +153,34 @@ pub(crate) const STREAMING_FIELD_BYTES: usize = 1024;
 /// One field's destination in the caller's buffers, for every row.
 #[derive(Debug)]
 pub(crate) struct DstCol<'a> {
+    /// Row after row, `bytes` each.
     pub(crate) data: &'a mut [u8],
     pub(crate) bytes: usize,
+    /// Where the field starts inside a stored row.
     pub(crate) offset: usize,
+    /// Where in each row's value the stored bytes go, and how many there are (as
+    /// [`SrcCol`]); the rest is rebuilt from other rows (`frames.rs`).
+    pub(crate) skip: usize,
+    pub(crate) len: usize,
+}
+
+impl<'a> DstCol<'a> {
+    /// A field stored whole.
+    pub(crate) fn whole(data: &'a mut [u8], bytes: usize, offset: usize) -> DstCol<'a> {
+        DstCol {
+            data,
+            bytes,
+            offset,
+            skip: 0,
+            len: bytes,
+        }
+    }
+
+    /// All of output row `k`'s value.
+    #[inline]
+    pub(crate) fn value_mut(&mut self, k: usize) -> &mut [u8] {
+        &mut self.data[k * self.bytes..][..self.bytes]
+    }
 }
 
 /// Where sampled rows go.
@@ -146,7 +201,8 @@ impl Dest<'_> {
     #[inline]
     pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {
         for c in &mut self.cols {
-            atomic_copy::load(words, row + c.offset, &mut c.data[k * c.bytes..][..c.bytes]);
+            let at = k * c.bytes + c.skip;
+            atomic_copy::load(words, row + c.offset, &mut c.data[at..][..c.len]);
         }
     }
 }

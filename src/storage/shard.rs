@@ -282,6 +282,14 @@ impl Shard {
     }
 
     /// Forgets every row claimed so far.
+    /// Raises the floor to `seq`: the rows before it leave the buffer (a frames
+    /// buffer's rows whose side slot was taken over, `frames.rs`). Never past the
+    /// cursor.
+    pub(crate) fn evict_below(&self, seq: u64) {
+        let hi = self.cursor().load(Ordering::Acquire);
+        self.floor_word().fetch_max(seq.min(hi), Ordering::Release);
+    }
+
     pub(crate) fn empty(&self) {
         let hi = self.cursor().load(Ordering::Acquire);
         self.floor_word().fetch_max(hi, Ordering::Release);
