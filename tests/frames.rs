@@ -6,7 +6,7 @@
 #![allow(clippy::disallowed_types)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -157,7 +157,7 @@ fn compare(
 ) {
     let spec = Arc::new(spec(depth));
     let build = |b: ReplayBufferBuilder| match envs {
-        Some(e) => b.ndim(2).envs(e),
+        Some(e) => b.ndim(2).envs(e).dim_extend(0),
         None => b,
     };
     let plain = build(ReplayBuffer::builder(spec.clone()).capacity(capacity).seed(seed))
@@ -248,8 +248,12 @@ fn one_row_chunks_across_many_wraps() {
 
 /// A stream of `n` steps of one environment.
 fn stream(depth: usize, n: usize, seed: u64, ids: &mut u32) -> Vec<Step> {
+    stream_filled(depth, StackFill::Repeat, n, seed, ids)
+}
+
+fn stream_filled(depth: usize, fill: StackFill, n: usize, seed: u64, ids: &mut u32) -> Vec<Step> {
     let mut rng = xorshift(seed);
-    let mut env = Env::new(depth, StackFill::Repeat, ids);
+    let mut env = Env::new(depth, fill, ids);
     (0..n).map(|_| env.step(ids, &mut rng)).collect()
 }
 
@@ -365,45 +369,48 @@ fn collectors_and_learners_never_see_a_mixed_row() {
         .build()
         .unwrap();
     let mut ids = 0;
-    let streams: Vec<Vec<Step>> = (0..2).map(|w| stream(depth, 20_000, 11 + w, &mut ids)).collect();
+    let streams: Vec<Vec<Step>> = (0..2).map(|w| stream(depth, 100_000, 11 + w, &mut ids)).collect();
     let by_id: HashMap<i64, Step> = streams.iter().flatten().map(|s| (s.id, s.clone())).collect();
     let stop = AtomicBool::new(false);
+    let checked = AtomicUsize::new(0);
     std::thread::scope(|scope| {
-        for s in &streams {
-            let writer = rb.writer();
-            let spec = spec.clone();
-            scope.spawn(move || {
-                for chunk in s.chunks(37) {
-                    writer.extend(&batch_of(&spec, chunk, &[chunk.len()])).unwrap();
-                }
-            });
-        }
-        let learners: Vec<_> = (0..2)
-            .map(|_| {
-                let rb = &rb;
-                let (spec, by_id, stop) = (&spec, &by_id, &stop);
+        let writers: Vec<_> = streams
+            .iter()
+            .map(|s| {
+                let writer = rb.writer();
+                let (spec, checked) = (spec.clone(), &checked);
                 scope.spawn(move || {
-                    let mut checked = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let Ok(batch) = rb.sample(32) else { continue };
-                        let action = batch.column::<i64>("action").unwrap();
-                        for (k, id) in action.iter().enumerate() {
-                            assert_eq!(row_of(&batch, k), expected(spec, &by_id[id]), "id {id}");
-                            checked += 1;
+                    // Until the learners have checked enough rows written meanwhile.
+                    for chunk in s.chunks(37) {
+                        if checked.load(Ordering::Relaxed) >= 20_000 {
+                            break;
                         }
+                        writer.extend(&batch_of(&spec, chunk, &[chunk.len()])).unwrap();
                     }
-                    checked
                 })
             })
             .collect();
-        while rb.write_count() < 40_000 {
-            std::thread::yield_now();
+        for _ in 0..2 {
+            let rb = &rb;
+            let (spec, by_id, stop, checked) = (&spec, &by_id, &stop, &checked);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(batch) = rb.sample(32) else { continue };
+                    let action = batch.column::<i64>("action").unwrap();
+                    for (k, id) in action.iter().enumerate() {
+                        assert_eq!(row_of(&batch, k), expected(spec, &by_id[id]), "id {id}");
+                    }
+                    checked.fetch_add(action.len(), Ordering::Relaxed);
+                }
+            });
+        }
+        for w in writers {
+            w.join().unwrap();
         }
         stop.store(true, Ordering::Relaxed);
-        for l in learners {
-            assert!(l.join().unwrap() > 0);
-        }
     });
+    assert!(checked.load(Ordering::Relaxed) >= 20_000);
+    assert!(rb.write_count() > 256, "the writers lapped the ring while learners sampled");
 }
 
 #[test]
@@ -455,7 +462,7 @@ fn a_checkpoint_keeps_the_compact_rows() {
     };
     let rb = build();
     let mut ids = 0;
-    let steps = stream(depth, 250, 13, &mut ids);
+    let steps = stream_filled(depth, StackFill::Zeros, 250, 13, &mut ids);
     rb.extend(&batch_of(&spec, &steps, &[steps.len()])).unwrap();
     let dir = tempfile::tempdir().unwrap();
     rb.save(dir.path()).unwrap();

@@ -540,7 +540,7 @@ impl Storage {
         let frames = self.frames_layout();
         let shard = &self.shards[k];
         let ring = shard.ring();
-        if seq < shard.floor() {
+        if seq < shard.gone_below() {
             return Err(Miss::Gone);
         }
         let back = word.since().min(frames.depth - 1);

@@ -75,7 +75,7 @@ pub(crate) enum Header {
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
 /// Words of one shard block: two cache lines, or its six words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 7 } else { 2 * LINE };
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 8 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +99,9 @@ pub(crate) enum ShardWord {
     /// the shard (a `Holder`, 0: none). One process edits a shard at a time, so the
     /// editor units of the occupancy word are all its own.
     Editor = 6,
+    /// A frames buffer's rows below it left when their side slot was taken over
+    /// (`frames.rs`); unlike the floor, they still count as written.
+    Evicted = 7,
 }
 
 /// The globals' words: each contended one on its own line.

@@ -238,9 +238,10 @@ impl Shard {
     #[inline]
     pub(crate) fn window(&self) -> Window {
         let floor = self.floor_word().load(Ordering::Acquire);
+        let evicted = self.evicted().load(Ordering::Acquire);
         let hi = self.cursor().load(Ordering::Relaxed);
         Window {
-            lo: floor.max(hi.saturating_sub(self.ring.steps)),
+            lo: floor.max(evicted).max(hi.saturating_sub(self.ring.steps)),
             hi,
         }
     }
@@ -282,12 +283,23 @@ impl Shard {
     }
 
     /// Forgets every row claimed so far.
-    /// Raises the floor to `seq`: the rows before it leave the buffer (a frames
-    /// buffer's rows whose side slot was taken over, `frames.rs`). Never past the
-    /// cursor.
+    #[inline]
+    fn evicted(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Evicted as usize)
+    }
+
+    /// The rows before `seq` leave the window (a frames buffer's rows whose side slot
+    /// was taken over, `frames.rs`), as `empty` would take them out, but still count
+    /// as written. Never past the cursor; ordered as the floor is.
     pub(crate) fn evict_below(&self, seq: u64) {
         let hi = self.cursor().load(Ordering::Acquire);
-        self.floor_word().fetch_max(seq.min(hi), Ordering::Release);
+        self.evicted().fetch_max(seq.min(hi), Ordering::Release);
+    }
+
+    /// Rows below this left the window: emptied or evicted.
+    #[inline]
+    pub(crate) fn gone_below(&self) -> u64 {
+        self.floor().max(self.evicted().load(Ordering::Acquire))
     }
 
     pub(crate) fn empty(&self) {
