@@ -16,11 +16,11 @@
 //!     .field("done", DType::Bool, [1])
 //!     .build()?;
 //! let rb = ReplayBuffer::builder(spec)
-//!     .capacity(1_000)
+//!     .capacity(10_000)
 //!     .frames(Frames::new().stack("obs", 4).next_of("obs", "next_obs"))
 //!     .build()?;
-//! // One frame a step: 7,056 bytes of pixels, not 56,448.
-//! assert!(rb.stored_bytes_per_row() < 7_200);
+//! // One frame a step: 7,056 bytes of pixels a row, not 56,448.
+//! assert!(rb.reserved_bytes() / rb.capacity() < 7_200);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -30,7 +30,7 @@
 //! Extends and samples see the fields as declared: a buffer with frames returns
 //! exactly what one without them, fed the same stream, returns.
 //!
-//! Layer: api.
+//! Layer: base (plain data, which the storage layer resolves: `storage/frames.rs`).
 
 use crate::key::Key;
 

@@ -167,7 +167,9 @@ pub fn single(w: Workload, samples: usize) {
 /// stream of trajectory ids.
 struct Collector {
     writer: replaybuf::Writer,
-    chunk: replaybuf::Batch,
+    /// The chunks extended in turn (one, but for a frames workload's stream).
+    chunks: Vec<replaybuf::Batch>,
+    turn: usize,
     traj_ids: Option<TrajIds>,
 }
 
@@ -175,7 +177,8 @@ impl Collector {
     fn new(w: Workload, rb: &ReplayBuffer) -> Collector {
         Collector {
             writer: rb.writer(),
-            chunk: w.chunk_data(rb, w.chunk, 1),
+            chunks: w.chunks(rb, 1),
+            turn: 0,
             traj_ids: w.traj_ids(),
         }
     }
@@ -183,10 +186,13 @@ impl Collector {
     /// Extends the buffer by one chunk. A slice workload's chunk carries the stream's
     /// next trajectory ids (one i64 store a row, under 1% of the extend it precedes).
     fn extend(&mut self) {
+        let turn = self.turn;
+        self.turn = (turn + 1) % self.chunks.len();
+        let chunk = &mut self.chunks[turn];
         if let Some(ids) = self.traj_ids.as_mut() {
-            ids.stamp(&mut self.chunk);
+            ids.stamp(chunk);
         }
-        self.writer.extend(&self.chunk).expect("extend");
+        self.writer.extend(chunk).expect("extend");
     }
 }
 

@@ -50,7 +50,7 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only this workload.
-        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "concurrent", "concurrent-prioritized", "concurrent-shared", "persist"])]
+        #[arg(long, value_parser = ["mujoco", "mujoco-prioritized", "mujoco-slice", "mujoco-prefetch", "atari", "atari-1m", "concurrent", "concurrent-prioritized", "concurrent-shared", "persist"])]
         workload: Option<String>,
         /// Where the persist workload writes its files (default: the temporary
         /// directory). It runs only when named: `--workload persist`.
@@ -166,6 +166,9 @@ fn bench(args: &BenchArgs) {
     }
     if wants("atari") {
         bench::single(Workload::atari(args.quick), 500);
+    }
+    if wants("atari-1m") {
+        bench::single(Workload::atari_1m(args.quick), 500);
     }
     if args.workload.as_deref() == Some("persist") {
         persist::run(args.quick, args.scratch.as_deref());

@@ -1,8 +1,13 @@
 //! The workloads of shared/WORKLOADS.md: their specs, sizes and data.
 
 use replaybuf::sampler::{Prioritized, Slice};
-use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::{Batch, DType, Frames, ReplayBuffer, ReplayBufferBuilder, Spec};
 
+/// Steps after which a frames workload's stream repeats itself: a multiple of the
+/// chunk and of [`EPISODE_STEPS`].
+pub const FRAME_CYCLE: usize = 1024;
+/// Steps of every episode of a frames workload.
+pub const EPISODE_STEPS: usize = 512;
 /// Steps of every trajectory of the slice workload.
 pub const TRAJ_STEPS: u64 = 200;
 /// Slices in one sampled batch of the slice workload (256 rows: 8 windows of 32 steps).
@@ -31,6 +36,8 @@ pub struct Workload {
     pub batch: usize,
     pub payload_bytes: usize,
     pub sampling: Sampling,
+    /// Frame stacks stored once a step, `next_obs` by `next_of` (atari-1m).
+    pub frames: bool,
 }
 
 impl Workload {
@@ -42,6 +49,7 @@ impl Workload {
             batch: 256,
             payload_bytes: 165,
             sampling: Sampling::Uniform,
+            frames: false,
         }
     }
 
@@ -72,6 +80,18 @@ impl Workload {
             batch: 32,
             payload_bytes: 56_461,
             sampling: Sampling::Uniform,
+            frames: false,
+        }
+    }
+
+    /// The atari fields at a million rows, each step's frame stored once: `obs` a
+    /// stack of the last 4 frames, `next_obs` the next step's `obs`.
+    pub fn atari_1m(quick: bool) -> Workload {
+        Workload {
+            name: "atari-1m",
+            capacity: if quick { 100_000 } else { 1_000_000 },
+            frames: true,
+            ..Workload::atari(quick)
         }
     }
 
@@ -82,9 +102,12 @@ impl Workload {
 
     /// A builder of this workload's buffer (capacity, sampler, seed).
     pub fn builder(&self, seed: u64) -> ReplayBufferBuilder {
-        let b = ReplayBuffer::builder(self.spec())
+        let mut b = ReplayBuffer::builder(self.spec())
             .capacity(self.capacity)
             .seed(seed);
+        if self.frames {
+            b = b.frames(Frames::new().stack("obs", 4).next_of("obs", "next_obs"));
+        }
         match self.sampling {
             Sampling::Uniform => b,
             Sampling::Prioritized => b.sampler(Prioritized::new(0.6, 0.4).eps(1e-8)),
@@ -95,7 +118,7 @@ impl Workload {
     pub fn spec(&self) -> Spec {
         let b = Spec::builder();
         let b = match self.name {
-            "atari" => b
+            "atari" | "atari-1m" => b
                 .field("obs", DType::U8, [4, 84, 84])
                 .field("action", DType::I64, [1])
                 .field("reward", DType::F32, [1])
@@ -156,6 +179,57 @@ impl Workload {
             TrajIds::default().stamp(&mut batch);
         }
         batch
+    }
+
+    /// The chunks a collector of this workload extends in turn: one, or for a frames
+    /// workload the [`FRAME_CYCLE`] steps of a stream that repeats itself: each step
+    /// one new frame, stacks that follow their trajectory, an episode end every
+    /// [`EPISODE_STEPS`] steps (the next stack then starts from its fill).
+    pub fn chunks(&self, rb: &ReplayBuffer, seed: u64) -> Vec<Batch> {
+        if !self.frames {
+            return vec![self.chunk_data(rb, self.chunk, seed)];
+        }
+        const DEPTH: usize = 4;
+        const PIXELS: usize = 84 * 84;
+        let pool = self.chunk_data(rb, FRAME_CYCLE / 4, seed);
+        let pool = pool.column::<u8>("obs").expect("u8 obs");
+        let frame = |i: usize| &pool[(i % FRAME_CYCLE) * PIXELS..][..PIXELS];
+        // The stack at stream step `i`: the episode's first frame repeated before it.
+        let stack = |i: usize, out: &mut [u8]| {
+            let since = i % EPISODE_STEPS;
+            for j in 0..DEPTH {
+                let back = (DEPTH - 1 - j).min(since);
+                out[j * PIXELS..][..PIXELS].copy_from_slice(frame(i - back));
+            }
+        };
+        (0..FRAME_CYCLE / self.chunk)
+            .map(|c| {
+                let mut batch = self.chunk_data(rb, self.chunk, seed + 1 + c as u64);
+                let first = FRAME_CYCLE + c * self.chunk;
+                let done: Vec<bool> = (0..self.chunk)
+                    .map(|r| (first + r) % EPISODE_STEPS == EPISODE_STEPS - 1)
+                    .collect();
+                let obs = batch.column_mut::<u8>("obs").expect("u8 obs");
+                for (r, out) in obs.chunks_exact_mut(DEPTH * PIXELS).enumerate() {
+                    stack(first + r, out);
+                }
+                let next = batch.column_mut::<u8>("next_obs").expect("u8 next_obs");
+                for (r, out) in next.chunks_exact_mut(DEPTH * PIXELS).enumerate() {
+                    let i = first + r;
+                    if done[r] {
+                        // The episode's last observation: its stack, shifted, and a
+                        // final frame of its own.
+                        stack(i, out);
+                        out.copy_within(PIXELS.., 0);
+                        out[(DEPTH - 1) * PIXELS..].copy_from_slice(frame(i + 1 + FRAME_CYCLE / 2));
+                    } else {
+                        stack(i + 1, out);
+                    }
+                }
+                batch.set("done", &done).expect("bool done");
+                batch
+            })
+            .collect()
     }
 
     /// The trajectory ids of the stream a collector of this workload extends, for
