@@ -14,9 +14,6 @@ use replaybuf::error::{AccessError, DataError};
 use replaybuf::sampler::{Prioritized, Slice, WithoutReplacement};
 use replaybuf::{Batch, DType, Frames, ReplayBuffer, ReplayBufferBuilder, Spec, StackFill};
 
-/// Frames of 2x2 bytes, each a unique little-endian id (never 0).
-const FRAME: usize = 4;
-
 fn spec(depth: usize) -> Spec {
     Spec::builder()
         .field("obs", DType::U8, [depth, 2, 2])
@@ -46,7 +43,8 @@ struct Step {
     truncated: bool,
 }
 
-/// One environment's stream: stacks of the last `depth` frames, episodes that end by
+/// One environment's stream of 2x2-byte frames, each a unique little-endian id
+/// (never 0): stacks of the last `depth` frames, episodes that end by
 /// `done` or `truncated` at random.
 struct Env {
     depth: usize,
@@ -105,16 +103,21 @@ impl Env {
 /// `steps` as a batch of `shape` (row-major: `[t, envs]` is step-major).
 fn batch_of(spec: &Arc<Spec>, steps: &[Step], shape: &[usize]) -> Batch {
     let mut b = Batch::zeros(spec.clone(), shape);
-    let cat = |f: fn(&Step) -> &Vec<u8>| steps.iter().flat_map(|s| f(s).clone()).collect::<Vec<_>>();
+    let cat =
+        |f: fn(&Step) -> &Vec<u8>| steps.iter().flat_map(|s| f(s).clone()).collect::<Vec<_>>();
     b.set("obs", &cat(|s| &s.obs)).unwrap();
     b.set("next_obs", &cat(|s| &s.next_obs)).unwrap();
     let ids: Vec<i64> = steps.iter().map(|s| s.id).collect();
     b.set("action", &ids).unwrap();
     let rewards: Vec<f32> = steps.iter().map(|s| s.id as f32 * 0.5).collect();
     b.set("reward", &rewards).unwrap();
-    b.set("done", &steps.iter().map(|s| s.done).collect::<Vec<_>>()).unwrap();
-    b.set("truncated", &steps.iter().map(|s| s.truncated).collect::<Vec<_>>())
+    b.set("done", &steps.iter().map(|s| s.done).collect::<Vec<_>>())
         .unwrap();
+    b.set(
+        "truncated",
+        &steps.iter().map(|s| s.truncated).collect::<Vec<_>>(),
+    )
+    .unwrap();
     b
 }
 
@@ -160,9 +163,13 @@ fn compare(
         Some(e) => b.ndim(2).envs(e).dim_extend(0),
         None => b,
     };
-    let plain = build(ReplayBuffer::builder(spec.clone()).capacity(capacity).seed(seed))
-        .build()
-        .unwrap();
+    let plain = build(
+        ReplayBuffer::builder(spec.clone())
+            .capacity(capacity)
+            .seed(seed),
+    )
+    .build()
+    .unwrap();
     let packed = build(
         ReplayBuffer::builder(spec.clone())
             .capacity(capacity)
@@ -174,11 +181,18 @@ fn compare(
     let width = envs.unwrap_or(1);
     let mut ids = 0u32;
     let mut rng = xorshift(seed);
-    let mut world: Vec<Env> = (0..width).map(|_| Env::new(depth, fill, &mut ids)).collect();
+    let mut world: Vec<Env> = (0..width)
+        .map(|_| Env::new(depth, fill, &mut ids))
+        .collect();
     let mut by_id = HashMap::new();
     for &t in chunks {
         let steps: Vec<Step> = (0..t)
-            .flat_map(|_| world.iter_mut().map(|e| e.step(&mut ids, &mut rng)).collect::<Vec<_>>())
+            .flat_map(|_| {
+                world
+                    .iter_mut()
+                    .map(|e| e.step(&mut ids, &mut rng))
+                    .collect::<Vec<_>>()
+            })
             .collect();
         for s in &steps {
             by_id.insert(s.id, s.clone());
@@ -319,7 +333,9 @@ fn bad_frames_are_refused_at_build() {
     assert!(refused(Frames::new().stack("obs", 3)).contains("shape [3, ..]"));
     assert!(refused(Frames::new().stack("nope", 4)).contains("no field"));
     assert!(refused(Frames::new().next_of("obs", "action")).contains("one dtype and shape"));
-    assert!(refused(Frames::new().next_of("obs", "next_obs").terminal_slots(0)).contains("at least 1"));
+    assert!(
+        refused(Frames::new().next_of("obs", "next_obs").terminal_slots(0)).contains("at least 1")
+    );
     let no_done = Spec::builder()
         .field("obs", DType::U8, [2, 2])
         .field("next_obs", DType::U8, [2, 2])
@@ -369,8 +385,14 @@ fn collectors_and_learners_never_see_a_mixed_row() {
         .build()
         .unwrap();
     let mut ids = 0;
-    let streams: Vec<Vec<Step>> = (0..2).map(|w| stream(depth, 100_000, 11 + w, &mut ids)).collect();
-    let by_id: HashMap<i64, Step> = streams.iter().flatten().map(|s| (s.id, s.clone())).collect();
+    let streams: Vec<Vec<Step>> = (0..2)
+        .map(|w| stream(depth, 100_000, 11 + w, &mut ids))
+        .collect();
+    let by_id: HashMap<i64, Step> = streams
+        .iter()
+        .flatten()
+        .map(|s| (s.id, s.clone()))
+        .collect();
     let stop = AtomicBool::new(false);
     let checked = AtomicUsize::new(0);
     std::thread::scope(|scope| {
@@ -385,7 +407,9 @@ fn collectors_and_learners_never_see_a_mixed_row() {
                         if checked.load(Ordering::Relaxed) >= 20_000 {
                             break;
                         }
-                        writer.extend(&batch_of(&spec, chunk, &[chunk.len()])).unwrap();
+                        writer
+                            .extend(&batch_of(&spec, chunk, &[chunk.len()]))
+                            .unwrap();
                     }
                 })
             })
@@ -410,7 +434,10 @@ fn collectors_and_learners_never_see_a_mixed_row() {
         stop.store(true, Ordering::Relaxed);
     });
     assert!(checked.load(Ordering::Relaxed) >= 20_000);
-    assert!(rb.write_count() > 256, "the writers lapped the ring while learners sampled");
+    assert!(
+        rb.write_count() > 256,
+        "the writers lapped the ring while learners sampled"
+    );
 }
 
 #[test]
@@ -423,7 +450,10 @@ fn every_sampler_returns_rows_of_the_stream() {
     let samplers: Vec<replaybuf::sampler::Sampler> = vec![
         WithoutReplacement::new().into(),
         Prioritized::new(0.7, 0.5).into(),
-        Slice::slice_len(4).end_key("done").truncated_key("truncated").into(),
+        Slice::slice_len(4)
+            .end_key("done")
+            .truncated_key("truncated")
+            .into(),
     ];
     for sampler in samplers {
         let rb = ReplayBuffer::builder(spec.clone())
@@ -441,7 +471,11 @@ fn every_sampler_returns_rows_of_the_stream() {
                 if *id == 0 {
                     continue; // a slice's padding
                 }
-                assert_eq!(row_of(&batch, k), expected(&spec, &by_id[id]), "{sampler:?}");
+                assert_eq!(
+                    row_of(&batch, k),
+                    expected(&spec, &by_id[id]),
+                    "{sampler:?}"
+                );
                 seen += 1;
             }
         }
@@ -476,7 +510,10 @@ fn a_checkpoint_keeps_the_compact_rows() {
         }
     }
     // A buffer without frames is another layout: refused.
-    let mut plain = ReplayBuffer::builder(spec.clone()).capacity(100).build().unwrap();
+    let mut plain = ReplayBuffer::builder(spec.clone())
+        .capacity(100)
+        .build()
+        .unwrap();
     assert!(plain.restore(dir.path()).is_err());
 }
 

@@ -48,8 +48,8 @@ use crate::key::Key;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
-use crate::storage::stamp::Stamp;
 use crate::storage::plan::{Dest, DstCol};
+use crate::storage::stamp::Stamp;
 use crate::storage::{atomic_copy, Storage};
 
 /// Bytes moved per read or write call.

@@ -325,16 +325,6 @@ impl FrameLayout {
         &self.places
     }
 
-    /// Bytes of the side slots per stored row, for `inspect`.
-    pub(crate) fn side_bytes(&self) -> usize {
-        self.side.base.len() * self.side.slots as usize * self.side.slot_words * 8
-    }
-
-    /// Side slots per shard.
-    pub(crate) fn terminal_slots(&self) -> u64 {
-        self.side.slots
-    }
-
     /// Whether data row `r` of `src` ends its episode.
     fn ends(&self, src: &Source<'_>, r: usize) -> bool {
         self.done.get(src, r) != 0 || self.truncated.is_some_and(|t| t.get(src, r) != 0)
@@ -359,7 +349,11 @@ fn ends(spec: &Spec, frames: &Frames) -> Result<(Scalar, Option<Scalar>), String
         let (i, f) = spec
             .field(key)
             .ok_or_else(|| format!("no field {key} in the spec"))?;
-        if f.elements() != 1 || matches!(f.dtype(), DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+        if f.elements() != 1
+            || matches!(
+                f.dtype(),
+                DType::F16 | DType::BF16 | DType::F32 | DType::F64
+            )
         {
             return Err(format!("{key} must be one bool or integer a row"));
         }
@@ -377,9 +371,16 @@ fn ends(spec: &Spec, frames: &Frames) -> Result<(Scalar, Option<Scalar>), String
     let done = match &frames.done {
         Some(k) => scalar(k)?,
         None => scalar(
-            &first(&[&["done"], &["next", "done"], &["terminated"], &["next", "terminated"]])
-                .ok_or("frames need to know where episodes end: the spec has no done field \
-                        (name it with Frames::ends)")?,
+            &first(&[
+                &["done"],
+                &["next", "done"],
+                &["terminated"],
+                &["next", "terminated"],
+            ])
+            .ok_or(
+                "frames need to know where episodes end: the spec has no done field \
+                        (name it with Frames::ends)",
+            )?,
         )?,
     };
     let truncated = match (&frames.done, &frames.truncated) {
@@ -435,25 +436,25 @@ impl Storage {
             .collect()
     }
 
-    /// The frames word of step `j`, lane `lane` of an append to shard `k` at `seq`,
-    /// after `last`; writes its side slot if it ends its episode (the caller holds
-    /// the row's slot), and moves `last` on.
+    /// The frames word of step `j`, lane `lane` of an append to shard `k`, after
+    /// `last`; moves `last` on. A step written at `seq` (`None`: one an append longer
+    /// than the ring skips) that ends its episode gets its side slot written (the
+    /// caller holds the row's slot).
     pub(super) fn frames_step(
         &self,
         k: usize,
-        seq: u64,
+        seq: Option<u64>,
         j: u64,
         lane: u64,
         src: &Source<'_>,
         last: &mut Last,
-        written: bool,
     ) -> u64 {
         let frames = self.frames_layout();
         let r = src.order.row(j, lane);
         let mut word = StepWord::after(*last);
         if frames.ends(src, r) {
             word.0 |= TERMINAL;
-            if written {
+            if let Some(seq) = seq {
                 word.0 |= self.write_side(k, seq, lane, src, r) << SIDE_SHIFT;
             }
         }
@@ -711,9 +712,7 @@ impl Storage {
                         });
                     }
                 }
-                last[lane as usize] = Some(StepWord(
-                    word.0 | if ends { TERMINAL } else { 0 },
-                ));
+                last[lane as usize] = Some(StepWord(word.0 | if ends { TERMINAL } else { 0 }));
             }
         }
         Ok(())

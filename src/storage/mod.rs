@@ -525,7 +525,7 @@ impl Storage {
             last = self.frames_last(k, first);
             for j in 0..steps.saturating_sub(ring.steps) {
                 for lane in 0..ring.width {
-                    self.frames_step(k, first + j, j, lane, src, &mut last[lane as usize], false);
+                    self.frames_step(k, None, j, lane, src, &mut last[lane as usize]);
                 }
             }
         }
@@ -569,7 +569,7 @@ impl Storage {
                 }
                 if self.frames.is_some() {
                     let last = &mut last[lane as usize];
-                    let word = self.frames_step(k, step.seq, step.j, lane, src, last, true);
+                    let word = self.frames_step(k, Some(step.seq), step.j, lane, src, last);
                     crate::sync::store_beside_rmw(
                         &self.words()[self.frames_word(slot)],
                         word,
@@ -925,7 +925,9 @@ impl StorageParts {
             + 8 * usize::from(with_trees)
             + 8 * usize::from(frames.is_some())
             + 8 * usize::from(slices.is_some());
-        let row_bytes = frames.as_ref().map_or(spec.row_bytes(), |f| f.stored.row_bytes());
+        let row_bytes = frames
+            .as_ref()
+            .map_or(spec.row_bytes(), |f| f.stored.row_bytes());
         let slot_bytes = header_bytes + row_bytes;
         let capacity = usize::try_from(geometry.capacity()).map_err(|_| too_large())?;
         let mut tree_layouts = Vec::new();
