@@ -52,8 +52,16 @@ fn a_rebuild_racing_the_collector_that_laps_its_frames_is_whole() {
         let next = batch.column::<u64>("next_obs").unwrap();
         let i = obs[1];
         assert!((1..=4).contains(&i), "step {i} cannot be rebuilt yet");
-        assert_eq!(obs[0], (i - 1).max(1), "a stack mixed from two laps: {obs:?}");
-        assert_eq!(next, [i, i + 1], "a next stack mixed from two laps: {next:?}");
+        assert_eq!(
+            obs[0],
+            (i - 1).max(1),
+            "a stack mixed from two laps: {obs:?}"
+        );
+        assert_eq!(
+            next,
+            [i, i + 1],
+            "a next stack mixed from two laps: {next:?}"
+        );
         collector.join().unwrap();
     });
 }
