@@ -553,3 +553,63 @@ fn episode_ends_past_the_side_slots_take_their_rows_out() {
         Err(AccessError::FramesRewrite)
     ));
 }
+
+/// The rows of `rb` by index, `None` where it returns none.
+fn all_rows(rb: &ReplayBuffer) -> Vec<Option<Vec<Vec<u8>>>> {
+    (0..rb.capacity() as u64)
+        .map(|i| rb.get(i).ok().map(|b| row_of(&b, 0)))
+        .collect()
+}
+
+#[test]
+fn a_file_backed_buffer_with_frames_reopens_with_its_rows() {
+    let depth = 3;
+    let spec = Arc::new(spec(depth));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rb");
+    let build = || {
+        ReplayBuffer::builder(spec.clone())
+            .capacity(64)
+            .frames(frames(depth, StackFill::Repeat))
+            .memmap(&path)
+            .existsok(true)
+            .build()
+            .unwrap()
+    };
+    let mut ids = 0;
+    let steps = stream(depth, 150, 19, &mut ids);
+    let rows = {
+        let rb = build();
+        rb.extend(&batch_of(&spec, &steps[..100], &[100])).unwrap();
+        rb.flush().unwrap();
+        all_rows(&rb)
+    };
+    let rb = build();
+    assert_eq!(all_rows(&rb), rows);
+    // Its trajectory goes on where it stopped: the stacks are checked against it.
+    rb.extend(&batch_of(&spec, &steps[100..], &[50])).unwrap();
+    let by_id: HashMap<i64, Step> = steps.iter().map(|s| (s.id, s.clone())).collect();
+    let batch = rb.sample(32).unwrap();
+    for (k, id) in batch.column::<i64>("action").unwrap().iter().enumerate() {
+        assert_eq!(row_of(&batch, k), expected(&spec, &by_id[id]));
+    }
+}
+
+#[test]
+fn a_shared_buffer_with_frames_serves_an_attached_handle() {
+    let depth = 2;
+    let spec = Arc::new(spec(depth));
+    let name = format!("test-frames-shared-{}", std::process::id());
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(64)
+        .frames(frames(depth, StackFill::Zeros))
+        .shared(&name)
+        .build()
+        .unwrap();
+    let mut ids = 0;
+    let steps = stream_filled(depth, StackFill::Zeros, 90, 23, &mut ids);
+    rb.extend(&batch_of(&spec, &steps, &[90])).unwrap();
+    let other = ReplayBuffer::attach(&name).unwrap();
+    assert_eq!(all_rows(&other), all_rows(&rb));
+    assert!(all_rows(&other).iter().flatten().count() >= 60);
+}
