@@ -299,6 +299,18 @@ impl ReplayBufferBuilder {
         let (geometry, trees) = (checked.geometry, checked.trees);
         let slices = checked.slices;
         let frames = &checked.frames;
+        // The storage's layout with `meta` bytes of meta and `procs` process entries.
+        let parts = |meta, procs| {
+            StorageParts::new(
+                self.spec.clone(),
+                geometry,
+                trees,
+                slices,
+                frames.clone(),
+                meta,
+                procs,
+            )
+        };
         let mut seed = self.settings.seed.unwrap_or_else(crate::sync::entropy_seed);
         let mut config = self.config(seed);
         let (storage, origin) = match (&self.memmap, &self.shared) {
@@ -320,18 +332,9 @@ impl ReplayBufferBuilder {
                     (false, true) => crate::backing::shm::AttachMode::CreateOrAttach,
                     (false, false) => crate::backing::shm::AttachMode::Create,
                 };
-                let opened = crate::backing::shm::open(name, &config, mode, |meta| {
-                    StorageParts::new(
-                        self.spec.clone(),
-                        geometry,
-                        trees,
-                        slices,
-                        frames.clone(),
-                        meta,
-                        PROCS,
-                    )
-                })
-                .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
+                let opened =
+                    crate::backing::shm::open(name, &config, mode, |meta| parts(meta, PROCS))
+                        .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 let mut storage = opened.storage;
                 if !storage.join(opened.fresh) {
                     return err(BuildErrorKind::Writer {
@@ -372,17 +375,7 @@ impl ReplayBufferBuilder {
                 Origin::Fresh,
             ),
             (Some(dir), None) => {
-                let parts = |meta| {
-                    StorageParts::new(
-                        self.spec.clone(),
-                        geometry,
-                        trees,
-                        slices,
-                        frames.clone(),
-                        meta,
-                        0,
-                    )
-                };
+                let parts = |meta| parts(meta, 0);
                 let opened = if self.private_copy {
                     file::open_copy(dir, &config, parts)
                 } else {
