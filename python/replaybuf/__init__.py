@@ -19,6 +19,7 @@ import os as _os
 
 from . import _native
 from ._config import (
+    Frames,
     Immutable,
     MaxValue,
     Prioritized,
@@ -55,6 +56,7 @@ __all__ = [
     "Immutable",
     "MaxValue",
     "RateLimit",
+    "Frames",
     "ReplayBufferError",
     "ReplayBufferValueError",
     "ReplayBufferTypeError",

@@ -20,6 +20,7 @@ __all__ = [
     "Immutable",
     "MaxValue",
     "RateLimit",
+    "Frames",
 ]
 
 
@@ -233,3 +234,45 @@ class RateLimit:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._d.items())
         return f"RateLimit({args})"
+
+
+@dataclass
+class Frames(_Described):
+    """Fields stored once a step: frame stacks and ``next_of`` (cpprb's
+    ``stack_compress`` and ``next_of``, Dopamine's stacked states).
+
+    ``stack`` maps a field of shape ``[depth, ...]`` (the last ``depth`` frames along
+    its first axis) to ``depth``: one frame a step is stored. ``next_of`` maps a field
+    that is not stored to the field it is the next step's value of: a row's
+    ``next_obs`` is the following step's ``obs`` in its trajectory, and the step that
+    ends an episode (``done`` or ``truncated``) keeps its own. Extends and samples keep
+    the spec as declared and return exactly what a buffer without frames returns.
+
+    ``fill``: what fills a stack before its episode's first step (``"repeat"`` the
+    first frame, or ``"zeros"``). An extend whose stacks do not follow the previous
+    step's raises ``ReplayBufferValueError`` and changes nothing, unless ``checked`` is
+    False. ``terminal_slots``: episode ends kept per shard (default one per 128 steps);
+    rows older than the oldest kept one leave the buffer. ``done`` / ``truncated``: the
+    fields that end episodes (default ``done`` / ``truncated`` if the spec has them).
+
+    >>> import replaybuf
+    >>> spec = {"obs": ("uint8", (4, 84, 84)), "next_obs": ("uint8", (4, 84, 84)),
+    ...         "action": ("int64", ()), "done": ("bool", ())}
+    >>> rb = replaybuf.ReplayBuffer(10_000, spec=spec, frames=replaybuf.Frames(
+    ...     stack={"obs": 4}, next_of={"next_obs": "obs"}))
+    """
+
+    stack: Optional[dict] = None
+    next_of: Optional[dict] = None
+    fill: str = "repeat"
+    checked: bool = True
+    terminal_slots: Optional[int] = None
+    done: Optional[Key] = None
+    truncated: Optional[Key] = None
+    _kind = "frames"
+
+    def _describe(self) -> dict:
+        d = super()._describe()
+        d["stack"] = list((self.stack or {}).items())
+        d["next_of"] = list((self.next_of or {}).items())
+        return d

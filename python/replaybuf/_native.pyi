@@ -38,7 +38,8 @@ class ReplayBuffer:
     environments; ``memmap=dir`` keeps the rows in files under ``dir``; ``shared=name``
     puts the buffer in shared memory that other processes ``attach`` to (and that
     pickles as its name). ``rate_limit`` takes a :class:`replaybuf.RateLimit`: extends
-    and samples then wait their turn to keep a replay ratio.
+    and samples then wait their turn to keep a replay ratio. ``frames`` takes a
+    :class:`replaybuf.Frames`: frame stacks and ``next_of`` fields stored once a step.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class ReplayBuffer:
         sampler: Optional[Any] = None,
         write_policy: Optional[Any] = None,
         rate_limit: Optional[Any] = None,
+        frames: Optional[Any] = None,
         ndim: int = 1,
         envs: Optional[int] = None,
         dim_extend: int = 0,

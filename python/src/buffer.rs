@@ -332,6 +332,7 @@ impl Buffer {
         sampler = None,
         write_policy = None,
         rate_limit = None,
+        frames = None,
         ndim = 1,
         envs = None,
         dim_extend = 0,
@@ -352,6 +353,7 @@ impl Buffer {
         sampler: Option<&Bound<'_, PyAny>>,
         write_policy: Option<&Bound<'_, PyAny>>,
         rate_limit: Option<&Bound<'_, PyAny>>,
+        frames: Option<&Bound<'_, PyAny>>,
         ndim: usize,
         envs: Option<usize>,
         dim_extend: usize,
@@ -386,6 +388,9 @@ impl Buffer {
         }
         if let Some(limit) = rate_limit.filter(|l| !l.is_none()) {
             b = b.rate_limit(config::rate_limit(limit)?);
+        }
+        if let Some(frames) = frames.filter(|f| !f.is_none()) {
+            b = b.frames(config::frames(frames)?);
         }
         if let Some(n) = batch_size {
             b = b.batch_size(n);

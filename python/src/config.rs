@@ -8,7 +8,7 @@ use pyo3::types::PyDict;
 use replaybuf::sampler::{
     Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
-use replaybuf::{RateLimit, WritePolicy};
+use replaybuf::{Frames, RateLimit, StackFill, WritePolicy};
 
 use crate::errors::{py_err, type_error, value_error};
 use crate::fields::key_from_py;
@@ -220,4 +220,54 @@ pub(crate) fn rate_limit(desc: &Bound<'_, PyAny>) -> PyResult<RateLimit> {
     Ok(limit
         .insert_timeout(seconds("insert_timeout")?)
         .sample_timeout(seconds("sample_timeout")?))
+}
+
+/// Fields stored once a step, from their description (`replaybuf.Frames(...)`):
+/// `stack` as (key, depth) pairs, `next_of` as (next key, key) pairs.
+pub(crate) fn frames(desc: &Bound<'_, PyAny>) -> PyResult<Frames> {
+    let d = described(desc, "frames")?;
+    if kind(&d)? != "frames" {
+        return Err(type_error("frames: expected a replaybuf.Frames"));
+    }
+    let mut f = Frames::new();
+    for pair in get(&d, "stack")?
+        .into_iter()
+        .flat_map(|v| v.try_iter().ok())
+        .flatten()
+    {
+        let (key, depth): (Bound<'_, PyAny>, usize) = pair?
+            .extract()
+            .map_err(|_| type_error("frames: stack maps a field to its depth (an int)"))?;
+        f = f.stack(key_from_py(&key)?, depth);
+    }
+    for pair in get(&d, "next_of")?
+        .into_iter()
+        .flat_map(|v| v.try_iter().ok())
+        .flatten()
+    {
+        let (next, of): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair?
+            .extract()
+            .map_err(|_| type_error("frames: next_of maps a next field to its field"))?;
+        f = f.next_of(key_from_py(&of)?, key_from_py(&next)?);
+    }
+    f = f.fill(match get_as::<String>(&d, "fill")?.as_deref() {
+        None | Some("repeat") => StackFill::Repeat,
+        Some("zeros") => StackFill::Zeros,
+        Some(other) => {
+            return Err(value_error(format!(
+                "frames: fill is \"repeat\" or \"zeros\", not {other:?}"
+            )))
+        }
+    });
+    if get_as::<bool>(&d, "checked")? == Some(false) {
+        f = f.unchecked();
+    }
+    if let Some(n) = get_as::<usize>(&d, "terminal_slots")? {
+        f = f.terminal_slots(n);
+    }
+    if let Some(done) = get(&d, "done")? {
+        let truncated = get(&d, "truncated")?.map(|t| key_from_py(&t)).transpose()?;
+        f = f.ends(key_from_py(&done)?, truncated);
+    }
+    Ok(f)
 }

@@ -1,0 +1,81 @@
+"""Frames stored once from Python: frame stacks and next_of rebuilt exactly as a plain
+buffer fed the same stream returns them, stacks that do not follow refused, bad
+configurations refused."""
+
+import numpy as np
+import pytest
+import replaybuf
+from replaybuf import Frames
+
+DEPTH = 4
+SPEC = {
+    "obs": ("uint8", (DEPTH, 3, 3)),
+    "next_obs": ("uint8", (DEPTH, 3, 3)),
+    "action": ("int64", ()),
+    "done": ("bool", ()),
+}
+
+
+def stream(n, seed=0):
+    """`n` steps of one environment: frames of 9 random bytes, stacks of the last 4
+    (the first frame repeated at an episode's start), episodes ending at random."""
+    rng = np.random.default_rng(seed)
+    frame = lambda: rng.integers(0, 256, (3, 3), dtype=np.uint8)  # noqa: E731
+    first = frame()
+    stack = [first] * DEPTH
+    steps = {k: [] for k in SPEC}
+    for i in range(n):
+        new = frame()
+        nxt = stack[1:] + [new]
+        done = rng.random() < 0.1
+        steps["obs"].append(np.stack(stack))
+        steps["next_obs"].append(np.stack(nxt))
+        steps["action"].append(i)
+        steps["done"].append(done)
+        if done:
+            first = frame()
+            stack = [first] * DEPTH
+        else:
+            stack = nxt
+    return {k: np.asarray(v) for k, v in steps.items()}
+
+
+def frames_buffer(capacity, **kw):
+    frames = Frames(stack={"obs": DEPTH}, next_of={"next_obs": "obs"}, **kw)
+    return replaybuf.ReplayBuffer(capacity, spec=SPEC, frames=frames, seed=3)
+
+
+def test_sampled_rows_are_the_streams_rows_across_wraparound():
+    data = stream(700)
+    rb = frames_buffer(256, terminal_slots=256)
+    plain = replaybuf.ReplayBuffer(256, spec=SPEC, seed=3)
+    for a in range(0, 700, 50):
+        chunk = {k: v[a : a + 50] for k, v in data.items()}
+        rb.extend(chunk)
+        plain.extend(chunk)
+    assert len(rb) == len(plain) == 256
+    for _ in range(20):
+        batch = rb.sample(32)
+        ids = np.asarray(batch["action"])
+        for key in SPEC:
+            np.testing.assert_array_equal(np.asarray(batch[key]), data[key][ids])
+
+
+def test_stacks_that_do_not_follow_are_refused_and_change_nothing():
+    data = stream(40, seed=1)
+    rb = frames_buffer(64)
+    rb.extend({k: v[:20] for k, v in data.items()})
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="shifted by one frame"):
+        rb.extend({k: v[21:30] for k, v in data.items()})
+    assert len(rb) == 20
+    unchecked = frames_buffer(64, checked=False)
+    unchecked.extend({k: v[21:30] for k, v in data.items()})
+
+
+def test_bad_frames_are_refused():
+    with pytest.raises(replaybuf.ReplayBufferValueError, match=r"shape \[3, \.\.\]"):
+        replaybuf.ReplayBuffer(16, spec=SPEC, frames=Frames(stack={"obs": 3}))
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="fill"):
+        frames_buffer(16, fill="ones")
+    with pytest.raises(replaybuf.ReplayBufferTypeError):
+        replaybuf.ReplayBuffer(16, spec=SPEC, frames=replaybuf.Uniform())
