@@ -46,13 +46,12 @@ use super::atomic_copy;
 use super::geometry::{Geometry, Ring};
 use super::lanes::Scalar;
 use super::plan::{Dest, Source};
-use super::stamp::{self, lap_cmp};
-use super::{Miss, Storage};
+use super::{Miss, Storage, Want};
 use crate::dtype::DType;
 use crate::frames::{Frames, StackFill};
 use crate::key::{Key, KeyLike};
 use crate::spec::Spec;
-use crate::sync::{fence, AtomicU64, Ordering};
+use crate::sync::{fence, Ordering};
 
 const SINCE_MASK: u64 = 0xff;
 const TERMINAL: u64 = 1 << 8;
@@ -410,17 +409,15 @@ impl Storage {
         self.slot_word(slot) + 1 + usize::from(!self.trees.is_empty())
     }
 
-    /// The word of row `seq` of shard `k`'s lane, if that row is in its slot now,
+    /// The frames word of row `seq` of a lane, if that row is in its slot now,
     /// published and read whole.
     fn step_word(&self, ring: &Ring, seq: u64, lane: u64) -> Option<StepWord> {
-        let stamp = self.stamp(ring.slot(seq % ring.steps, lane));
-        let seen = stamp::begin_read(stamp);
-        if !seen.is_published() || seen.lap() != (seq / ring.steps) as u32 {
-            return None;
-        }
-        let slot = ring.slot(seq % ring.steps, lane);
-        let word = self.words()[self.frames_word(slot)].load(Ordering::Relaxed);
-        stamp::validate(stamp, seen).then_some(StepWord(word))
+        let mut word = 0;
+        self.read_frames(ring, seq, lane, |slot| {
+            word = self.words()[self.frames_word(slot)].load(Ordering::Relaxed);
+        })
+        .ok()
+        .map(|()| StepWord(word))
     }
 
     /// The last step of each lane of shard `k` before sequence `first`, as its
@@ -546,7 +543,8 @@ impl Storage {
         }
         let back = word.since().min(frames.depth - 1);
         for d in 1..=back {
-            self.read_frames(ring, seq - d, lane, |words, row| {
+            self.read_frames(ring, seq - d, lane, |slot| {
+                let (words, row) = (self.words(), self.row_offset(slot));
                 for s in &frames.stacks {
                     let Some(j) = (s.depth - 1).checked_sub(d as usize) else {
                         continue;
@@ -577,7 +575,8 @@ impl Storage {
         if word.is_terminal() {
             self.read_side(k, seq, lane, word.side(), dst, k_out)?;
         } else {
-            self.read_frames(ring, seq + 1, lane, |words, row| {
+            self.read_frames(ring, seq + 1, lane, |slot| {
+                let (words, row) = (self.words(), self.row_offset(slot));
                 for n in &frames.nexts {
                     let out = &mut dst.cols[n.field].value_mut(k_out)[n.skip..][..n.len];
                     atomic_copy::load(words, row + n.offset, out);
@@ -595,34 +594,16 @@ impl Storage {
         Ok(())
     }
 
-    /// Runs `copy` over the stored row `seq` of a lane (given the region's words and
-    /// the row's byte), if that row is in its slot, published, and whole across the
-    /// copy.
+    /// Runs `copy` on the slot of row `seq` of a lane, if that slot holds exactly that
+    /// row, published, and whole across the copy (`Storage::read_slot`).
     fn read_frames(
         &self,
         ring: &Ring,
         seq: u64,
         lane: u64,
-        copy: impl FnOnce(&[AtomicU64], usize),
+        copy: impl FnOnce(u64),
     ) -> Result<(), Miss> {
-        let slot = ring.slot(seq % ring.steps, lane);
-        let stamp = self.stamp(slot);
-        let seen = stamp::begin_read(stamp);
-        let lap = (seq / ring.steps) as u32;
-        if !seen.is_published() {
-            return Err(Miss::Busy);
-        }
-        match lap_cmp(seen.lap(), lap) {
-            std::cmp::Ordering::Less => return Err(Miss::Busy),
-            std::cmp::Ordering::Greater => return Err(Miss::Gone),
-            std::cmp::Ordering::Equal => {}
-        }
-        copy(self.words(), self.row_offset(slot));
-        if stamp::validate(stamp, seen) {
-            Ok(())
-        } else {
-            Err(Miss::Torn)
-        }
+        self.read_slot(ring, seq, lane, Want::Exact, copy).map(drop)
     }
 
     /// Checks an extend's rows against their trajectories before anything is written
@@ -683,8 +664,9 @@ impl Storage {
                         scratch.resize(real * s.frame, 0);
                         for (i, d) in (1..=real as u64).rev().enumerate() {
                             let out = &mut scratch[i * s.frame..][..s.frame];
-                            let read = self.read_frames(&ring, next - d, lane, |words, row| {
-                                atomic_copy::load(words, row + s.offset, out);
+                            let read = self.read_frames(&ring, next - d, lane, |slot| {
+                                let row = self.row_offset(slot);
+                                atomic_copy::load(self.words(), row + s.offset, out);
                             });
                             if read.is_err() {
                                 return Err(mismatch(

@@ -689,37 +689,58 @@ impl Storage {
         mut header: impl FnMut(u64),
     ) -> Result<(Stamp, u64), Miss> {
         let ring = self.shards[draw.shard as usize].ring();
-        let pos = draw.seq % ring.steps;
-        let slot = ring.slot(pos, u64::from(draw.lane));
-        let stamp = self.stamp(slot);
-        let seen = stamp::begin_read(stamp);
-        if !seen.is_published() {
-            // A dropped row (its editor died) will never be published: gone, not busy.
-            let dropped = seen.is_dropped()
-                && lap_cmp(seen.lap(), (draw.seq / ring.steps) as u32) != Cmp::Less;
-            return Err(if dropped { Miss::Gone } else { Miss::Busy });
-        }
-        match (lap_cmp(seen.lap(), (draw.seq / ring.steps) as u32), want) {
-            (Cmp::Less, _) => return Err(Miss::Busy),
-            (Cmp::Greater, Want::Exact) => return Err(Miss::Gone),
-            _ => {}
-        }
-        header(slot);
-        let word = self
-            .frames
-            .as_ref()
-            .map(|_| StepWord(self.words()[self.frames_word(slot)].load(Ordering::Relaxed)));
-        dst.read_row(self.words(), self.row_offset(slot), k);
-        if !stamp::validate(stamp, seen) {
-            return Err(Miss::Torn);
-        }
+        let lane = u64::from(draw.lane);
+        let mut word = None;
+        let seen = self.read_slot(ring, draw.seq, lane, want, |slot| {
+            header(slot);
+            if self.frames.is_some() {
+                let word_at = self.frames_word(slot);
+                word = Some(StepWord(self.words()[word_at].load(Ordering::Relaxed)));
+            }
+            dst.read_row(self.words(), self.row_offset(slot), k);
+        })?;
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
             let laps = u64::from(seen.lap().wrapping_sub((draw.seq / ring.steps) as u32));
             let seq = draw.seq + laps * ring.steps;
-            self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
+            self.rebuild(draw.shard as usize, lane, seq, word, dst, k)?;
         }
-        Ok((seen, ring.index(pos, u64::from(draw.lane))))
+        Ok((seen, ring.index(draw.seq % ring.steps, lane)))
+    }
+
+    /// The slot read protocol (`stamp.rs`, R1-R3): runs `copy` on the slot of row
+    /// `seq` of a lane if it holds that row (or with `Want::AtLeast` a later lap's),
+    /// published, and returns the stamp seen if nothing changed the slot during the
+    /// copy.
+    #[inline(always)]
+    fn read_slot(
+        &self,
+        ring: &geometry::Ring,
+        seq: u64,
+        lane: u64,
+        want: Want,
+        copy: impl FnOnce(u64),
+    ) -> Result<Stamp, Miss> {
+        let slot = ring.slot(seq % ring.steps, lane);
+        let stamp = self.stamp(slot);
+        let seen = stamp::begin_read(stamp);
+        let lap = (seq / ring.steps) as u32;
+        if !seen.is_published() {
+            // A dropped row (its editor died) will never be published: gone, not busy.
+            let dropped = seen.is_dropped() && lap_cmp(seen.lap(), lap) != Cmp::Less;
+            return Err(if dropped { Miss::Gone } else { Miss::Busy });
+        }
+        match (lap_cmp(seen.lap(), lap), want) {
+            (Cmp::Less, _) => return Err(Miss::Busy),
+            (Cmp::Greater, Want::Exact) => return Err(Miss::Gone),
+            _ => {}
+        }
+        copy(slot);
+        if stamp::validate(stamp, seen) {
+            Ok(seen)
+        } else {
+            Err(Miss::Torn)
+        }
     }
 
     /// Whether the drawn row was claimed by a writer that died before publishing it,
