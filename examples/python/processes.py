@@ -24,7 +24,7 @@ import time
 
 import replaybuf
 from pendulum_sim import SPEC, collect, learn
-from threads import parse_args, report
+from threads import parse_args, progress, report
 
 
 def collector_process(rb, k: int, envs: int, steps: int, stop, written) -> None:
@@ -76,19 +76,12 @@ def main() -> int:
         start = time.perf_counter()
         for t in learners:
             t.start()
-        last, last_written, last_sampled = start, 0, 0
-        while not done.is_set() and time.perf_counter() - start < args.seconds:
-            time.sleep(min(1.0, max(0.0, args.seconds - (time.perf_counter() - start))))
+
+        def collectors_alive() -> None:
             if not all(w.is_alive() for w in workers):
                 raise RuntimeError("a collector process died")
-            now = time.perf_counter()
-            wr, s = sum(c[0] for c in written), sum(t[0] for t in tallies)
-            print(
-                f"{now - start:5.1f}s  written {(wr - last_written) / (now - last):12,.0f}/s  "
-                f"sampled {(s - last_sampled) / (now - last):12,.0f}/s  stored {len(rb):,}",
-                flush=True,
-            )
-            last, last_written, last_sampled = now, wr, s
+
+        progress(rb, args.seconds, start, written, tallies, done, collectors_alive)
         elapsed = time.perf_counter() - start
     finally:
         stop.set()

@@ -36,6 +36,24 @@ def parse_args(what: str, learners: int) -> argparse.Namespace:
     return p.parse_args()
 
 
+def progress(rb, seconds, start, written, tallies, finished, check=lambda: None) -> None:
+    """Prints the rows written and sampled per second, and the rows stored, about once
+    a second from `start` until `seconds` pass or `finished` is set; `check` runs before
+    each line (it may raise)."""
+    last, last_written, last_sampled = start, 0, 0
+    while not finished.is_set() and time.perf_counter() - start < seconds:
+        time.sleep(min(1.0, max(0.0, seconds - (time.perf_counter() - start))))
+        check()
+        now = time.perf_counter()
+        w, s = sum(c[0] for c in written), sum(t[0] for t in tallies)
+        print(
+            f"{now - start:5.1f}s  written {(w - last_written) / (now - last):12,.0f}/s  "
+            f"sampled {(s - last_sampled) / (now - last):12,.0f}/s  stored {len(rb):,}",
+            flush=True,
+        )
+        last, last_written, last_sampled = now, w, s
+
+
 def report(args, written: int, sampled: int, torn: int, elapsed: float) -> int:
     """Prints the totals and the torn rows; the exit status (0: none torn)."""
     print(
@@ -84,17 +102,7 @@ def main() -> int:
     start = time.perf_counter()
     for t in threads:
         t.start()
-    last, last_written, last_sampled = start, 0, 0
-    while not stop.is_set() and time.perf_counter() - start < args.seconds:
-        time.sleep(min(1.0, max(0.0, args.seconds - (time.perf_counter() - start))))
-        now = time.perf_counter()
-        w, s = sum(c[0] for c in written), sum(t[0] for t in tallies)
-        print(
-            f"{now - start:5.1f}s  written {(w - last_written) / (now - last):12,.0f}/s  "
-            f"sampled {(s - last_sampled) / (now - last):12,.0f}/s  stored {len(rb):,}",
-            flush=True,
-        )
-        last, last_written, last_sampled = now, w, s
+    progress(rb, args.seconds, start, written, tallies, stop)
     stop.set()
     for t in threads:
         t.join()
