@@ -24,8 +24,20 @@ pub struct BenchArgs {
 const SYSTEM: &str = "replaybuf";
 
 fn emit(workload: &str, op: &str, secs_per_op: f64, items: usize, extra: serde_json::Value) {
+    emit_as(SYSTEM, workload, op, secs_per_op, items, extra);
+}
+
+/// [`emit`] for a measurement of another system (a floor) taken in the same run.
+fn emit_as(
+    system: &str,
+    workload: &str,
+    op: &str,
+    secs_per_op: f64,
+    items: usize,
+    extra: serde_json::Value,
+) {
     let mut line = json!({
-        "system": SYSTEM,
+        "system": system,
         "workload": workload,
         "op": op,
         "us_per_op": (secs_per_op * 1e8).round() / 100.0,
@@ -160,7 +172,47 @@ pub fn single(w: Workload, samples: usize) {
         })
     );
     drop((learner, batch, collector, rb));
+    if w.frames {
+        frames_floor(w, samples);
+    }
     fill_backed(w);
+}
+
+/// The raw-memory floor of a frames workload's `sample`, printed as system
+/// `memcpy-floor`: the same batch gathered with plain copies from one frame a step in
+/// a plain array of `capacity` frames (no stamps, no checks, no episode starts). Each
+/// row copies its stack's frames and the next step's newest frame from memory, and the
+/// next stack's older frames from the row's own stack, as a rebuild does.
+fn frames_floor(w: Workload, samples: usize) {
+    const DEPTH: usize = 4;
+    const FRAME: usize = 84 * 84;
+    const SMALL: usize = 8 + 4 + 1;
+    let steps = w.capacity;
+    // Written, not calloc'd: zero pages would all read one cached page.
+    let frames = vec![1u8; steps * FRAME];
+    let small = vec![1u8; steps * SMALL];
+    let mut obs = vec![0u8; w.batch * DEPTH * FRAME];
+    let mut next = vec![0u8; w.batch * DEPTH * FRAME];
+    let mut small_out = vec![0u8; w.batch * SMALL];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut step = || {
+        for k in 0..w.batch {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let s = DEPTH - 1 + (state % (steps - DEPTH) as u64) as usize;
+            let obs = &mut obs[k * DEPTH * FRAME..][..DEPTH * FRAME];
+            obs.copy_from_slice(&frames[(s + 1 - DEPTH) * FRAME..][..DEPTH * FRAME]);
+            let next = &mut next[k * DEPTH * FRAME..][..DEPTH * FRAME];
+            next[(DEPTH - 1) * FRAME..].copy_from_slice(&frames[(s + 1) * FRAME..][..FRAME]);
+            next[..(DEPTH - 1) * FRAME].copy_from_slice(&obs[FRAME..]);
+            small_out[k * SMALL..][..SMALL].copy_from_slice(&small[s * SMALL..][..SMALL]);
+        }
+        std::hint::black_box((&obs, &next, &small_out));
+    };
+    seconds_per_op(samples / 10, &mut step);
+    let secs = seconds_per_op(samples, &mut step);
+    emit_as("memcpy-floor", w.name, "sample", secs, w.batch, json!({}));
 }
 
 /// A collector of one workload: its writer and chunk, and for a slice workload the
