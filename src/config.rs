@@ -97,6 +97,36 @@ impl FramesMeta {
     }
 }
 
+/// For `inspect`: `obs stacked 4 deep; next_obs the next step's obs; fill repeat,
+/// checked; episodes end at done or truncated`.
+impl std::fmt::Display for FramesMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (key, depth) in &self.stacks {
+            write!(f, "{} stacked {depth} deep; ", key.join("."))?;
+        }
+        for (of, next) in &self.next_of {
+            write!(f, "{} the next step's {}; ", next.join("."), of.join("."))?;
+        }
+        let fill = if self.fill_zeros { "zeros" } else { "repeat" };
+        let checked = if self.unchecked {
+            "unchecked"
+        } else {
+            "checked"
+        };
+        write!(f, "fill {fill}, {checked}")?;
+        if let Some(done) = &self.done {
+            write!(f, "; episodes end at {}", done.join("."))?;
+            if let Some(t) = &self.truncated {
+                write!(f, " or {}", t.join("."))?;
+            }
+        }
+        if let Some(n) = self.terminal_slots {
+            write!(f, "; {n} terminal slots a shard")?;
+        }
+        Ok(())
+    }
+}
+
 /// One field of the spec.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

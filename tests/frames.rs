@@ -369,6 +369,15 @@ fn a_stack_of_84x84_frames_stores_one_frame_a_step() {
     // 7,056 bytes of pixels, 13 of the rest, the stamp and frames word, a side slot per
     // 128 steps; and the region's fixed blocks over 4,096 rows.
     assert!(per_row < 7_200.0, "{per_row} bytes a row");
+    let bytes = rb.row_bytes();
+    assert_eq!(bytes.logical, rb.spec().row_bytes());
+    assert!(bytes.logical > 2 * 4 * 84 * 84 + 8 + 4);
+    // The newest frame and the small fields, after a stamp and the frames word.
+    assert!(
+        (84 * 84 + 13 + 16..84 * 84 + 13 + 24).contains(&bytes.slot),
+        "{bytes:?}"
+    );
+    assert!(bytes.side >= 64 * 84 * 84, "{bytes:?}");
 }
 
 /// Several collectors, each its own writer and shard, and learners sampling while they
@@ -502,6 +511,19 @@ fn a_checkpoint_keeps_the_compact_rows() {
     rb.save(dir.path()).unwrap();
     let mut back = build();
     back.restore(dir.path()).unwrap();
+    // `inspect` tells the compact row from the logical one.
+    let found = replaybuf::checkpoint::inspect(dir.path()).unwrap();
+    assert_eq!(found.row_bytes(), Some(rb.row_bytes()));
+    assert!(rb.row_bytes().slot < rb.row_bytes().logical);
+    let shown = found.to_string();
+    assert!(
+        shown.contains("obs stacked 4 deep; next_obs the next step's obs"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("row: {} bytes as sampled", rb.row_bytes().logical)),
+        "{shown}"
+    );
     for i in 0..100 {
         match (rb.get(i), back.get(i)) {
             (Ok(a), Ok(b)) => assert_eq!(row_of(&a, 0), row_of(&b, 0)),

@@ -84,6 +84,11 @@ class ReplayBuffer:
     @property
     def capacity(self) -> int: ...
     @property
+    def row_bytes(self) -> dict[str, int]:
+        """Bytes a row takes: ``logical`` (as extended and sampled), ``slot`` (one
+        storage slot, header and stored row; with frames a stack's newest frame only)
+        and ``side`` (a frames buffer's side slots, all together)."""
+    @property
     def write_count(self) -> int: ...
     @property
     def ndim(self) -> int: ...

@@ -499,6 +499,15 @@ impl Buffer {
         Ok(self.handle()?.capacity())
     }
 
+    /// What a row takes, in bytes: `logical` (a row as extended and sampled), `slot`
+    /// (one storage slot: its header and the row as stored; with frames, a stack's
+    /// newest frame only) and `side` (a frames buffer's side slots, all together).
+    #[getter]
+    fn row_bytes(&self) -> PyResult<std::collections::HashMap<&'static str, usize>> {
+        let b = self.handle()?.row_bytes();
+        Ok([("logical", b.logical), ("slot", b.slot), ("side", b.side)].into())
+    }
+
     /// Rows ever written (TorchRL's `write_count`).
     #[getter]
     fn write_count(&self) -> PyResult<u64> {

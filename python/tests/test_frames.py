@@ -79,3 +79,14 @@ def test_bad_frames_are_refused():
         frames_buffer(16, fill="ones")
     with pytest.raises(replaybuf.ReplayBufferTypeError):
         replaybuf.ReplayBuffer(16, spec=SPEC, frames=replaybuf.Uniform())
+
+
+def test_row_bytes_tell_the_stored_row_from_the_sampled_one():
+    rb = frames_buffer(256)
+    plain = replaybuf.ReplayBuffer(256, spec=SPEC, seed=3)
+    assert rb.row_bytes["logical"] == plain.row_bytes["logical"]
+    # Two stacks of 4 frames of 9 bytes sampled; one frame stored.
+    assert rb.row_bytes["logical"] - rb.row_bytes["slot"] >= 2 * DEPTH * 9 - 9 - 16
+    assert rb.row_bytes["side"] > 0
+    assert plain.row_bytes["side"] == 0
+    assert plain.row_bytes["slot"] > plain.row_bytes["logical"]

@@ -37,6 +37,22 @@ mod limits;
 mod priorities;
 mod transforms;
 
+/// What a buffer's rows take ([`ReplayBuffer::row_bytes`]). Without
+/// [`frames`](crate::ReplayBufferBuilder::frames), a slot is the logical row plus a
+/// header of a few words; with frames, a stack keeps only its newest frame and a
+/// `next_of` field is not stored, so a slot can be many times smaller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBytes {
+    /// One row of the spec: what an extend takes and a sample returns.
+    pub logical: usize,
+    /// One slot of the storage: its header (stamp, and the words the sampler and
+    /// frames keep) and the row as stored.
+    pub slot: usize,
+    /// A frames buffer's side slots, all shards together: the next values of the
+    /// steps that end episodes (0 without frames).
+    pub side: usize,
+}
+
 /// A replay buffer: many collectors extend it while many learners sample it, with no
 /// lock between them.
 ///
@@ -156,6 +172,17 @@ impl ReplayBuffer {
     /// Bytes of address space the storage reserved (pages become resident as written).
     pub fn reserved_bytes(&self) -> usize {
         self.state().core.storage.reserved_bytes()
+    }
+
+    /// What a row takes: as extends take it and samples return it, and as the
+    /// storage keeps it.
+    pub fn row_bytes(&self) -> RowBytes {
+        let storage = &self.state().core.storage;
+        RowBytes {
+            logical: self.spec().row_bytes(),
+            slot: storage.slot_bytes(),
+            side: storage.side_bytes(),
+        }
     }
 
     /// A zeroed batch of this buffer's spec with batch shape `shape`.

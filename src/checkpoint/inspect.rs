@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::dump::CHUNK_BYTES;
 use crate::backing::dir::{DirKind, DirMeta, STORAGE};
-use crate::buffer::ReplayBuffer;
+use crate::buffer::{ReplayBuffer, RowBytes};
 use crate::config::{Config, SamplerMeta};
 use crate::error::persist::{IoAt, PersistError};
 
@@ -43,6 +43,7 @@ struct Contents {
     write_count: u64,
     per_shard: Vec<usize>,
     priorities: Option<PriorityStats>,
+    row_bytes: RowBytes,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +65,11 @@ impl Inspection {
     /// Rows stored, if the buffer loads.
     pub fn rows(&self) -> Option<usize> {
         self.contents.as_ref().ok().map(|c| c.rows)
+    }
+
+    /// What a row takes, as sampled and as stored, if the buffer loads.
+    pub fn row_bytes(&self) -> Option<RowBytes> {
+        self.contents.as_ref().ok().map(|c| c.row_bytes)
     }
 }
 
@@ -187,6 +193,7 @@ fn contents_of(rb: &ReplayBuffer) -> Contents {
         write_count: rb.write_count(),
         per_shard,
         priorities,
+        row_bytes: rb.row_bytes(),
     }
 }
 
@@ -240,6 +247,9 @@ impl fmt::Display for Inspection {
             },
         };
         writeln!(f, "sampler: {sampler}")?;
+        if let Some(frames) = &c.frames {
+            writeln!(f, "frames: {frames}")?;
+        }
         match &self.contents {
             Ok(ct) => {
                 let fill = 100.0 * ct.rows as f64 / c.capacity.max(1) as f64;
@@ -248,6 +258,18 @@ impl fmt::Display for Inspection {
                     "fill: {} of {} rows ({fill:.1}%), {} written in all; per shard {:?}",
                     ct.rows, c.capacity, ct.write_count, ct.per_shard
                 )?;
+                let b = ct.row_bytes;
+                write!(
+                    f,
+                    "row: {} bytes as sampled, {} bytes a slot as stored ({:.2}x)",
+                    b.logical,
+                    b.slot,
+                    b.logical as f64 / b.slot.max(1) as f64
+                )?;
+                if b.side > 0 {
+                    write!(f, ", side slots {} bytes", b.side)?;
+                }
+                writeln!(f)?;
                 if let Some(p) = ct.priorities {
                     writeln!(
                         f,

@@ -319,6 +319,13 @@ impl FrameLayout {
         per_shard.checked_mul(shards)
     }
 
+    /// Bytes of every shard's side slots together (their counters included).
+    pub(crate) fn side_bytes(&self) -> usize {
+        self.side.base.len()
+            * (1 + self.side.slots as usize * self.side.slot_words).next_multiple_of(8)
+            * 8
+    }
+
     /// Per logical field, its stored part.
     pub(crate) fn places(&self) -> &[Place] {
         &self.places

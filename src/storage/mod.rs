@@ -425,6 +425,11 @@ impl Storage {
         self.slot_bytes
     }
 
+    /// Bytes of a frames buffer's side slots (0 without frames).
+    pub(crate) fn side_bytes(&self) -> usize {
+        self.frames.as_ref().map_or(0, |f| f.side_bytes())
+    }
+
     /// Bytes of a slot's header: the stamp, and the raw priority and trajectory word
     /// when the sampler keeps them.
     pub(crate) fn header_bytes(&self) -> usize {
