@@ -3,8 +3,9 @@
 //!
 //! The rings are tiny, so writers lap readers constantly; there are more writer
 //! handles than shards, so writers share cursors and lap each other; some extends are
-//! longer than a shard; one test rewrites rows in place (`write_all`) meanwhile. Run
-//! longer with `REPLAYBUF_STRESS_MS=20000`; `scripts/sanitize` runs this file under
+//! longer than a shard; one test rewrites rows in place (`write_all`) meanwhile; four
+//! rebuild stacked frames from several slots while collectors lap them (every sampler
+//! but slices). Run longer with `REPLAYBUF_STRESS_MS=20000`; `scripts/sanitize` runs this file under
 //! ThreadSanitizer and AddressSanitizer.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use replaybuf::sampler::{Prioritized, Slice, SlicePriority, WithoutReplacement};
 use replaybuf::typed::TypedBuffer;
-use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+use replaybuf::{Batch, DType, Frames, ReplayBuffer, Spec};
 
 mod common;
 
@@ -76,11 +77,21 @@ fn check_windows(batch: &Batch) {
     }
 }
 
+/// Writes rows `ids` into a batch: every byte of a row derived from its id (and, for
+/// frames, from the ids of its trajectory's neighbouring steps).
+type Rows = fn(&mut Batch, &[u64]);
+
 /// Asserts every row of `batch` is one whole row; returns how many were checked.
 fn check(batch: &Batch) -> u64 {
+    check_rows(batch, fill)
+}
+
+/// Asserts every row of `batch` is what `rows` writes for its id; returns how many
+/// were checked.
+fn check_rows(batch: &Batch, rows: Rows) -> u64 {
     let ids = batch.column::<u64>("id").unwrap();
     let mut expected = Batch::zeros(batch.spec().clone(), [ids.len()]);
-    fill(&mut expected, ids);
+    rows(&mut expected, ids);
     for f in batch.spec().fields() {
         let (got, want) = (
             batch.column_bytes(f.key()).unwrap(),
@@ -126,6 +137,17 @@ fn update_priorities(rb: &ReplayBuffer, batch: &Batch, round: u64) {
 /// Runs `writers` collectors and `learners` learners on `rb` for the stress duration,
 /// with an optional in-place editor. Returns (rows written, rows checked).
 fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u64, u64) {
+    hammer_rows(rb, writers, learners, edit, fill)
+}
+
+/// [`hammer`] with rows written by `rows` and checked against it.
+fn hammer_rows(
+    rb: &ReplayBuffer,
+    writers: usize,
+    learners: usize,
+    edit: bool,
+    rows: Rows,
+) -> (u64, u64) {
     let prioritized = rb.alpha().is_some();
     let slices = rb.slice_sampler().is_some();
     let stop = AtomicBool::new(false);
@@ -160,7 +182,7 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                         .flat_map(|j| next.iter().map(move |&n| n + j as u64))
                         .collect();
                     next.iter_mut().for_each(|n| *n += t as u64);
-                    fill(&mut batch, &ids);
+                    rows(&mut batch, &ids);
                     writer.extend(&batch).unwrap();
                     written.fetch_add(ids.len() as u64, Ordering::Relaxed);
                 }
@@ -174,10 +196,10 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                 while !stop.load(Ordering::Relaxed) {
                     round += 1;
                     let n = match round % 8 {
-                        0 => check(&rb.read_all_in_order(None)),
+                        0 => check_rows(&rb.read_all_in_order(None), rows),
                         1 => rb
                             .get(round % rb.capacity() as u64)
-                            .map_or(0, |b| check(&b)),
+                            .map_or(0, |b| check_rows(&b, rows)),
                         _ => match learner.sample_into(&mut batch) {
                             Ok(()) => {
                                 if prioritized {
@@ -186,7 +208,7 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                                 if slices {
                                     check_windows(&batch);
                                 }
-                                check(&batch)
+                                check_rows(&batch, rows)
                             }
                             Err(_) => 0,
                         },
@@ -204,7 +226,7 @@ fn hammer(rb: &ReplayBuffer, writers: usize, learners: usize, edit: bool) -> (u6
                     let mut batch = rb.batch([n]);
                     let ids: Vec<u64> = (next..next + n as u64).collect();
                     next += n as u64;
-                    fill(&mut batch, &ids);
+                    rows(&mut batch, &ids);
                     // Positions that hold no row yet make this fail cleanly; fine.
                     let _ = rb.write_all(&batch, None);
                     std::thread::yield_now();
@@ -412,6 +434,143 @@ fn typed_rows() {
         n.expect("the reader saw only whole rows")
     });
     assert!(checked > 1000);
+}
+
+/// Frames of the frames stress: `obs` a stack of [`DEPTH`] frames of [`FRAME`] bytes,
+/// `next_obs` by `next_of`, so a sampled row is rebuilt from up to five slots.
+const DEPTH: usize = 4;
+const FRAME: usize = 192;
+
+fn frames_spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("obs", DType::U8, [DEPTH, FRAME])
+        .field("next_obs", DType::U8, [DEPTH, FRAME])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap()
+}
+
+/// Each stream's ids run from a multiple of 2^32 (`hammer`), and its first step starts
+/// an episode.
+fn stream_start(id: u64) -> u64 {
+    id & !0xffff_ffff
+}
+
+/// Whether step `id` ends its episode: about one step in seven, by its id alone.
+fn ends(id: u64) -> bool {
+    common::mix(id).is_multiple_of(7)
+}
+
+/// Frame `id`'s bytes; an episode's last step's own next frame has bytes of its own.
+fn push_frame(id: u64, terminal: bool, out: &mut Vec<u8>) {
+    let id = id ^ (u64::from(terminal) << 63);
+    out.extend((0..FRAME).map(|k| pixel(id, k)));
+}
+
+/// Step `id`'s stack: the frames of its episode's steps up to it, the episode's first
+/// frame repeated before that.
+fn push_stack(id: u64, out: &mut Vec<u8>) {
+    let mut since = 0;
+    while since < DEPTH as u64 - 1 && id - since > stream_start(id) && !ends(id - since - 1) {
+        since += 1;
+    }
+    for j in 0..DEPTH as u64 {
+        push_frame(id - (DEPTH as u64 - 1 - j).min(since), false, out);
+    }
+}
+
+/// Rows `ids` of the frames stress: each row's stack, its next stack (the next step's,
+/// or at an episode's end its own shifted by a terminal frame) and whether it ends.
+fn frame_rows(batch: &mut Batch, ids: &[u64]) {
+    batch.set("id", ids).unwrap();
+    let (mut obs, mut next) = (Vec::new(), Vec::new());
+    for &id in ids {
+        push_stack(id, &mut obs);
+        if ends(id) {
+            let mut own = Vec::new();
+            push_stack(id, &mut own);
+            next.extend_from_slice(&own[FRAME..]);
+            push_frame(id, true, &mut next);
+        } else {
+            push_stack(id + 1, &mut next);
+        }
+    }
+    batch.set("obs", &obs).unwrap();
+    batch.set("next_obs", &next).unwrap();
+    let done: Vec<bool> = ids.iter().map(|&id| ends(id)).collect();
+    batch.set("done", &done).unwrap();
+}
+
+/// A frames buffer hammered by one collector a shard: few side slots (episode ends
+/// evict rows), tiny rings lapped mid-rebuild; every row returned, by any sampler or
+/// read, is its id's stacks, never frames of another lap or trajectory.
+fn frames_hammer(builder: replaybuf::ReplayBufferBuilder, writers: usize) {
+    let rb = builder
+        .frames(
+            Frames::new()
+                .stack("obs", DEPTH)
+                .next_of("obs", "next_obs")
+                .terminal_slots(3),
+        )
+        .build()
+        .unwrap();
+    let (written, checked) = hammer_rows(&rb, writers, 2, false, frame_rows);
+    assert!(
+        written > 1000 && checked > 1000,
+        "too little happened: {written} written, {checked} checked"
+    );
+    assert_eq!(rb.write_count(), written);
+    check_rows(&rb.read_all_in_order(None), frame_rows);
+}
+
+#[test]
+fn stacked_rows_rebuilt_while_collectors_lap_them() {
+    frames_hammer(
+        ReplayBuffer::builder(frames_spec())
+            .capacity(64)
+            .shards(2)
+            .seed(11),
+        2,
+    );
+}
+
+#[test]
+fn stacked_rows_of_env_columns() {
+    frames_hammer(
+        ReplayBuffer::builder(frames_spec())
+            .capacity(8 * 6)
+            .ndim(2)
+            .envs(6)
+            .dim_extend(0)
+            .shards(2)
+            .seed(12),
+        2,
+    );
+}
+
+#[test]
+fn stacked_rows_in_epochs() {
+    frames_hammer(
+        ReplayBuffer::builder(frames_spec())
+            .capacity(64)
+            .shards(2)
+            .sampler(WithoutReplacement::new())
+            .seed(14),
+        2,
+    );
+}
+
+#[test]
+fn stacked_rows_with_priorities_updated() {
+    frames_hammer(
+        ReplayBuffer::builder(frames_spec())
+            .capacity(64)
+            .shards(2)
+            .sampler(Prioritized::new(0.7, 0.5))
+            .seed(13),
+        2,
+    );
 }
 
 /// Rows of a streaming append: two large pixel fields (written with non-temporal

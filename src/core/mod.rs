@@ -475,9 +475,12 @@ impl Core {
     /// A read by position waits for a row being written: its writer is inside one
     /// extend. If it waits long, the writer may be a process that died (shared mode):
     /// the shards of dead lease holders are taken over and repaired, and rows such a
-    /// writer never published are left out.
+    /// writer never published are left out. A row that is gone (a frames buffer's row
+    /// whose frames were lapped or evicted) ends the pass at once; every pass after the
+    /// first reads the positions' rows as the windows then say.
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
         let mut draws = std::borrow::Cow::Borrowed(draws);
+        let mut backoff = crate::sync::Backoff::new();
         loop {
             let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
             batch.reshape_for_sample(draws.len(), false);
@@ -501,7 +504,16 @@ impl Core {
                 self.storage.reclaim_dead_lease(k);
                 self.storage.reclaim_dead_editor(k);
             }
-            draws.to_mut().retain(|&d| !self.storage.is_abandoned(d));
+            // Each position's row as it is now: rows a dead writer never published
+            // are left out, and so are a frames buffer's rows that can no longer be
+            // rebuilt (evicted, or whose neighbours were lapped) or not yet (the
+            // lane's newest step, whose next step may never come).
+            let now: Vec<Draw> = draws
+                .iter()
+                .filter_map(|&d| self.storage.draw_at(self.storage.position_of(d)))
+                .collect();
+            draws = std::borrow::Cow::Owned(now);
+            backoff.snooze();
         }
     }
 }

@@ -273,8 +273,12 @@ pub(crate) fn read_draws(
                     draw = redraw(refresh).ok_or(SampleError::Empty)?;
                 }
                 // A torn copy retries at once; a row being written is waited for: its
-                // writer is inside one extend.
+                // writer is inside one extend. A gone row will not come back: a read
+                // by position looks at the position again.
                 (OnMiss::Retry | OnMiss::RetryUpTo(_), Miss::Torn) => {}
+                (OnMiss::RetryUpTo(_), Miss::Gone) => {
+                    return Err(SampleError::Starved { attempts: misses })
+                }
                 (OnMiss::Retry | OnMiss::RetryUpTo(_), _) => backoff.snooze(),
             }
         }

@@ -781,6 +781,12 @@ impl Storage {
         (!self.is_abandoned(d)).then_some(d)
     }
 
+    /// The storage index of `draw`'s position ([`draw_at`](Self::draw_at)'s inverse).
+    pub(crate) fn position_of(&self, draw: Draw) -> u64 {
+        let ring = self.shards[draw.shard as usize].ring();
+        ring.index(draw.seq % ring.steps, u64::from(draw.lane))
+    }
+
     /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
     /// caller holds an editor guard on the shard. Returns `false` if the slot holds no
     /// row.
