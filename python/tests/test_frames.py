@@ -90,3 +90,66 @@ def test_row_bytes_tell_the_stored_row_from_the_sampled_one():
     assert rb.row_bytes["side"] > 0
     assert plain.row_bytes["side"] == 0
     assert plain.row_bytes["slot"] > plain.row_bytes["logical"]
+
+
+def rollout(n, seed=0):
+    """`stream` shaped as a TorchRL rollout: `pixels` and `("next", "pixels")`, the
+    step's end in `("next", "done")` / `("next", "truncated")`, and a root `done`
+    that is false (the flag of the step's own observation after auto-reset)."""
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    data = stream(n, seed)
+    return tensordict.TensorDict(
+        {
+            "pixels": torch.from_numpy(data["obs"]),
+            "action": torch.from_numpy(data["action"]),
+            "done": torch.zeros(n, dtype=torch.bool),
+            "next": {
+                "pixels": torch.from_numpy(data["next_obs"]),
+                "done": torch.from_numpy(data["done"]),
+                "truncated": torch.zeros(n, dtype=torch.bool),
+            },
+        },
+        [n],
+    )
+
+
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_torchrl_face_storages_take_frames(storage, tmp_path):
+    rl = pytest.importorskip("replaybuf.torchrl")
+    frames = Frames(stack={"pixels": DEPTH}, next_of={("next", "pixels"): "pixels"})
+    data = rollout(600, seed=5)
+
+    def buffer():
+        return rl.TensorDictReplayBuffer(
+            storage=getattr(rl, storage)(200, frames=frames), batch_size=32
+        )
+
+    rb = buffer()
+    for a in range(0, 600, 40):
+        rb.extend(data[a : a + 40])
+    assert rb._native.row_bytes["slot"] < rb._native.row_bytes["logical"] / 2
+
+    def check(batch):
+        ids = batch["action"]
+        for key in ("pixels", ("next", "pixels"), ("next", "done")):
+            assert (batch[key] == data[key][ids]).all(), key
+
+    for _ in range(10):
+        check(rb.sample())
+    # A checkpoint comes back into a buffer of the same storage.
+    rb.dumps(tmp_path / "ckpt")
+    back = buffer()
+    back.loads(tmp_path / "ckpt")
+    assert len(back) == len(rb)
+    check(back.sample())
+    # The rollout's continuation with a stack that skips a frame is refused and
+    # changes nothing.
+    bad = rollout(640, seed=5)[600:]
+    bad["pixels"][5] = bad["pixels"][7]
+    before = rb.write_count
+    with pytest.raises(ValueError, match="pixels` of data row 5"):
+        rb.extend(bad)
+    assert rb.write_count == before
+    rb.extend(rollout(640, seed=5)[600:])
+    assert rb.write_count == before + 40

@@ -11,6 +11,7 @@ attributes it reads (``_storage``, ``_sampler``, ``_writer``, ``_dim_extend``,
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import weakref
@@ -20,8 +21,9 @@ import torch
 from tensordict import is_tensor_collection
 from torch.utils import _pytree
 
+from .._config import Frames
 from .._native import ReplayBuffer as NativeReplayBuffer
-from ._layout import Layout, TensorDictLayout, TreeLayout
+from ._layout import Layout, TensorDictLayout, TreeLayout, native_key
 from ._sample_info import SamplePlan
 from .writers import ImmutableDatasetWriter, RoundRobinWriter
 
@@ -30,6 +32,30 @@ def _layout_of(data: Any, batch_dims: int, skip: Tuple[Any, ...]) -> Layout:
     if is_tensor_collection(data):
         return TensorDictLayout.of(data, batch_dims, skip=skip)
     return TreeLayout.of(data, batch_dims)
+
+
+def _frames_for(frames: Frames, layout: Layout) -> Frames:
+    """A storage's frames in the engine's field names. A TorchRL rollout says that a
+    step ends its episode in ``("next", "done")`` (its root ``"done"`` is the flag of
+    the step's own observation, false after every reset), so those are the ends unless
+    the frames name others."""
+    names = {f.native for f in layout.fields}
+
+    def native(key: Any) -> Any:
+        return None if key is None else native_key(key)
+
+    done, truncated = frames.done, frames.truncated
+    if done is None and ("next", "done") in names:
+        done = ("next", "done")
+        if truncated is None and ("next", "truncated") in names:
+            truncated = ("next", "truncated")
+    return dataclasses.replace(
+        frames,
+        stack={native(k): depth for k, depth in (frames.stack or {}).items()},
+        next_of={native(n): native(of) for n, of in (frames.next_of or {}).items()},
+        done=native(done),
+        truncated=native(truncated),
+    )
 
 
 class LazyEngine:
@@ -88,6 +114,8 @@ class LazyEngine:
             "write_policy": write_policy or self._writer._describe(),
             "seed": self._seed(),
         }
+        if storage.frames is not None:
+            kwargs["frames"] = _frames_for(storage.frames, layout)
         capacity = storage.max_size
         if storage.ndim == 2:
             capacity = -(capacity // -envs) * envs

@@ -17,19 +17,37 @@ from typing import Any, Optional, Union
 
 import torch
 
+from .._config import Frames
+
 __all__ = ["Storage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"]
 
 DeviceLike = Union[torch.device, str, None]
 
 
 class Storage:
-    """Base of the storages: ``max_size`` rows of ``ndim`` batch dimensions."""
+    """Base of the storages: ``max_size`` rows of ``ndim`` batch dimensions.
 
-    def __init__(self, max_size: int, *, device: DeviceLike = "cpu", ndim: int = 1) -> None:
+    ``frames`` (a :class:`replaybuf.Frames`, replaybuf only): frame stacks and
+    ``next_of`` fields stored once a step, keys as the data names them (nested keys as
+    tuples). Episodes end where ``("next", "done")`` and ``("next", "truncated")`` say,
+    as in TorchRL's rollouts, unless the frames name other fields.
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: DeviceLike = "cpu",
+        ndim: int = 1,
+        frames: Optional[Frames] = None,
+    ) -> None:
         if ndim not in (1, 2):
             raise ValueError(f"replaybuf storages have ndim 1 or 2, got {ndim}")
+        if frames is not None and not isinstance(frames, Frames):
+            raise TypeError(f"frames: expected a replaybuf.Frames, got {type(frames).__name__}")
         self.max_size = int(max_size)
         self.ndim = ndim
+        self.frames = frames
         self.device = device if device in (None, "auto") else torch.device(device)
         # The buffer this storage serves, once it has made its engine buffer.
         self._rb: Any = None
@@ -74,9 +92,11 @@ class TensorStorage(Storage):
         device: DeviceLike = "cpu",
         ndim: int = 1,
         compilable: bool = False,
+        frames: Optional[Frames] = None,
     ) -> None:
         rows = storage.shape[:ndim].numel() if hasattr(storage.shape, "numel") else None
-        super().__init__(rows if max_size is None else max_size, device=device, ndim=ndim)
+        max_size = rows if max_size is None else max_size
+        super().__init__(max_size, device=device, ndim=ndim, frames=frames)
         self._initial = storage
 
 
@@ -99,8 +119,9 @@ class LazyTensorStorage(Storage):
         consolidated: bool = False,
         shared_init: bool = False,
         cleanup_memmap: bool = True,
+        frames: Optional[Frames] = None,
     ) -> None:
-        super().__init__(max_size, device=device, ndim=ndim)
+        super().__init__(max_size, device=device, ndim=ndim, frames=frames)
 
 
 class LazyMemmapStorage(LazyTensorStorage):
@@ -121,8 +142,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         compilable: bool = False,
         shared_init: bool = False,
         auto_cleanup: Optional[bool] = None,
+        frames: Optional[Frames] = None,
     ) -> None:
-        super().__init__(max_size, device=device, ndim=ndim)
+        super().__init__(max_size, device=device, ndim=ndim, frames=frames)
         if self.device not in (None, "auto") and self.device.type != "cpu":
             raise ValueError(
                 "Memory map device other than CPU isn't supported. To cast your data to "
