@@ -182,15 +182,23 @@ pub fn single(w: Workload, samples: usize) {
 /// `memcpy-floor`: the same batch gathered with plain copies from one frame a step in
 /// a plain array of `capacity` frames (no stamps, no checks, no episode starts). Each
 /// row copies its stack's frames and the next step's newest frame from memory, and the
-/// next stack's older frames from the row's own stack, as a rebuild does.
+/// next stack's older frames from the row's own stack, as a rebuild does. The frames
+/// are on huge pages if the kernel has them, as the buffer's are.
 fn frames_floor(w: Workload, samples: usize) {
     const DEPTH: usize = 4;
     const FRAME: usize = 84 * 84;
     const SMALL: usize = 8 + 4 + 1;
     let steps = w.capacity;
-    // Written, not calloc'd: zero pages would all read one cached page.
-    let frames = vec![1u8; steps * FRAME];
-    let small = vec![1u8; steps * SMALL];
+    // On huge pages where the kernel gives them, as the buffer's storage asks; written
+    // first, since untouched pages would all read one cached zero page.
+    let pages = |bytes: usize| {
+        let mut map = memmap2::MmapMut::map_anon(bytes).expect("floor memory");
+        let _ = map.advise(memmap2::Advice::HugePage);
+        map.fill(1);
+        map
+    };
+    let frames = pages(steps * FRAME);
+    let small = pages(steps * SMALL);
     let mut obs = vec![0u8; w.batch * DEPTH * FRAME];
     let mut next = vec![0u8; w.batch * DEPTH * FRAME];
     let mut small_out = vec![0u8; w.batch * SMALL];
