@@ -250,6 +250,8 @@ proptest! {
     ) {
         let fill = if zeros { StackFill::Zeros } else { StackFill::Repeat };
         let capacity = envs.map_or(capacity, |e| capacity.div_ceil(e) * e);
+        // A lane must hold more steps than a row reads (refused at build otherwise).
+        prop_assume!(capacity / envs.unwrap_or(1) > depth);
         compare(depth, fill, capacity, envs, &chunks, seed);
     }
 }
@@ -336,6 +338,15 @@ fn bad_frames_are_refused_at_build() {
     assert!(
         refused(Frames::new().next_of("obs", "next_obs").terminal_slots(0)).contains("at least 1")
     );
+    // 16 rows over 4 environments: 4 steps a lane, one too few for stacks 4 deep.
+    let err = ReplayBuffer::builder(spec.clone())
+        .capacity(16)
+        .ndim(2)
+        .envs(4)
+        .frames(frames(4, StackFill::Repeat))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("need at least 5"), "{err}");
     let no_done = Spec::builder()
         .field("obs", DType::U8, [2, 2])
         .field("next_obs", DType::U8, [2, 2])

@@ -276,6 +276,19 @@ impl FrameLayout {
             }
         }
         let depth = stacks.iter().map(|s| s.depth as u64).max().unwrap_or(1);
+        // A row reads `depth - 1` steps back and waits for the step after it: a lane
+        // holding no more steps than `depth` could never return a row.
+        let fewest = (0..geometry.shards())
+            .map(|k| geometry.ring(k).steps)
+            .min()
+            .unwrap_or(0);
+        if fewest <= depth {
+            return Err(format!(
+                "each environment of a shard holds {fewest} steps, and rows with frames \
+                 {depth} deep need at least {} (raise the capacity, or use fewer shards)",
+                depth + 1
+            ));
+        }
         let slots_per_shard = (0..geometry.shards())
             .map(|k| {
                 let ring = geometry.ring(k);
@@ -668,6 +681,9 @@ impl Storage {
                     let prev: &[u8] = if j > 0 {
                         &col.value(src.order.row(j - 1, lane))[(s.depth - real) * s.frame..]
                     } else {
+                        // A lane holds more steps than a stack reaches back
+                        // (`FrameLayout::new`), so these are stored unless another
+                        // writer laps this lane meanwhile.
                         scratch.resize(real * s.frame, 0);
                         for (i, d) in (1..=real as u64).rev().enumerate() {
                             let out = &mut scratch[i * s.frame..][..s.frame];
