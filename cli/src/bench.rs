@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::workloads::{TrajIds, Workload};
+use crate::workloads::{TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
 use replaybuf::ReplayBuffer;
 
 /// Which workloads to run and how big.
@@ -86,13 +86,18 @@ impl FreshPriorities {
 
     fn next(&mut self) -> &[f64] {
         for v in &mut self.values {
-            self.state ^= self.state << 13;
-            self.state ^= self.state >> 7;
-            self.state ^= self.state << 17;
-            *v = 0.1 + (self.state >> 11) as f64 / (1u64 << 53) as f64;
+            *v = 0.1 + (xorshift(&mut self.state) >> 11) as f64 / (1u64 << 53) as f64;
         }
         &self.values
     }
+}
+
+/// The next number of a xorshift64 stream (`state` never 0).
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 /// One learner step: a sample of `batch`'s rows, and for prioritized workloads an update
@@ -185,8 +190,8 @@ pub fn single(w: Workload, samples: usize) {
 /// next stack's older frames from the row's own stack, as a rebuild does. The frames
 /// are on huge pages if the kernel has them, as the buffer's are.
 fn frames_floor(w: Workload, samples: usize) {
-    const DEPTH: usize = 4;
-    const FRAME: usize = 84 * 84;
+    const DEPTH: usize = STACK_DEPTH;
+    const FRAME: usize = FRAME_BYTES;
     const SMALL: usize = 8 + 4 + 1;
     let steps = w.capacity;
     // On huge pages where the kernel gives them, as the buffer's storage asks; written
@@ -205,10 +210,7 @@ fn frames_floor(w: Workload, samples: usize) {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut step = || {
         for k in 0..w.batch {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let s = DEPTH - 1 + (state % (steps - DEPTH) as u64) as usize;
+            let s = DEPTH - 1 + (xorshift(&mut state) % (steps - DEPTH) as u64) as usize;
             let obs = &mut obs[k * DEPTH * FRAME..][..DEPTH * FRAME];
             obs.copy_from_slice(&frames[(s + 1 - DEPTH) * FRAME..][..DEPTH * FRAME]);
             let next = &mut next[k * DEPTH * FRAME..][..DEPTH * FRAME];

@@ -8,6 +8,9 @@ use replaybuf::{Batch, DType, Frames, ReplayBuffer, ReplayBufferBuilder, Spec};
 pub const FRAME_CYCLE: usize = 1024;
 /// Steps of every episode of a frames workload.
 pub const EPISODE_STEPS: usize = 512;
+/// Frames in a frames workload's `obs` stack, and bytes of one frame.
+pub const STACK_DEPTH: usize = 4;
+pub const FRAME_BYTES: usize = 84 * 84;
 /// Steps of every trajectory of the slice workload.
 pub const TRAJ_STEPS: u64 = 200;
 /// Slices in one sampled batch of the slice workload (256 rows: 8 windows of 32 steps).
@@ -106,7 +109,11 @@ impl Workload {
             .capacity(self.capacity)
             .seed(seed);
         if self.frames {
-            b = b.frames(Frames::new().stack("obs", 4).next_of("obs", "next_obs"));
+            b = b.frames(
+                Frames::new()
+                    .stack("obs", STACK_DEPTH)
+                    .next_of("obs", "next_obs"),
+            );
         }
         match self.sampling {
             Sampling::Uniform => b,
@@ -189,8 +196,8 @@ impl Workload {
         if !self.frames {
             return vec![self.chunk_data(rb, self.chunk, seed)];
         }
-        const DEPTH: usize = 4;
-        const PIXELS: usize = 84 * 84;
+        const DEPTH: usize = STACK_DEPTH;
+        const PIXELS: usize = FRAME_BYTES;
         let pool = self.chunk_data(rb, FRAME_CYCLE / 4, seed);
         let pool = pool.column::<u8>("obs").expect("u8 obs");
         let frame = |i: usize| &pool[(i % FRAME_CYCLE) * PIXELS..][..PIXELS];

@@ -129,6 +129,22 @@ struct Side {
     slot_words: usize,
 }
 
+impl Side {
+    /// Words of one shard's block: its counter, then its slots, padded so that each
+    /// shard's counter is on a line of its own.
+    fn shard_words(&self) -> Option<usize> {
+        let words = 1 + usize::try_from(self.slots)
+            .ok()?
+            .checked_mul(self.slot_words)?;
+        Some(words.next_multiple_of(8))
+    }
+
+    /// The word of shard `k`'s side slot `pos`: its tag, with the data after it.
+    fn slot_at(&self, k: usize, pos: u64) -> usize {
+        self.base[k] + 1 + pos as usize * self.slot_words
+    }
+}
+
 /// A buffer's frames, resolved against its spec.
 #[derive(Clone, Debug)]
 pub(crate) struct FrameLayout {
@@ -323,20 +339,18 @@ impl FrameLayout {
     /// Places the side slots of `shards` shards from word `at` on; returns the words
     /// they take.
     pub(crate) fn place_side(&mut self, shards: usize, at: usize) -> Option<usize> {
-        let per_shard = 1 + usize::try_from(self.side.slots)
-            .ok()?
-            .checked_mul(self.side.slot_words)?;
-        // Each shard's counter on a line of its own.
-        let per_shard = per_shard.next_multiple_of(8);
+        let per_shard = self.side.shard_words()?;
         self.side.base = (0..shards).map(|k| at + k * per_shard).collect();
         per_shard.checked_mul(shards)
     }
 
     /// Bytes of every shard's side slots together (their counters included).
     pub(crate) fn side_bytes(&self) -> usize {
-        self.side.base.len()
-            * (1 + self.side.slots as usize * self.side.slot_words).next_multiple_of(8)
-            * 8
+        let per_shard = self
+            .side
+            .shard_words()
+            .expect("replaybuf internal error: side slots that place_side refused");
+        self.side.base.len() * per_shard * 8
     }
 
     /// Per logical field, its stored part.
@@ -488,10 +502,9 @@ impl Storage {
         let shard = &self.shards[k];
         let width = shard.ring().width;
         let words = self.words();
-        let base = side.base[k];
-        let count = words[base].fetch_add(1, Ordering::Relaxed);
+        let count = words[side.base[k]].fetch_add(1, Ordering::Relaxed);
         let pos = count % side.slots;
-        let at = base + 1 + pos as usize * side.slot_words;
+        let at = side.slot_at(k, pos);
         let tag = &words[at];
         let old = tag.swap(0, Ordering::Relaxed);
         if let Some(old_seq) = old.checked_sub(1).map(|t| t / width) {
@@ -523,7 +536,7 @@ impl Storage {
         let frames = self.frames_layout();
         let side = &frames.side;
         let width = self.shards[k].ring().width;
-        let at = side.base[k] + 1 + pos as usize * side.slot_words;
+        let at = side.slot_at(k, pos);
         let tag = &self.words()[at];
         let want = seq * width + lane + 1;
         // SYNC POINT: pairs with the writer's Release store of the tag.

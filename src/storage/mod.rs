@@ -710,7 +710,7 @@ impl Storage {
             let seq = draw.seq + laps * ring.steps;
             self.rebuild(draw.shard as usize, lane, seq, word, dst, k)?;
         }
-        Ok((seen, ring.index(draw.seq % ring.steps, lane)))
+        Ok((seen, self.position_of(draw)))
     }
 
     /// The slot read protocol (`stamp.rs`, R1-R3): runs `copy` on the slot of row
@@ -782,6 +782,7 @@ impl Storage {
     }
 
     /// The storage index of `draw`'s position ([`draw_at`](Self::draw_at)'s inverse).
+    #[inline]
     pub(crate) fn position_of(&self, draw: Draw) -> u64 {
         let ring = self.shards[draw.shard as usize].ring();
         ring.index(draw.seq % ring.steps, u64::from(draw.lane))
