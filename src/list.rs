@@ -342,7 +342,7 @@ impl<T: Clone> ListInner<T> {
     /// The value of a draw, its generation and its index.
     fn read(&self, d: Draw, want: Want) -> Result<(T, u64, u64), Miss> {
         let ring = self.shards[d.shard as usize].ring();
-        let pos = d.seq % ring.steps;
+        let pos = ring.pos(d.seq);
         let entry = self.slots[ring.slot(pos, 0) as usize]
             .load()
             .ok_or(Miss::Busy)?;
@@ -350,7 +350,7 @@ impl<T: Clone> ListInner<T> {
             (std::cmp::Ordering::Less, _) => Err(Miss::Busy),
             (std::cmp::Ordering::Greater, Want::Exact) => Err(Miss::Gone),
             _ => {
-                let lap = (entry.seq / ring.steps) as u32;
+                let lap = ring.lap(entry.seq);
                 Ok((
                     entry.value.clone(),
                     Stamp::published(lap, 0).generation(),

@@ -220,10 +220,7 @@ impl MaxValue {
                     let seq = next[k];
                     next[k] += 1;
                     room[k] -= 1;
-                    (
-                        ring.index(seq % ring.steps, 0),
-                        Placement::Append { k, seq },
-                    )
+                    (ring.index(ring.pos(seq), 0), Placement::Append { k, seq })
                 }
                 (None, Some((lowest, index))) if rank > lowest => {
                     let target = match planned.get(&index) {
@@ -262,10 +259,7 @@ impl MaxValue {
                 "replaybuf internal error: a cursor moved under the max-value lock"
             );
             let ring = shards[k].ring();
-            generation.insert(
-                row,
-                Stamp::published((got / ring.steps) as u32, 0).generation(),
-            );
+            generation.insert(row, Stamp::published(ring.lap(got), 0).generation());
         }
         for (&index, &(row, target)) in &planned {
             let Placement::Replace = target else { continue };
@@ -381,7 +375,7 @@ fn rewrite(
         return Ok(None);
     }
     let ring = storage.shards()[draw.shard as usize].ring();
-    let leaf = (draw.seq % ring.steps) * ring.width + u64::from(draw.lane);
+    let leaf = ring.pos(draw.seq) * ring.width + u64::from(draw.lane);
     Ok(Some(
         storage.stamp_of(draw.shard as usize, leaf).generation(),
     ))

@@ -598,7 +598,7 @@ pub(crate) fn successor(storage: &Storage, k: usize, pos: u64, lane: u64) -> Opt
     }
     let seq = u64::from(here.lap()) * ring.steps + pos;
     let next_seq = seq + 1;
-    let next = ring.slot(next_seq % ring.steps, lane);
+    let next = ring.slot(ring.pos(next_seq), lane);
     let there: Stamp = storage.stamp_at(next);
-    (there.is_published() && there.lap() == (next_seq / ring.steps) as u32).then_some(next)
+    (there.is_published() && there.lap() == ring.lap(next_seq)).then_some(next)
 }

@@ -435,6 +435,11 @@ impl Core {
         mut weigh: Option<Weigh<'_>>,
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
+        // Every row's lines start for L2 at once, and a sliding window of them for L1
+        // (`Storage::prefetch`): the misses then overlap the copying, not precede it.
+        for &d in draws {
+            storage.prefetch_later(d);
+        }
         for &d in draws.iter().take(SAMPLE_AHEAD_DRAWS) {
             storage.prefetch(d);
         }

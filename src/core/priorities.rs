@@ -227,7 +227,7 @@ impl Core {
         }
         let live = positions[k as usize]
             .seq_at(pos)
-            .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+            .is_some_and(|seq| ring.lap(seq) == stamp.lap());
         if live && stamp.is_published() && stamp.generation() == g {
             Row::Live {
                 shard: k as usize,

@@ -387,7 +387,7 @@ impl Picker<'_> {
             SlicePriority::Start => d.mass,
             SlicePriority::Window => {
                 let (tree, ring) = (&p.trees[k], storage.shards()[k].ring());
-                let leaf = |s: u64| ((s % ring.steps) * ring.width + lane) as usize;
+                let leaf = |s: u64| (ring.pos(s) * ring.width + lane) as usize;
                 let sum: u64 = (from..to).map(|s| tree.leaf(leaf(s)).value()).sum();
                 (sum / (to - from)).max(1)
             }

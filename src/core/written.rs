@@ -102,8 +102,8 @@ impl Written {
         }
         let (ring, seq, lane) = self.locate(row);
         Some((
-            ring.index(seq % ring.steps, lane),
-            Stamp::published((seq / ring.steps) as u32, 0).generation(),
+            ring.index(ring.pos(seq), lane),
+            Stamp::published(ring.lap(seq), 0).generation(),
         ))
     }
 
@@ -156,7 +156,7 @@ impl Written {
             // One ndim-1 run, the common extend: walk the ring rather than divide per
             // row, which `index` must.
             (None, RowOrder::Flat, &[(ring, first, _)]) => {
-                let mut pos = first % ring.steps;
+                let mut pos = ring.pos(first);
                 (0..self.steps)
                     .map(|_| {
                         let index = ring.index(pos, 0);
@@ -179,13 +179,7 @@ mod tests {
 
     #[test]
     fn to_vec_walks_the_ring_as_index_computes_it() {
-        let ring = Ring {
-            steps: 7,
-            width: 1,
-            first_slot: 0,
-            index_stride: 3,
-            index_offset: 1,
-        };
+        let ring = Ring::new(7, 1, 0, 3, 1);
         // First sequence numbers that start mid-ring, at a wrap, and laps in; batches
         // shorter than, as long as and longer than the ring.
         for first in [0, 5, 6, 7, 20] {

@@ -155,6 +155,8 @@ pub fn streaming_fence() {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Intent {
     Read,
+    /// To read soon, but not next: into L2, leaving L1 to the lines read next.
+    ReadLater,
     Write,
 }
 
@@ -165,13 +167,14 @@ pub(crate) enum Intent {
 pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
     if offset < words.len() * 8 {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0, _MM_HINT_T1};
         let p = words.as_ptr().cast::<i8>().wrapping_add(offset);
         // SAFETY: a prefetch of any address, mapped or not, has no architectural
         // effect besides the cache; this one is inside the region anyway.
         unsafe {
             match intent {
                 Intent::Read => _mm_prefetch::<_MM_HINT_T0>(p),
+                Intent::ReadLater => _mm_prefetch::<_MM_HINT_T1>(p),
                 Intent::Write => _mm_prefetch::<_MM_HINT_ET0>(p),
             }
         }

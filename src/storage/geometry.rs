@@ -13,6 +13,7 @@
 //!
 //! Layer: algos.
 
+use strength_reduce::StrengthReducedU64;
 /// `total` items split into `parts` contiguous near-equal parts (the first
 /// `total % parts` parts one larger).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,10 +75,13 @@ pub(crate) enum Geometry {
 }
 
 /// One shard's ring, as the geometry gives it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Ring {
     /// Steps in the ring.
     pub(crate) steps: u64,
+    /// `steps` as a divisor by multiplication: a sample splits every drawn sequence
+    /// number into position and lap, and a 64-bit `div` there was a fifth of its time.
+    by_steps: StrengthReducedU64,
     /// Rows per step (1 for ndim 1; the environments of the group for ndim 2).
     pub(crate) width: u64,
     /// The shard's first slot in the region.
@@ -88,6 +92,43 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
+    pub(crate) fn new(
+        steps: u64,
+        width: u64,
+        first_slot: u64,
+        index_stride: u64,
+        index_offset: u64,
+    ) -> Ring {
+        Ring {
+            steps,
+            // An empty ring divides nothing; 1 keeps the divisor valid.
+            by_steps: StrengthReducedU64::new(steps.max(1)),
+            width,
+            first_slot,
+            index_stride,
+            index_offset,
+        }
+    }
+
+    /// The ring position of sequence number `seq`: `seq % steps`.
+    #[inline]
+    pub(crate) fn pos(&self, seq: u64) -> u64 {
+        seq % self.by_steps
+    }
+
+    /// The lap of sequence number `seq`, as stamps hold it: `seq / steps`, wrapping.
+    #[inline]
+    pub(crate) fn lap(&self, seq: u64) -> u32 {
+        (seq / self.by_steps) as u32
+    }
+
+    /// [`Ring::pos`] and [`Ring::lap`] at once.
+    #[inline]
+    pub(crate) fn pos_lap(&self, seq: u64) -> (u64, u32) {
+        let (lap, pos) = StrengthReducedU64::div_rem(seq, self.by_steps);
+        (pos, lap as u32)
+    }
+
     #[inline]
     pub(crate) fn slot(&self, pos: u64, lane: u64) -> u64 {
         self.first_slot + pos * self.width + lane
@@ -138,20 +179,16 @@ impl Geometry {
 
     pub(crate) fn ring(&self, k: u64) -> Ring {
         match *self {
-            Geometry::Flat { split, .. } => Ring {
-                steps: split.len(k),
-                width: 1,
-                first_slot: split.start(k),
-                index_stride: 1,
-                index_offset: split.start(k),
-            },
-            Geometry::Grid { steps, envs, split } => Ring {
+            Geometry::Flat { split, .. } => {
+                Ring::new(split.len(k), 1, split.start(k), 1, split.start(k))
+            }
+            Geometry::Grid { steps, envs, split } => Ring::new(
                 steps,
-                width: split.len(k),
-                first_slot: steps * split.start(k),
-                index_stride: envs,
-                index_offset: split.start(k),
-            },
+                split.len(k),
+                steps * split.start(k),
+                envs,
+                split.start(k),
+            ),
         }
     }
 

@@ -545,7 +545,7 @@ impl Storage {
             let prev = match step.prev {
                 None => Prev::Empty,
                 Some(p) if p < abandoned => Prev::Abandoned,
-                Some(p) => Prev::Lap((p / ring.steps) as u32),
+                Some(p) => Prev::Lap(ring.lap(p)),
             };
             for lane in 0..ring.width {
                 let slot = ring.slot(step.pos, lane);
@@ -631,28 +631,40 @@ impl Storage {
         }
     }
 
-    /// Prefetches every cache line the slot overlaps (at most [`PREFETCH_LINES`]): a
-    /// 176-byte slot starting 48 bytes into a line spans four.
-    #[inline]
+    /// Prefetches the cache lines of the slot's first [`PREFETCH_LINES`] * 64 bytes,
+    /// and of its last byte if it ends sooner: a 176-byte slot starting 48 bytes into a
+    /// line spans four lines, and gets all four. Branch-free: a line prefetched twice
+    /// costs nothing, and a sample prefetches every row it reads.
+    #[inline(always)]
     fn prefetch_slot(&self, slot: u64, intent: Intent) {
         let start = self.slot_word(slot) * 8;
-        let first = start / LINE_BYTES;
-        let last = (start + self.slot_bytes - 1) / LINE_BYTES;
-        for line in (first..=last).take(PREFETCH_LINES) {
-            atomic_copy::prefetch(self.words(), line * LINE_BYTES, intent);
+        let last = start + self.slot_bytes - 1;
+        for line in 0..PREFETCH_LINES {
+            atomic_copy::prefetch(self.words(), (start + line * LINE_BYTES).min(last), intent);
         }
     }
 
-    /// Starts loading the cache lines of a drawn row. Samples prefetch a sliding window
-    /// of [`SAMPLE_AHEAD_DRAWS`] rows: all of a batch at once would overflow L1 before
-    /// the first row is copied.
-    #[inline]
+    /// Starts loading the cache lines of a drawn row into L1. Samples prefetch a sliding
+    /// window of [`SAMPLE_AHEAD_DRAWS`] rows: all of a batch at once would overflow L1
+    /// before the first row is copied.
+    #[inline(always)]
     pub(crate) fn prefetch(&self, draw: Draw) {
+        self.prefetch_draw(draw, Intent::Read);
+    }
+
+    /// Starts loading the cache lines of a drawn row into L2, where a whole batch's
+    /// fit: a sample asks for all of its rows first, so that the memory's latency is
+    /// paid once per batch rather than once per window (mujoco `sample` 256 of a
+    /// million rows: 13.9 us with the window alone, 11.5 with both, on this VM).
+    #[inline(always)]
+    pub(crate) fn prefetch_later(&self, draw: Draw) {
+        self.prefetch_draw(draw, Intent::ReadLater);
+    }
+
+    #[inline(always)]
+    fn prefetch_draw(&self, draw: Draw, intent: Intent) {
         let ring = self.shards[draw.shard as usize].ring();
-        self.prefetch_slot(
-            ring.slot(draw.seq % ring.steps, u64::from(draw.lane)),
-            Intent::Read,
-        );
+        self.prefetch_slot(ring.slot(ring.pos(draw.seq), u64::from(draw.lane)), intent);
     }
 
     /// Copies the drawn row into row `k` of `dst`; returns its stamp and index.
@@ -706,7 +718,7 @@ impl Storage {
         })?;
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
-            let laps = u64::from(seen.lap().wrapping_sub((draw.seq / ring.steps) as u32));
+            let laps = u64::from(seen.lap().wrapping_sub(ring.lap(draw.seq)));
             let seq = draw.seq + laps * ring.steps;
             self.rebuild(draw.shard as usize, lane, seq, word, dst, k)?;
         }
@@ -726,10 +738,10 @@ impl Storage {
         want: Want,
         copy: impl FnOnce(u64),
     ) -> Result<Stamp, Miss> {
-        let slot = ring.slot(seq % ring.steps, lane);
+        let (pos, lap) = ring.pos_lap(seq);
+        let slot = ring.slot(pos, lane);
         let stamp = self.stamp(slot);
         let seen = stamp::begin_read(stamp);
-        let lap = (seq / ring.steps) as u32;
         if !seen.is_published() {
             // A dropped row (its editor died) will never be published: gone, not busy.
             let dropped = seen.is_dropped() && lap_cmp(seen.lap(), lap) != Cmp::Less;
@@ -753,8 +765,8 @@ impl Storage {
     pub(crate) fn is_abandoned(&self, d: Draw) -> bool {
         let shard = &self.shards[d.shard as usize];
         let ring = shard.ring();
-        let stamp = self.stamp_at(ring.slot(d.seq % ring.steps, u64::from(d.lane)));
-        let lap = (d.seq / ring.steps) as u32;
+        let stamp = self.stamp_at(ring.slot(ring.pos(d.seq), u64::from(d.lane)));
+        let lap = ring.lap(d.seq);
         if stamp.is_dropped() && stamp.lap() == lap {
             return true;
         }
@@ -785,7 +797,7 @@ impl Storage {
     #[inline]
     pub(crate) fn position_of(&self, draw: Draw) -> u64 {
         let ring = self.shards[draw.shard as usize].ring();
-        ring.index(draw.seq % ring.steps, u64::from(draw.lane))
+        ring.index(ring.pos(draw.seq), u64::from(draw.lane))
     }
 
     /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
@@ -793,7 +805,7 @@ impl Storage {
     /// row.
     pub(crate) fn edit(&self, draw: Draw, src: &Source<'_>, step: u64) -> bool {
         let ring = self.shards[draw.shard as usize].ring();
-        let slot = ring.slot(draw.seq % ring.steps, u64::from(draw.lane));
+        let slot = ring.slot(ring.pos(draw.seq), u64::from(draw.lane));
         let stamp = self.stamp(slot);
         let Some(published) = stamp::begin_edit_or(stamp, || {
             // The row's appender may have died inside it (shared mode): its lease is

@@ -47,7 +47,7 @@ impl Storage {
         let positions = window.positions(ring.steps);
         let published_at = |slot: u64, seq: u64| {
             let stamp = self.stamp_at(slot);
-            stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32
+            stamp.is_published() && stamp.lap() == ring.lap(seq)
         };
         if let Some(tree) = self.trees().get(k) {
             // Leaves of rows the dead writer claimed but never published.
@@ -67,7 +67,7 @@ impl Storage {
         if let Some(lanes) = self.lanes() {
             for lane in 0..ring.width {
                 lanes.recover(self.words(), k, lane, window.hi, |seq| {
-                    let slot = ring.slot(seq % ring.steps, lane);
+                    let slot = ring.slot(ring.pos(seq), lane);
                     published_at(slot, seq)
                         .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
                 });
@@ -157,9 +157,9 @@ impl Storage {
                 let cursor = shard.window().hi;
                 for lane in 0..ring.width {
                     lanes.recover(self.words(), k, lane, cursor, |seq| {
-                        let slot = ring.slot(seq % ring.steps, lane);
+                        let slot = ring.slot(ring.pos(seq), lane);
                         let stamp = Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire));
-                        (stamp.is_published() && stamp.lap() == (seq / ring.steps) as u32)
+                        (stamp.is_published() && stamp.lap() == ring.lap(seq))
                             .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
                     });
                 }
@@ -184,7 +184,7 @@ impl Storage {
             let stamp = self.stamp_of(k, leaf as u64);
             let live = positions
                 .seq_at(pos)
-                .is_some_and(|seq| (seq / ring.steps) as u32 == stamp.lap());
+                .is_some_and(|seq| ring.lap(seq) == stamp.lap());
             let p = trees[k].raw(leaf, stamp.lap())?;
             (live && stamp.is_published()).then_some((stamp.lap(), p))
         }

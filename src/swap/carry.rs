@@ -134,7 +134,7 @@ fn column(old: &Storage, k: usize, lane: u64) -> Vec<Draw> {
     let window = shard.window();
     (window.lo..window.hi)
         .filter_map(|seq| {
-            old.draw_at(ring.index(seq % ring.steps, lane))
+            old.draw_at(ring.index(ring.pos(seq), lane))
                 .filter(|d| d.seq == seq && u64::from(d.lane) == lane)
         })
         .collect()
@@ -303,8 +303,8 @@ fn raws(old: &Storage, draws: &[Draw], default: f64) -> Vec<f64> {
         .iter()
         .map(|d| {
             let ring = old.shards()[d.shard as usize].ring();
-            let leaf = (d.seq % ring.steps) * ring.width + u64::from(d.lane);
-            let lap = (d.seq / ring.steps) as u32;
+            let leaf = ring.pos(d.seq) * ring.width + u64::from(d.lane);
+            let lap = ring.lap(d.seq);
             trees
                 .get(d.shard as usize)
                 .and_then(|t| t.raw(leaf as usize, lap))
