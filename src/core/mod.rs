@@ -100,15 +100,10 @@ impl Core {
             .iter()
             .zip(&map)
             .enumerate()
-            .map(|(f, (field, &i))| {
-                let place = self.storage.place(f);
-                SrcCol {
-                    data: batch.columns()[i].as_bytes(),
-                    bytes: field.bytes(),
-                    offset: place.offset,
-                    skip: place.skip,
-                    len: place.len,
-                }
+            .map(|(f, (field, &i))| SrcCol {
+                data: batch.columns()[i].as_bytes(),
+                bytes: field.bytes(),
+                place: self.storage.place(f),
             })
             .collect();
         Ok(Source { cols, order })
@@ -558,18 +553,13 @@ pub(crate) fn dest_for<'a, C: Into<&'a mut [u8]>>(
             .iter()
             .zip(map)
             .enumerate()
-            .map(|(f, (field, &i))| {
-                let place = storage.place(f);
-                DstCol {
-                    data: columns[i]
-                        .take()
-                        .expect("replaybuf internal error: a column mapped twice")
-                        .into(),
-                    bytes: field.bytes(),
-                    offset: place.offset,
-                    skip: place.skip,
-                    len: place.len,
-                }
+            .map(|(f, (field, &i))| DstCol {
+                data: columns[i]
+                    .take()
+                    .expect("replaybuf internal error: a column mapped twice")
+                    .into(),
+                bytes: field.bytes(),
+                place: storage.place(f),
             })
             .collect(),
     }

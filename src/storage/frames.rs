@@ -45,7 +45,7 @@ use smallvec::SmallVec;
 use super::atomic_copy;
 use super::geometry::{Geometry, Ring};
 use super::lanes::Scalar;
-use super::plan::{Dest, Source};
+use super::plan::{Dest, Place, Source};
 use super::{Miss, Storage, Want};
 use crate::dtype::DType;
 use crate::frames::{Frames, StackFill};
@@ -85,15 +85,6 @@ impl StepWord {
             _ => StepWord(0),
         }
     }
-}
-
-/// Where a logical field's stored part lies in a stored row, and which bytes of the
-/// field's value it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Place {
-    pub(crate) offset: usize,
-    pub(crate) skip: usize,
-    pub(crate) len: usize,
 }
 
 /// A frame stack: logical field `field` of `depth` frames of `frame` bytes.

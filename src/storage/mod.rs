@@ -389,16 +389,12 @@ impl Storage {
 
     /// Where field `i` of the spec lies in a stored row, and which of its bytes are
     /// stored there.
-    pub(crate) fn place(&self, i: usize) -> frames::Place {
+    pub(crate) fn place(&self, i: usize) -> plan::Place {
         match &self.frames {
             Some(f) => f.places()[i],
             None => {
                 let f = &self.spec.fields()[i];
-                frames::Place {
-                    offset: f.offset(),
-                    skip: 0,
-                    len: f.bytes(),
-                }
+                plan::Place::whole(f.offset(), f.bytes())
             }
         }
     }
@@ -786,7 +782,7 @@ impl Storage {
     pub(crate) fn is_abandoned(&self, d: Draw) -> bool {
         let shard = &self.shards[d.shard as usize];
         let ring = shard.ring();
-        let stamp = self.stamp_at(ring.slot(ring.pos(d.seq), u64::from(d.lane)));
+        let stamp = self.stamp_at(self.slot_of(d));
         let lap = ring.lap(d.seq);
         if stamp.is_dropped() && stamp.lap() == lap {
             return true;
@@ -825,8 +821,7 @@ impl Storage {
     /// caller holds an editor guard on the shard. Returns `false` if the slot holds no
     /// row.
     pub(crate) fn edit(&self, draw: Draw, src: &Source<'_>, step: u64) -> bool {
-        let ring = self.shards[draw.shard as usize].ring();
-        let slot = ring.slot(ring.pos(draw.seq), u64::from(draw.lane));
+        let slot = self.slot_of(draw);
         let stamp = self.stamp(slot);
         let Some(published) = stamp::begin_edit_or(stamp, || {
             // The row's appender may have died inside it (shared mode): its lease is

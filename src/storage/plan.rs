@@ -11,19 +11,36 @@ use smallvec::SmallVec;
 use super::atomic_copy;
 use crate::sync::AtomicU64;
 
+/// Where a logical field's stored part lies in a stored row, and which bytes of the
+/// field's value it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) offset: usize,
+    pub(crate) skip: usize,
+    pub(crate) len: usize,
+}
+
+impl Place {
+    /// A field of `bytes` bytes stored whole at `offset`.
+    pub(crate) fn whole(offset: usize, bytes: usize) -> Place {
+        Place {
+            offset,
+            skip: 0,
+            len: bytes,
+        }
+    }
+}
+
 /// One field's bytes in the caller's data, for every row.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SrcCol<'a> {
     /// Row after row, `bytes` each.
     pub(crate) data: &'a [u8],
     pub(crate) bytes: usize,
-    /// Where the field starts inside a stored row.
-    pub(crate) offset: usize,
-    /// The part of each row's value that is stored: `len` bytes from `skip` (all of
-    /// it, but for a frame stack's newest frame and a `next_of` field's nothing; see
-    /// `frames.rs`).
-    pub(crate) skip: usize,
-    pub(crate) len: usize,
+    /// Where the field lies in a stored row, and the part of each row's value that is
+    /// stored there (all of it, but for a frame stack's newest frame and a `next_of`
+    /// field's nothing; see `frames.rs`).
+    pub(crate) place: Place,
 }
 
 impl<'a> SrcCol<'a> {
@@ -32,16 +49,14 @@ impl<'a> SrcCol<'a> {
         SrcCol {
             data,
             bytes,
-            offset,
-            skip: 0,
-            len: bytes,
+            place: Place::whole(offset, bytes),
         }
     }
 
     /// The stored part of data row `r`.
     #[inline]
     fn stored(&self, r: usize) -> &'a [u8] {
-        &self.data[r * self.bytes + self.skip..][..self.len]
+        &self.data[r * self.bytes + self.place.skip..][..self.place.len]
     }
 
     /// All of data row `r`'s value.
@@ -116,7 +131,7 @@ impl<'a> Source<'a> {
     pub(crate) fn write_row(&self, words: &[AtomicU64], row: usize, step: u64, lane: u64) {
         let r = self.order.row(step, lane);
         for c in &self.cols {
-            atomic_copy::store(words, row + c.offset, c.stored(r));
+            atomic_copy::store(words, row + c.place.offset, c.stored(r));
         }
     }
 
@@ -137,9 +152,9 @@ impl<'a> Source<'a> {
         for c in &self.cols {
             let data = c.stored(r);
             if data.len() >= STREAMING_FIELD_BYTES {
-                atomic_copy::store_streaming(words, row + c.offset, data);
+                atomic_copy::store_streaming(words, row + c.place.offset, data);
             } else {
-                atomic_copy::store(words, row + c.offset, data);
+                atomic_copy::store(words, row + c.place.offset, data);
             }
         }
         atomic_copy::streaming_fence();
@@ -156,12 +171,9 @@ pub(crate) struct DstCol<'a> {
     /// Row after row, `bytes` each.
     pub(crate) data: &'a mut [u8],
     pub(crate) bytes: usize,
-    /// Where the field starts inside a stored row.
-    pub(crate) offset: usize,
-    /// Where in each row's value the stored bytes go, and how many there are (as
-    /// [`SrcCol`]); the rest is rebuilt from other rows (`frames.rs`).
-    pub(crate) skip: usize,
-    pub(crate) len: usize,
+    /// Where the field lies in a stored row, and where in each row's value the stored
+    /// bytes go (as [`SrcCol`]); the rest is rebuilt from other rows (`frames.rs`).
+    pub(crate) place: Place,
 }
 
 impl<'a> DstCol<'a> {
@@ -170,9 +182,7 @@ impl<'a> DstCol<'a> {
         DstCol {
             data,
             bytes,
-            offset,
-            skip: 0,
-            len: bytes,
+            place: Place::whole(offset, bytes),
         }
     }
 
@@ -201,8 +211,12 @@ impl Dest<'_> {
     #[inline]
     pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {
         for c in &mut self.cols {
-            let at = k * c.bytes + c.skip;
-            atomic_copy::load(words, row + c.offset, &mut c.data[at..][..c.len]);
+            let Place { offset, skip, len } = c.place;
+            atomic_copy::load(
+                words,
+                row + offset,
+                &mut c.data[k * c.bytes + skip..][..len],
+            );
         }
     }
 }
