@@ -19,7 +19,7 @@ use crate::sampler::slice::{Marks, SliceWindow};
 use crate::spec::{Field, Spec};
 use crate::storage::lanes::LaneView;
 use crate::storage::shard::Window;
-use crate::storage::Draw;
+use crate::storage::{Draw, Located};
 
 /// What every sampled batch says of its rows, one definition each: a batch type with
 /// fields `index: Vec<u64>`, `generation: Vec<u64>` and `weight: Option<Vec<f32>>`
@@ -139,6 +139,8 @@ impl PartialEq for Column {
 pub(crate) struct Scratch {
     pub(crate) windows: Vec<Window>,
     pub(crate) draws: Vec<Draw>,
+    /// Where each draw's row lies, worked out once a batch (`Core::gather`).
+    pub(crate) located: Vec<Located>,
     /// Slice sampling: every lane's snapshot, and their running trajectory counts.
     pub(crate) lanes: Vec<LaneView>,
     pub(crate) cumulative: Vec<u64>,

@@ -279,7 +279,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         read_draws(
             &draws,
             on_miss,
-            |d, k| {
+            |d, k, _| {
                 let (value, g, i) = inner.read(d, want)?;
                 items[k] = Some(value);
                 Ok((g, i))

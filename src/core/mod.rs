@@ -21,7 +21,7 @@ use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::Shard;
 use crate::storage::stamp::Claim;
-use crate::storage::{Draw, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
+use crate::storage::{Draw, Located, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::Ordering;
 use smallvec::SmallVec;
@@ -362,7 +362,12 @@ impl Core {
         weight: Option<&mut [f32]>,
     ) -> Result<(), SampleError> {
         let shards = self.storage.shards();
-        let Scratch { windows, draws, .. } = scratch;
+        let Scratch {
+            windows,
+            draws,
+            located,
+            ..
+        } = scratch;
         match (self.sampler.prioritized(), weight) {
             (Some(state), Some(weight)) => {
                 let trees = self.storage.trees();
@@ -383,6 +388,7 @@ impl Core {
                 };
                 self.gather(
                     draws,
+                    located,
                     Want::Exact,
                     OnMiss::Redraw(&mut redraw),
                     dest,
@@ -395,6 +401,7 @@ impl Core {
                 let mut redraw = uniform_redraw(shards, windows, rng);
                 self.gather(
                     draws,
+                    located,
                     Want::Exact,
                     OnMiss::Redraw(&mut redraw),
                     dest,
@@ -405,6 +412,7 @@ impl Core {
             }
             _ => self.gather(
                 draws,
+                located,
                 Want::AtLeast,
                 OnMiss::Retry,
                 dest,
@@ -417,11 +425,14 @@ impl Core {
 
     /// Copies the drawn rows into rows `0..draws.len()` of `dest`. With `weigh`, the
     /// draws are prioritized: a draw must name the row its leaf belongs to, and each
-    /// row read gets its importance weight.
+    /// row read gets its importance weight. `located` is room for where each draw's
+    /// row lies, worked out once (prefetching and reading it used to split its sequence
+    /// number three times: mujoco `sample` 256 in L2 6.6 -> 6.3 us).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gather(
         &self,
         draws: &[Draw],
+        located: &mut Vec<Located>,
         want: Want,
         on_miss: OnMiss<'_>,
         dest: &mut Dest<'_>,
@@ -430,25 +441,29 @@ impl Core {
         mut weigh: Option<Weigh<'_>>,
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
+        located.clear();
+        located.extend(draws.iter().map(|&d| storage.locate(d)));
+        let located = &located[..];
         // Every row's lines start for L2 at once, and a sliding window of them for L1
         // (`Storage::prefetch`): the misses then overlap the copying, not precede it.
-        for &d in draws {
-            storage.prefetch_later(d);
+        for &at in located {
+            storage.prefetch_later(at);
         }
-        for &d in draws.iter().take(SAMPLE_AHEAD_DRAWS) {
-            storage.prefetch(d);
+        for &at in located.iter().take(SAMPLE_AHEAD_DRAWS) {
+            storage.prefetch(at);
         }
         read_draws(
             draws,
             on_miss,
-            |d, k| {
-                if let Some(&ahead) = draws.get(k + SAMPLE_AHEAD_DRAWS) {
+            |d, k, first| {
+                if let Some(&ahead) = located.get(k + SAMPLE_AHEAD_DRAWS) {
                     storage.prefetch(ahead);
                 }
                 if weigh.is_some() && d.mass == 0 {
                     return Err(Miss::Gone);
                 }
-                let (stamp, at) = storage.read(d, want, dest, k)?;
+                let here = if first { located[k] } else { storage.locate(d) };
+                let (stamp, at) = storage.read(d, here, want, dest, k)?;
                 if let Some(w) = &mut weigh {
                     // The leaf's mass is this row's only if its lap is this row's.
                     if stamp.lap() != d.lap {
@@ -489,6 +504,7 @@ impl Core {
             let mut dest = dest_for(&self.storage, &identity, parts.columns);
             let read = self.gather(
                 &draws,
+                &mut Vec::new(),
                 Want::AtLeast,
                 OnMiss::RetryUpTo(POSITION_READ_PATIENCE),
                 &mut dest,

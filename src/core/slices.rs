@@ -170,7 +170,7 @@ impl Core {
     fn prefetch_windows(&self, windows: &[slice::SliceWindow]) {
         for w in windows {
             for seq in w.from..w.from + (w.to - w.from).min(SLICE_PREFETCH_ROWS) {
-                self.storage.prefetch(w.draw(seq));
+                self.storage.prefetch(self.storage.locate(w.draw(seq)));
             }
         }
     }
@@ -189,7 +189,7 @@ impl Core {
         for i in 0..rows {
             let ahead = w.from + (i as u64) + SLICE_PREFETCH_ROWS;
             if ahead < w.to {
-                self.storage.prefetch(w.draw(ahead));
+                self.storage.prefetch(self.storage.locate(w.draw(ahead)));
             }
             let (seq, k) = (w.from + i as u64, first + i);
             let read = loop {

@@ -234,12 +234,13 @@ pub(crate) fn uniform_redraw<'a>(
 }
 
 /// Reads every draw with `read`, which copies the row of a draw into output row `k`
-/// and returns its (generation, index). A draw that misses is redrawn or retried as
+/// and returns its (generation, index); it is told whether the draw is `draws[k]`
+/// itself (the first attempt) or a redraw. A draw that misses is redrawn or retried as
 /// `on_miss` says; the generations and indices of the rows read land in the outputs.
 pub(crate) fn read_draws(
     draws: &[Draw],
     mut on_miss: OnMiss<'_>,
-    mut read: impl FnMut(Draw, usize) -> Result<(u64, u64), Miss>,
+    mut read: impl FnMut(Draw, usize, bool) -> Result<(u64, u64), Miss>,
     generation: &mut [u64],
     index: &mut [u64],
 ) -> Result<(), SampleError> {
@@ -248,7 +249,7 @@ pub(crate) fn read_draws(
         let mut misses = 0u32;
         let mut backoff = Backoff::new();
         loop {
-            let miss = match read(draw, k) {
+            let miss = match read(draw, k, misses == 0) {
                 Ok((g, i)) => {
                     generation[k] = g;
                     index[k] = i;

@@ -102,6 +102,17 @@ impl Draw {
     }
 }
 
+/// Where a drawn row lies ([`Storage::locate`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Located {
+    /// The slot the draw names.
+    pub(crate) slot: u64,
+    /// The storage index of that slot's row.
+    pub(crate) index: u64,
+    /// The lap of the drawn sequence number, as stamps hold it.
+    pub(crate) lap: u32,
+}
+
 /// Which row a read accepts at the drawn slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
@@ -644,8 +655,8 @@ impl Storage {
     /// window of [`SAMPLE_AHEAD_DRAWS`] rows: all of a batch at once would overflow L1
     /// before the first row is copied.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, draw: Draw) {
-        self.prefetch_slot(self.slot_of(draw), Intent::Read);
+    pub(crate) fn prefetch(&self, at: Located) {
+        self.prefetch_slot(at.slot, Intent::Read);
     }
 
     /// Starts loading a drawn row's first line, and the line 128 bytes on, into L2
@@ -655,10 +666,25 @@ impl Storage {
     /// `sample` 256 of a million rows, on this VM: 13.9 us with the window alone; with
     /// this first, 10.4 us at one line a row, 9.8 at two, 10.1 at three, 11.3 at four.
     #[inline(always)]
-    pub(crate) fn prefetch_later(&self, draw: Draw) {
-        let start = self.slot_word(self.slot_of(draw)) * 8;
+    pub(crate) fn prefetch_later(&self, at: Located) {
+        let start = self.slot_word(at.slot) * 8;
         for offset in [start, start + 2 * LINE_BYTES] {
             atomic_copy::prefetch(self.words(), offset, Intent::ReadLater);
+        }
+    }
+
+    /// Where a draw's row lies: its slot, storage index and lap, from one split of its
+    /// sequence number (a sample asks for them three times a row: prefetched for L2,
+    /// for L1, and read).
+    #[inline(always)]
+    pub(crate) fn locate(&self, draw: Draw) -> Located {
+        let ring = self.shards[draw.shard as usize].ring();
+        let lane = u64::from(draw.lane);
+        let (pos, lap) = ring.pos_lap(draw.seq);
+        Located {
+            slot: ring.slot(pos, lane),
+            index: ring.index(pos, lane),
+            lap,
         }
     }
 
@@ -674,11 +700,12 @@ impl Storage {
     pub(crate) fn read(
         &self,
         draw: Draw,
+        at: Located,
         want: Want,
         dst: &mut Dest<'_>,
         k: usize,
     ) -> Result<(Stamp, u64), Miss> {
-        self.read_with(draw, want, dst, k, |_| ())
+        self.read_with(draw, at, want, dst, k, |_| ())
     }
 
     /// Copies the drawn row of a slice buffer into row `k` of `dst`, exactly the row of
@@ -692,7 +719,8 @@ impl Storage {
         k: usize,
     ) -> Result<(Stamp, u64, u64), Miss> {
         let mut word = 0;
-        let (stamp, index) = self.read_with(draw, Want::Exact, dst, k, |slot| {
+        let at = self.locate(draw);
+        let (stamp, index) = self.read_with(draw, at, Want::Exact, dst, k, |slot| {
             word = self.words()[self.traj_word(slot)].load(Ordering::Relaxed);
         })?;
         Ok((stamp, index, word))
@@ -702,16 +730,15 @@ impl Storage {
     fn read_with(
         &self,
         draw: Draw,
+        at: Located,
         want: Want,
         dst: &mut Dest<'_>,
         k: usize,
         mut header: impl FnMut(u64),
     ) -> Result<(Stamp, u64), Miss> {
-        let ring = self.shards[draw.shard as usize].ring();
-        let lane = u64::from(draw.lane);
         let mut word = None;
-        let (pos, lap) = ring.pos_lap(draw.seq);
-        let seen = self.read_at(ring, pos, lap, lane, want, |slot| {
+        let lap = at.lap;
+        let seen = self.read_located(at.slot, lap, want, |slot| {
             header(slot);
             if self.frames.is_some() {
                 let word_at = self.frames_word(slot);
@@ -722,10 +749,10 @@ impl Storage {
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
             let laps = u64::from(seen.lap().wrapping_sub(lap));
-            let seq = draw.seq + laps * ring.steps;
-            self.rebuild(draw.shard as usize, lane, seq, word, dst, k)?;
+            let seq = draw.seq + laps * self.shards[draw.shard as usize].ring().steps;
+            self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
         }
-        Ok((seen, ring.index(pos, lane)))
+        Ok((seen, at.index))
     }
 
     /// The slot read protocol (`stamp.rs`, R1-R3): runs `copy` on the slot of row
@@ -756,7 +783,18 @@ impl Storage {
         want: Want,
         copy: impl FnOnce(u64),
     ) -> Result<Stamp, Miss> {
-        let slot = ring.slot(pos, lane);
+        self.read_located(ring.slot(pos, lane), lap, want, copy)
+    }
+
+    /// [`Storage::read_slot`] of the row of lap `lap` at slot `slot`.
+    #[inline(always)]
+    fn read_located(
+        &self,
+        slot: u64,
+        lap: u32,
+        want: Want,
+        copy: impl FnOnce(u64),
+    ) -> Result<Stamp, Miss> {
         let stamp = self.stamp(slot);
         let seen = stamp::begin_read(stamp);
         if !seen.is_published() {
