@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::errors::py_err;
 use crate::fields::{key_to_py, numpy_dtype};
+use crate::gil;
 
 /// Raw spans of arrays the GIL-free part of a call reads or writes.
 pub(crate) struct Spans(pub(crate) Vec<(*mut u8, usize)>);
@@ -82,7 +83,7 @@ pub(crate) fn with_borrowed<R: Send>(
     f: impl FnOnce(&Batch) -> R + Send,
 ) -> PyResult<R> {
     let spans = Spans(arrays.iter().map(span).collect());
-    py.detach(|| {
+    gil::detach(py, || {
         let spans = spans;
         // SAFETY: each span is the data of a C-contiguous array of that many bytes,
         // kept alive by `arrays` for this call and only read.

@@ -25,6 +25,7 @@ use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
     dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example, spec_from_py,
 };
+use crate::gil;
 
 /// Forks of this process so far: the package counts them with
 /// `os.register_at_fork(after_in_child=_native._forked)`.
@@ -286,7 +287,7 @@ impl Buffer {
         let spec: &Spec = rb.spec();
         let fields = self.fields.len();
         let (prioritized, slices) = (self.prioritized, self.slices);
-        py.detach(|| {
+        gil::detach(py, || {
             let spans = spans;
             // SAFETY: every span is the data of an array of that many bytes that the
             // caller holds for this call, and no two overlap (distinct arrays, checked
@@ -404,7 +405,7 @@ impl Buffer {
         if let Some(name) = &shared {
             b = b.shared(name.clone());
         }
-        let rb = py.detach(|| b.build()).map_err(py_err)?;
+        let rb = gil::detach(py, || b.build()).map_err(py_err)?;
         Buffer::wrap(py, rb, shared)
     }
 
@@ -416,7 +417,7 @@ impl Buffer {
         if let Some(held) = attached(py, &name) {
             return Ok(held);
         }
-        let rb = py.detach(|| ReplayBuffer::attach(&name)).map_err(py_err)?;
+        let rb = gil::detach(py, || ReplayBuffer::attach(&name)).map_err(py_err)?;
         let buffer = Bound::new(py, Buffer::wrap(py, rb, Some(name))?)?;
         remember(&buffer)?;
         Ok(buffer)
@@ -426,9 +427,7 @@ impl Buffer {
     /// heap, every row, priority and sampler state.
     #[staticmethod]
     fn from_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Buffer> {
-        let rb = py
-            .detach(|| ReplayBuffer::from_checkpoint(&path))
-            .map_err(py_err)?;
+        let rb = gil::detach(py, || ReplayBuffer::from_checkpoint(&path)).map_err(py_err)?;
         Buffer::wrap(py, rb, None)
     }
 
@@ -436,9 +435,7 @@ impl Buffer {
     /// the files as they are sampled: every write is refused.
     #[staticmethod]
     fn open_dataset(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Buffer> {
-        let rb = py
-            .detach(|| ReplayBuffer::open_dataset(&path))
-            .map_err(py_err)?;
+        let rb = gil::detach(py, || ReplayBuffer::open_dataset(&path)).map_err(py_err)?;
         Buffer::wrap(py, rb, None)
     }
 
@@ -571,7 +568,7 @@ impl Buffer {
     #[setter(alpha)]
     fn set_alpha(&self, py: Python<'_>, alpha: f64) -> PyResult<()> {
         let rb = self.handle()?;
-        py.detach(|| rb.set_alpha(alpha)).map_err(py_err)
+        gil::detach(py, || rb.set_alpha(alpha)).map_err(py_err)
     }
 
     /// The importance-correction exponent, for a prioritized sampler.
@@ -794,11 +791,13 @@ impl Buffer {
                 let g = flat_array::<u64>(g)?;
                 let g = g.readonly();
                 let g = g.as_slice()?;
-                py.detach(|| rb.update_priority(index_s, g, priority_s))
+                gil::detach(py, || rb.update_priority(index_s, g, priority_s))
             }
             None => {
-                let current = py.detach(|| rb.get_many(index_s)).map_err(py_err)?;
-                py.detach(|| rb.update_priority(index_s, current.generations(), priority_s))
+                let current = gil::detach(py, || rb.get_many(index_s)).map_err(py_err)?;
+                gil::detach(py, || {
+                    rb.update_priority(index_s, current.generations(), priority_s)
+                })
             }
         }
         .map_err(py_err)?;
@@ -823,7 +822,7 @@ impl Buffer {
                 .extract()?,
         };
         let rb = self.handle()?;
-        let batch = py.detach(|| rb.get_many(&indices)).map_err(py_err)?;
+        let batch = gil::detach(py, || rb.get_many(&indices)).map_err(py_err)?;
         self.dict_of_batch(py, &batch)
     }
 
@@ -836,7 +835,7 @@ impl Buffer {
         end: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let rb = self.handle()?;
-        let batch = py.detach(|| rb.read_all_in_order(end));
+        let batch = gil::detach(py, || rb.read_all_in_order(end));
         self.dict_of_batch(py, &batch)
     }
 
@@ -857,7 +856,7 @@ impl Buffer {
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let rb = self.handle()?;
-        py.detach(|| rb.clear());
+        gil::detach(py, || rb.clear());
         Ok(())
     }
 
@@ -865,13 +864,13 @@ impl Buffer {
     /// the directory `path` (TorchRL's `dumps`).
     fn dumps(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         let rb = self.handle()?;
-        py.detach(|| rb.save(&path)).map_err(py_err)
+        gil::detach(py, || rb.save(&path)).map_err(py_err)
     }
 
     /// Loads a checkpoint of this buffer's layout into it (TorchRL's `loads`). No
     /// other thread may use the buffer meanwhile; on any error it is left as it was.
     fn loads(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        py.detach(|| {
+        gil::detach(py, || {
             let mut rb = self.rb.write();
             self.learners.lock().clear();
             rb.restore(&path)
@@ -882,7 +881,7 @@ impl Buffer {
     /// Writes a file-backed storage through to its file and the disk.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let rb = self.handle()?;
-        py.detach(|| rb.flush()).map_err(py_err)
+        gil::detach(py, || rb.flush()).map_err(py_err)
     }
 
     /// A shared buffer pickles as its name and attaches on unpickling, so it can be

@@ -7,6 +7,7 @@ mod buffer;
 mod config;
 mod errors;
 mod fields;
+mod gil;
 mod tmrl;
 
 use pyo3::prelude::*;

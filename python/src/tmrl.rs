@@ -34,6 +34,7 @@ use std::sync::Arc;
 use crate::arrays::{dict_of_batch, with_borrowed};
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{key_to_py, numpy_dtype, spec_from_py};
+use crate::gil;
 
 /// A tmrl-style memory of transitions (see `replaybuf.tmrl.Memory` for the user's face).
 #[pyclass(frozen, module = "replaybuf._native", name = "TmrlMemory")]
@@ -166,16 +167,15 @@ impl Memory {
         if let Some(dir) = memmap {
             b = b.memmap(dir);
         }
-        let memory = py
-            .detach(|| {
-                let buffer = b.build()?;
-                TmrlMemory::builder(buffer)
-                    .batch_size(batch_size)
-                    .nb_steps(nb_steps)
-                    .prefetch(prefetch)
-                    .build()
-            })
-            .map_err(py_err)?;
+        let memory = gil::detach(py, || {
+            let buffer = b.build()?;
+            TmrlMemory::builder(buffer)
+                .batch_size(batch_size)
+                .nb_steps(nb_steps)
+                .prefetch(prefetch)
+                .build()
+        })
+        .map_err(py_err)?;
         Ok(Memory::wrap(memory))
     }
 
@@ -190,18 +190,15 @@ impl Memory {
         nb_steps: usize,
         prefetch: usize,
     ) -> PyResult<Memory> {
-        let builder = py
-            .detach(|| TmrlMemory::from_dataset(&path))
-            .map_err(py_err)?;
-        let memory = py
-            .detach(|| {
-                builder
-                    .batch_size(batch_size)
-                    .nb_steps(nb_steps)
-                    .prefetch(prefetch)
-                    .build()
-            })
-            .map_err(py_err)?;
+        let builder = gil::detach(py, || TmrlMemory::from_dataset(&path)).map_err(py_err)?;
+        let memory = gil::detach(py, || {
+            builder
+                .batch_size(batch_size)
+                .nb_steps(nb_steps)
+                .prefetch(prefetch)
+                .build()
+        })
+        .map_err(py_err)?;
         Ok(Memory::wrap(memory))
     }
 
@@ -268,7 +265,7 @@ impl Memory {
     /// The transition at storage `index`: a dict of the six fields (each of the field's
     /// shape, in a leading axis of one) and `index`.
     fn get_transition<'py>(&self, py: Python<'py>, index: u64) -> PyResult<Bound<'py, PyDict>> {
-        let batch = py.detach(|| self.buffer.get(index)).map_err(py_err)?;
+        let batch = gil::detach(py, || self.buffer.get(index)).map_err(py_err)?;
         dict_of_batch(py, &batch)
     }
 
@@ -276,7 +273,7 @@ impl Memory {
     /// fields in their stored dtypes and `index`.
     fn sample_rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let n = self.batch_size;
-        let batch = py.detach(|| self.buffer.sample(n)).map_err(py_err)?;
+        let batch = gil::detach(py, || self.buffer.sample(n)).map_err(py_err)?;
         dict_of_batch(py, &batch)
     }
 
@@ -284,7 +281,7 @@ impl Memory {
     /// new_obs, terminated, truncated)`, all `float32`: the reward and the flags
     /// `(batch,)`, the others `(batch, ..field shape)`.
     fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let batch = py.detach(|| self.memory.lock().sample()).map_err(py_err)?;
+        let batch = gil::detach(py, || self.memory.lock().sample()).map_err(py_err)?;
         let (prev_obs, act, rew, new_obs, terminated, truncated) = batch.into_tuple();
         PyTuple::new(
             py,
@@ -302,12 +299,12 @@ impl Memory {
     /// Saves every transition under the directory `path`, as a checkpoint that
     /// `from_dataset` (and `ReplayBuffer.from_checkpoint`) opens.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        py.detach(|| self.buffer.save(&path)).map_err(py_err)
+        gil::detach(py, || self.buffer.save(&path)).map_err(py_err)
     }
 
     /// Writes a file-backed memory through to its files and the disk.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.buffer.flush()).map_err(py_err)
+        gil::detach(py, || self.buffer.flush()).map_err(py_err)
     }
 
     fn __repr__(&self) -> String {
