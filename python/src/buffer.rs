@@ -11,7 +11,7 @@ use numpy::{
     PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
@@ -102,6 +102,9 @@ pub(crate) struct Buffer {
     fields: Vec<FieldOut>,
     prioritized: bool,
     slices: bool,
+    /// Whether samples give `index` as int64 (what torch indexes with) rather than
+    /// uint64.
+    signed_index: AtomicBool,
     /// The shared region's name, for pickling.
     shared: Option<String>,
 }
@@ -126,6 +129,7 @@ impl Buffer {
         Ok(Buffer {
             prioritized: rb.alpha().is_some(),
             slices: rb.slice_sampler().is_some(),
+            signed_index: AtomicBool::new(false),
             learners: Mutex::new(Vec::new()),
             rb: RwLock::new(rb),
             forks: AtomicU64::new(FORKS.load(Ordering::Relaxed)),
@@ -267,8 +271,13 @@ impl Buffer {
     /// What a sample carries besides its fields, in the order `sample_spans` takes
     /// them: `index` and `generation`, then `weight` (prioritized) and `marks` (slices).
     fn metadata<'py>(&self, py: Python<'py>) -> Vec<(&'static str, Bound<'py, PyArrayDescr>)> {
+        let index = if self.signed_index.load(Ordering::Relaxed) {
+            PyArrayDescr::of::<i64>(py)
+        } else {
+            PyArrayDescr::of::<u64>(py)
+        };
         let mut out = vec![
-            ("index", PyArrayDescr::of::<u64>(py)),
+            ("index", index),
             ("generation", PyArrayDescr::of::<u64>(py)),
         ];
         if self.prioritized {
@@ -539,6 +548,34 @@ impl Buffer {
     #[getter]
     fn batch_size(&self) -> PyResult<Option<usize>> {
         Ok(self.handle()?.batch_size())
+    }
+
+    /// The numpy dtype of a sample's `index`: uint64, or int64 once set so (what torch
+    /// indexes with; a TorchRL-style caller then needs no conversion).
+    #[getter]
+    fn index_dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
+        self.metadata(py).swap_remove(0).1
+    }
+
+    #[setter(index_dtype)]
+    fn set_index_dtype(&self, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = dtype.py();
+        let dtype = py
+            .import("numpy")?
+            .getattr("dtype")?
+            .call1((dtype,))?
+            .cast_into::<PyArrayDescr>()?;
+        let signed = if dtype.is_equiv_to(&PyArrayDescr::of::<i64>(py)) {
+            true
+        } else if dtype.is_equiv_to(&PyArrayDescr::of::<u64>(py)) {
+            false
+        } else {
+            return Err(type_error(format!(
+                "index_dtype is uint64 or int64, got {dtype}"
+            )));
+        };
+        self.signed_index.store(signed, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether the sampler is prioritized (samples carry `weight`).

@@ -325,7 +325,7 @@ def test_checkpoints_round_trip(tmp_path):
 
 def out_arrays(rb, n, extra=()):
     out = {key: np.empty((n,) + shape, dtype) for key, dtype, shape in rb.spec}
-    out["index"] = np.empty(n, np.uint64)
+    out["index"] = np.empty(n, rb.index_dtype)
     out["generation"] = np.empty(n, np.uint64)
     for name, dtype in extra:
         out[name] = np.empty(n, dtype)
@@ -378,6 +378,24 @@ def test_sample_into_refuses_arrays_it_cannot_fill():
     with raises(ValueError, "shape"):
         rb.sample_into(dict(good, obs=np.empty((4, 2), np.float32)))
     assert rb.sample_into(good) == 4
+
+
+def test_index_dtype_int64_gives_the_same_positions_signed():
+    rb = buffer(n=10)
+    assert rb.index_dtype == np.uint64
+    rb.index_dtype = np.int64
+    assert rb.index_dtype == np.int64
+    batch = rb.sample(6)
+    assert batch["index"].dtype == np.int64
+    # Each row's index is its position: ids 0..9 went to positions 0..9.
+    np.testing.assert_array_equal(batch["index"], check(batch))
+    out = out_arrays(rb, 4)
+    assert out["index"].dtype == np.int64
+    assert rb.sample_into(out) == 4
+    np.testing.assert_array_equal(out["index"], check(out))
+    with raises(TypeError, "index_dtype"):
+        rb.index_dtype = np.float32
+    assert rb.index_dtype == np.int64
 
 
 # Priorities ---------------------------------------------------------------------------

@@ -50,6 +50,8 @@ class SamplePlan:
         # Environments of an ndim-2 storage (0: ndim 1).
         self.envs = envs
         self.flag_keys = sampler._info_keys() if self.slices else None
+        # Whether `info` holds only the index (one column) and the weights.
+        self.plain = not self.slices and not envs
         # Whether some entry of `info` has a nested key.
         self.nested_info = self.flag_keys is not None and any(
             isinstance(k, tuple) for k in (*self.flag_keys, self.init_key)
@@ -78,11 +80,11 @@ class SamplePlan:
         it (a tuple of per-dimension indices when there are several)."""
         raw = out["index"]
         if self.envs:
-            steps, envs = np.divmod(raw.astype(np.int64), self.envs)
+            steps, envs = np.divmod(raw, self.envs)
             steps, envs = torch.from_numpy(steps), torch.from_numpy(envs)
             index: Any = torch.stack([steps, envs], -1) if stacked else (steps, envs)
         else:
-            index = torch.from_numpy(raw.view(np.int64))
+            index = torch.from_numpy(raw)
             if self.slices:
                 index = index.unsqueeze(-1) if stacked else (index,)
         info: Dict[Any, Any] = {"index": index}

@@ -187,6 +187,7 @@ class ReplayBuffer(LazyEngine):
         self._native: Optional[NativeReplayBuffer] = None
         self._layout: Optional[Layout] = None
         self._plan: Optional[SamplePlan] = None
+        self._plain_rows = False
         self._envs = 1
         self._device: Optional[torch.device] = None
         self._build_lock = threading.Lock()
@@ -374,7 +375,8 @@ class ReplayBuffer(LazyEngine):
             and index.shape == mine.shape
             and index.data_ptr() == mine.data_ptr()
         ):
-            return last[1], last[2]
+            # The engine's positions are uint64; samples give them as int64 (torch's).
+            return last[1].view(np.uint64), last[2]
         return None
 
     def update_priority(self, index: Any, priority: Any) -> None:
