@@ -406,7 +406,10 @@ fn collectors_and_learners_never_see_a_mixed_row() {
         .unwrap();
     let mut ids = 0;
     let streams: Vec<Vec<Step>> = (0..2)
-        .map(|w| stream(depth, 100_000, 11 + w, &mut ids))
+        // Long enough that the writers do not run out before the learners have
+        // checked their rows: with 100,000 steps each, a CI run on 2 cores once saw
+        // the writers finish first (the learners had checked fewer than 20,000).
+        .map(|w| stream(depth, 300_000, 11 + w, &mut ids))
         .collect();
     let by_id: HashMap<i64, Step> = streams
         .iter()
