@@ -23,7 +23,8 @@ use crate::arrays::{dict_of_batch, empty, span, with_borrowed, Spans};
 use crate::config;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
-    dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example, spec_from_py,
+    dtype_from_py, dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
+    spec_from_py,
 };
 use crate::gil;
 
@@ -271,13 +272,8 @@ impl Buffer {
     /// What a sample carries besides its fields, in the order `sample_spans` takes
     /// them: `index` and `generation`, then `weight` (prioritized) and `marks` (slices).
     fn metadata<'py>(&self, py: Python<'py>) -> Vec<(&'static str, Bound<'py, PyArrayDescr>)> {
-        let index = if self.signed_index.load(Ordering::Relaxed) {
-            PyArrayDescr::of::<i64>(py)
-        } else {
-            PyArrayDescr::of::<u64>(py)
-        };
         let mut out = vec![
-            ("index", index),
+            ("index", self.index_descr(py)),
             ("generation", PyArrayDescr::of::<u64>(py)),
         ];
         if self.prioritized {
@@ -287,6 +283,15 @@ impl Buffer {
             out.push(("marks", PyArrayDescr::of::<u8>(py)));
         }
         out
+    }
+
+    /// The dtype of a sample's `index` ([`Buffer::index_dtype`]).
+    fn index_descr<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
+        if self.signed_index.load(Ordering::Relaxed) {
+            PyArrayDescr::of::<i64>(py)
+        } else {
+            PyArrayDescr::of::<u64>(py)
+        }
     }
 
     /// Samples into `arrays` (one per field, then index, generation, and weight and
@@ -554,25 +559,19 @@ impl Buffer {
     /// indexes with; a TorchRL-style caller then needs no conversion).
     #[getter]
     fn index_dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
-        self.metadata(py).swap_remove(0).1
+        self.index_descr(py)
     }
 
     #[setter(index_dtype)]
     fn set_index_dtype(&self, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = dtype.py();
-        let dtype = py
-            .import("numpy")?
-            .getattr("dtype")?
-            .call1((dtype,))?
-            .cast_into::<PyArrayDescr>()?;
-        let signed = if dtype.is_equiv_to(&PyArrayDescr::of::<i64>(py)) {
-            true
-        } else if dtype.is_equiv_to(&PyArrayDescr::of::<u64>(py)) {
-            false
-        } else {
-            return Err(type_error(format!(
-                "index_dtype is uint64 or int64, got {dtype}"
-            )));
+        let signed = match dtype_from_py(dtype)? {
+            DType::I64 => true,
+            DType::U64 => false,
+            _ => {
+                return Err(type_error(format!(
+                    "index_dtype is uint64 or int64, got {dtype}"
+                )))
+            }
         };
         self.signed_index.store(signed, Ordering::Relaxed);
         Ok(())

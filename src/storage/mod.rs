@@ -103,7 +103,7 @@ impl Draw {
 }
 
 /// Where a drawn row lies ([`Storage::locate`]).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Located {
     /// The slot the draw names.
     pub(crate) slot: u64,
@@ -688,13 +688,6 @@ impl Storage {
         }
     }
 
-    /// The slot a draw names.
-    #[inline(always)]
-    fn slot_of(&self, draw: Draw) -> u64 {
-        let ring = self.shards[draw.shard as usize].ring();
-        ring.slot(ring.pos(draw.seq), u64::from(draw.lane))
-    }
-
     /// Copies the drawn row into row `k` of `dst`; returns its stamp and index.
     #[inline]
     pub(crate) fn read(
@@ -737,8 +730,7 @@ impl Storage {
         mut header: impl FnMut(u64),
     ) -> Result<(Stamp, u64), Miss> {
         let mut word = None;
-        let lap = at.lap;
-        let seen = self.read_located(at.slot, lap, want, |slot| {
+        let seen = self.read_located(at.slot, at.lap, want, |slot| {
             header(slot);
             if self.frames.is_some() {
                 let word_at = self.frames_word(slot);
@@ -748,7 +740,7 @@ impl Storage {
         })?;
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
-            let laps = u64::from(seen.lap().wrapping_sub(lap));
+            let laps = u64::from(seen.lap().wrapping_sub(at.lap));
             let seq = draw.seq + laps * self.shards[draw.shard as usize].ring().steps;
             self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
         }
@@ -769,24 +761,11 @@ impl Storage {
         copy: impl FnOnce(u64),
     ) -> Result<Stamp, Miss> {
         let (pos, lap) = ring.pos_lap(seq);
-        self.read_at(ring, pos, lap, lane, want, copy)
-    }
-
-    /// [`Storage::read_slot`] of the row at ring position `pos` of lap `lap`.
-    #[inline(always)]
-    fn read_at(
-        &self,
-        ring: &geometry::Ring,
-        pos: u64,
-        lap: u32,
-        lane: u64,
-        want: Want,
-        copy: impl FnOnce(u64),
-    ) -> Result<Stamp, Miss> {
         self.read_located(ring.slot(pos, lane), lap, want, copy)
     }
 
-    /// [`Storage::read_slot`] of the row of lap `lap` at slot `slot`.
+    /// [`Storage::read_slot`] of the row of lap `lap` at slot `slot` (a draw's
+    /// [`Located`]).
     #[inline(always)]
     fn read_located(
         &self,
@@ -819,9 +798,8 @@ impl Storage {
     /// or dropped by an editor that died while rewriting it.
     pub(crate) fn is_abandoned(&self, d: Draw) -> bool {
         let shard = &self.shards[d.shard as usize];
-        let ring = shard.ring();
-        let stamp = self.stamp_at(self.slot_of(d));
-        let lap = ring.lap(d.seq);
+        let Located { slot, lap, .. } = self.locate(d);
+        let stamp = self.stamp_at(slot);
         if stamp.is_dropped() && stamp.lap() == lap {
             return true;
         }
@@ -851,15 +829,14 @@ impl Storage {
     /// The storage index of `draw`'s position ([`draw_at`](Self::draw_at)'s inverse).
     #[inline]
     pub(crate) fn position_of(&self, draw: Draw) -> u64 {
-        let ring = self.shards[draw.shard as usize].ring();
-        ring.index(ring.pos(draw.seq), u64::from(draw.lane))
+        self.locate(draw).index
     }
 
     /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
     /// caller holds an editor guard on the shard. Returns `false` if the slot holds no
     /// row.
     pub(crate) fn edit(&self, draw: Draw, src: &Source<'_>, step: u64) -> bool {
-        let slot = self.slot_of(draw);
+        let slot = self.locate(draw).slot;
         let stamp = self.stamp(slot);
         let Some(published) = stamp::begin_edit_or(stamp, || {
             // The row's appender may have died inside it (shared mode): its lease is

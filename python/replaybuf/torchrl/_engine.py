@@ -136,16 +136,6 @@ class LazyEngine:
         finds it set finds everything else set too."""
         self._layout, self._envs, self._device = layout, envs, device
         self._plan = SamplePlan(self._sampler, layout, envs if self._storage.ndim == 2 else 0)
-        # Whether a sample's decoding is `TensorDictLayout.plain_rows` (while no
-        # transform is appended).
-        self._plain_rows = (
-            self._plan.plain
-            and isinstance(layout, TensorDictLayout)
-            and layout._flat
-            and self._collate_fn is None
-            and not self._pin_memory
-            and device is None
-        )
         # Sampled positions as torch indexes with, converted by nobody.
         native.index_dtype = np.int64
         self._native = native

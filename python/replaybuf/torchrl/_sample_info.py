@@ -50,8 +50,6 @@ class SamplePlan:
         # Environments of an ndim-2 storage (0: ndim 1).
         self.envs = envs
         self.flag_keys = sampler._info_keys() if self.slices else None
-        # Whether `info` holds only the index (one column) and the weights.
-        self.plain = not self.slices and not envs
         # Whether some entry of `info` has a nested key.
         self.nested_info = self.flag_keys is not None and any(
             isinstance(k, tuple) for k in (*self.flag_keys, self.init_key)

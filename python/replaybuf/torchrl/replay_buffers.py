@@ -187,7 +187,6 @@ class ReplayBuffer(LazyEngine):
         self._native: Optional[NativeReplayBuffer] = None
         self._layout: Optional[Layout] = None
         self._plan: Optional[SamplePlan] = None
-        self._plain_rows = False
         self._envs = 1
         self._device: Optional[torch.device] = None
         self._build_lock = threading.Lock()

@@ -91,16 +91,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
         """Draws a TensorDict of ``batch_size`` rows (else the buffer's) with its
         ``"index"`` and the sampler's entries set; with ``return_info``, returns
         ``(batch, info)``."""
-        n = self._batch_size if batch_size is None else batch_size
-        data, info = self._sample(self._resolve_batch_size(None) if n is None else n)
+        data, info = self._sample(self._resolve_batch_size(batch_size))
         return (data, info) if return_info else data
 
     def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
         out = self._draw(n, retry)
-        if self._plain_rows and not self._transform_modules:
-            data, info = self._layout.plain_rows(out, self._plan.prioritized)
-            self._last = (info["index"], out["index"], out["generation"])
-            return data, info
         info = self._plan.info(out, stacked=True)
         self._last = (info["index"], out["index"], out["generation"])
         rows = (len(out["index"]),)
