@@ -1,8 +1,9 @@
 //! `replaybuf.ReplayBuffer`: the engine's buffer with numpy arrays in and out.
 //!
 //! Rows cross once: `extend` copies the caller's arrays into the storage, and `sample`
-//! writes the drawn rows straight into fresh numpy arrays (or, with `sample_into`, the
-//! caller's), which then own their memory like any other array. The GIL is released
+//! writes the drawn rows straight into numpy arrays (or, with `sample_into`, the
+//! caller's), which then own their memory like any other array. They are new, or an
+//! earlier sample's that nothing references any more (`recycle.rs`). The GIL is released
 //! while rows move, draws are made or a wait happens, so Python collector and learner
 //! threads run at once.
 
@@ -19,7 +20,7 @@ use pyo3::types::{PyDict, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefR
 use replaybuf::sampler::Marks;
 use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
-use crate::arrays::{dict_of_batch, empty, span, with_borrowed, Spans};
+use crate::arrays::{dict_of_batch, span, with_borrowed, Spans};
 use crate::config;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
@@ -27,6 +28,7 @@ use crate::fields::{
     spec_from_py,
 };
 use crate::gil;
+use crate::recycle::{Recycler, Want};
 
 /// Forks of this process so far: the package counts them with
 /// `os.register_at_fork(after_in_child=_native._forked)`.
@@ -100,6 +102,8 @@ pub(crate) struct Buffer {
     /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
     /// back, so threads never share a random stream or wait on each other.
     learners: Mutex<Vec<Learner>>,
+    /// `sample`'s arrays, written again once the caller has dropped them.
+    recycler: Recycler,
     fields: Vec<FieldOut>,
     prioritized: bool,
     slices: bool,
@@ -132,6 +136,7 @@ impl Buffer {
             slices: rb.slice_sampler().is_some(),
             signed_index: AtomicBool::new(false),
             learners: Mutex::new(Vec::new()),
+            recycler: Recycler::new(py),
             rb: RwLock::new(rb),
             forks: AtomicU64::new(FORKS.load(Ordering::Relaxed)),
             fields,
@@ -704,19 +709,30 @@ impl Buffer {
                 ))
             }
         };
-        let mut arrays: Vec<(Bound<'py, PyAny>, Bound<'py, PyUntypedArray>)> = Vec::new();
+        let metadata = self.metadata(py);
+        let mut keys = Vec::with_capacity(self.fields.len() + metadata.len());
+        let mut shapes = Vec::with_capacity(keys.capacity());
         for f in &self.fields {
-            let mut shape = Vec::with_capacity(1 + f.shape.len());
-            shape.push(n);
-            shape.extend_from_slice(&f.shape);
-            arrays.push((
-                f.py_key.bind(py).clone(),
-                empty(py, f.descr.bind(py), &shape)?,
-            ));
+            keys.push(f.py_key.bind(py).clone());
+            shapes.push([&[n][..], &f.shape].concat());
         }
-        for (name, descr) in self.metadata(py) {
-            arrays.push((name.into_pyobject(py)?.into_any(), empty(py, &descr, &[n])?));
+        for (name, _) in &metadata {
+            keys.push(name.into_pyobject(py)?.into_any());
+            shapes.push(vec![n]);
         }
+        let descrs = self
+            .fields
+            .iter()
+            .map(|f| f.descr.bind(py))
+            .chain(metadata.iter().map(|(_, descr)| descr));
+        let wants: Vec<Want<'_, 'py>> = descrs
+            .zip(&shapes)
+            .map(|(descr, shape)| Want { descr, shape })
+            .collect();
+        let arrays: Vec<_> = keys
+            .into_iter()
+            .zip(self.recycler.arrays(py, &wants)?)
+            .collect();
         let spans = Spans(arrays.iter().map(|(_, a)| span(a)).collect());
         let rows = self.sample_spans(py, n, spans)?;
         let out = PyDict::new(py);

@@ -8,6 +8,7 @@ mod config;
 mod errors;
 mod fields;
 mod gil;
+mod recycle;
 mod tmrl;
 
 use pyo3::prelude::*;
