@@ -94,7 +94,7 @@ pub mod trajectories;
 pub mod typed;
 
 pub use batch::{Batch, Destination, View};
-pub use buffer::{ReplayBuffer, RowBytes};
+pub use buffer::{PriorityMass, ReplayBuffer, RowBytes};
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use core::Written;
 pub use dtype::{DType, Element};

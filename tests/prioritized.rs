@@ -476,3 +476,40 @@ fn typed_and_multi_env_buffers_sample_by_priority() {
         .iter()
         .all(|&id| id == 4));
 }
+
+#[test]
+fn priority_mass_reads_the_sum_and_the_smallest_in_priority_units() {
+    let (alpha, eps) = (0.6, 1e-6);
+    let rb = buffer(64, Prioritized::new(alpha, 0.4).eps(eps));
+    let empty = rb.priority_mass().unwrap();
+    assert_eq!((empty.total, empty.min), (0.0, 0.0));
+    rb.extend(&rows(&rb, 40, 0)).unwrap();
+    let priorities: Vec<f64> = (0..40).map(|i| 0.5 + i as f64 * 7.0).collect();
+    for (i, &p) in priorities.iter().enumerate() {
+        set(&rb, i as u64, p);
+    }
+    let mass: Vec<f64> = priorities.iter().map(|p| (p + eps).powf(alpha)).collect();
+    let total: f64 = mass.iter().sum();
+    let near = |got: f64, want: f64, tolerance: f64| {
+        assert!((got / want - 1.0).abs() < tolerance, "{got} vs {want}");
+    };
+    let got = rb.priority_mass().unwrap();
+    near(got.total, total, 1e-4);
+    near(got.min, mass[0], 1e-4);
+    // A priority far past the rest moves the buffer's scale; the figures keep their
+    // units.
+    set(&rb, 5, 1e12);
+    let moved = rb.priority_mass().unwrap();
+    near(
+        moved.total,
+        total - mass[5] + (1e12 + eps).powf(alpha),
+        1e-4,
+    );
+    near(moved.min, mass[0], 1e-3);
+    assert!(ReplayBuffer::builder(spec())
+        .capacity(8)
+        .build()
+        .unwrap()
+        .priority_mass()
+        .is_none());
+}

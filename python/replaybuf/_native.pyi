@@ -119,6 +119,10 @@ class ReplayBuffer:
     def beta(self) -> Optional[float]: ...
     @beta.setter
     def beta(self, beta: float) -> None: ...
+    def priority_mass(self) -> Optional[Tuple[float, float]]:
+        """For a prioritized sampler, ``(total, min)`` of ``(priority + eps) ** alpha``
+        over the stored rows (what draws are in proportion to, and what weights are
+        taken against); ``(0.0, 0.0)`` when empty; None otherwise."""
     @property
     def spec(self) -> List[Tuple[Key, Any, Tuple[int, ...]]]: ...
     def extend(self, data: Mapping[Key, Any]) -> npt.NDArray[np.uint64]:

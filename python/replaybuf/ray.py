@@ -8,8 +8,10 @@ parallel inside it. Batches travel as numpy arrays through Ray's object store.
 
 With ``num_actors > 1`` the client shards, as Reverb's clients shard over several
 servers: each ``extend`` goes to the next actor in turn, a ``sample`` is drawn from the
-actors in proportion to the rows they hold, and ``update_priority`` routes each index
-back to the actor that holds it (indices are ``local_index * num_actors + actor``).
+actors in proportion to the rows they hold (to their priority mass, for a prioritized
+sampler, with the weights brought to one scale: as one buffer of all the rows would
+draw and weigh them), and ``update_priority`` routes each index back to the actor that
+holds it (indices are ``local_index * num_actors + actor``).
 
 Fault tolerance: with ``checkpoint_dir``, each actor dumps its buffer there on
 ``checkpoint()`` and, with ``checkpoint_every_s``, on a period (crash-safe dumps: a
@@ -82,6 +84,11 @@ class _BufferActor:
 
     def size(self) -> int:
         return len(self.rb)
+
+    def shares(self) -> tuple:
+        """Rows held, and for a prioritized sampler ``(total, min)`` of the masses
+        and beta (else None, None): what a client splits a sample by."""
+        return len(self.rb), self.rb.priority_mass(), self.rb.beta
 
     def stats(self) -> dict:
         return {
@@ -196,16 +203,29 @@ class RayReplayBuffer:
         return int(self.extend(one)[0])
 
     def sample(self, batch_size: int) -> Dict[Any, np.ndarray]:
-        """Draws ``batch_size`` rows: from the actors in proportion to the rows they
-        hold, in parallel; ``index`` is global."""
+        """Draws ``batch_size`` rows from the actors, in parallel: in proportion to the
+        rows they hold, or for a prioritized sampler to their priority mass, so that
+        a row's chance is its priority's share of all the actors' (``index`` is
+        global). Each actor weighs its rows against its own smallest mass; the weights
+        are then brought to the smallest of all, ``(min / mass) ** beta`` as a single
+        buffer gives them. The split reads the actors' figures just before the draws:
+        priorities set meanwhile move it a little, as they would move one buffer's."""
         if self.num_actors == 1:
             return self._get(self._actors[0].sample.remote(batch_size))
-        sizes = np.array(self._get([a.size.remote() for a in self._actors]), dtype=np.float64)
-        if sizes.sum() == 0:
+        shares = self._get([a.shares.remote() for a in self._actors])
+        prioritized = shares[0][1] is not None
+        weights = np.array([m[0] if prioritized else n for n, m, _ in shares], np.float64)
+        if weights.sum() == 0:
             raise replaybuf.ReplayBufferValueError("the buffer is empty")
-        counts = self._rng.multinomial(batch_size, sizes / sizes.sum())
+        counts = self._rng.multinomial(batch_size, weights / weights.sum())
         parts = [(k, self._actors[k].sample.remote(int(c))) for k, c in enumerate(counts) if c]
         got = self._get([ref for _, ref in parts])
+        if prioritized:
+            lowest = min(m[1] for _, m, _ in shares if m[1] > 0)
+            for (k, _), part in zip(parts, got):
+                _, (_, smallest), beta = shares[k]
+                # Arrays out of Ray's object store are read-only: a new one.
+                part["weight"] = part["weight"] * np.float32((lowest / smallest) ** beta)
         return self._merge(zip((k for k, _ in parts), got))
 
     def update_priority(self, index, priority, generation=None) -> tuple:

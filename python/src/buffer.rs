@@ -623,6 +623,14 @@ impl Buffer {
         self.handle()?.set_beta(beta).map_err(py_err)
     }
 
+    /// For a prioritized sampler, `(total, min)`: the sum over the stored rows of
+    /// `(priority + eps) ** alpha`, which a row's chance of being drawn is its share
+    /// of, and the smallest non-zero one, which weights are taken against
+    /// (`(min / mass) ** beta`); `(0.0, 0.0)` when empty. None otherwise.
+    fn priority_mass(&self) -> PyResult<Option<(f64, f64)>> {
+        Ok(self.handle()?.priority_mass().map(|m| (m.total, m.min)))
+    }
+
     /// The fields: a list of `(key, numpy dtype, shape)`.
     #[getter]
     fn spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

@@ -74,12 +74,40 @@ def test_priorities_are_routed_to_the_actor_that_holds_the_row():
     priority = np.where(np.arange(16) == 11, 5.0, 0.0)
     assert rb.update_priority(index, priority) == (16, 0)
     assert rb.priority(int(index[11])) == 5.0 and rb.priority(int(index[3])) == 0.0
-    # Row 11 carries nearly all of its actor's mass: that actor's share of a sample
-    # (drawn by size, half) is row 11.
+    # Row 11 carries nearly all the mass (the rest is eps): nearly every draw is row 11.
     sampled = rb.sample(64)
     ids = whole(sampled)
     from_its_actor = ids[(sampled["index"] % 2) == index[11] % 2]
     assert len(from_its_actor) > 0 and (from_its_actor == 11).all()
+
+
+def test_a_prioritized_sample_is_split_by_mass_and_weighed_as_one_buffer():
+    alpha, beta, eps = 0.7, 0.5, 1e-8
+    rb = RayReplayBuffer(
+        2_000,
+        spec=SPEC,
+        num_actors=2,
+        sampler=replaybuf.Prioritized(alpha=alpha, beta=beta, eps=eps),
+        seed=3,
+    )
+    index = np.concatenate([rb.extend(rows(range(500))), rb.extend(rows(range(500, 1_000)))])
+    # Actor 0's rows are light, actor 1's heavy: 1 against 9 in priority.
+    priority = np.where(index % 2 == 0, 1.0, 9.0) * (1.0 + np.arange(1_000) / 1_000)
+    assert rb.update_priority(index, priority) == (1_000, 0)
+    mass = (priority + eps) ** alpha
+    by_index = dict(zip(index.tolist(), mass.tolist()))
+    share = mass[index % 2 == 1].sum() / mass.sum()
+    heavy, draws = 0, 0
+    for _ in range(20):
+        batch = rb.sample(256)
+        whole(batch)
+        heavy += int((batch["index"] % 2 == 1).sum())
+        draws += 256
+        # One buffer's weights: the smallest mass of all over the row's, to the beta.
+        got_mass = np.array([by_index[i] for i in batch["index"].tolist()])
+        np.testing.assert_allclose(batch["weight"], (mass.min() / got_mass) ** beta, rtol=1e-3)
+    # By mass, not by rows held (which would give a half).
+    assert abs(heavy / draws - share) < 0.03, (heavy / draws, share)
 
 
 def test_an_actor_killed_comes_back_with_its_checkpoint(tmp_path):

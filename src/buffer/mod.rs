@@ -35,6 +35,7 @@ use std::sync::Arc;
 mod attach;
 mod limits;
 mod priorities;
+pub use priorities::PriorityMass;
 mod transforms;
 
 /// What a buffer's rows take ([`ReplayBuffer::row_bytes`]). Without

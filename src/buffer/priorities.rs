@@ -9,6 +9,17 @@ use crate::core::Attempt;
 use crate::core::{column_f64, Replaced};
 use crate::error::{PriorityError, PriorityUpdate};
 use crate::sampler::prioritized::Priorities;
+use crate::sumtree::tree::Tree;
+
+/// A prioritized buffer's masses ([`ReplayBuffer::priority_mass`]), in
+/// `(priority + eps)^alpha` units.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PriorityMass {
+    /// The sum over the stored rows (0 when empty).
+    pub total: f64,
+    /// The smallest non-zero one (0 when empty).
+    pub min: f64,
+}
 
 impl ReplayBuffer {
     /// Sets the priorities of sampled rows, from any thread, at any time.
@@ -88,6 +99,30 @@ impl ReplayBuffer {
             .sampler
             .prioritized()
             .map(Priorities::alpha)
+    }
+
+    /// The sampler's masses now (`None` unless prioritized): the sum over the stored
+    /// rows of `(priority + eps)^alpha`, which a row's chance of being drawn is its
+    /// share of, and the smallest of them, which its importance weight
+    /// `(min / mass)^beta` is taken against. Several buffers that each sample part of a
+    /// batch (shards across machines, as `replaybuf.ray` keeps them) split it by their
+    /// totals, and bring their weights to one scale with their minima. A snapshot:
+    /// priorities set meanwhile move both.
+    pub fn priority_mass(&self) -> Option<PriorityMass> {
+        let inner = self.state();
+        let state = inner.core.sampler.prioritized()?;
+        let trees = inner.core.storage.trees();
+        let mass = state.mass_fn(trees.first()?);
+        let total: u128 = trees.iter().map(|t| u128::from(t.total())).sum();
+        let min = trees.iter().map(Tree::min).min().unwrap_or(u64::MAX);
+        Some(PriorityMass {
+            total: mass.value_of(total as f64),
+            min: if total == 0 {
+                0.0
+            } else {
+                mass.value_of(min as f64)
+            },
+        })
     }
 
     /// The importance-correction exponent (`None` unless prioritized).

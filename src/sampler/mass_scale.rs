@@ -205,6 +205,18 @@ impl MassFn {
         }
     }
 
+    /// What `units` of mass are worth in `(p + eps)^alpha`: a sum or a minimum of
+    /// leaves read back in the priorities' own units.
+    pub(crate) fn value_of(&self, units: f64) -> f64 {
+        let x = units / self.factors.0 / self.factors.1;
+        if x.is_normal() || units == 0.0 || self.exponent.abs() <= 2 * 1022 {
+            x
+        } else {
+            // Past the float range with the factors: the same number through logarithms.
+            (units.log2() - self.exponent as f64).exp2()
+        }
+    }
+
     /// The mass of priority `p` (finite, not negative, as a raw word keeps it) in
     /// leaf units; [`TooHeavy`] if it would pass the leaves' bound.
     ///
