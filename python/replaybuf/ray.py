@@ -13,6 +13,13 @@ sampler, with the weights brought to one scale: as one buffer of all the rows wo
 draw and weigh them), and ``update_priority`` routes each index back to the actor that
 holds it (indices are ``local_index * num_actors + actor``).
 
+A collector that writes many small chunks takes a :meth:`RayReplayBuffer.writer`
+(Reverb's writers work this way): it gathers the chunks into shipments of
+``max_rows`` rows and keeps up to ``max_in_flight`` shipments on their way without
+waiting for each round trip. Rows count as stored (acknowledged) once their
+shipment's extend has returned; :meth:`RayWriter.flush` ships what is gathered and
+waits for everything on its way.
+
 Fault tolerance: with ``checkpoint_dir``, each actor dumps its buffer there on
 ``checkpoint()`` and, with ``checkpoint_every_s``, on a period (crash-safe dumps: a
 dump killed midway leaves the previous one). Ray restarts an actor that dies
@@ -34,11 +41,11 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
 import replaybuf
 
-__all__ = ["RayReplayBuffer", "ReplayBufferUnavailable"]
+__all__ = ["RayReplayBuffer", "RayWriter", "ReplayBufferUnavailable"]
 
 # A sample's entries that are per row but not fields.
 _INDEX = "index"
@@ -164,13 +171,18 @@ class RayReplayBuffer:
 
     @staticmethod
     def _get(refs, timeout: Optional[float] = None):
-        """``ray.get``, with a dead or restarting actor as ReplayBufferUnavailable and
-        the buffer's own errors raised as they are (Ray wraps them in a subclass of
-        their type, so ``except replaybuf.ReplayBufferTimeoutError`` catches them)."""
+        """``ray.get``, with a dead or restarting actor as ReplayBufferUnavailable, a
+        ``timeout`` passed as ReplayBufferTimeoutError, and the buffer's own errors
+        raised as they are (Ray wraps them in a subclass of their type, so ``except
+        replaybuf.ReplayBufferTimeoutError`` catches them)."""
         try:
             return ray.get(refs, timeout=timeout)
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
             raise ReplayBufferUnavailable(f"a buffer actor is unavailable: {e}") from e
+        except GetTimeoutError as e:
+            raise replaybuf.ReplayBufferTimeoutError(
+                f"no answer from the buffer actor within {timeout} s"
+            ) from e
 
     def _split(self, index: np.ndarray):
         """Global indices as (actor, local index) arrays."""
@@ -193,9 +205,22 @@ class RayReplayBuffer:
     def extend(self, data: Dict[Any, Any]) -> np.ndarray:
         """Writes a dict of arrays into the next actor in turn; returns the rows'
         indices (global: ``local * num_actors + actor``)."""
+        k, ref = self._ship(data)
+        return self._global(self._get(ref), k)
+
+    def _ship(self, data: Dict[Any, Any]):
+        """Sends ``data`` to the next actor in turn: (that actor, the call's ref)."""
         k, self._turn = self._turn, (self._turn + 1) % self.num_actors
-        local = self._get(self._actors[k].extend.remote(data))
-        return self._global(local, k)
+        return k, self._actors[k].extend.remote(data)
+
+    def writer(
+        self, max_rows: int = 16_384, max_in_flight: int = 2, timeout: Optional[float] = None
+    ) -> RayWriter:
+        """A :class:`RayWriter` for one collector: chunks gathered into shipments of
+        ``max_rows`` rows, up to ``max_in_flight`` shipments on their way at once, and
+        waits for an acknowledgement of at most ``timeout`` seconds each (None: as
+        long as it takes, e.g. while a rate limit holds the collector back)."""
+        return RayWriter(self, max_rows, max_in_flight, timeout)
 
     def add(self, data: Dict[Any, Any]) -> int:
         """Writes one transition (a dict of arrays of the field shapes)."""
@@ -282,3 +307,178 @@ class RayReplayBuffer:
     def actors(self) -> list:
         """The actor handles (to kill one in a test, or to place collectors near it)."""
         return list(self._actors)
+
+
+def _leaves(data: Dict[Any, Any], prefix: tuple = ()):
+    """``(key, array)`` for every array of a dict of arrays (nested dicts give tuple
+    keys, as the buffer's fields name them)."""
+    for key, value in data.items():
+        path = prefix + (key if isinstance(key, tuple) else (key,))
+        if isinstance(value, dict):
+            yield from _leaves(value, path)
+        else:
+            yield (path[0] if len(path) == 1 else path), np.asarray(value)
+
+
+class RayWriter:
+    """A collector's writer into a :class:`RayReplayBuffer` (``rb.writer()``): chunks
+    are copied into a shipment of ``max_rows`` rows, and a full shipment goes to the
+    next actor in turn without waiting for the answer. Before it takes a chunk, a
+    writer with ``max_in_flight`` shipments on their way waits for the oldest, so a
+    collector that outruns the actors (or that a rate limit holds back) is held back
+    too, for at most ``timeout`` seconds a wait.
+
+    Rows are stored once their shipment's extend returns: :attr:`acknowledged`
+    counts them, and :meth:`flush` sends the rows gathered and waits for every
+    shipment, returning the global indices stored since the last flush. A collector
+    that dies loses only the rows not yet acknowledged. A shipment whose actor died
+    on the way raises :class:`ReplayBufferUnavailable` (from ``extend`` or ``flush``)
+    and is kept: the next call sends it again, to the next actor in turn (so a row
+    that had landed before its actor died may be stored twice: at least once, as
+    Reverb's writers retry). An ``extend`` that raises has taken nothing of its chunk;
+    one that returns has taken all of it. A writer is one collector's: not for
+    several threads.
+
+    The first ``extend`` is sent and waited for at once, so that data the buffer
+    refuses raises there; the chunks after it must have the same fields, dtypes and
+    row shapes (else ReplayBufferValueError, and nothing of that chunk is taken).
+    """
+
+    def __init__(self, rb: RayReplayBuffer, max_rows: int, max_in_flight: int, timeout):
+        if max_rows < 1 or max_in_flight < 1:
+            raise replaybuf.ReplayBufferValueError(
+                "a writer needs max_rows and max_in_flight of at least 1"
+            )
+        self._rb = rb
+        self._max_rows = max_rows
+        self._max_in_flight = max_in_flight
+        self._timeout = timeout
+        # The shipment being gathered: one array per field, rows 0.._filled written;
+        # and spare ones (a shipment's arrays are kept until it is acknowledged, to
+        # send again if its actor dies).
+        self._stage: Optional[Dict[Any, np.ndarray]] = None
+        self._filled = 0
+        self._spare: List[Dict[Any, np.ndarray]] = []
+        # Shipments sent and not yet answered, oldest first: (actor, ref, rows, arrays
+        # of the rows, the stage they lie in); and those whose actor died, to send again.
+        self._in_flight: List[tuple] = []
+        self._resend: List[tuple] = []
+        self._stored: List[np.ndarray] = []
+        #: Rows stored so far (their shipments answered).
+        self.acknowledged = 0
+
+    @property
+    def pending(self) -> int:
+        """Rows gathered or on their way, not yet acknowledged."""
+        on_their_way = sum(rows for _, _, rows, _, _ in self._in_flight)
+        again = sum(_rows_of(data) for data, _ in self._resend)
+        return self._filled + on_their_way + again
+
+    def extend(self, data: Dict[Any, Any]) -> None:
+        """Takes a chunk (a dict of arrays, as :meth:`RayReplayBuffer.extend` takes),
+        copying it: the caller may reuse its arrays at once."""
+        leaves = dict(_leaves(data))
+        if self._stage is None:
+            # The first chunk goes straight through: refused data raises here.
+            k, ref = self._rb._ship(leaves)
+            self._stored.append(self._rb._global(self._rb._get(ref, self._timeout), k))
+            self.acknowledged += _rows_of(leaves)
+            self._stage = self._new_stage(leaves)
+            return
+        self._check(leaves)
+        # Waits only before anything is taken: a chunk is taken whole or not at all.
+        while len(self._in_flight) >= self._max_in_flight:
+            self._wait_oldest(self._timeout)
+        self._send_resends()
+        rows, done = _rows_of(leaves), 0
+        while done < rows:
+            take = min(rows - done, self._max_rows - self._filled)
+            for key, a in leaves.items():
+                self._stage[key][self._filled : self._filled + take] = a[done : done + take]
+            self._filled += take
+            done += take
+            if self._filled == self._max_rows:
+                self._send_stage()
+
+    def add(self, data: Dict[Any, Any]) -> None:
+        """Takes one transition (a dict of arrays of the field shapes)."""
+        self.extend({key: np.expand_dims(a, 0) for key, a in _leaves(data)})
+
+    def flush(self, timeout: Optional[float] = None) -> np.ndarray:
+        """Sends the rows gathered and waits for every shipment (each for at most
+        ``timeout`` seconds, else the writer's); returns the global indices of the
+        rows stored since the last flush, in the order they were acknowledged."""
+        if self._filled:
+            self._send_stage()
+        self._send_resends()
+        while self._in_flight:
+            self._wait_oldest(timeout if timeout is not None else self._timeout)
+        stored = np.concatenate(self._stored) if self._stored else np.empty(0, np.uint64)
+        self._stored = []
+        return stored
+
+    def __enter__(self) -> RayWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.flush()
+
+    # ------------------------------------------------------------- internals
+
+    def _new_stage(self, like: Dict[Any, np.ndarray]) -> Dict[Any, np.ndarray]:
+        if self._spare:
+            return self._spare.pop()
+        return {key: np.empty((self._max_rows,) + a.shape[1:], a.dtype) for key, a in like.items()}
+
+    def _check(self, leaves: Dict[Any, np.ndarray]) -> None:
+        stage = self._stage
+        if leaves.keys() != stage.keys():
+            raise replaybuf.ReplayBufferValueError(
+                f"this writer's chunks hold the fields {sorted(map(str, stage))}; "
+                f"got {sorted(map(str, leaves))}"
+            )
+        rows = {a.shape[0] if a.ndim else -1 for a in leaves.values()}
+        for key, a in leaves.items():
+            like = stage[key]
+            if a.dtype != like.dtype or a.shape[1:] != like.shape[1:]:
+                raise replaybuf.ReplayBufferValueError(
+                    f"`{key}`: this writer's chunks hold {like.dtype} rows of shape "
+                    f"{like.shape[1:]}; got {a.dtype} of shape {a.shape[1:]}"
+                )
+        if len(rows) != 1 or -1 in rows:
+            raise replaybuf.ReplayBufferValueError(
+                "a chunk holds one array per field, all of the same number of rows"
+            )
+
+    def _send_stage(self) -> None:
+        """Sends the rows gathered, and starts gathering in another stage (this one
+        is kept until the shipment is answered)."""
+        n, self._filled = self._filled, 0
+        stage, self._stage = self._stage, self._new_stage(self._stage)
+        self._send({key: a[:n] for key, a in stage.items()}, stage)
+
+    def _send_resends(self) -> None:
+        while self._resend:
+            self._send(*self._resend.pop(0))
+
+    def _send(self, data: Dict[Any, np.ndarray], stage) -> None:
+        k, ref = self._rb._ship(data)
+        self._in_flight.append((k, ref, _rows_of(data), data, stage))
+
+    def _wait_oldest(self, timeout: Optional[float]) -> None:
+        k, ref, rows, data, stage = self._in_flight[0]
+        try:
+            local = self._rb._get(ref, timeout)
+        except ReplayBufferUnavailable:
+            self._in_flight.pop(0)
+            self._resend.append((data, stage))
+            raise
+        self._in_flight.pop(0)
+        self._spare.append(stage)
+        self._stored.append(self._rb._global(local, k))
+        self.acknowledged += rows
+
+
+def _rows_of(data: Dict[Any, np.ndarray]) -> int:
+    return len(next(iter(data.values())))

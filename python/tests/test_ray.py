@@ -157,3 +157,94 @@ def test_bad_arguments_are_refused():
         RayReplayBuffer(10, spec=SPEC, num_actors=0)
     with pytest.raises(ValueError, match="checkpoint_dir"):
         RayReplayBuffer(10, spec=SPEC, shared="x")
+
+
+def test_writers_on_remote_collectors_store_every_row_once_flushed():
+    rb = RayReplayBuffer(10_000, spec=SPEC, num_actors=2, seed=2)
+
+    @ray.remote
+    def collect(rb, worker):
+        writer = rb.writer(max_rows=120, max_in_flight=2)
+        chunk = rows(np.zeros(50))
+        for k in range(10):
+            # One chunk's arrays written over for every extend: the writer copies.
+            first = worker * 1_000 + k * 50
+            chunk["id"][:] = np.arange(first, first + 50)
+            chunk["obs"][:] = chunk["id"][:, None]
+            writer.extend(chunk)
+        assert writer.acknowledged + writer.pending == 500
+        index = writer.flush()
+        assert writer.acknowledged == 500 and writer.pending == 0
+        return index
+
+    indices = ray.get([collect.remote(rb, w) for w in range(3)])
+    assert [len(i) for i in indices] == [500, 500, 500]
+    assert len(rb) == 1_500 and rb.write_count == 1_500
+    got = rb.read_all()
+    ids = whole(got)
+    assert sorted(ids.tolist()) == [w * 1_000 + i for w in range(3) for i in range(500)]
+    # The indices a flush returns are those of its collector's rows.
+    by_index = dict(zip(got["index"].tolist(), ids.tolist()))
+    for worker, index in enumerate(indices):
+        assert sorted(by_index[i] // 1_000 for i in index.tolist()) == [worker] * 500
+
+
+def test_a_writer_refuses_chunks_unlike_its_first_and_taking_nothing_of_them():
+    rb = RayReplayBuffer(1_000, spec=SPEC)
+    writer = rb.writer(max_rows=16)
+    with pytest.raises(replaybuf.ReplayBufferError):
+        writer.extend({"id": np.arange(4)})  # no obs: the buffer refuses the first chunk
+    assert len(rb) == 0 and writer.pending == 0
+    writer.extend(rows(range(4)))
+    writer.extend(rows(range(4, 10)))
+    assert writer.pending == 6
+    bad = rows(range(10, 12))
+    for chunk in (
+        {**bad, "obs": bad["obs"].astype(np.float64)},
+        {**bad, "obs": bad["obs"][:, :2]},
+        {"id": bad["id"]},
+        {**bad, "id": bad["id"][:1]},
+    ):
+        with pytest.raises(replaybuf.ReplayBufferValueError):
+            writer.extend(chunk)
+        assert writer.pending == 6
+    assert len(rb) == 4
+    assert len(writer.flush()) == 10  # the first chunk too: stored since no flush
+    assert sorted(whole(rb.read_all()).tolist()) == list(range(10))
+
+
+def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
+    rb = RayReplayBuffer(1_000, spec=SPEC, rate_limit=replaybuf.RateLimit.queue(20))
+    writer = rb.writer(max_rows=10, max_in_flight=1, timeout=0.5)
+    writer.extend(rows(range(10)))  # straight through
+    writer.extend(rows(range(10, 20)))  # on its way: 10 unsampled before it
+    writer.extend(rows(range(20, 30)))  # waits for the one before; then on its way, held
+    # The actor holds the third shipment (20 unsampled); the next chunk waits for it.
+    with pytest.raises(replaybuf.ReplayBufferTimeoutError):
+        writer.extend(rows(range(30, 40)))
+    assert writer.pending == 10 and len(rb) == 20
+    assert len(rb.sample(10)["id"]) == 10  # frees the held shipment
+    assert len(writer.flush()) == 30  # every row since the writer began
+    assert len(rb) == 30 and writer.acknowledged == 30
+
+
+def test_a_writer_sends_again_what_a_dead_actor_did_not_acknowledge():
+    rb = RayReplayBuffer(1_000, spec=SPEC, num_actors=2)
+    writer = rb.writer(max_rows=10, max_in_flight=4)
+    writer.extend(rows(range(10)))  # straight through, to actor 0
+    dead = rb.actors[0]
+    ray.kill(dead, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(dead.ready.remote(), timeout=30)
+    writer.extend(rows(range(10, 20)))  # a full shipment: to actor 1
+    writer.extend(rows(range(20, 30)))  # to actor 0, dead
+    with pytest.raises(ReplayBufferUnavailable):
+        writer.flush(timeout=30)
+    assert writer.pending == 10 and writer.acknowledged == 20
+    # Sent again, to the next actor in turn (1): stored, the writer's rows all acknowledged.
+    index = writer.flush(timeout=30)
+    assert writer.pending == 0 and writer.acknowledged == 30
+    # Every row since the writer began: the first chunk on actor 0, the rest on 1.
+    assert sorted((index % 2).tolist()) == [0] * 10 + [1] * 20
+    held = ray.get(rb.actors[1].call.remote("read_all_in_order"))
+    assert sorted(whole(held).tolist()) == list(range(10, 30))
