@@ -5,7 +5,10 @@ RayReplayBuffer, and beside the same collectors writing a shared-memory buffer.
 
 Two collector actors (or processes, for the shared-memory line) extend the mujoco
 workload's chunk (1,000 rows, WORKLOADS.md) over and over for S seconds; the figure is
-rows written per second, all collectors together. Then the driver samples 256 rows
+rows written per second, all collectors together, until the last row is stored. The
+``extend`` line calls ``rb.extend`` per chunk (one round trip each, as TorchRL's
+collectors call theirs); ``writer-extend`` goes through ``rb.writer()`` (its
+defaults: shipments of 8 MiB, two on their way at once). Then the driver samples 256 rows
 through the actor 200 times: the mean and median latency of one call. Prints JSON
 lines (system, workload "ray", op, us_per_op, items_per_s).
 """
@@ -34,25 +37,31 @@ def chunk() -> dict:
 
 @ray.remote
 class Collector:
-    """Extends `rb` with one chunk over and over for `seconds`; returns rows written."""
+    """Extends `rb` with one chunk over and over for `seconds` (through a writer of
+    `rb`'s when `writer` holds its arguments, flushed at the end); returns rows
+    written (and acknowledged)."""
 
     def __init__(self, make_data):
         self.data = make_data()
 
-    def run(self, rb, seconds: float) -> int:
+    def run(self, rb, seconds: float, writer=None) -> int:
+        sink = rb if writer is None else rb.writer(**writer)
         rows, until = 0, time.monotonic() + seconds
         while time.monotonic() < until:
-            rb.extend(self.data)
+            sink.extend(self.data)
             rows += CHUNK
+        if writer is not None:
+            sink.flush()
         return rows
 
 
-def write_rate(rb, make_data, collectors: int, seconds: float) -> float:
-    """Rows per second from `collectors` Collector actors into `rb`."""
+def write_rate(rb, make_data, collectors: int, seconds: float, writer=None) -> float:
+    """Rows per second from `collectors` Collector actors into `rb`: the time until
+    every row is stored."""
     actors = [Collector.remote(make_data) for _ in range(collectors)]
-    ray.get([a.run.remote(rb, 0.2) for a in actors])  # warm: imports, first writes
+    ray.get([a.run.remote(rb, 0.2, writer) for a in actors])  # warm: imports, first writes
     t = time.monotonic()
-    rows = sum(ray.get([a.run.remote(rb, seconds) for a in actors]))
+    rows = sum(ray.get([a.run.remote(rb, seconds, writer) for a in actors]))
     return rows / (time.monotonic() - t)
 
 
@@ -109,6 +118,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--collectors", type=int, default=2)
+    # The collectors' writers (`writer-extend`): RayReplayBuffer.writer's defaults.
+    parser.add_argument("--writer-rows", type=int, default=None)
+    parser.add_argument("--in-flight", type=int, default=2)
+    parser.add_argument(
+        "--only-writer", action="store_true", help="only the writer-extend line (to tune it)"
+    )
     args = parser.parse_args()
     # Ray's workers import bench.py (the workload) from this folder.
     here = os.path.dirname(os.path.abspath(__file__))
@@ -122,6 +137,12 @@ def main() -> None:
     from replaybuf.ray import RayReplayBuffer
 
     rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1)
+    writer = {"max_rows": args.writer_rows, "max_in_flight": args.in_flight}
+    rate = write_rate(rb, chunk, args.collectors, args.seconds, writer)
+    emit("replaybuf-ray", "ray", "writer-extend", CHUNK / rate, CHUNK)
+    if args.only_writer:
+        ray.shutdown()
+        return
     rate = write_rate(rb, chunk, args.collectors, args.seconds)
     emit("replaybuf-ray", "ray", "extend", CHUNK / rate, CHUNK)
     mean, p50 = sample_latency(lambda: rb.sample(BATCH))

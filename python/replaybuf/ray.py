@@ -214,13 +214,20 @@ class RayReplayBuffer:
         return k, self._actors[k].extend.remote(data)
 
     def writer(
-        self, max_rows: int = 16_384, max_in_flight: int = 2, timeout: Optional[float] = None
+        self,
+        max_rows: Optional[int] = None,
+        max_in_flight: int = 2,
+        timeout: Optional[float] = None,
+        max_bytes: int = 8 << 20,
     ) -> RayWriter:
         """A :class:`RayWriter` for one collector: chunks gathered into shipments of
-        ``max_rows`` rows, up to ``max_in_flight`` shipments on their way at once, and
-        waits for an acknowledgement of at most ``timeout`` seconds each (None: as
-        long as it takes, e.g. while a rate limit holds the collector back)."""
-        return RayWriter(self, max_rows, max_in_flight, timeout)
+        ``max_rows`` rows (by default as many as fit in ``max_bytes``, 8 MiB: on a
+        2-core machine, mujoco rows from two collectors reach about 7 million a second
+        from 4 MiB shipments on, against 1.6 million at 0.7 MiB), up to
+        ``max_in_flight`` shipments on their way at once, and waits for an
+        acknowledgement of at most ``timeout`` seconds each (None: as long as it takes,
+        e.g. while a rate limit holds the collector back)."""
+        return RayWriter(self, max_rows, max_in_flight, timeout, max_bytes)
 
     def add(self, data: Dict[Any, Any]) -> int:
         """Writes one transition (a dict of arrays of the field shapes)."""
@@ -322,11 +329,11 @@ def _leaves(data: Dict[Any, Any], prefix: tuple = ()):
 
 class RayWriter:
     """A collector's writer into a :class:`RayReplayBuffer` (``rb.writer()``): chunks
-    are copied into a shipment of ``max_rows`` rows, and a full shipment goes to the
-    next actor in turn without waiting for the answer. Before it takes a chunk, a
-    writer with ``max_in_flight`` shipments on their way waits for the oldest, so a
-    collector that outruns the actors (or that a rate limit holds back) is held back
-    too, for at most ``timeout`` seconds a wait.
+    are copied into a shipment of ``max_rows`` rows (else of ``max_bytes``), and a full
+    shipment goes to the next actor in turn without waiting for the answer. Before it
+    takes a chunk, a writer with ``max_in_flight`` shipments on their way waits for the
+    oldest, so a collector that outruns the actors (or that a rate limit holds back) is
+    held back too, for at most ``timeout`` seconds a wait.
 
     Rows are stored once their shipment's extend returns: :attr:`acknowledged`
     counts them, and :meth:`flush` sends the rows gathered and waits for every
@@ -344,13 +351,22 @@ class RayWriter:
     row shapes (else ReplayBufferValueError, and nothing of that chunk is taken).
     """
 
-    def __init__(self, rb: RayReplayBuffer, max_rows: int, max_in_flight: int, timeout):
-        if max_rows < 1 or max_in_flight < 1:
+    def __init__(
+        self,
+        rb: RayReplayBuffer,
+        max_rows: Optional[int],
+        max_in_flight: int,
+        timeout: Optional[float],
+        max_bytes: int,
+    ):
+        if (max_rows is not None and max_rows < 1) or max_in_flight < 1 or max_bytes < 1:
             raise replaybuf.ReplayBufferValueError(
-                "a writer needs max_rows and max_in_flight of at least 1"
+                "a writer needs max_rows, max_in_flight and max_bytes of at least 1"
             )
         self._rb = rb
+        # None until the first chunk tells the bytes of a row.
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._max_in_flight = max_in_flight
         self._timeout = timeout
         # The shipment being gathered: one array per field, rows 0.._filled written;
@@ -383,6 +399,9 @@ class RayWriter:
             k, ref = self._rb._ship(leaves)
             self._stored.append(self._rb._global(self._rb._get(ref, self._timeout), k))
             self.acknowledged += _rows_of(leaves)
+            if self._max_rows is None:
+                row = sum(a[:1].nbytes for a in leaves.values())
+                self._max_rows = max(1, self._max_bytes // max(1, row))
             self._stage = self._new_stage(leaves)
             return
         self._check(leaves)
