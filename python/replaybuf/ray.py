@@ -56,7 +56,11 @@ class ReplayBufferUnavailable(replaybuf.ReplayBufferError, ConnectionError):
 
 
 class _BufferActor:
-    """One shard: a replaybuf.ReplayBuffer in a threaded actor."""
+    """One shard: a replaybuf.ReplayBuffer in a threaded actor. Extends run in the
+    concurrency group "insert", samples and priority updates in "sample", each with
+    threads of its own: inserts that a rate limit holds back (each holds a thread
+    while it waits) can never leave the learners without a thread, nor the other way
+    round. The rest (sizes, checkpoints) runs in the default group."""
 
     def __init__(
         self, capacity: int, kwargs: dict, checkpoint: Optional[str], every_s: Optional[float]
@@ -80,12 +84,15 @@ class _BufferActor:
     def ready(self) -> bool:
         return self.restored
 
+    @ray.method(concurrency_group="insert")
     def extend(self, data: Dict[Any, np.ndarray]) -> np.ndarray:
         return self.rb.extend(data)
 
+    @ray.method(concurrency_group="sample")
     def sample(self, n: int) -> Dict[Any, np.ndarray]:
         return self.rb.sample(n)
 
+    @ray.method(concurrency_group="sample")
     def update_priority(self, index, priority, generation) -> tuple:
         return self.rb.update_priority(index, priority, generation)
 
@@ -123,6 +130,8 @@ class RayReplayBuffer:
     ``rate_limit``, ...) goes to each actor's buffer. ``ray_options`` are the actors'
     options (``num_cpus``, ``resources``, ``scheduling_strategy``...); by default
     ``max_concurrency=16`` and, with ``checkpoint_dir``, ``max_restarts=-1``.
+    ``concurrency_groups`` sizes the actors' thread groups for extends ("insert") and
+    for samples and priority updates ("sample"): 16 each by default.
     ``checkpoint_dir``: actor ``k`` dumps to ``checkpoint_dir/shard-k`` and reloads
     from there after a restart; ``checkpoint_every_s`` dumps on that period too.
     """
@@ -136,6 +145,7 @@ class RayReplayBuffer:
         checkpoint_dir: Optional[str] = None,
         checkpoint_every_s: Optional[float] = None,
         seed: Optional[int] = None,
+        concurrency_groups: Optional[Dict[str, int]] = None,
         **kwargs: Any,
     ) -> None:
         if num_actors < 1:
@@ -151,7 +161,9 @@ class RayReplayBuffer:
         if checkpoint_dir is not None:
             options["max_restarts"] = -1
         options.update(ray_options or {})
-        actor_class = ray.remote(_BufferActor)
+        groups = {"insert": 16, "sample": 16}
+        groups.update(concurrency_groups or {})
+        actor_class = ray.remote(concurrency_groups=groups)(_BufferActor)
         self.num_actors = num_actors
         self._actors = []
         for k in range(num_actors):

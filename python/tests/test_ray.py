@@ -248,3 +248,24 @@ def test_a_writer_sends_again_what_a_dead_actor_did_not_acknowledge():
     assert sorted((index % 2).tolist()) == [0] * 10 + [1] * 20
     held = ray.get(rb.actors[1].call.remote("read_all_in_order"))
     assert sorted(whole(held).tolist()) == list(range(10, 30))
+
+
+def test_inserts_held_by_the_rate_limit_leave_the_learners_threads():
+    # Two threads for extends, two for samples: three extends held back by a queue
+    # limit fill the insert group (and queue one), and a sample still runs.
+    rb = RayReplayBuffer(
+        1_000,
+        spec=SPEC,
+        rate_limit=replaybuf.RateLimit.queue(10),
+        concurrency_groups={"insert": 2, "sample": 2},
+        ray_options={"max_concurrency": 2},
+    )
+    rb.extend(rows(range(10)))
+    actor = rb.actors[0]
+    held = [actor.extend.remote(rows(range(10 + 10 * k, 20 + 10 * k))) for k in range(3)]
+    assert ray.wait(held, timeout=0.5)[0] == [], "the queue limit holds every extend"
+    # Each sample of 10 lets one held extend in (10 unsampled rows again).
+    for _ in range(3):
+        assert len(ray.get(actor.sample.remote(10), timeout=30)["id"]) == 10
+    ray.get(held, timeout=30)
+    assert len(rb) == 40
