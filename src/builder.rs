@@ -19,7 +19,8 @@ use crate::frames::Frames;
 use crate::key::Key;
 use crate::policy::PolicyEngine;
 use crate::policy::WritePolicy;
-use crate::rate_limit::{RateLimit, RateLimiter};
+use crate::rate_limit::{Limiter, RateLimit, RateLimiter};
+use crate::region::Block;
 use crate::sampler::{Sampler, SamplerEngine};
 use crate::settings::Settings;
 #[cfg(not(replaybuf_loom))]
@@ -142,8 +143,9 @@ impl ReplayBufferBuilder {
     /// ahead, an insert while collectors are (see [`RateLimit`]). Every handle of the
     /// buffer goes through one limiter; waits use no CPU and end at the limit's
     /// timeouts (a [`RateLimitError`](crate::RateLimitError) then) or when the limiter
-    /// is closed. Threads of one process only, for now: a [`shared`](Self::shared)
-    /// buffer refuses it, since its processes would each count alone.
+    /// is closed. A [`shared`](Self::shared) buffer's processes keep one limit
+    /// together, in the region: the processes that attach count into it, and a limit
+    /// set in one holds in all (Linux only: its sleepers wait on a futex).
     pub fn rate_limit(mut self, limit: RateLimit) -> Self {
         self.rate_limit = Some(limit);
         self
@@ -168,15 +170,15 @@ impl ReplayBufferBuilder {
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
-        if self.rate_limit.is_some() && self.shared.is_some() {
-            return Err(BuildError::new(BuildErrorKind::RateLimit {
-                reason: "a shared buffer's processes would each count alone: rate limits \
-                         are for the threads of one process, for now",
-            }));
-        }
-        let limiter = self.rate_limit.map(|l| Arc::new(RateLimiter::new(l)));
+        let limit = self.rate_limit;
         let mut rb = ReplayBuffer::from_state(self.build_inner()?);
-        rb.limiter = limiter;
+        rb.limiter = match rb.state().core.storage.limiter_block() {
+            // A shared region: its processes keep one limit together. Every handle
+            // gets the region's limiter, which lets every call through while the
+            // region has no limit; a builder with a limit (its creator's) puts it in.
+            Some(block) => Some(Arc::new(shared_limiter(block, limit)?)),
+            None => limit.map(|l| Arc::new(Limiter::Local(RateLimiter::new(l)))),
+        };
         Ok(rb)
     }
 
@@ -697,5 +699,30 @@ mod config_tests {
         );
         let eps = base.sampler(Prioritized::new(0.6, 0.4).eps(0.1)).config(1);
         assert_eq!(config.layout_difference(&eps).unwrap(), "the sampler");
+    }
+}
+
+/// A shared region's limiter, with `limit` put in (by the region's creator).
+#[cfg(target_os = "linux")]
+fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Limiter, BuildError> {
+    let shared = crate::rate_limit::shared::SharedLimiter::new(block);
+    if let Some(limit) = limit {
+        shared.install(limit).map_err(|_| {
+            BuildError::new(BuildErrorKind::RateLimit {
+                reason: "another process was setting the new region's rate limit",
+            })
+        })?;
+    }
+    Ok(Limiter::Shared(shared))
+}
+
+/// Shared regions keep their rate limit with futexes, which only Linux has.
+#[cfg(not(target_os = "linux"))]
+fn shared_limiter(_: Block, limit: Option<RateLimit>) -> Result<Limiter, BuildError> {
+    match limit {
+        None => Ok(Limiter::Local(RateLimiter::new(RateLimit::min_size(0)))),
+        Some(_) => Err(BuildError::new(BuildErrorKind::RateLimit {
+            reason: "a shared buffer's rate limit needs Linux (futexes)",
+        })),
     }
 }

@@ -115,6 +115,10 @@ pub use writer::Writer;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
+    /// A shared region's rate limiter (`rate_limit/shared.rs`), over a heap region of
+    /// its own (its loom model).
+    #[cfg(target_os = "linux")]
+    pub use crate::rate_limit::shared::RegionRateLimiter;
     /// The rate limiter of `rate_limit.rs`, on its own (its loom model).
     pub use crate::rate_limit::RateLimiter;
     pub use crate::storage::atomic_copy::{load, store};

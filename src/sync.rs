@@ -246,6 +246,15 @@ mod imp {
         word.store(value, order);
     }
 
+    /// The load of a store-buffering handshake (each side writes one word, then
+    /// reads the other's): a `SeqCst` load, whose single total order with the other
+    /// side's `SeqCst` write makes at least one side see the other's write. See the
+    /// loom twin for why it differs there.
+    #[inline]
+    pub(crate) fn handshake_load(word: &AtomicU64) -> u64 {
+        word.load(Ordering::SeqCst)
+    }
+
     /// One step of a wait loop: a CPU spin hint.
     #[inline]
     pub(crate) fn spin() {
@@ -271,6 +280,71 @@ mod imp {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         RandomState::new().hash_one(nanos)
+    }
+
+    /// A word that threads of every process mapping it sleep on until it changes: the
+    /// 32-bit half of a region word that holds its low-order bits (what Linux's
+    /// `futex` compares), used only through this type. Under loom, a lock and a
+    /// condition variable stand in for the kernel's queue.
+    #[cfg(target_os = "linux")]
+    pub(crate) struct Futex<'a>(&'a std::sync::atomic::AtomicU32);
+
+    /// Where a [`Futex`]'s sleepers sleep: the kernel's queue, nothing of ours (loom's
+    /// twin is a lock and a condition variable).
+    #[derive(Debug, Default)]
+    pub(crate) struct Parking {
+        _in_the_kernel: (),
+    }
+
+    #[cfg(target_os = "linux")]
+    impl<'a> Futex<'a> {
+        /// The futex in `word`. The word must be used through `Futex` alone (zero
+        /// before that), so that no access to it mixes sizes.
+        pub(crate) fn in_word(word: &'a AtomicU64, _: &'a Parking) -> Futex<'a> {
+            let low = if cfg!(target_endian = "little") { 0 } else { 4 };
+            // SAFETY: (1) `word` is a live 8-byte atomic, 8-aligned, so its bytes
+            // `low..low + 4` are a 4-aligned `u32` inside it, alive as long as `word`;
+            // (2) `AtomicU32` has the size and alignment of `u32` and, like
+            // `AtomicU64`, may be changed by every thread through a shared reference;
+            // (3) the caller uses the word through this view only, so no two accesses
+            // to it differ in size.
+            let half = unsafe {
+                &*(word as *const AtomicU64)
+                    .cast::<u8>()
+                    .add(low)
+                    .cast::<std::sync::atomic::AtomicU32>()
+            };
+            Futex(half)
+        }
+
+        /// Its value now.
+        pub(crate) fn load(&self) -> u32 {
+            self.0.load(Ordering::SeqCst)
+        }
+
+        /// Changes its value, so that a sleeper that read the old one does not sleep.
+        pub(crate) fn bump(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+
+        /// Sleeps while the value is `seen`, at most `timeout` (None: until woken).
+        /// Returns early on a wake, a change, or a signal: the caller checks again.
+        pub(crate) fn wait(&self, seen: u32, timeout: Option<std::time::Duration>) {
+            use rustix::thread::futex;
+            let timeout = timeout.map(|d| futex::Timespec {
+                tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: d.subsec_nanos().into(),
+            });
+            // Shared, not private: the sleepers are in several processes. Every error
+            // (EAGAIN: the value changed; EINTR; ETIMEDOUT) means "check again".
+            let _ = futex::wait(self.0, futex::Flags::empty(), seen, timeout.as_ref());
+        }
+
+        /// Wakes every sleeper, in every process.
+        pub(crate) fn wake_all(&self) {
+            use rustix::thread::futex;
+            let _ = futex::wake(self.0, futex::Flags::empty(), u32::MAX);
+        }
     }
 }
 
@@ -414,6 +488,17 @@ mod imp {
         word.swap(value, order);
     }
 
+    /// Under loom, a `fetch_add(0)`. loom models `SeqCst` as acquire-release, without
+    /// the single total order, so it lets both sides of a store-buffering handshake
+    /// read the other's word stale, which neither the memory model nor hardware
+    /// allows. A read-modify-write reads the latest value in the word's modification
+    /// order, and with the other side's read-modify-write of its own word gives loom
+    /// what the total order gives the real build.
+    #[inline]
+    pub(crate) fn handshake_load(word: &AtomicU64) -> u64 {
+        word.fetch_add(0, Ordering::SeqCst)
+    }
+
     /// Under loom a spin is a yield to the model scheduler.
     #[inline]
     pub(crate) fn spin() {
@@ -433,6 +518,47 @@ mod imp {
     /// Loom runs must be deterministic: a fixed seed.
     pub(crate) fn entropy_seed() -> u64 {
         0x5eed_1005
+    }
+
+    /// The futex's twin: the word itself, and sleepers on a condition variable whose
+    /// lock makes "check the word, then sleep" one step against a waker's "change the
+    /// word, then wake", as the kernel's queue does. Timeouts are not modelled.
+    pub(crate) struct Futex<'a> {
+        word: &'a AtomicU64,
+        parking: &'a Parking,
+    }
+
+    /// Where a [`Futex`]'s sleepers sleep.
+    #[derive(Debug, Default)]
+    pub(crate) struct Parking {
+        lock: Mutex<()>,
+        woken: Condvar,
+    }
+
+    impl<'a> Futex<'a> {
+        pub(crate) fn in_word(word: &'a AtomicU64, parking: &'a Parking) -> Futex<'a> {
+            Futex { word, parking }
+        }
+
+        pub(crate) fn load(&self) -> u32 {
+            self.word.load(Ordering::SeqCst) as u32
+        }
+
+        pub(crate) fn bump(&self) {
+            self.word.fetch_add(1, Ordering::SeqCst);
+        }
+
+        pub(crate) fn wait(&self, seen: u32, _timeout: Option<std::time::Duration>) {
+            let guard = self.parking.lock.lock();
+            if self.load() == seen {
+                drop(self.parking.woken.wait(guard));
+            }
+        }
+
+        pub(crate) fn wake_all(&self) {
+            drop(self.parking.lock.lock());
+            self.parking.woken.notify_all();
+        }
     }
 }
 

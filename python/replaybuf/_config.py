@@ -142,7 +142,9 @@ class RateLimit:
     the GIL and use no CPU; past ``insert_timeout`` / ``sample_timeout`` seconds (None:
     no limit) they raise :class:`replaybuf.ReplayBufferTimeoutError` (a
     ``TimeoutError``), and ``close_rate_limit()`` ends them with
-    :class:`replaybuf.RateLimitClosed`. Threads of one process (not ``shared=``).
+    :class:`replaybuf.RateLimitClosed`. A ``shared=`` buffer's processes keep one limit
+    together (its counts and sleepers live in the region): collector processes and a
+    learner process hold one ratio, and calls racing may each pass on the same counts.
 
     >>> import replaybuf
     >>> limit = replaybuf.RateLimit.sample_to_insert_ratio(8.0, 1000, 512.0, sample_timeout=5.0)

@@ -115,6 +115,41 @@ def test_collectors_extend_while_the_parent_samples(method, name, children):
     assert_whole(rb.sample(512))
 
 
+def test_collector_processes_and_the_parent_keep_one_rate_limit(name, children):
+    # Each row sampled twice, give or take 96 samples, once 128 rows are in: the
+    # collectors' processes and the parent count into one limit in the region.
+    spi, min_size, error = 2.0, 128, 96.0
+    limit = replaybuf.RateLimit.sample_to_insert_ratio(
+        spi, min_size, error, insert_timeout=JOIN_S, sample_timeout=JOIN_S
+    )
+    rb = replaybuf.ReplayBuffer(4096, spec=SPEC, shards=4, seed=7, shared=name, rate_limit=limit)
+    ctx = mp.get_context("spawn")
+    batches, batch = 60, 64
+    progress = {w: ctx.Value("q", 0, lock=False) for w in (1, 2)}
+    for w in progress:
+        children.append(ctx.Process(target=collect, args=(rb, w, progress[w], batches)))
+    for p in children:
+        p.start()
+    low, high = spi * min_size - error, spi * min_size + error
+    # Past the band by at most one call per caller racing: two collectors, the parent.
+    floor, ceiling = low - batch, high + 2 * CHUNK * spi
+    owed = len(progress) * batches * CHUNK * spi
+    drawn = 0
+    while owed - drawn > low:
+        drawn += len(assert_whole(rb.sample(batch)))
+        s = rb.rate_limit_stats()
+        if s["inserts"] >= min_size:
+            diff = s["inserts"] * spi - s["samples"]
+            assert floor <= diff <= ceiling, s
+    for p in children:
+        p.join(JOIN_S)
+        assert p.exitcode == 0
+    s = rb.rate_limit_stats()
+    assert s["inserts"] == len(progress) * batches * CHUNK and s["samples"] == drawn
+    # The collectors ran ahead of the ratio and waited for the parent's samples.
+    assert s["insert_waits"] > 0, s
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, children):
     ctx = mp.get_context(method)

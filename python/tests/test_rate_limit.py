@@ -107,8 +107,6 @@ def test_bad_limits_are_refused():
         replaybuf.ReplayBuffer(8, spec=SPEC, rate_limit=RateLimit(1, 0.0))
     with pytest.raises(ValueError, match="timeout"):
         replaybuf.ReplayBuffer(8, spec=SPEC, rate_limit=RateLimit.min_size(1, insert_timeout=-1.0))
-    with pytest.raises(ValueError, match="rate limit"):
-        replaybuf.ReplayBuffer(8, spec=SPEC, shared="rb-rl-test", rate_limit=RateLimit.min_size(1))
     rb = replaybuf.ReplayBuffer(8, spec=SPEC)
     assert rb.rate_limit_stats() is None
     with pytest.raises(ValueError, match="no rate limit"):

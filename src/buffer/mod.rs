@@ -19,7 +19,7 @@ use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::policy::Admit;
-use crate::rate_limit::RateLimiter;
+use crate::rate_limit::Limiter;
 use crate::rng::{self};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
@@ -85,7 +85,7 @@ pub struct ReplayBuffer {
     pub(crate) cell: Arc<StateCell>,
     /// The rate limit's counts, shared by every handle, if the buffer was built with
     /// one (`rate_limit.rs`). Outside the state: a swap carries it over untouched.
-    pub(crate) limiter: Option<Arc<RateLimiter>>,
+    pub(crate) limiter: Option<Arc<Limiter>>,
 }
 
 impl ReplayBuffer {
@@ -402,10 +402,12 @@ impl ReplayBuffer {
         let Some(limiter) = &self.limiter else {
             return insert();
         };
-        limiter.insert(rows as u64)?;
+        let counted = limiter.insert(rows as u64)?;
         let out = insert();
-        let stored = out.as_ref().map_or(0, Stored::stored);
-        limiter.refund_inserts(rows.saturating_sub(stored) as u64);
+        if counted {
+            let stored = out.as_ref().map_or(0, Stored::stored);
+            limiter.refund_inserts(rows.saturating_sub(stored) as u64);
+        }
         out
     }
 
@@ -421,10 +423,12 @@ impl ReplayBuffer {
         let Some(limiter) = &self.limiter else {
             return sample();
         };
-        limiter.sample(rows as u64)?;
+        let counted = limiter.sample(rows as u64)?;
         let out = sample();
-        let drawn = *out.as_ref().unwrap_or(&0);
-        limiter.refund_samples(rows.saturating_sub(drawn) as u64);
+        if counted {
+            let drawn = *out.as_ref().unwrap_or(&0);
+            limiter.refund_samples(rows.saturating_sub(drawn) as u64);
+        }
         out
     }
 

@@ -593,6 +593,15 @@ pub enum RateLimitError {
         "this buffer has no rate limit: build it with one (`ReplayBufferBuilder::rate_limit`)"
     )]
     NoLimit,
+    /// A shared buffer's limit could not be set: another process kept setting one
+    /// for seconds (it is stopped, or it is not setting one and its pid was reused).
+    #[error(
+        "process {pid} has been setting this shared buffer's rate limit for seconds: try again"
+    )]
+    SetterBusy {
+        /// The process that holds the setter's turn.
+        pid: u32,
+    },
 }
 
 /// A step of the learner's pipeline, as [`SampleError::Pipeline`] names it.

@@ -19,7 +19,9 @@
 //!   shared-mode writer lease.
 //! - **globals**: counters and settings every handle shares, each contended word on a
 //!   line of its own ([`Global`]).
-//! - **process table**: in shared mode, one line per attached process.
+//! - **process table**: in shared mode, one line per attached process; then the
+//!   rate-limit block, four lines, which the processes' limiters share
+//!   (`rate_limit/shared.rs`; zero while the buffer has no limit).
 //! - **slots**: from a page boundary on, `slot_words` each (see `storage/mod.rs`).
 //! - **trees** and **lanes**: the prioritized and slice samplers' blocks, each section
 //!   starting on a cache line, so that a section copied from one region to another
@@ -169,6 +171,11 @@ const GLOBAL_WORDS: usize = if cfg!(replaybuf_loom) {
 /// Words of one process-table entry (shared mode).
 pub(crate) const PROC_WORDS: usize = LINE;
 
+/// Words of a shared region's rate-limit block, after its process table: four lines
+/// of eight words, which `rate_limit/shared.rs` lays out (eight a line under loom
+/// too, where its model runs over a heap region of its own).
+pub(crate) const LIMITER_WORDS: usize = 32;
+
 /// Where each part of a storage's region lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RegionLayout {
@@ -179,6 +186,9 @@ pub(crate) struct RegionLayout {
     globals_at: usize,
     pub(crate) procs_at: usize,
     pub(crate) procs: usize,
+    /// A shared region's rate-limit block (one with a process table has one, used or
+    /// not); `None` elsewhere.
+    pub(crate) limiter_at: Option<usize>,
     pub(crate) slots_at: usize,
     pub(crate) slot_words: usize,
     pub(crate) capacity: usize,
@@ -221,10 +231,10 @@ impl RegionLayout {
         let shards_at = align(meta_at + meta_bytes.div_ceil(8), LINE)?;
         let globals_at = shards_at.checked_add(shards.checked_mul(SHARD_WORDS)?)?;
         let procs_at = globals_at + GLOBAL_WORDS;
-        let slots_at = align(
-            procs_at.checked_add(procs.checked_mul(PROC_WORDS)?)?,
-            SLOTS_ALIGN_WORDS,
-        )?;
+        let procs_end = procs_at.checked_add(procs.checked_mul(PROC_WORDS)?)?;
+        let limiter_at = (procs > 0).then_some(procs_end);
+        let limiter_words = if procs > 0 { LIMITER_WORDS } else { 0 };
+        let slots_at = align(procs_end.checked_add(limiter_words)?, SLOTS_ALIGN_WORDS)?;
         let slots_end = slots_at.checked_add(capacity.checked_mul(slot_words)?)?;
         let trees_at = align(slots_end, LINE)?;
         let lanes_at = align(trees_at.checked_add(trees(slots_at, trees_at)?)?, LINE)?;
@@ -239,6 +249,7 @@ impl RegionLayout {
             globals_at,
             procs_at,
             procs,
+            limiter_at,
             slots_at,
             slot_words,
             capacity,

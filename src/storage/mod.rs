@@ -357,6 +357,12 @@ impl Storage {
         &self.words()[self.layout.global(g)]
     }
 
+    /// A shared region's rate-limit block (`rate_limit/shared.rs`).
+    pub(crate) fn limiter_block(&self) -> Option<Block> {
+        let at = self.layout.limiter_at?;
+        Some(Block::new(&self.region, at, layout::LIMITER_WORDS))
+    }
+
     /// The block of the region's globals, for the structures beside the storage.
     pub(crate) fn globals(&self) -> Block {
         let at = self.layout.global(Global::Calls);

@@ -21,12 +21,20 @@
 //! The counts live behind one mutex, held for a few instructions per call: the rows
 //! themselves still move without a lock.
 //!
+//! A shared buffer's processes keep one limit together, in the region (`shared.rs`):
+//! the same rule over atomic counts, with sleepers on a futex, so that no process
+//! ever waits on a lock another could die holding. [`Limiter`] is a buffer's limiter
+//! of either kind.
+//!
 //! Layer: api.
 
 use std::time::{Duration, Instant};
 
 use crate::error::RateLimitError;
 use crate::sync::{Condvar, Mutex};
+
+#[cfg(target_os = "linux")]
+pub(crate) mod shared;
 
 /// The rule a rate-limited buffer keeps (see [`ReplayBufferBuilder::rate_limit`]).
 ///
@@ -195,6 +203,95 @@ impl RateLimitStats {
     }
 }
 
+/// A buffer's limiter: its process's own, or a shared buffer's, which every process
+/// attached to the region keeps together (`shared.rs`).
+#[derive(Debug)]
+pub(crate) enum Limiter {
+    Local(RateLimiter),
+    #[cfg(target_os = "linux")]
+    Shared(shared::SharedLimiter),
+}
+
+impl Limiter {
+    /// Waits until `rows` rows may be inserted, then counts them; `Ok(false)` if
+    /// there is no limit after all (a shared buffer built without one) and nothing
+    /// was counted.
+    pub(crate) fn insert(&self, rows: u64) -> Result<bool, RateLimitError> {
+        self.admit(Side::Insert, rows)
+    }
+
+    /// As [`insert`](Self::insert), for sampled rows.
+    pub(crate) fn sample(&self, rows: u64) -> Result<bool, RateLimitError> {
+        self.admit(Side::Sample, rows)
+    }
+
+    fn admit(&self, side: Side, rows: u64) -> Result<bool, RateLimitError> {
+        match self {
+            Limiter::Local(l) => match side {
+                Side::Insert => l.insert(rows),
+                Side::Sample => l.sample(rows),
+            }
+            .map(|()| true),
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.admit(side, rows),
+        }
+    }
+
+    /// Takes back `rows` counted inserts that were not written.
+    pub(crate) fn refund_inserts(&self, rows: u64) {
+        self.refund(Side::Insert, rows);
+    }
+
+    /// Takes back `rows` counted samples that were not drawn.
+    pub(crate) fn refund_samples(&self, rows: u64) {
+        self.refund(Side::Sample, rows);
+    }
+
+    fn refund(&self, side: Side, rows: u64) {
+        match self {
+            Limiter::Local(l) => match side {
+                Side::Insert => l.refund_inserts(rows),
+                Side::Sample => l.refund_samples(rows),
+            },
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.refund(side, rows),
+        }
+    }
+
+    /// The counts, waits and limit now (`None`: no limit).
+    pub(crate) fn stats(&self) -> Option<RateLimitStats> {
+        match self {
+            Limiter::Local(l) => Some(l.stats()),
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.stats(),
+        }
+    }
+
+    /// Puts `limit` in force, waking every waiter to judge itself by it.
+    pub(crate) fn set(&self, limit: RateLimit) -> Result<(), RateLimitError> {
+        match self {
+            Limiter::Local(l) => {
+                l.set(limit);
+                Ok(())
+            }
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.set(limit),
+        }
+    }
+
+    /// Closes or reopens the limiter.
+    pub(crate) fn close(&self, closed: bool) -> Result<(), RateLimitError> {
+        match self {
+            Limiter::Local(l) => {
+                l.close(closed);
+                Ok(())
+            }
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.close(closed),
+        }
+    }
+}
+
 /// Which side of the limiter a call is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
@@ -312,7 +409,7 @@ impl RateLimiter {
         let mut c = self.counts.lock();
         let mut since: Option<Instant> = None;
         loop {
-            if may_go(&c, side) {
+            if may_go(&c.limit, c.inserts, c.samples, side) {
                 match side {
                     Side::Insert => c.inserts += rows,
                     Side::Sample => c.samples += rows,
@@ -344,29 +441,39 @@ impl RateLimiter {
             let deadline = timeout.map(|t| start + t);
             let timed_out;
             (c, timed_out) = self.queue(side).wait_until(c, deadline);
-            if timed_out && !may_go(&c, side) && !c.closed {
-                return Err(timeout_error(&c, start.elapsed()));
+            if timed_out && !may_go(&c.limit, c.inserts, c.samples, side) && !c.closed {
+                return Err(timeout_error(
+                    &c.limit,
+                    c.inserts,
+                    c.samples,
+                    start.elapsed(),
+                ));
             }
         }
     }
 }
 
-/// Whether a call of `side` may go under the counts `c`.
-fn may_go(c: &RateLimitStats, side: Side) -> bool {
-    let limit = &c.limit;
-    let filling = c.inserts < limit.min_size_to_sample;
+/// Whether a call of `side` may go under `limit` with these counts.
+fn may_go(limit: &RateLimit, inserts: u64, samples: u64, side: Side) -> bool {
+    let filling = inserts < limit.min_size_to_sample;
+    let diff = inserts as f64 * limit.samples_per_insert - samples as f64;
     match side {
-        Side::Insert => filling || c.diff() < limit.max_diff,
-        Side::Sample => !filling && c.diff() > limit.min_diff,
+        Side::Insert => filling || diff < limit.max_diff,
+        Side::Sample => !filling && diff > limit.min_diff,
     }
 }
 
-fn timeout_error(c: &RateLimitStats, waited: Duration) -> RateLimitError {
+fn timeout_error(
+    limit: &RateLimit,
+    inserts: u64,
+    samples: u64,
+    waited: Duration,
+) -> RateLimitError {
     RateLimitError::Timeout {
         waited,
-        samples_per_insert: c.limit.samples_per_insert,
-        inserts: c.inserts,
-        samples: c.samples,
+        samples_per_insert: limit.samples_per_insert,
+        inserts,
+        samples,
     }
 }
 
