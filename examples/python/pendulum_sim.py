@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import replaybuf
 
 G, MASS, LENGTH, DT = 10.0, 1.0, 1.0, 0.05
 MAX_SPEED, MAX_TORQUE = 8.0, 2.0
@@ -139,7 +140,10 @@ def collect(rb, collector: int, envs: int, steps: int, stop, tally) -> None:
     sim = Pendulums(collector, envs, seed=collector)
     while not stop.is_set():
         rows = sim.rollout(steps)
-        rb.extend(rows)
+        try:
+            rb.extend(rows)
+        except replaybuf.RateLimitClosed:  # the run is over (`--ratio`)
+            return
         tally[0] += len(rows["tag"])
 
 
@@ -152,9 +156,12 @@ def learn(rb, batch: int, collectors: int, stop, tally) -> None:
         if len(rb) < batch:
             time.sleep(0.001)
             continue
-        if out is None:
-            out = rb.sample(batch)
-        else:
-            rb.sample_into(out)
+        try:
+            if out is None:
+                out = rb.sample(batch)
+            else:
+                rb.sample_into(out)
+        except replaybuf.RateLimitClosed:  # the run is over (`--ratio`)
+            return
         tally[0] += len(out["tag"])
         tally[1] += torn_rows(out, collectors)

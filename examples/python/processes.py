@@ -12,7 +12,9 @@ the region's creator, removes the region's name when it is dropped.
     python examples/python/processes.py --seconds 10 --collectors 2 --learners 1
 
 Takes the arguments of ``threads.py``; prints the transitions written and rows sampled
-per second, and the torn rows (0).
+per second, and the torn rows (0). With ``--ratio R`` the collector processes and the
+learners keep one rate limit of about R sampled rows per written row (a fixed replay
+ratio), its counts and sleepers in the region.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 
 import replaybuf
 from pendulum_sim import SPEC, collect, learn
-from threads import parse_args, progress, report
+from threads import parse_args, progress, rate_limit, report, stop_all
 
 
 def collector_process(rb, k: int, envs: int, steps: int, stop, written) -> None:
@@ -42,8 +44,15 @@ def main() -> int:
     # Spawned workers start clean (no forked copy of the parent's threads or mappings)
     # and receive the buffer by pickle, which is by name.
     ctx = mp.get_context("spawn")
+    # With `--ratio`, the collector processes and the learners keep one rate limit:
+    # its counts and sleepers live in the region.
     rb = replaybuf.ReplayBuffer(
-        args.capacity, spec=SPEC, shards=args.collectors, shared=name, seed=0
+        args.capacity,
+        spec=SPEC,
+        shards=args.collectors,
+        shared=name,
+        seed=0,
+        rate_limit=rate_limit(args),
     )
     stop = ctx.Event()
     written = [ctx.Array("q", 1, lock=False) for _ in range(args.collectors)]
@@ -84,7 +93,7 @@ def main() -> int:
         progress(rb, args.seconds, start, written, tallies, done, collectors_alive)
         elapsed = time.perf_counter() - start
     finally:
-        stop.set()
+        stop_all(rb, stop)
         done.set()
         for t in learners:
             if t.is_alive():

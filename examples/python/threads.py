@@ -33,7 +33,31 @@ def parse_args(what: str, learners: int) -> argparse.Namespace:
     p.add_argument("--envs", type=int, default=50, help="pendulums per collector")
     p.add_argument("--steps", type=int, default=20, help="steps per chunk (envs * steps rows)")
     p.add_argument("--batch", type=int, default=256, help="rows per sample")
+    p.add_argument(
+        "--ratio",
+        type=float,
+        default=None,
+        help="hold the learners to this many sampled rows per written row (a rate limit)",
+    )
     return p.parse_args()
+
+
+def rate_limit(args: argparse.Namespace):
+    """The rate limit of `--ratio`: about `ratio` samples per written row, give or take
+    a chunk's worth, once 4 batches are in; None without `--ratio`."""
+    if args.ratio is None:
+        return None
+    chunk = args.envs * args.steps
+    error = max(2.0 * max(1.0, args.ratio), args.ratio * chunk)
+    return replaybuf.RateLimit.sample_to_insert_ratio(args.ratio, 4 * args.batch, error)
+
+
+def stop_all(rb, stop) -> None:
+    """Ends a run: `stop` for the loops, and a closed rate limit (if any) for the
+    calls waiting on it."""
+    stop.set()
+    if rb.rate_limit_stats() is not None:
+        rb.close_rate_limit()
 
 
 def progress(rb, seconds, start, written, tallies, finished, check=lambda: None) -> None:
@@ -62,6 +86,8 @@ def report(args, written: int, sampled: int, torn: int, elapsed: float) -> int:
         f"{sampled:,} rows sampled and checked ({sampled / elapsed:,.0f}/s)"
     )
     print(f"torn rows: {torn} of {sampled:,} checked")
+    if args.ratio is not None and written:
+        print(f"sampled rows per written row: {sampled / written:.2f} (held to {args.ratio})")
     if sampled == 0:
         print("no row was sampled: nothing was checked")
         return 1
@@ -74,7 +100,9 @@ def main() -> int:
     # section): the default 5 ms lets a waiter sleep while the other thread runs on.
     sys.setswitchinterval(1e-4)
     # One shard per collector: no two collectors share a write cursor.
-    rb = replaybuf.ReplayBuffer(args.capacity, spec=SPEC, shards=args.collectors, seed=0)
+    rb = replaybuf.ReplayBuffer(
+        args.capacity, spec=SPEC, shards=args.collectors, seed=0, rate_limit=rate_limit(args)
+    )
     stop = threading.Event()
     written = [[0] for _ in range(args.collectors)]
     tallies = [[0, 0] for _ in range(args.learners)]  # rows sampled, torn
@@ -103,7 +131,7 @@ def main() -> int:
     for t in threads:
         t.start()
     progress(rb, args.seconds, start, written, tallies, stop)
-    stop.set()
+    stop_all(rb, stop)
     for t in threads:
         t.join()
     if errors:

@@ -66,6 +66,21 @@ def test_processes_example_finds_no_torn_row_and_removes_its_region():
     assert not os.path.exists(f"/dev/shm/replaybuf.example-processes-{pid}")
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="shared regions' rate limits need futexes"
+)
+@pytest.mark.parametrize("script", ["threads.py", "processes.py"])
+def test_the_examples_hold_their_learners_to_a_replay_ratio(script):
+    # Half a sampled row per written row: far below what these learners draw when
+    # nothing holds them back (several rows per written row here).
+    out, _ = run_example(script, "--collectors", "2", "--learners", "1", "--ratio", "0.5", *SMALL)
+    torn, checked = torn_and_checked(out)
+    assert checked > 0 and torn == 0
+    m = re.search(r"^sampled rows per written row: ([\d.]+) \(held to 0.5\)$", out, re.M)
+    assert m, out
+    assert abs(float(m.group(1)) - 0.5) <= 0.05, out
+
+
 def test_the_apex_example_runs_on_a_local_ray_at_its_replay_ratio():
     pytest.importorskip("ray")
     pytest.importorskip("gymnasium")
