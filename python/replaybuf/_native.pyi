@@ -38,7 +38,8 @@ class ReplayBuffer:
     environments; ``memmap=dir`` keeps the rows in files under ``dir``; ``shared=name``
     puts the buffer in shared memory that other processes ``attach`` to (and that
     pickles as its name). ``rate_limit`` takes a :class:`replaybuf.RateLimit`: extends
-    and samples then wait their turn to keep a replay ratio. ``frames`` takes a
+    and samples then wait their turn to keep a replay ratio (with ``shared=``, in every
+    process attached to the buffer together). ``frames`` takes a
     :class:`replaybuf.Frames`: frame stacks and ``next_of`` fields stored once a step.
     """
 
