@@ -285,6 +285,25 @@
 //! the buffer has after it. Samples need none of this: a sample that loaded the old
 //! state reads the old storage, which nobody writes any more.
 //!
+//! ## 12. Rate limits (`rate_limit/`)
+//!
+//! A heap buffer's limiter keeps its counts behind a mutex and its waiters on two
+//! condition variables: the lock orders everything, and a waiter is notified by
+//! whoever moves the counts, changes the limit or closes it. A shared region's limiter
+//! (`rate_limit/shared.rs`) takes no lock another process could die holding: the
+//! counts are two `SeqCst` words, a call judges them and then adds its rows, and a
+//! sleeper waits on a futex word (`WAKE`) of the region. The handshake that keeps a
+//! sleeper from missing a move is a store-buffering pair: the sleeper increments
+//! `WAITERS` and then reads the counts; a mover adds its rows and then reads
+//! `WAITERS`, bumping `WAKE` and waking if it is not zero. The total order of `SeqCst`
+//! makes at least one of the two reads see the other's write: either the sleeper sees
+//! the move, or the mover bumps `WAKE` after the sleeper read it, and the kernel (which
+//! compares `WAKE` as it queues the sleeper) refuses the sleep or wakes it. A setter
+//! and a closer always bump and wake, and a sleeper reads the limit (a seqlock) and
+//! the flags again after reading `WAKE`. Loom models `SeqCst` as acquire-release, so
+//! the two reads of the handshake are `fetch_add(0)` under loom
+//! (`sync::handshake_load`), which a read-modify-write of the other word orders.
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
@@ -309,6 +328,9 @@
 //!   For swaps: an extend racing a copy into a new storage, an in-place swap to an
 //!   immutable writer, and two swaps in a row, each landing exactly once (these fail
 //!   if an appender skips the retirement check, or a swap thaws before retiring).
+//!   For rate limits, both limiters: an inserter and a sampler in lockstep, a waiter
+//!   freed by closing and by a wider limit (the shared one deadlocks without
+//!   `WAITERS`, or when a sleeper judges the limit it read before `WAKE`).
 //! - **stress** (`tests/stress.rs`): writers (more than shards) and learners on tiny
 //!   rings, every field derived from one counter, and learners updating priorities
 //!   with the trees checked exact afterwards; also run by `scripts/sanitize` under
