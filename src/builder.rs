@@ -176,7 +176,7 @@ impl ReplayBufferBuilder {
             // A shared region: its processes keep one limit together. Every handle
             // gets the region's limiter, which lets every call through while the
             // region has no limit; a builder with a limit (its creator's) puts it in.
-            Some(block) => Some(Arc::new(shared_limiter(block, limit)?)),
+            Some(block) => shared_limiter(block, limit)?.map(Arc::new),
             None => limit.map(|l| Arc::new(Limiter::Local(RateLimiter::new(l)))),
         };
         Ok(rb)
@@ -704,7 +704,7 @@ mod config_tests {
 
 /// A shared region's limiter, with `limit` put in (by the region's creator).
 #[cfg(target_os = "linux")]
-fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Limiter, BuildError> {
+fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Option<Limiter>, BuildError> {
     let shared = crate::rate_limit::shared::SharedLimiter::new(block);
     if let Some(limit) = limit {
         shared.install(limit).map_err(|_| {
@@ -713,14 +713,15 @@ fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Limiter, Bui
             })
         })?;
     }
-    Ok(Limiter::Shared(shared))
+    Ok(Some(Limiter::Shared(shared)))
 }
 
-/// Shared regions keep their rate limit with futexes, which only Linux has.
+/// Shared regions keep their rate limit with futexes, which only Linux has: elsewhere
+/// a shared buffer has no limiter, and one built with a limit is refused.
 #[cfg(not(target_os = "linux"))]
-fn shared_limiter(_: Block, limit: Option<RateLimit>) -> Result<Limiter, BuildError> {
+fn shared_limiter(_: Block, limit: Option<RateLimit>) -> Result<Option<Limiter>, BuildError> {
     match limit {
-        None => Ok(Limiter::Local(RateLimiter::new(RateLimit::min_size(0)))),
+        None => Ok(None),
         Some(_) => Err(BuildError::new(BuildErrorKind::RateLimit {
             reason: "a shared buffer's rate limit needs Linux (futexes)",
         })),

@@ -9,12 +9,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 use replaybuf::sampler::Prioritized;
 use replaybuf::{DType, ReplayBuffer, Spec};
+
+mod common;
 
 const CAPACITY: usize = 20_000;
 const CHUNK: usize = 3_000;
@@ -91,18 +93,10 @@ fn check_checkpoint(dir: &Path) -> u64 {
 #[test]
 fn a_killed_dump_leaves_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..RUNS {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "dumping_child",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let mut child = common::child("dumping_child", &[])
             .env("REPLAYBUF_CRASH_DIR", dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

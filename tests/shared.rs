@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use replaybuf::error::DataError;
@@ -159,14 +159,7 @@ fn shared_child() {
 }
 
 fn spawn(name: &str, role: &str, writer: u64, chunks: u64) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "shared_child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    common::child("shared_child", &[])
         .env("REPLAYBUF_SHM_ROLE", role)
         .env("REPLAYBUF_SHM_NAME", name)
         .env("REPLAYBUF_SHM_WRITER", writer.to_string())

@@ -113,23 +113,7 @@ fn crash_child() {
 }
 
 fn spawn(wrapper: &[&str], name: &str, role: &str, base: u64, dir: &str) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let args = [
-        "--exact",
-        "crash_child",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ];
-    let mut cmd = match wrapper.split_first() {
-        Some((program, rest)) => {
-            let mut c = Command::new(program);
-            c.args(rest).arg(&exe);
-            c
-        }
-        None => Command::new(&exe),
-    };
-    cmd.args(args)
+    common::child("crash_child", wrapper)
         .env("REPLAYBUF_CRASH_ROLE", role)
         .env("REPLAYBUF_CRASH_NAME", name)
         .env("REPLAYBUF_CRASH_BASE", base.to_string())

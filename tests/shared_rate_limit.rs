@@ -5,7 +5,7 @@
 //! children: `limit_child` does nothing unless `REPLAYBUF_LIMIT_ROLE` is set).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use replaybuf::error::{DataError, SampleError};
@@ -73,14 +73,7 @@ fn limit_child() {
 }
 
 fn spawn(name: &str, role: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "limit_child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    common::child("limit_child", &[])
         .env("REPLAYBUF_LIMIT_ROLE", role)
         .env("REPLAYBUF_LIMIT_NAME", name)
         .stdout(Stdio::piped())

@@ -14,9 +14,9 @@ draw and weigh them), and ``update_priority`` routes each index back to the acto
 holds it (indices are ``local_index * num_actors + actor``).
 
 A collector that writes many small chunks takes a :meth:`RayReplayBuffer.writer`
-(Reverb's writers work this way): it gathers the chunks into shipments of
-``max_rows`` rows and keeps up to ``max_in_flight`` shipments on their way without
-waiting for each round trip. Rows count as stored (acknowledged) once their
+(Reverb's writers work this way): it gathers the chunks into shipments (8 MiB by
+default) and keeps up to ``max_in_flight`` shipments on their way without waiting
+for each round trip. Rows count as stored (acknowledged) once their
 shipment's extend has returned; :meth:`RayWriter.flush` ships what is gathered and
 waits for everything on its way.
 
@@ -387,8 +387,8 @@ class RayWriter:
         self._stage: Optional[Dict[Any, np.ndarray]] = None
         self._filled = 0
         self._spare: List[Dict[Any, np.ndarray]] = []
-        # Shipments sent and not yet answered, oldest first: (actor, ref, rows, arrays
-        # of the rows, the stage they lie in); and those whose actor died, to send again.
+        # Shipments sent and not yet answered, oldest first: (actor, ref, arrays of the
+        # rows, the stage they lie in); and those whose actor died, to send again.
         self._in_flight: List[tuple] = []
         self._resend: List[tuple] = []
         self._stored: List[np.ndarray] = []
@@ -398,9 +398,9 @@ class RayWriter:
     @property
     def pending(self) -> int:
         """Rows gathered or on their way, not yet acknowledged."""
-        on_their_way = sum(rows for _, _, rows, _, _ in self._in_flight)
-        again = sum(_rows_of(data) for data, _ in self._resend)
-        return self._filled + on_their_way + again
+        shipments = [data for _, _, data, _ in self._in_flight]
+        shipments += [data for data, _ in self._resend]
+        return self._filled + sum(map(_rows_of, shipments))
 
     def extend(self, data: Dict[Any, Any]) -> None:
         """Takes a chunk (a dict of arrays, as :meth:`RayReplayBuffer.extend` takes),
@@ -495,10 +495,10 @@ class RayWriter:
 
     def _send(self, data: Dict[Any, np.ndarray], stage) -> None:
         k, ref = self._rb._ship(data)
-        self._in_flight.append((k, ref, _rows_of(data), data, stage))
+        self._in_flight.append((k, ref, data, stage))
 
     def _wait_oldest(self, timeout: Optional[float]) -> None:
-        k, ref, rows, data, stage = self._in_flight[0]
+        k, ref, data, stage = self._in_flight[0]
         try:
             local = self._rb._get(ref, timeout)
         except ReplayBufferUnavailable:
@@ -508,7 +508,7 @@ class RayWriter:
         self._in_flight.pop(0)
         self._spare.append(stage)
         self._stored.append(self._rb._global(local, k))
-        self.acknowledged += rows
+        self.acknowledged += _rows_of(data)
 
 
 def _rows_of(data: Dict[Any, np.ndarray]) -> int:

@@ -40,18 +40,18 @@
 //! The counts, `WAITERS` and `WAKE` are all `SeqCst`. A sleeper increments `WAITERS`,
 //! reads `WAKE`, then reads the counts; a mover adds its rows, then reads `WAITERS`,
 //! and if it is not zero bumps `WAKE` (the two reads are [`handshake_load`]s: loom
-//! needs them to be read-modify-writes to see what the total order guarantees). In their single total order, either the
-//! sleeper's read of the counts comes after the mover's add (it sees the move and
-//! does not sleep), or the mover's read of `WAITERS` comes after the sleeper's
-//! increment (it bumps `WAKE` after the sleeper read it, and the kernel, which
-//! compares `WAKE` with what the sleeper read as it queues it, either refuses the
-//! sleep or is told to wake it). So no move is missed by a sleeper, and every sleep
-//! ends when the other side moves, the limit changes, the limiter is closed, or the
-//! call's timeout passes; a sleeper that dies leaves `WAITERS` one too high, which
-//! costs later movers a system call and nothing else. A setter and a closer always
-//! bump `WAKE` and wake, and a sleeper reads the limit and the flags again after it
-//! read `WAKE`: whatever they changed before the bump it then sees, or its sleep is
-//! refused or woken. The limit's seqlock: the setter
+//! needs them to be read-modify-writes to see what the total order guarantees). In
+//! their single total order, either the sleeper's read of the counts comes after the
+//! mover's add (it sees the move and does not sleep), or the mover's read of
+//! `WAITERS` comes after the sleeper's increment (it bumps `WAKE` after the sleeper
+//! read it, and the kernel, which compares `WAKE` with what the sleeper read as it
+//! queues it, either refuses the sleep or is told to wake it). So no move is missed
+//! by a sleeper, and every sleep ends when the other side moves, the limit changes,
+//! the limiter is closed, or the call's timeout passes; a sleeper that dies leaves
+//! `WAITERS` one too high, which costs later movers a system call and nothing else.
+//! A setter and a closer always bump `WAKE` and wake, and a sleeper reads the limit
+//! and the flags again after it read `WAKE`: whatever they changed before the bump it
+//! then sees, or its sleep is refused or woken. The limit's seqlock: the setter
 //! stores an odd `VERSION`, fences (Release), stores the fields and stores the next
 //! even `VERSION` with Release; a reader loads `VERSION` (Acquire), the fields, fences
 //! (Acquire) and loads `VERSION` again, keeping the fields only if both loads agree
@@ -86,6 +86,8 @@ const MIN_DIFF: usize = 3 * LINE + 4;
 const MAX_DIFF: usize = 3 * LINE + 5;
 const INSERT_TIMEOUT_NS: usize = 3 * LINE + 6;
 const SAMPLE_TIMEOUT_NS: usize = 3 * LINE + 7;
+// The four lines are the block the region's layout sets aside.
+const _: () = assert!(4 * LINE == crate::storage::layout::LIMITER_WORDS);
 
 /// `FLAGS`: the region has a limit.
 const ON: u64 = 1;
@@ -204,7 +206,7 @@ impl SharedLimiter {
         loop {
             let v = version.load(Ordering::Acquire);
             match *read {
-                Some((seen, limit)) if seen == v || v % 2 == 1 => return Some(limit),
+                Some((seen, limit)) if seen == v || !v.is_multiple_of(2) => return Some(limit),
                 _ => {}
             }
             let load = |w: usize| self.word(w).load(Ordering::Relaxed);
@@ -388,7 +390,7 @@ fn decode(w: u64) -> Option<Duration> {
 }
 
 /// A shared region's limiter over a heap region of its own: the algorithm above,
-/// without processes, for its loom model (`loom-tests/tests/shared_rate_limit.rs`).
+/// without processes, for its loom model (`loom-tests/tests/rate_limit.rs`).
 #[cfg(feature = "internals")]
 #[derive(Debug)]
 pub struct RegionRateLimiter(SharedLimiter);

@@ -6,7 +6,25 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
+
+/// This test binary run again as a child process that runs its test `test` alone (a
+/// test that does nothing unless the environment gives it a role), under `wrapper`
+/// (a program and its arguments, such as `unshare --pid --fork`) when there is one.
+pub fn child(test: &str, wrapper: &[&str]) -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"]);
+    cmd
+}
 
 /// How long a timed race runs: the environment variable `var` in milliseconds, or
 /// 1.5 s (`REPLAYBUF_STRESS_MS` for the stress tests, `REPLAYBUF_RACE_MS` for the
