@@ -22,7 +22,7 @@ use crate::frames::{Frames, StackFill};
 use crate::key::Key;
 use crate::sampler::slice::SliceShape;
 use crate::sampler::{
-    Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+    Fifo, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 use crate::spec::Spec;
 
@@ -157,6 +157,7 @@ pub(crate) enum SamplerMeta {
         without_replacement: Option<(bool, bool)>,
         prioritized: Option<(PrioritizedMeta, SlicePriorityMeta)>,
     },
+    Fifo,
 }
 
 /// A prioritized sampler's settings.
@@ -259,6 +260,7 @@ impl SamplerMeta {
     pub(crate) fn of(sampler: &Sampler) -> SamplerMeta {
         match sampler {
             Sampler::Uniform(_) => SamplerMeta::Uniform,
+            Sampler::Fifo(_) => SamplerMeta::Fifo,
             Sampler::WithoutReplacement(w) => SamplerMeta::WithoutReplacement {
                 drop_last: w.drop_last,
                 shuffle: w.shuffle,
@@ -291,12 +293,13 @@ impl SamplerMeta {
     }
 
     /// The sampler of an engine that keeps no other configuration (a list buffer's:
-    /// uniform or without replacement).
+    /// uniform, without replacement or FIFO).
     pub(crate) fn of_engine(engine: &crate::sampler::SamplerEngine) -> SamplerMeta {
         match engine {
             crate::sampler::SamplerEngine::WithoutReplacement(e) => {
                 SamplerMeta::of(&Sampler::WithoutReplacement(e.config()))
             }
+            crate::sampler::SamplerEngine::Fifo => SamplerMeta::Fifo,
             _ => SamplerMeta::Uniform,
         }
     }
@@ -311,6 +314,7 @@ impl SamplerMeta {
         };
         Some(match self {
             SamplerMeta::Uniform => Sampler::Uniform(Uniform),
+            SamplerMeta::Fifo => Sampler::Fifo(Fifo),
             SamplerMeta::WithoutReplacement { drop_last, shuffle } => {
                 Sampler::WithoutReplacement(epochs((*drop_last, *shuffle)))
             }

@@ -16,7 +16,7 @@ use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleErr
 use crate::policy::WritePolicy;
 use crate::region::Block;
 use crate::rng::{self, Rng};
-use crate::sampler::{read_draws, uniform_redraw, OnMiss, Sampler, SamplerEngine};
+use crate::sampler::{read_draws, uniform_redraw, Sampler, SamplerEngine};
 use crate::settings::Settings;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
@@ -111,7 +111,7 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
             Sampler::Prioritized(_) | Sampler::Slice(_)
         ) {
             return Err(BuildError::new(BuildErrorKind::Sampler {
-                reason: "a list storage samples uniformly or without replacement; \
+                reason: "a list storage samples uniformly, without replacement or in FIFO order; \
                          prioritized sampling needs a row storage (ReplayBuffer or \
                          TypedBuffer), and slice sampling a ReplayBuffer with the keys",
             }));
@@ -260,41 +260,59 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let inner = &self.inner;
         let call = inner.global(Global::Calls).fetch_add(1, Ordering::Relaxed);
         let mut rng: Rng = rng::stream(inner.seed, rng::Stream::Call(call));
-        let mut windows: Vec<Window> = inner.shards.iter().map(Shard::window).collect();
         let mut draws = Vec::with_capacity(n);
-        inner
-            .sampler
-            .draw(&inner.shards, &windows, &mut rng, n, &mut draws)?;
-        let want = inner.sampler.want();
-        let redraws = inner.sampler.redraws();
-        let mut redraw = uniform_redraw(&inner.shards, &mut windows, &mut rng);
-        let on_miss = if redraws {
-            OnMiss::Redraw(&mut redraw)
-        } else {
-            OnMiss::Retry
+        let mut rounds = 0;
+        loop {
+            let (read, batch) = self.draw_and_read(&mut rng, n, &mut draws);
+            if inner
+                .sampler
+                .settle(&inner.shards, &draws, read, &mut rounds)?
+            {
+                return Ok(batch);
+            }
+        }
+    }
+
+    /// Draws up to `n` values into `draws` and reads them.
+    fn draw_and_read(
+        &self,
+        rng: &mut Rng,
+        n: usize,
+        draws: &mut Vec<Draw>,
+    ) -> (Result<(), SampleError>, ListBatch<T>) {
+        let inner = &self.inner;
+        let mut windows: Vec<Window> = inner.shards.iter().map(Shard::window).collect();
+        let mut batch = ListBatch {
+            items: Vec::new(),
+            index: Vec::new(),
+            generation: Vec::new(),
         };
+        if let Err(e) = inner.sampler.draw(&inner.shards, &windows, rng, n, draws) {
+            return (Err(e), batch);
+        }
+        let want = inner.sampler.want();
+        let mut redraw = uniform_redraw(&inner.shards, &mut windows, rng);
         let mut items: Vec<Option<T>> = vec![None; draws.len()];
-        let mut index = vec![0; draws.len()];
-        let mut generation = vec![0; draws.len()];
-        read_draws(
-            &draws,
-            on_miss,
+        batch.index = vec![0; draws.len()];
+        batch.generation = vec![0; draws.len()];
+        let read = read_draws(
+            draws,
+            inner.sampler.on_miss(&mut redraw),
             |d, k, _| {
                 let (value, g, i) = inner.read(d, want)?;
                 items[k] = Some(value);
                 Ok((g, i))
             },
-            &mut generation,
-            &mut index,
-        )?;
-        Ok(ListBatch {
-            items: items
+            &mut batch.generation,
+            &mut batch.index,
+        );
+        if read.is_ok() {
+            batch.items = items
                 .into_iter()
                 .map(|v| v.expect("every draw was read"))
-                .collect(),
-            index,
-            generation,
-        })
+                .collect();
+        }
+        (read, batch)
     }
 
     /// The value at storage `index`.

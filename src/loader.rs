@@ -260,7 +260,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 /// drawn.
 fn has_epochs(sampler: &SamplerEngine) -> bool {
     match sampler {
-        SamplerEngine::WithoutReplacement(_) => true,
+        // A queue's rows, too, reach the learner in the order they were taken.
+        SamplerEngine::WithoutReplacement(_) | SamplerEngine::Fifo => true,
         SamplerEngine::Slice(state) => state.epochs.is_some(),
         SamplerEngine::Uniform | SamplerEngine::Prioritized(_) => false,
     }

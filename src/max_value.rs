@@ -147,6 +147,10 @@ impl MaxValue {
                             trajectories a slice sampler reads: use a uniform or \
                             without-replacement sampler")
             }
+            Sampler::Fifo(_) => {
+                return err("a max-value writer replaces rows in place, behind a FIFO \
+                            sampler's mark: use a uniform or without-replacement sampler")
+            }
         }
         Ok(MaxValue {
             field,

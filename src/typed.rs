@@ -15,12 +15,13 @@ use crate::batch::Scratch;
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::SaveOptions;
-use crate::core::Attempt;
 use crate::core::Prepared;
 use crate::core::Written;
+use crate::core::{Attempt, Core};
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError, SwapError};
 use crate::policy::WritePolicy;
+use crate::rng::Rng;
 use crate::sampler::Sampler;
 use crate::settings::Settings;
 use crate::spec::Spec;
@@ -396,15 +397,36 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
         let inner = self.buffer.state();
         let mut rng = inner.core.call_rng();
+        let mut rounds = 0;
+        loop {
+            let read = Self::draw_and_read(&inner.core, &mut rng, n, batch);
+            let (shards, draws) = (inner.core.storage.shards(), &batch.scratch.draws);
+            if inner
+                .core
+                .sampler
+                .settle(shards, draws, read, &mut rounds)?
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Draws up to `n` rows and reads them into `batch`.
+    fn draw_and_read(
+        core: &Core,
+        rng: &mut Rng,
+        n: usize,
+        batch: &mut TypedBatch<T>,
+    ) -> Result<(), SampleError> {
         let scratch = &mut batch.scratch;
-        inner.core.draw(&mut rng, n, scratch)?;
+        core.draw(rng, n, scratch)?;
         let m = scratch.draws.len();
         batch.rows.resize(m, T::zeroed());
         batch.index.resize(m, 0);
         batch.generation.resize(m, 0);
         if let Some(w) = &mut batch.weight {
             w.resize(m, 0.0);
-        } else if inner.core.sampler.prioritized().is_some() {
+        } else if core.sampler.prioritized().is_some() {
             batch.weight = Some(vec![0.0; m]);
         }
         let mut dest = Dest {
@@ -414,15 +436,15 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
                 0,
             )],
         };
-        let weight = match (&mut batch.weight, inner.core.sampler.prioritized()) {
+        let weight = match (&mut batch.weight, core.sampler.prioritized()) {
             (w, Some(_)) => Some(&mut w.get_or_insert_with(Vec::new)[..]),
             (w, None) => {
                 *w = None;
                 None
             }
         };
-        inner.core.gather_sampled(
-            &mut rng,
+        core.gather_sampled(
+            rng,
             scratch,
             &mut dest,
             &mut batch.generation,

@@ -19,6 +19,7 @@ import os as _os
 
 from . import _native
 from ._config import (
+    Fifo,
     Frames,
     Immutable,
     MaxValue,
@@ -52,6 +53,7 @@ __all__ = [
     "WithoutReplacement",
     "Prioritized",
     "Slice",
+    "Fifo",
     "RoundRobin",
     "Immutable",
     "MaxValue",

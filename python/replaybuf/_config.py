@@ -42,6 +42,21 @@ class Uniform(_Described):
 
 
 @dataclass
+class Fifo(_Described):
+    """First in, first out: every row handed out once, oldest first (Reverb's ``Fifo``
+    selector; with ``RateLimit.queue(size)``, Reverb's ``Table.queue``).
+
+    A sample takes the oldest rows not taken yet of one shard, up to the batch size:
+    fewer when fewer are waiting, ``ReplayBufferValueError`` when none are. Each
+    shard is a queue of its own; learners in any thread or process never get the same
+    row. Give each shard room for every row that may wait (``capacity >= size *
+    shards`` under a queue limit): a row overwritten before it is taken is lost.
+    """
+
+    _kind = "fifo"
+
+
+@dataclass
 class WithoutReplacement(_Described):
     """Epochs: every row stored when an epoch begins is drawn once before any twice.
 
@@ -227,7 +242,8 @@ class RateLimit:
         sample_timeout: Optional[float] = None,
     ) -> RateLimit:
         """Every row sampled once: collectors wait while ``size`` rows are unsampled,
-        learners while none is (rows come out in the sampler's order)."""
+        learners while none is. With ``sampler=Fifo()`` rows come out oldest first,
+        each once (Reverb's ``Table.queue``); with another sampler, in its order."""
         return cls._preset("queue", (insert_timeout, sample_timeout), size=size)
 
     def _describe(self) -> dict:

@@ -178,6 +178,7 @@ class RayReplayBuffer:
         self._get([a.ready.remote() for a in self._actors])
         self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
+        self._fifo = isinstance(kwargs.get("sampler"), replaybuf.Fifo)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -256,6 +257,8 @@ class RayReplayBuffer:
         priorities set meanwhile move it a little, as they would move one buffer's."""
         if self.num_actors == 1:
             return self._get(self._actors[0].sample.remote(batch_size))
+        if self._fifo:
+            return self._sample_queues(batch_size)
         shares = self._get([a.shares.remote() for a in self._actors])
         prioritized = shares[0][1] is not None
         weights = np.array([m[0] if prioritized else n for n, m, _ in shares], np.float64)
@@ -271,6 +274,28 @@ class RayReplayBuffer:
                 # Arrays out of Ray's object store are read-only: a new one.
                 part["weight"] = part["weight"] * np.float32((lowest / smallest) ** beta)
         return self._merge(zip((k for k, _ in parts), got))
+
+    def _sample_queues(self, batch_size: int) -> Dict[Any, np.ndarray]:
+        """A FIFO buffer's batch: each actor is a queue, asked in turn (from one picked
+        at random) for the rows still missing, as one buffer's batch takes from its
+        shards; short when fewer rows wait, and "empty" only when no actor has any."""
+        parts, left = [], batch_size
+        start = int(self._rng.integers(self.num_actors))
+        for i in range(self.num_actors):
+            k = (start + i) % self.num_actors
+            try:
+                part = self._get(self._actors[k].sample.remote(left))
+            except replaybuf.ReplayBufferValueError as e:
+                if "empty" not in str(e):
+                    raise
+                continue
+            parts.append((k, part))
+            left -= len(part[_INDEX])
+            if left == 0:
+                break
+        if not parts:
+            raise replaybuf.ReplayBufferValueError("the buffer is empty")
+        return self._merge(parts)
 
     def update_priority(self, index, priority, generation=None) -> tuple:
         """Sets priorities, each index routed to the actor that holds it; returns

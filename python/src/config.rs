@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use replaybuf::sampler::{
-    Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
+    Fifo, Prioritized, Reduction, Sampler, Slice, SlicePriority, Uniform, WithoutReplacement,
 };
 use replaybuf::{Frames, RateLimit, StackFill, WritePolicy};
 
@@ -99,6 +99,7 @@ pub(crate) fn sampler(desc: Option<&Bound<'_, PyAny>>) -> PyResult<Sampler> {
         "without_replacement" => Sampler::from(without_replacement(d)?),
         "prioritized" => Sampler::from(prioritized(d)?),
         "slice" => Sampler::from(slice(d)?),
+        "fifo" => Sampler::from(Fifo),
         other => return Err(value_error(format!("no sampler is called {other:?}"))),
     })
 }

@@ -1,6 +1,6 @@
 """Rate limits from Python: a collector and a learner thread kept at a replay ratio
 (each waiting with the GIL released), timeouts as TimeoutError, closing, a new limit
-at run time, and bad limits refused."""
+at run time, bad limits refused, and a FIFO queue (Reverb's ``Table.queue``)."""
 
 import threading
 import time
@@ -111,3 +111,63 @@ def test_bad_limits_are_refused():
     assert rb.rate_limit_stats() is None
     with pytest.raises(ValueError, match="no rate limit"):
         rb.close_rate_limit()
+
+
+def test_a_fifo_queue_hands_every_row_out_once_oldest_first():
+    rb = replaybuf.ReplayBuffer(
+        16,
+        spec=SPEC,
+        sampler=replaybuf.Fifo(),
+        rate_limit=RateLimit.queue(16, sample_timeout=0.05),
+    )
+    rb.extend(rows(0, 5))
+    assert rb.sample(3)["id"].tolist() == [0, 1, 2]
+    assert rb.sample(3)["id"].tolist() == [3, 4]  # a short batch: two were waiting
+    with pytest.raises(replaybuf.ReplayBufferTimeoutError):
+        rb.sample(1)  # the queue is empty: the learner waits, then times out
+    s = rb.rate_limit_stats()
+    assert (s["inserts"], s["samples"]) == (5, 5)
+
+
+def test_collector_and_learner_threads_share_a_bounded_fifo_queue():
+    queue, chunks, chunk = 32, 200, 8
+    rb = replaybuf.ReplayBuffer(
+        2 * queue,
+        spec=SPEC,
+        sampler=replaybuf.Fifo(),
+        rate_limit=RateLimit.queue(queue, insert_timeout=20.0, sample_timeout=20.0),
+    )
+    errors, got = [], [[] for _ in range(2)]
+
+    def collect():
+        try:
+            for k in range(chunks):
+                rb.extend(rows(k * chunk, chunk))
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    def learn(out):
+        try:
+            while True:
+                out.extend(rb.sample(5)["id"].tolist())
+        except replaybuf.RateLimitClosed:
+            pass
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=collect)] + [
+        threading.Thread(target=learn, args=(out,)) for out in got
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while rb.rate_limit_stats()["samples"] < chunks * chunk and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rb.close_rate_limit()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    # Every row came out exactly once, and each learner saw them oldest first.
+    assert sorted(got[0] + got[1]) == list(range(chunks * chunk))
+    assert all(out == sorted(out) for out in got)
+    assert rb.rate_limit_stats()["insert_waits"] > 0  # the queue held the collector

@@ -1,6 +1,6 @@
 """replaybuf.ray on a local Ray cluster: remote collectors' rows all accounted for,
-priorities routed across shards, an actor killed and back with its checkpoint, and
-rate-limit timeouts raised through the actor."""
+priorities routed across shards, an actor killed and back with its checkpoint,
+rate-limit timeouts raised through the actor, and FIFO queues across actors."""
 
 import os
 import time
@@ -276,3 +276,23 @@ def test_inserts_held_by_the_rate_limit_leave_the_learners_threads():
         assert len(ray.get(actor.sample.remote(10), timeout=30)["id"]) == 10
     ray.get(held, timeout=30)
     assert len(rb) == 40
+
+
+def test_a_fifo_buffer_over_two_actors_hands_every_row_out_once():
+    rb = RayReplayBuffer(64, spec=SPEC, num_actors=2, sampler=replaybuf.Fifo(), seed=3)
+    for first in range(0, 40, 5):
+        rb.extend(rows(range(first, first + 5)))  # the actors take chunks in turn
+    got = []
+    while True:
+        try:
+            batch = rb.sample(7)
+        except replaybuf.ReplayBufferValueError as e:
+            assert "empty" in str(e)
+            break
+        got.append(whole(batch))
+    ids = np.concatenate(got)
+    assert sorted(ids.tolist()) == list(range(40))
+    # Each actor's rows (every other chunk) come out oldest first.
+    for k in range(2):
+        mine = [i for i in ids.tolist() if i // 5 % 2 == k]
+        assert mine == sorted(mine)

@@ -27,9 +27,14 @@ use crate::state::{State, StateCell};
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::Draw;
-use crate::sync::{Guard, MutexGuard, Ordering};
+use crate::sync::{Backoff, Guard, MutexGuard, Ordering};
 use crate::writer::Writer;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a rate-limited FIFO sample looks for the rows of an insert the limit
+/// counted before it reports the queue empty (see `limited_sample`).
+const QUEUE_GRACE: Duration = Duration::from_secs(1);
 
 #[cfg(not(replaybuf_loom))]
 mod attach;
@@ -414,22 +419,38 @@ impl ReplayBuffer {
     /// Runs `sample`, of `rows` rows, through the rate limit if there is one: waits
     /// for its turn, counts the rows, and takes back those it did not draw (`sample`
     /// returns how many it did).
+    ///
+    /// A FIFO buffer the limit lets a sample into may still find no row to take: the
+    /// insert the limit counted has not claimed its rows yet. Its writer is about to,
+    /// so the sample looks again, for up to [`QUEUE_GRACE`], before it reports the
+    /// queue empty.
     #[inline]
     pub(crate) fn limited_sample(
         &self,
         rows: usize,
-        sample: impl FnOnce() -> Result<usize, SampleError>,
+        mut sample: impl FnMut() -> Result<usize, SampleError>,
     ) -> Result<usize, SampleError> {
         let Some(limiter) = &self.limiter else {
             return sample();
         };
-        let counted = limiter.sample(rows as u64)?;
-        let out = sample();
-        if counted {
+        let mut grace: Option<(Instant, Backoff)> = None;
+        loop {
+            let counted = limiter.sample(rows as u64)?;
+            let out = sample();
+            if !counted {
+                return out;
+            }
             let drawn = *out.as_ref().unwrap_or(&0);
             limiter.refund_samples(rows.saturating_sub(drawn) as u64);
+            if !matches!(out, Err(SampleError::Empty)) || !self.state().core.sampler.is_fifo() {
+                return out;
+            }
+            let (since, backoff) = grace.get_or_insert_with(|| (Instant::now(), Backoff::new()));
+            if since.elapsed() >= QUEUE_GRACE {
+                return out;
+            }
+            backoff.snooze();
         }
-        out
     }
 
     /// Runs `op` on the current state until it is not refused as [`Retired`]: a write

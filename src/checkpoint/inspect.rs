@@ -227,6 +227,7 @@ impl fmt::Display for Inspection {
         )?;
         let sampler = match &c.sampler {
             SamplerMeta::Uniform => "uniform".to_owned(),
+            SamplerMeta::Fifo => "fifo".to_owned(),
             SamplerMeta::WithoutReplacement { drop_last, shuffle } => {
                 format!("without replacement (drop_last {drop_last}, shuffle {shuffle})")
             }

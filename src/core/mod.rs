@@ -283,7 +283,8 @@ impl Core {
     }
 
     /// Samples up to `n` rows into `out`, with `scratch` as working room; returns the
-    /// rows written (fewer than `n` only when a without-replacement epoch ends short).
+    /// rows written (fewer than `n` only when a without-replacement epoch ends short,
+    /// or a FIFO queue has fewer rows waiting).
     /// Everything that can refuse the sample does so before anything is drawn.
     pub(crate) fn sample_to(
         &self,
@@ -300,19 +301,28 @@ impl Core {
         let map = out.column_map(spec)?;
         let weighted = self.sampler.prioritized().is_some();
         out.check_weighted(weighted)?;
-        self.draw(rng, n, scratch)?;
-        let rows = scratch.draws.len();
-        out.shape_rows(rows, weighted);
-        let mut parts = out.parts(&self.storage, &map);
-        self.gather_sampled(
-            rng,
-            scratch,
-            &mut parts.dest,
-            parts.generation,
-            parts.index,
-            parts.weight.filter(|_| weighted),
-        )?;
-        Ok(rows)
+        let mut rounds = 0;
+        loop {
+            self.draw(rng, n, scratch)?;
+            let rows = scratch.draws.len();
+            out.shape_rows(rows, weighted);
+            let mut parts = out.parts(&self.storage, &map);
+            let read = self.gather_sampled(
+                rng,
+                scratch,
+                &mut parts.dest,
+                parts.generation,
+                parts.index,
+                parts.weight.filter(|_| weighted),
+            );
+            let shards = self.storage.shards();
+            if self
+                .sampler
+                .settle(shards, &scratch.draws, read, &mut rounds)?
+            {
+                return Ok(rows);
+            }
+        }
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
@@ -397,29 +407,19 @@ impl Core {
                     Some(weigh),
                 )
             }
-            _ if self.sampler.redraws() => {
+            _ => {
                 let mut redraw = uniform_redraw(shards, windows, rng);
                 self.gather(
                     draws,
                     located,
-                    Want::Exact,
-                    OnMiss::Redraw(&mut redraw),
+                    self.sampler.want(),
+                    self.sampler.on_miss(&mut redraw),
                     dest,
                     generation,
                     index,
                     None,
                 )
             }
-            _ => self.gather(
-                draws,
-                located,
-                Want::AtLeast,
-                OnMiss::Retry,
-                dest,
-                generation,
-                index,
-                None,
-            ),
         }
     }
 

@@ -304,6 +304,17 @@
 //! the two reads of the handshake are `fetch_add(0)` under loom
 //! (`sync::handshake_load`), which a read-modify-write of the other word orders.
 //!
+//! ## 13. The FIFO sampler's mark (`sampler/fifo.rs`)
+//!
+//! A FIFO batch lists the rows from its shard's mark (`ShardWord::Popped`) on, reads
+//! them as any sampler reads rows (stamps checked before and after the copy), and only
+//! then moves the mark past them with a compare-and-swap from the value it listed
+//! from. The mark orders nothing else, so both are `Relaxed`: the row data is ordered
+//! by the stamps, and exclusivity comes from the compare-and-swap alone (of the
+//! learners that listed the same rows, one moves the mark; the others fail and list
+//! again from the new mark). Skipping rows that left the window is a `fetch_max`,
+//! which never moves the mark back past rows another learner took.
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot

@@ -127,8 +127,8 @@ impl RateLimit {
 
     /// A queue of `size` rows (Reverb's `Queue` limit): every row sampled once,
     /// collectors waiting while `size` rows are unsampled, learners while none are.
-    /// (The order rows come out in is the sampler's: Reverb's queue also pops in FIFO
-    /// order, which no sampler here does yet.)
+    /// With the [`Fifo`](crate::sampler::Fifo) sampler it is Reverb's `Table.queue`:
+    /// each row handed out once, oldest first.
     pub fn queue(size: u64) -> Result<RateLimit, RateLimitError> {
         if size == 0 {
             return Err(RateLimitError::Invalid {

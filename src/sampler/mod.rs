@@ -10,9 +10,11 @@
 //! - [`Prioritized`]: in proportion to priority, on the concurrent segment trees.
 //! - [`Slice`]: windows of consecutive steps of one trajectory, with replacement,
 //!   without (in epochs), or by priority.
+//! - [`Fifo`]: every row once, oldest first (a queue).
 //!
 //! Layer: algos.
 
+pub(crate) mod fifo;
 mod leaf_writes;
 pub(crate) mod mass_scale;
 pub(crate) mod prioritized;
@@ -20,6 +22,7 @@ pub(crate) mod slice;
 mod uniform;
 pub(crate) mod without_replacement;
 
+pub use fifo::Fifo;
 pub use prioritized::{Prioritized, Reduction};
 pub use slice::{Marks, Slice, SlicePriority};
 pub use without_replacement::WithoutReplacement;
@@ -52,6 +55,14 @@ pub enum Sampler {
     Prioritized(Prioritized),
     /// See [`Slice`].
     Slice(Slice),
+    /// See [`Fifo`].
+    Fifo(Fifo),
+}
+
+impl From<Fifo> for Sampler {
+    fn from(f: Fifo) -> Self {
+        Sampler::Fifo(f)
+    }
 }
 
 impl From<Slice> for Sampler {
@@ -91,6 +102,7 @@ pub(crate) enum SamplerEngine {
     WithoutReplacement(without_replacement::Epochs),
     Prioritized(prioritized::Priorities),
     Slice(slice::SliceState),
+    Fifo,
 }
 
 impl SamplerEngine {
@@ -105,6 +117,7 @@ impl SamplerEngine {
                 SamplerEngine::Prioritized(prioritized::Priorities::new(p, globals))
             }
             Sampler::Slice(s) => SamplerEngine::Slice(slice::SliceState::new(s, seed, globals)),
+            Sampler::Fifo(_) => SamplerEngine::Fifo,
         }
     }
 
@@ -113,6 +126,11 @@ impl SamplerEngine {
         if let Some(state) = self.prioritized() {
             state.initialize();
         }
+    }
+
+    /// Whether this is a FIFO sampler.
+    pub(crate) fn is_fifo(&self) -> bool {
+        matches!(self, SamplerEngine::Fifo)
     }
 
     /// The slice sampler's settings, if this is one.
@@ -168,17 +186,42 @@ impl SamplerEngine {
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {
-            SamplerEngine::Uniform | SamplerEngine::Prioritized(_) | SamplerEngine::Slice(_) => {
-                Want::Exact
-            }
             SamplerEngine::WithoutReplacement(_) => Want::AtLeast,
+            _ => Want::Exact,
         }
     }
 
-    /// Whether a draw that missed (its row was replaced or is being written) is
-    /// replaced by a fresh draw; otherwise the read waits for the row at the position.
-    pub(crate) fn redraws(&self) -> bool {
-        !matches!(self, SamplerEngine::WithoutReplacement(_))
+    /// What a read of this sampler's draws does with a draw that misses, for the
+    /// samplers that draw without trees or lanes: a uniform draw is replaced by a
+    /// fresh one (`redraw`), a read by position waits for the row there, and a FIFO
+    /// read waits for its row, or ends if it was overwritten (see [`Self::settle`]).
+    pub(crate) fn on_miss<'a>(
+        &self,
+        redraw: &'a mut dyn FnMut(bool) -> Option<Draw>,
+    ) -> OnMiss<'a> {
+        match self {
+            SamplerEngine::WithoutReplacement(_) => OnMiss::Retry,
+            SamplerEngine::Fifo => OnMiss::Exact,
+            _ => OnMiss::Redraw(redraw),
+        }
+    }
+
+    /// Whether the batch read from `draws` stands (`read`: how the read went; `rounds`:
+    /// the tries before this one, which the caller keeps from 0). Every batch does but
+    /// a FIFO one whose rows another learner took first, or one of whose rows was
+    /// overwritten before it was read: `Ok(false)` asks for it to be drawn and read
+    /// again (`fifo.rs`).
+    pub(crate) fn settle(
+        &self,
+        shards: &[Shard],
+        draws: &[Draw],
+        read: Result<(), SampleError>,
+        rounds: &mut u32,
+    ) -> Result<bool, SampleError> {
+        match self {
+            SamplerEngine::Fifo => fifo::settle(shards, draws, read, rounds),
+            _ => read.map(|()| true),
+        }
     }
 
     /// Draws up to `n` rows into `out` (exactly `n`, except for the last batch of a
@@ -195,6 +238,7 @@ impl SamplerEngine {
         match self {
             SamplerEngine::Uniform => uniform::draw(shards, windows, rng, n, out),
             SamplerEngine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
+            SamplerEngine::Fifo => fifo::draw(shards, windows, rng, n, out),
             SamplerEngine::Prioritized(_) => {
                 unreachable!("replaybuf internal error: prioritized draws need the trees")
             }
@@ -215,6 +259,9 @@ pub(crate) enum OnMiss<'a> {
     /// As `Retry`, giving up with [`SampleError::Starved`] after this many misses of
     /// one row (a read by position that may meet a dead process's row).
     RetryUpTo(u32),
+    /// As `Retry`, but a row that is gone ends the read with [`SampleError::Empty`]:
+    /// a FIFO batch, which is drawn again.
+    Exact,
 }
 
 /// The uniform redraw: a fresh pick among the live rows of `windows`, reloaded from
@@ -273,14 +320,15 @@ pub(crate) fn read_draws(
                     }
                     draw = redraw(refresh).ok_or(SampleError::Empty)?;
                 }
+                (OnMiss::Exact, Miss::Gone) => return Err(SampleError::Empty),
                 // A torn copy retries at once; a row being written is waited for: its
                 // writer is inside one extend. A gone row will not come back: a read
                 // by position looks at the position again.
-                (OnMiss::Retry | OnMiss::RetryUpTo(_), Miss::Torn) => {}
+                (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, Miss::Torn) => {}
                 (OnMiss::RetryUpTo(_), Miss::Gone) => {
                     return Err(SampleError::Starved { attempts: misses })
                 }
-                (OnMiss::Retry | OnMiss::RetryUpTo(_), _) => backoff.snooze(),
+                (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, _) => backoff.snooze(),
             }
         }
     }

@@ -76,8 +76,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block: two cache lines, or its six words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 8 } else { 2 * LINE };
+/// Words of one shard block: two cache lines, or its nine words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 9 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +104,10 @@ pub(crate) enum ShardWord {
     /// A frames buffer's rows below it left when their side slot was taken over
     /// (`frames.rs`); unlike the floor, they still count as written.
     Evicted = 7,
+    /// A FIFO sampler's rows taken so far, counted as `seq * width + lane`: the next
+    /// learner takes the shard's rows from here (`sampler/fifo.rs`). Zero in a region
+    /// that never had one; rows below the window are skipped.
+    Popped = 8,
 }
 
 /// The globals' words: each contended one on its own line.

@@ -271,6 +271,17 @@ impl Shard {
         if self.floor_word().load(Ordering::Acquire) > hi {
             self.floor_word().store(hi, Ordering::Release);
         }
+        // So is a FIFO sampler's mark above the last row claimed.
+        let rows = hi.saturating_mul(self.ring.width);
+        if self.popped().load(Ordering::Acquire) > rows {
+            self.popped().store(rows, Ordering::Release);
+        }
+    }
+
+    /// A FIFO sampler's rows taken so far (`ShardWord::Popped`, `sampler/fifo.rs`).
+    #[inline]
+    pub(crate) fn popped(&self) -> &AtomicU64 {
+        self.block.word(ShardWord::Popped as usize)
     }
 
     /// Moves an unused shard's cursor, floor and abandoned mark to `seq`: an empty

@@ -176,7 +176,12 @@ fn live(mut sampler: Sampler, engine: &SamplerEngine) -> Sampler {
 /// neither keeps anything in it (uniform, without replacement), or they differ only
 /// in alpha and beta, which the region holds.
 fn same_region(old: &Sampler, new: &Sampler) -> bool {
-    let plain = |s: &Sampler| matches!(s, Sampler::Uniform(_) | Sampler::WithoutReplacement(_));
+    let plain = |s: &Sampler| {
+        matches!(
+            s,
+            Sampler::Uniform(_) | Sampler::WithoutReplacement(_) | Sampler::Fifo(_)
+        )
+    };
     if plain(old) && plain(new) {
         return true;
     }
