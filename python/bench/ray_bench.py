@@ -7,8 +7,12 @@ Two collector actors (or processes, for the shared-memory line) extend the mujoc
 workload's chunk (1,000 rows, WORKLOADS.md) over and over for S seconds; the figure is
 rows written per second, all collectors together, until the last row is stored. The
 ``extend`` line calls ``rb.extend`` per chunk (one round trip each, as TorchRL's
-collectors call theirs); ``writer-extend`` goes through ``rb.writer()`` (its
-defaults: shipments of 8 MiB, two on their way at once). Then the driver samples 256 rows
+collectors call theirs); ``writer-extend-shipped`` goes through ``rb.writer()`` with
+every row through Ray's object store, as from collectors on other nodes (its defaults:
+shipments of 8 MiB, two on their way at once); ``writer-extend`` is the same
+collectors' writers on the actor's node, which write its shared buffer in place
+(``local_writes``, the default; the buffer gets a shard per collector and one for
+the actor, rounded up to a power of two). Then the driver samples 256 rows
 through the actor 200 times: the mean and median latency of one call. Prints JSON
 lines (system, workload "ray", op, us_per_op, items_per_s).
 """
@@ -136,10 +140,15 @@ def main() -> None:
 
     from replaybuf.ray import RayReplayBuffer
 
-    rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1)
     writer = {"max_rows": args.writer_rows, "max_in_flight": args.in_flight}
-    rate = write_rate(rb, chunk, args.collectors, args.seconds, writer)
+    shards = 1 << args.collectors.bit_length()  # a power of two above the collectors
+    here_rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1, shards=shards)
+    rate = write_rate(here_rb, chunk, args.collectors, args.seconds, writer)
     emit("replaybuf-ray", "ray", "writer-extend", CHUNK / rate, CHUNK)
+    del here_rb
+    rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1, local_writes=False)
+    rate = write_rate(rb, chunk, args.collectors, args.seconds, writer)
+    emit("replaybuf-ray", "ray", "writer-extend-shipped", CHUNK / rate, CHUNK)
     if args.only_writer:
         ray.shutdown()
         return

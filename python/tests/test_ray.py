@@ -1,7 +1,9 @@
 """replaybuf.ray on a local Ray cluster: remote collectors' rows all accounted for,
 priorities routed across shards, an actor killed and back with its checkpoint,
-rate-limit timeouts raised through the actor, and FIFO queues across actors."""
+rate-limit timeouts raised through the actor, FIFO queues across actors, and
+same-node writers writing the actors' shared buffers in place."""
 
+import glob
 import os
 import time
 
@@ -160,7 +162,8 @@ def test_bad_arguments_are_refused():
 
 
 def test_writers_on_remote_collectors_store_every_row_once_flushed():
-    rb = RayReplayBuffer(10_000, spec=SPEC, num_actors=2, seed=2)
+    # Shipped through the object store, as from collectors on other nodes.
+    rb = RayReplayBuffer(10_000, spec=SPEC, num_actors=2, seed=2, local_writes=False)
 
     @ray.remote
     def collect(rb, worker):
@@ -190,7 +193,7 @@ def test_writers_on_remote_collectors_store_every_row_once_flushed():
 
 
 def test_a_writer_refuses_chunks_unlike_its_first_and_taking_nothing_of_them():
-    rb = RayReplayBuffer(1_000, spec=SPEC)
+    rb = RayReplayBuffer(1_000, spec=SPEC, local_writes=False)
     writer = rb.writer(max_rows=16)
     with pytest.raises(replaybuf.ReplayBufferError):
         writer.extend({"id": np.arange(4)})  # no obs: the buffer refuses the first chunk
@@ -214,7 +217,9 @@ def test_a_writer_refuses_chunks_unlike_its_first_and_taking_nothing_of_them():
 
 
 def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
-    rb = RayReplayBuffer(1_000, spec=SPEC, rate_limit=replaybuf.RateLimit.queue(20))
+    rb = RayReplayBuffer(
+        1_000, spec=SPEC, rate_limit=replaybuf.RateLimit.queue(20), local_writes=False
+    )
     writer = rb.writer(max_rows=10, max_in_flight=1, timeout=2.0)
     writer.extend(rows(range(10)))  # straight through
     writer.extend(rows(range(10, 20)))  # on its way: 10 unsampled before it
@@ -229,7 +234,7 @@ def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
 
 
 def test_a_writer_sends_again_what_a_dead_actor_did_not_acknowledge():
-    rb = RayReplayBuffer(1_000, spec=SPEC, num_actors=2)
+    rb = RayReplayBuffer(1_000, spec=SPEC, num_actors=2, local_writes=False)
     writer = rb.writer(max_rows=10, max_in_flight=4)
     writer.extend(rows(range(10)))  # straight through, to actor 0
     dead = rb.actors[0]
@@ -296,3 +301,87 @@ def test_a_fifo_buffer_over_two_actors_hands_every_row_out_once():
     for k in range(2):
         mine = [i for i in ids.tolist() if i // 5 % 2 == k]
         assert mine == sorted(mine)
+
+
+def test_same_node_writers_write_the_actors_shared_buffers_in_place():
+    # Shards an actor: its own, one for each of two collectors on its node, a spare
+    # (shards are a power of two).
+    rb = RayReplayBuffer(10_000, spec=SPEC, num_actors=2, shards=4, seed=4)
+
+    @ray.remote
+    def collect(rb, worker):
+        writer = rb.writer(max_rows=10_000)
+        for k in range(10):
+            first = worker * 1_000 + k * 50
+            writer.extend(rows(range(first, first + 50)))
+            # In place: stored when extend returns, nothing gathered or on its way.
+            assert writer.acknowledged == 50 * (k + 1) and writer.pending == 0
+        return writer.flush()
+
+    indices = ray.get([collect.remote(rb, w) for w in range(2)])
+    # Shipped extends still work beside them (into the actors' own shards).
+    rb.extend(rows(range(5_000, 5_010)))
+    assert len(rb) == 1_010
+    got = rb.read_all()
+    ids = whole(got)
+    expected = [w * 1_000 + i for w in range(2) for i in range(500)] + list(range(5_000, 5_010))
+    assert sorted(ids.tolist()) == expected
+    by_index = dict(zip(got["index"].tolist(), ids.tolist()))
+    for worker, index in enumerate(indices):
+        assert sorted(by_index[i] // 1_000 for i in index.tolist()) == [worker] * 500
+        assert sorted((index % 2).tolist()) == [0] * 250 + [1] * 250  # both actors
+
+
+def test_a_same_node_writer_finds_the_restarted_actor_and_its_checkpoint(tmp_path):
+    rb = RayReplayBuffer(1_000, spec=SPEC, shards=2, checkpoint_dir=str(tmp_path))
+    writer = rb.writer()
+    writer.extend(rows(range(10)))
+    assert writer.pending == 0 and len(rb) == 10
+    rb.checkpoint()
+    writer.extend(rows(range(10, 20)))  # after the checkpoint: lost with the actor
+    old_pid = ray.get(rb.actors[0].local_region.remote())[1]
+    os.kill(old_pid, 9)
+    time.sleep(0.1)  # past the writer's next look at the actor (every 50 ms)
+    with pytest.raises(ReplayBufferUnavailable):
+        writer.extend(rows(range(20, 30)))  # the actor's process is gone
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            writer.extend(rows(range(20, 30)))  # into the restarted actor's buffer
+            break
+        except ReplayBufferUnavailable:
+            assert time.monotonic() < deadline, "the actor did not come back"
+            time.sleep(0.2)
+    region = ray.get(rb.actors[0].local_region.remote())
+    assert region[1] != old_pid
+    assert sorted(whole(rb.read_all()).tolist()) == list(range(10)) + list(range(20, 30))
+    # The dead actor's region was removed by its successor.
+    assert not glob.glob(f"/dev/shm/replaybuf.*-{old_pid}")
+
+
+@ray.remote(num_cpus=0)
+class Collector:
+    """A collector process of its own, with one writer."""
+
+    def __init__(self, rb):
+        self.writer = rb.writer(max_rows=10)
+
+    def extend(self, ids):
+        self.writer.extend(rows(ids))
+        return self.writer.pending
+
+    def flush(self):
+        return len(self.writer.flush())
+
+
+def test_a_same_node_writer_ships_when_no_shard_is_free():
+    rb = RayReplayBuffer(1_000, spec=SPEC, shards=2)
+    first, second = Collector.remote(rb), Collector.remote(rb)
+    # The first takes the one shard the actor does not keep: in place.
+    assert ray.get(first.extend.remote(list(range(10)))) == 0
+    # None is left for the second: its first chunk is shipped (and waited for), and
+    # the next one gathered into a shipment.
+    assert ray.get(second.extend.remote(list(range(10, 20)))) == 0
+    assert ray.get(second.extend.remote(list(range(20, 25)))) == 5
+    assert ray.get(second.flush.remote()) == 15
+    assert sorted(whole(rb.read_all()).tolist()) == list(range(25))
