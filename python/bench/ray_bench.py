@@ -12,7 +12,10 @@ every row through Ray's object store, as from collectors on other nodes (its def
 shipments of 8 MiB, two on their way at once); ``writer-extend`` is the same
 collectors' writers on the actor's node, which write its shared buffer in place
 (``local_writes``, the default; the buffer gets a shard per collector and one for
-the actor, rounded up to a power of two). Then the driver samples 256 rows
+the actor, rounded up to a power of two). ``replaybuf-shared-actors`` is the same
+collector actors extending a plain shared-memory buffer (no buffer actor), and
+``replaybuf-shared`` the same loop in processes of their own, Ray shut down. Then the
+driver samples 256 rows
 through the actor 200 times: the mean and median latency of one call. Prints JSON
 lines (system, workload "ray", op, us_per_op, items_per_s).
 """
@@ -146,6 +149,15 @@ def main() -> None:
     rate = write_rate(here_rb, chunk, args.collectors, args.seconds, writer)
     emit("replaybuf-ray", "ray", "writer-extend", CHUNK / rate, CHUNK)
     del here_rb
+    # The same collector actors, Ray up around them, into a plain shared buffer.
+    import replaybuf
+
+    shm = replaybuf.ReplayBuffer(
+        CAPACITY, spec=SPEC, shards=args.collectors, shared=f"rb-raybench-{os.getpid()}"
+    )
+    rate = write_rate(shm, chunk, args.collectors, args.seconds)
+    emit("replaybuf-shared-actors", "ray", "extend", CHUNK / rate, CHUNK)
+    del shm
     rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1, local_writes=False)
     rate = write_rate(rb, chunk, args.collectors, args.seconds, writer)
     emit("replaybuf-ray", "ray", "writer-extend-shipped", CHUNK / rate, CHUNK)

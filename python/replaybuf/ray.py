@@ -299,6 +299,7 @@ class RayReplayBuffer:
         max_in_flight: int = 2,
         timeout: Optional[float] = None,
         max_bytes: int = 8 << 20,
+        indices: bool = False,
     ) -> RayWriter:
         """A :class:`RayWriter` for one collector: chunks gathered into shipments of
         ``max_rows`` rows (by default as many as fit in ``max_bytes``, 8 MiB: on a
@@ -306,8 +307,11 @@ class RayReplayBuffer:
         from 4 MiB shipments on, against 1.6 million at 0.7 MiB), up to
         ``max_in_flight`` shipments on their way at once, and waits for an
         acknowledgement of at most ``timeout`` seconds each (None: as long as it takes,
-        e.g. while a rate limit holds the collector back)."""
-        return RayWriter(self, max_rows, max_in_flight, timeout, max_bytes)
+        e.g. while a rate limit holds the collector back). ``indices``: keep the
+        global indices of the rows stored, for :meth:`RayWriter.flush` to return (8
+        bytes a row until the flush); off, a writer keeps nothing per row, so a
+        collector that never flushes does not grow."""
+        return RayWriter(self, max_rows, max_in_flight, timeout, max_bytes, indices)
 
     def add(self, data: Dict[Any, Any]) -> int:
         """Writes one transition (a dict of arrays of the field shapes)."""
@@ -447,7 +451,8 @@ class RayWriter:
 
     Rows are stored once their shipment's extend returns: :attr:`acknowledged`
     counts them, and :meth:`flush` sends the rows gathered and waits for every
-    shipment, returning the global indices stored since the last flush. A collector
+    shipment, returning the global indices stored since the last flush when the
+    writer keeps them (``indices=True``). A collector
     that dies loses only the rows not yet acknowledged. A shipment whose actor died
     on the way raises :class:`ReplayBufferUnavailable` (from ``extend`` or ``flush``)
     and is kept: the next call sends it again, to the next actor in turn (so a row
@@ -468,6 +473,7 @@ class RayWriter:
         max_in_flight: int,
         timeout: Optional[float],
         max_bytes: int,
+        indices: bool = False,
     ):
         if (max_rows is not None and max_rows < 1) or max_in_flight < 1 or max_bytes < 1:
             raise replaybuf.ReplayBufferValueError(
@@ -491,7 +497,7 @@ class RayWriter:
         self._resend: List[tuple] = []
         # (actor, local indices) of the rows acknowledged since the last flush: made
         # global only when a flush asks (a collector writes millions of rows).
-        self._stored: List[tuple] = []
+        self._stored: Optional[List[tuple]] = [] if indices else None
         #: Rows stored so far (their shipments answered).
         self.acknowledged = 0
         # The actors on this node whose shared buffers this writer attached to:
@@ -511,14 +517,14 @@ class RayWriter:
     def extend(self, data: Dict[Any, Any]) -> None:
         """Takes a chunk (a dict of arrays, as :meth:`RayReplayBuffer.extend` takes),
         copying it: the caller may reuse its arrays at once."""
-        leaves = dict(_leaves(data))
         if self._stage is None and self._attach():
-            self._extend_here(leaves)
+            self._extend_here(data)
             return
+        leaves = dict(_leaves(data))
         if self._stage is None:
             # The first chunk goes straight through: refused data raises here.
             k, ref = self._rb._ship(leaves)
-            self._stored.append((k, self._rb._get(ref, self._timeout)))
+            self._keep(k, self._rb._get(ref, self._timeout))
             self.acknowledged += _rows_of(leaves)
             if self._max_rows is None:
                 row = sum(a[:1].nbytes for a in leaves.values())
@@ -544,15 +550,18 @@ class RayWriter:
         """Takes one transition (a dict of arrays of the field shapes)."""
         self.extend({key: np.expand_dims(a, 0) for key, a in _leaves(data)})
 
-    def flush(self, timeout: Optional[float] = None) -> np.ndarray:
+    def flush(self, timeout: Optional[float] = None) -> Optional[np.ndarray]:
         """Sends the rows gathered and waits for every shipment (each for at most
         ``timeout`` seconds, else the writer's); returns the global indices of the
-        rows stored since the last flush, in the order they were acknowledged."""
+        rows stored since the last flush, in the order they were acknowledged, if the
+        writer keeps them (``indices=True``), else None."""
         if self._filled:
             self._send_stage()
         self._send_resends()
         while self._in_flight:
             self._wait_oldest(timeout if timeout is not None else self._timeout)
+        if self._stored is None:
+            return None
         stored = [self._rb._global(local, k) for k, local in self._stored]
         self._stored = []
         if not stored:
@@ -567,6 +576,11 @@ class RayWriter:
             self.flush()
 
     # ------------------------------------------------------------- internals
+
+    def _keep(self, k: int, local: np.ndarray) -> None:
+        """Keeps actor ``k``'s local indices of rows stored, if the writer keeps any."""
+        if self._stored is not None:
+            self._stored.append((k, local))
 
     def _attach(self) -> bool:
         """Whether this writer writes the shared buffers of actors on its node
@@ -587,7 +601,7 @@ class RayWriter:
                         pass  # gone meanwhile, or not ours to open: ship to it
         return bool(self._attached)
 
-    def _extend_here(self, leaves: Dict[Any, np.ndarray]) -> None:
+    def _extend_here(self, data: Dict[Any, Any]) -> None:
         """Extends the next same-node actor's buffer in place: acknowledged at once."""
         k, buffer, pid = self._attached[self._turn % len(self._attached)]
         now = time.monotonic()
@@ -599,16 +613,16 @@ class RayWriter:
                     raise ReplayBufferUnavailable(f"buffer actor {k_} (pid {pid_}) is gone")
             self._checked = now
         try:
-            local = buffer.extend(leaves)
+            local = buffer.extend(data)
         except replaybuf.ReplayBufferValueError as e:
             if "shards of the shared buffer are held" not in str(e):
                 raise
             # No shard left for this process: ship to that actor instead.
             self._attached = [a for a in self._attached if a[0] != k]
-            return self.extend(leaves)
+            return self.extend(data)
         self._turn += 1
-        self._stored.append((k, local))
-        self.acknowledged += _rows_of(leaves)
+        self._keep(k, local)
+        self.acknowledged += len(local)
 
     def _new_stage(self, like: Dict[Any, np.ndarray]) -> Dict[Any, np.ndarray]:
         if self._spare:
@@ -660,7 +674,7 @@ class RayWriter:
             raise
         self._in_flight.pop(0)
         self._spare.append(stage)
-        self._stored.append((k, local))
+        self._keep(k, local)
         self.acknowledged += _rows_of(data)
 
 

@@ -167,7 +167,7 @@ def test_writers_on_remote_collectors_store_every_row_once_flushed():
 
     @ray.remote
     def collect(rb, worker):
-        writer = rb.writer(max_rows=120, max_in_flight=2)
+        writer = rb.writer(max_rows=120, max_in_flight=2, indices=True)
         chunk = rows(np.zeros(50))
         for k in range(10):
             # One chunk's arrays written over for every extend: the writer copies.
@@ -194,7 +194,7 @@ def test_writers_on_remote_collectors_store_every_row_once_flushed():
 
 def test_a_writer_refuses_chunks_unlike_its_first_and_taking_nothing_of_them():
     rb = RayReplayBuffer(1_000, spec=SPEC, local_writes=False)
-    writer = rb.writer(max_rows=16)
+    writer = rb.writer(max_rows=16, indices=True)
     with pytest.raises(replaybuf.ReplayBufferError):
         writer.extend({"id": np.arange(4)})  # no obs: the buffer refuses the first chunk
     assert len(rb) == 0 and writer.pending == 0
@@ -220,7 +220,7 @@ def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
     rb = RayReplayBuffer(
         1_000, spec=SPEC, rate_limit=replaybuf.RateLimit.queue(20), local_writes=False
     )
-    writer = rb.writer(max_rows=10, max_in_flight=1, timeout=2.0)
+    writer = rb.writer(max_rows=10, max_in_flight=1, timeout=2.0, indices=True)
     writer.extend(rows(range(10)))  # straight through
     writer.extend(rows(range(10, 20)))  # on its way: 10 unsampled before it
     writer.extend(rows(range(20, 30)))  # waits for the one before; then on its way, held
@@ -235,7 +235,7 @@ def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
 
 def test_a_writer_sends_again_what_a_dead_actor_did_not_acknowledge():
     rb = RayReplayBuffer(1_000, spec=SPEC, num_actors=2, local_writes=False)
-    writer = rb.writer(max_rows=10, max_in_flight=4)
+    writer = rb.writer(max_rows=10, max_in_flight=4, indices=True)
     writer.extend(rows(range(10)))  # straight through, to actor 0
     dead = rb.actors[0]
     ray.kill(dead, no_restart=True)
@@ -310,7 +310,7 @@ def test_same_node_writers_write_the_actors_shared_buffers_in_place():
 
     @ray.remote
     def collect(rb, worker):
-        writer = rb.writer(max_rows=10_000)
+        writer = rb.writer(max_rows=10_000, indices=True)
         for k in range(10):
             first = worker * 1_000 + k * 50
             writer.extend(rows(range(first, first + 50)))
@@ -337,6 +337,7 @@ def test_a_same_node_writer_finds_the_restarted_actor_and_its_checkpoint(tmp_pat
     writer = rb.writer()
     writer.extend(rows(range(10)))
     assert writer.pending == 0 and len(rb) == 10
+    assert writer.flush() is None  # it keeps no indices unless asked
     rb.checkpoint()
     writer.extend(rows(range(10, 20)))  # after the checkpoint: lost with the actor
     old_pid = ray.get(rb.actors[0].local_region.remote())[1]
@@ -364,7 +365,7 @@ class Collector:
     """A collector process of its own, with one writer."""
 
     def __init__(self, rb):
-        self.writer = rb.writer(max_rows=10)
+        self.writer = rb.writer(max_rows=10, indices=True)
 
     def extend(self, ids):
         self.writer.extend(rows(ids))

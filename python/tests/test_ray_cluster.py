@@ -47,7 +47,7 @@ def nodes():
 def collect(rb, worker, through_writer):
     """Writes 400 rows of ids worker * 1000 + 0..400 in 40-row chunks; returns the
     node it ran on and the indices the buffer gave the rows."""
-    sink = rb.writer(max_rows=64) if through_writer else rb
+    sink = rb.writer(max_rows=64, indices=True) if through_writer else rb
     stored = []
     for k in range(10):
         first = worker * 1_000 + k * 40
