@@ -5,19 +5,23 @@ RayReplayBuffer, and beside the same collectors writing a shared-memory buffer.
 
 Two collector actors (or processes, for the shared-memory line) extend the mujoco
 workload's chunk (1,000 rows, WORKLOADS.md) over and over for S seconds; the figure is
-rows written per second, all collectors together, until the last row is stored. The
-``extend`` line calls ``rb.extend`` per chunk (one round trip each, as TorchRL's
-collectors call theirs); ``writer-extend-shipped`` goes through ``rb.writer()`` with
-every row through Ray's object store, as from collectors on other nodes (its defaults:
-shipments of 8 MiB, two on their way at once); ``writer-extend`` is the same
-collectors' writers on the actor's node, which write its shared buffer in place
-(``local_writes``, the default; the buffer gets a shard per collector and one for
-the actor, rounded up to a power of two). ``replaybuf-shared-actors`` is the same
-collector actors extending a plain shared-memory buffer (no buffer actor), and
-``replaybuf-shared`` the same loop in processes of their own, Ray shut down. Then the
-driver samples 256 rows
-through the actor 200 times: the mean and median latency of one call. Prints JSON
-lines (system, workload "ray", op, us_per_op, items_per_s).
+rows written per second, all collectors together, until the last row is stored.
+
+- ``writer-extend``, ``extend``: the collectors' ``rb.writer()``, and ``rb.extend``
+  per chunk, on the actor's node: they write its shared buffer in place
+  (``local_writes``, the default; the buffer gets a shard per collector and one for
+  the actor, rounded up to a power of two).
+- ``writer-extend-shipped``, ``extend-shipped``: the same with every row through
+  Ray's object store, as from collectors on other nodes (``local_writes=False``; the
+  writer's defaults: shipments of 8 MiB, two on their way at once; ``extend`` one
+  round trip a chunk, as TorchRL's collectors call theirs).
+- ``replaybuf-shared-actors``: the same collector actors extending a plain
+  shared-memory buffer (no buffer actor); ``replaybuf-shared``: the same loop in
+  processes of their own, Ray shut down.
+
+Then the driver samples 256 rows through the actor 200 times: the mean and median
+latency of one call. Prints JSON lines (system, workload "ray", op, us_per_op,
+items_per_s).
 """
 
 from __future__ import annotations
@@ -148,6 +152,9 @@ def main() -> None:
     here_rb = RayReplayBuffer(CAPACITY, spec=SPEC, seed=1, shards=shards)
     rate = write_rate(here_rb, chunk, args.collectors, args.seconds, writer)
     emit("replaybuf-ray", "ray", "writer-extend", CHUNK / rate, CHUNK)
+    if not args.only_writer:
+        rate = write_rate(here_rb, chunk, args.collectors, args.seconds)
+        emit("replaybuf-ray", "ray", "extend", CHUNK / rate, CHUNK)
     del here_rb
     # The same collector actors, Ray up around them, into a plain shared buffer.
     import replaybuf
@@ -165,7 +172,7 @@ def main() -> None:
         ray.shutdown()
         return
     rate = write_rate(rb, chunk, args.collectors, args.seconds)
-    emit("replaybuf-ray", "ray", "extend", CHUNK / rate, CHUNK)
+    emit("replaybuf-ray", "ray", "extend-shipped", CHUNK / rate, CHUNK)
     mean, p50 = sample_latency(lambda: rb.sample(BATCH))
     emit("replaybuf-ray", "ray", "sample", mean, BATCH)
     emit("replaybuf-ray", "ray", "sample_p50", p50, BATCH)

@@ -22,16 +22,16 @@ waits for everything on its way.
 
 Collectors on the buffer's own node skip the object store: with ``local_writes``
 (the default, on Linux) each actor keeps its buffer in shared memory (``shared=``, a
-region named for the actor), and a writer on the same node attaches to it and
-extends it directly, at the speed of a shared-memory buffer, while collectors on
-other nodes ship their rows as before. Each process writing a shared buffer holds a
-shard's writer lease, and the actor keeps one for the rows shipped to it: give the
-buffer at least ``shards`` = same-node collectors + 1 (a power of two; a buffer of
-one shard is not shared, and a writer that finds no shard free ships its rows
-instead). Before a chunk, and at most every 50 ms, the writer checks that the
-actors' processes are alive; once one is gone the writer raises
+region named for the actor), and a process on the same node (its ``extend`` and its
+writers) attaches to it and extends it directly, at the speed of a shared-memory
+buffer, while collectors on other nodes ship their rows as before. Each process
+writing a shared buffer holds a shard's writer lease, and the actor keeps one for the
+rows shipped to it: give the buffer at least ``shards`` = same-node collectors + 1 (a
+power of two; a buffer of one shard is not shared, and a process that finds no shard
+free ships its rows instead). Before an extend, and at most every 50 ms, the process
+checks that the actors' processes are alive; once one is gone it raises
 :class:`ReplayBufferUnavailable` and attaches to the restarted actor's region on its
-next chunk.
+next extend.
 
 Fault tolerance: with ``checkpoint_dir``, each actor dumps its buffer there on
 ``checkpoint()`` and, with ``checkpoint_every_s``, on a period (crash-safe dumps: a
@@ -246,6 +246,9 @@ class RayReplayBuffer:
         self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
         self._fifo = isinstance(kwargs.get("sampler"), replaybuf.Fifo)
+        self._here: Optional[_InPlace] = (
+            None  # same-node actors' buffers, looked for at first extend
+        )
 
     # ---------------------------------------------------------------- plumbing
 
@@ -283,10 +286,21 @@ class RayReplayBuffer:
     # ---------------------------------------------------------------- the buffer
 
     def extend(self, data: Dict[Any, Any]) -> np.ndarray:
-        """Writes a dict of arrays into the next actor in turn; returns the rows'
-        indices (global: ``local * num_actors + actor``)."""
+        """Writes a dict of arrays into the next actor in turn (on this node, in
+        place: see the module's docs); returns the rows' indices (global: ``local *
+        num_actors + actor``)."""
+        if self._here is None:
+            self._here = _InPlace(self)
+        if self._here.ready(None):
+            stored = self._here.extend(data)
+            if stored is not None:
+                return self._global(stored[1], stored[0])
         k, ref = self._ship(data)
         return self._global(self._get(ref), k)
+
+    def __getstate__(self) -> dict:
+        # Attachments are this process's: a copy looks for its own node's actors.
+        return {**self.__dict__, "_here": None}
 
     def _ship(self, data: Dict[Any, Any]):
         """Sends ``data`` to the next actor in turn: (that actor, the call's ref)."""
@@ -435,6 +449,58 @@ def _leaves(data: Dict[Any, Any], prefix: tuple = ()):
             yield (path[0] if len(path) == 1 else path), np.asarray(value)
 
 
+class _InPlace:
+    """The shared buffers of the actors on this process's node (``local_writes``),
+    which it extends in place: attached at the first extend, and again after one of
+    their actors died. Each process has its own (it is never pickled)."""
+
+    def __init__(self, rb: RayReplayBuffer):
+        self._rb = rb
+        # (actor, buffer, actor's pid); None until looked for; empty: ship everything.
+        self._attached: Optional[List[tuple]] = None
+        self._turn = 0
+        self._checked = 0.0  # when the attached actors were last seen alive
+
+    def ready(self, timeout: Optional[float]) -> bool:
+        """Whether there are actors on this node to extend in place."""
+        if self._attached is None:
+            here = ray.get_runtime_context().get_node_id()
+            regions = self._rb._get([a.local_region.remote() for a in self._rb._actors], timeout)
+            self._attached = []
+            for k, region in enumerate(regions):
+                if region is not None and region[0] == here:
+                    try:
+                        self._attached.append(
+                            (k, replaybuf.ReplayBuffer.attach(region[2]), region[1])
+                        )
+                    except replaybuf.ReplayBufferError:
+                        pass  # gone meanwhile, or not ours to open: ship to it
+        return bool(self._attached)
+
+    def extend(self, data: Dict[Any, Any]) -> Optional[tuple]:
+        """Extends the next same-node actor's buffer in place: ``(actor, local
+        indices)``, stored on return; None if no shard of that buffer is free for
+        this process (the caller ships the rows, and will from now on)."""
+        k, buffer, pid = self._attached[self._turn % len(self._attached)]
+        now = time.monotonic()
+        if now - self._checked >= _ALIVE_EVERY_S:
+            for k_, _, pid_ in self._attached:
+                if not _alive(pid_):
+                    # Attach to the restarted actor's buffer on the next extend.
+                    self._attached = None
+                    raise ReplayBufferUnavailable(f"buffer actor {k_} (pid {pid_}) is gone")
+            self._checked = now
+        try:
+            local = buffer.extend(data)
+        except replaybuf.ReplayBufferValueError as e:
+            if "shards of the shared buffer are held" not in str(e):
+                raise
+            self._attached = [a for a in self._attached if a[0] != k]
+            return None
+        self._turn += 1
+        return k, local
+
+
 class RayWriter:
     """A collector's writer into a :class:`RayReplayBuffer` (``rb.writer()``): chunks
     are copied into a shipment of ``max_rows`` rows (else of ``max_bytes``), and a full
@@ -503,9 +569,7 @@ class RayWriter:
         # The actors on this node whose shared buffers this writer attached to:
         # (actor, buffer, actor's pid). None until the first chunk looks (and again
         # after one of them died); empty if there are none: the writer ships.
-        self._attached: Optional[List[tuple]] = None
-        self._turn = 0
-        self._checked = 0.0  # when the attached actors were last seen alive
+        self._here = _InPlace(rb)
 
     @property
     def pending(self) -> int:
@@ -517,9 +581,12 @@ class RayWriter:
     def extend(self, data: Dict[Any, Any]) -> None:
         """Takes a chunk (a dict of arrays, as :meth:`RayReplayBuffer.extend` takes),
         copying it: the caller may reuse its arrays at once."""
-        if self._stage is None and self._attach():
-            self._extend_here(data)
-            return
+        if self._stage is None and self._here.ready(self._timeout):
+            stored = self._here.extend(data)
+            if stored is not None:
+                self._keep(*stored)
+                self.acknowledged += len(stored[1])
+                return
         leaves = dict(_leaves(data))
         if self._stage is None:
             # The first chunk goes straight through: refused data raises here.
@@ -581,48 +648,6 @@ class RayWriter:
         """Keeps actor ``k``'s local indices of rows stored, if the writer keeps any."""
         if self._stored is not None:
             self._stored.append((k, local))
-
-    def _attach(self) -> bool:
-        """Whether this writer writes the shared buffers of actors on its node
-        (attaching to them the first time, or after one died)."""
-        if self._attached is None:
-            here = ray.get_runtime_context().get_node_id()
-            regions = self._rb._get(
-                [a.local_region.remote() for a in self._rb._actors], self._timeout
-            )
-            self._attached = []
-            for k, region in enumerate(regions):
-                if region is not None and region[0] == here:
-                    try:
-                        self._attached.append(
-                            (k, replaybuf.ReplayBuffer.attach(region[2]), region[1])
-                        )
-                    except replaybuf.ReplayBufferError:
-                        pass  # gone meanwhile, or not ours to open: ship to it
-        return bool(self._attached)
-
-    def _extend_here(self, data: Dict[Any, Any]) -> None:
-        """Extends the next same-node actor's buffer in place: acknowledged at once."""
-        k, buffer, pid = self._attached[self._turn % len(self._attached)]
-        now = time.monotonic()
-        if now - self._checked >= _ALIVE_EVERY_S:
-            for k_, _, pid_ in self._attached:
-                if not _alive(pid_):
-                    # Attach to the restarted actor's buffer on the next chunk.
-                    self._attached = None
-                    raise ReplayBufferUnavailable(f"buffer actor {k_} (pid {pid_}) is gone")
-            self._checked = now
-        try:
-            local = buffer.extend(data)
-        except replaybuf.ReplayBufferValueError as e:
-            if "shards of the shared buffer are held" not in str(e):
-                raise
-            # No shard left for this process: ship to that actor instead.
-            self._attached = [a for a in self._attached if a[0] != k]
-            return self.extend(data)
-        self._turn += 1
-        self._keep(k, local)
-        self.acknowledged += len(local)
 
     def _new_stage(self, like: Dict[Any, np.ndarray]) -> Dict[Any, np.ndarray]:
         if self._spare:

@@ -319,8 +319,11 @@ def test_same_node_writers_write_the_actors_shared_buffers_in_place():
         return writer.flush()
 
     indices = ray.get([collect.remote(rb, w) for w in range(2)])
-    # Shipped extends still work beside them (into the actors' own shards).
-    rb.extend(rows(range(5_000, 5_010)))
+    # The driver's extends go in place too, each actor's into its fourth shard.
+    index = rb.extend(rows(range(5_000, 5_010)))
+    assert sorted(whole(rb.read_all())[np.isin(rb.read_all()["index"], index)]) == list(
+        range(5_000, 5_010)
+    )
     assert len(rb) == 1_010
     got = rb.read_all()
     ids = whole(got)
