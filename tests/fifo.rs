@@ -7,6 +7,7 @@ use std::time::Duration;
 use replaybuf::error::SampleError;
 use replaybuf::list::ListBuffer;
 use replaybuf::sampler::Fifo;
+use replaybuf::swap::StorageConfig;
 use replaybuf::typed::TypedBuffer;
 use replaybuf::{
     DType, RateLimit, RateLimitError, ReplayBuffer, ReplayBufferBuilder, Spec, WritePolicy,
@@ -236,6 +237,21 @@ fn a_checkpoint_keeps_the_queue_s_place() {
     let mut other = builder(64).build().unwrap();
     other.restore(dir.path()).unwrap();
     assert_eq!(ids(&other.sample(100).unwrap()), [3, 4, 5, 6, 7, 8, 9]);
+}
+
+#[test]
+fn a_storage_swap_keeps_the_queue_s_place() {
+    let rb = builder(64).build().unwrap();
+    rb.extend(&rows(&rb, 0..10)).unwrap();
+    assert_eq!(ids(&rb.sample(4).unwrap()), [0, 1, 2, 3]);
+    // Larger: every row carried, the taken ones still taken.
+    rb.set_storage(StorageConfig::heap().capacity(128)).unwrap();
+    assert_eq!(rb.len(), 10);
+    assert_eq!(ids(&rb.sample(3).unwrap()), [4, 5, 6]);
+    // Smaller: the newest four carried (6 of them taken).
+    rb.set_storage(StorageConfig::heap().capacity(4)).unwrap();
+    assert_eq!(ids(&rb.sample(8).unwrap()), [7, 8, 9]);
+    assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }
 
 #[test]

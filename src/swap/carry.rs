@@ -14,6 +14,7 @@ use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
 use crate::storage::plan::RowOrder;
+use crate::storage::shard::Shard;
 use crate::storage::{Draw, Storage};
 use crate::sync::Ordering;
 
@@ -105,11 +106,37 @@ pub(super) fn carry(old: &State, new: &mut State) {
             src,
             priorities,
         };
+        let shard = &new.core.storage.shards()[part.shard];
+        let first = shard.window().hi;
         new.core
             .append(Some(part.shard), &rows)
             .expect("replaybuf internal error: a storage retired before it was published");
+        carry_fifo_mark(&old.core.storage, &part, shard, first);
     }
     new.policy.reload(&new.core);
+}
+
+/// Moves the FIFO mark of new shard `shard`, whose rows from `first` on are `part`'s,
+/// past the rows at the part's start that a FIFO sampler had taken in the old storage,
+/// so that a queue carried into a new storage does not hand them out again. (Taken
+/// rows after one not taken, which merging shards can interleave, are handed out
+/// again.) ndim 1 only: a new ndim-2 storage's queues start over.
+fn carry_fifo_mark(old: &Storage, part: &CarriedRun, shard: &Shard, first: u64) {
+    if shard.ring().width != 1 {
+        return;
+    }
+    let taken = part
+        .draws
+        .iter()
+        .take_while(|d| {
+            let old_shard = &old.shards()[d.shard as usize];
+            let row = d.seq * old_shard.ring().width + u64::from(d.lane);
+            row < old_shard.popped().load(Ordering::Relaxed)
+        })
+        .count() as u64;
+    if taken > 0 {
+        shard.popped().fetch_max(first + taken, Ordering::Relaxed);
+    }
 }
 
 /// The first lap the new storage's rings start at: beyond every lap the old storage
