@@ -49,8 +49,9 @@ class Fifo(_Described):
     A sample takes the oldest rows not taken yet of one shard, up to the batch size:
     fewer when fewer are waiting, ``ReplayBufferValueError`` when none are. Each
     shard is a queue of its own; learners in any thread or process never get the same
-    row. Give each shard room for every row that may wait (``capacity >= size *
-    shards`` under a queue limit): a row overwritten before it is taken is lost.
+    row. Under ``RateLimit.queue(size)`` give each shard room for every row that may
+    wait, one extend of every collector included (``capacity / shards >= size +
+    collectors * rows per extend``): a row overwritten before it is taken is lost.
     """
 
     _kind = "fifo"

@@ -150,6 +150,58 @@ def test_collector_processes_and_the_parent_keep_one_rate_limit(name, children):
     assert s["insert_waits"] > 0, s
 
 
+def learn(rb, out, stop):
+    """A learner process: takes batches from a FIFO queue until ``stop`` is set and
+    the queue is empty, and sends each batch's ids to ``out``."""
+    rb = replaybuf.ReplayBuffer.attach(rb) if isinstance(rb, str) else rb
+    while True:
+        try:
+            out.put(assert_whole(rb.sample(16)).tolist())
+        except replaybuf.ReplayBufferTimeoutError:
+            if stop.is_set():
+                return
+
+
+def test_a_fifo_queue_shared_by_collector_and_learner_processes(name, children):
+    # A queue of 64 rows in shared memory: two collector processes, two learner
+    # processes, and every row handed out exactly once, each collector's in order.
+    queue = 64
+    limit = replaybuf.RateLimit.queue(queue, insert_timeout=JOIN_S, sample_timeout=0.2)
+    # Four shards (the parent keeps none: it never extends), each with room for the
+    # whole queue and the chunk each collector may push past it (the limit judges an
+    # extend by the counts before it): 64 + 2 * 32 rows, rounded up.
+    rb = replaybuf.ReplayBuffer(
+        4 * 256,
+        spec=SPEC,
+        shards=4,
+        seed=9,
+        shared=name,
+        sampler=replaybuf.Fifo(),
+        rate_limit=limit,
+    )
+    ctx = mp.get_context("spawn")
+    batches = 40
+    progress = {w: ctx.Value("q", 0, lock=False) for w in (1, 2)}
+    out, stop = ctx.Queue(), ctx.Event()
+    collectors = [ctx.Process(target=collect, args=(rb, w, progress[w], batches)) for w in progress]
+    learners = [ctx.Process(target=learn, args=(rb, out, stop)) for _ in range(2)]
+    children.extend(collectors + learners)
+    for p in children:
+        p.start()
+    total = len(progress) * batches * CHUNK
+    got = []
+    while len(got) < total:
+        got.extend(out.get(timeout=START_S))
+    stop.set()
+    for p in children:
+        p.join(JOIN_S)
+        assert p.exitcode == 0
+    assert sorted(got) == sorted(
+        w * ID_STRIDE + i for w in progress for i in range(batches * CHUNK)
+    )
+    assert rb.rate_limit_stats()["insert_waits"] > 0  # the queue held the collectors
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, children):
     ctx = mp.get_context(method)

@@ -46,8 +46,10 @@ const MAX_ROUNDS: u32 = 1 << 20;
 ///
 /// With [`RateLimit::queue`](crate::RateLimit::queue) it is a bounded queue:
 /// collectors wait while `size` rows are waiting, learners while none is. Give each
-/// shard room for all of them (`capacity >= size * shards`): a row the ring
-/// overwrites before a learner takes it is lost.
+/// shard room for all of them and for one extend of every collector, which the limit
+/// judges by the counts before it (`capacity / shards >= size + collectors * rows
+/// per extend`): a row the ring overwrites before a learner takes it is lost, and the
+/// limit, which still counts it, then lets samples in that find the queue empty.
 ///
 /// ```
 /// use replaybuf::{sampler::Fifo, DType, RateLimit, ReplayBuffer, Spec};
