@@ -246,9 +246,8 @@ class RayReplayBuffer:
         self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
         self._fifo = isinstance(kwargs.get("sampler"), replaybuf.Fifo)
-        self._here: Optional[_InPlace] = (
-            None  # same-node actors' buffers, looked for at first extend
-        )
+        # The same-node actors' buffers: made at the first extend (each copy its own).
+        self._here: Optional[_InPlace] = None
 
     # ---------------------------------------------------------------- plumbing
 
@@ -566,9 +565,7 @@ class RayWriter:
         self._stored: Optional[List[tuple]] = [] if indices else None
         #: Rows stored so far (their shipments answered).
         self.acknowledged = 0
-        # The actors on this node whose shared buffers this writer attached to:
-        # (actor, buffer, actor's pid). None until the first chunk looks (and again
-        # after one of them died); empty if there are none: the writer ships.
+        # The same-node actors' buffers, written in place while there are any.
         self._here = _InPlace(rb)
 
     @property

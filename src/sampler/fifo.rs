@@ -70,8 +70,8 @@ const MAX_ROUNDS: u32 = 1 << 20;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fifo;
 
-/// A row's place in its shard's queue.
-fn row(d: &Draw, width: u64) -> u64 {
+/// A row's place in its shard's queue (its shard's rings are `width` rows a step).
+pub(crate) fn row(d: &Draw, width: u64) -> u64 {
     d.seq * width + u64::from(d.lane)
 }
 

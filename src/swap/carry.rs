@@ -10,6 +10,7 @@
 
 use crate::core::Prepared;
 use crate::policy::PolicyEngine;
+use crate::sampler::fifo;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
@@ -130,8 +131,7 @@ fn carry_fifo_mark(old: &Storage, part: &CarriedRun, shard: &Shard, first: u64) 
         .iter()
         .take_while(|d| {
             let old_shard = &old.shards()[d.shard as usize];
-            let row = d.seq * old_shard.ring().width + u64::from(d.lane);
-            row < old_shard.popped().load(Ordering::Relaxed)
+            fifo::row(d, old_shard.ring().width) < old_shard.popped().load(Ordering::Relaxed)
         })
         .count() as u64;
     if taken > 0 {
