@@ -98,7 +98,16 @@
 //! R3, and a string store before the stamp store that follows it (Intel SDM vol. 3,
 //! memory ordering of string operations).
 //!
-//! **Streaming appends.** An append of at least 8 MiB writes each field of 1 KiB or
+//! **Overlapping moves.** A copy that is not a whole number of moves ends with one
+//! move of the range's last 16 (or 8, 4, 2) bytes, which covers bytes the move before
+//! it already copied. A writer stores those bytes twice, with the same values, inside
+//! the slot it holds: no reader can validate a copy taken between the two stores (the
+//! slot is marked as being written throughout), and nothing outside the range is
+//! touched. A reader loads them twice; if a writer changed them in between, the copy is
+//! a mix of rows, which R3 already rejects, as it rejects any copy raced by a writer.
+//!
+//! **Streaming appends.** An append of at least 512 KiB into a ring of at least 64 MiB
+//! writes each field of 1 KiB or
 //! more with non-temporal stores (`movntdq`, `atomic_copy::store_streaming`): whole
 //! lines go to memory without being read first, and without evicting the cache. Each
 //! is still a single hardware store, so the copy stays race-free in the model. But

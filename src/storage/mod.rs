@@ -65,6 +65,8 @@ const LINE_BYTES: usize = 64;
 /// How many slots ahead an append prefetches its destination: enough misses in flight
 /// to hide memory latency, few enough to stay in L1.
 const APPEND_AHEAD_SLOTS: u64 = 8;
+/// How many bytes ahead of the slot it writes an append of rows alone prefetches.
+const APPEND_AHEAD_BYTES: usize = 1024;
 
 /// An append of at least this many bytes into a ring of at least
 /// [`STREAMING_RING_BYTES`] writes its large fields with non-temporal stores
@@ -534,6 +536,11 @@ impl Storage {
         let streaming = (steps.min(ring.steps) * ring.width) as usize * self.slot_bytes
             >= STREAMING_APPEND_BYTES
             && ring_slots as usize * self.slot_bytes >= STREAMING_RING_BYTES;
+        if raws.is_none() && self.frames.is_none() && self.slices.is_none() && steps <= ring.steps {
+            self.append_rows(k, claim, first, steps, src, abandoned, streaming);
+            shard.leave_append(claim);
+            return first;
+        }
         // A slice buffer's lanes: their turns, taken before any row is written.
         let mut turns: SmallVec<[Turn; 8]> = SmallVec::new();
         // A frames buffer's lanes: the last step of each trajectory, walked through
@@ -622,6 +629,65 @@ impl Storage {
         }
         shard.leave_append(claim);
         first
+    }
+
+    /// The slot loop of [`Storage::append_entered`] for an append of rows alone (no
+    /// raw priority, frame or trajectory word beside them) no longer than the ring: run
+    /// by run of consecutive positions, with the lap, the predecessor's lap and the
+    /// slots' bytes known once a run, and each line of the slots ahead prefetched once.
+    #[allow(clippy::too_many_arguments)]
+    fn append_rows(
+        &self,
+        k: usize,
+        claim: Claim,
+        first: u64,
+        steps: u64,
+        src: &Source<'_>,
+        abandoned: u64,
+        streaming: bool,
+    ) {
+        let ring = *self.shards[k].ring();
+        let words = self.words();
+        let slot_bytes = self.slot_bytes;
+        for (start, len) in shard::runs_of(&ring, first, steps) {
+            // No step of the append is a whole ring after another: each slot's
+            // predecessor is one lap back, or there is none in the ring's first lap.
+            let fresh = start.prev.is_none();
+            let prev_lap = start.lap.wrapping_sub(1);
+            let base = self.slot_word(ring.slot(start.pos, 0)) * 8;
+            let end = base + (len * ring.width) as usize * slot_bytes;
+            let mut prefetched = base;
+            let mut at = base;
+            for i in 0..len {
+                let seq = start.seq + i;
+                let prev = if fresh {
+                    Prev::Empty
+                } else if seq - ring.steps < abandoned {
+                    Prev::Abandoned
+                } else {
+                    Prev::Lap(prev_lap)
+                };
+                for lane in 0..ring.width {
+                    let ahead = (at + APPEND_AHEAD_BYTES).min(end);
+                    while prefetched < ahead {
+                        atomic_copy::prefetch(words, prefetched, Intent::Write);
+                        prefetched += LINE_BYTES;
+                    }
+                    let stamp = &words[at / 8];
+                    stamp::begin_append_or(stamp, prev, start.lap, claim, || {
+                        self.reclaim_dead_editor(k);
+                    });
+                    let row = at + self.header_bytes;
+                    if streaming && !fresh {
+                        src.write_row_streaming(words, row, start.j + i, lane);
+                    } else {
+                        src.write_row(words, row, start.j + i, lane);
+                    }
+                    stamp::publish(stamp, Stamp::published(start.lap, 0));
+                    at += slot_bytes;
+                }
+            }
+        }
     }
 
     /// Gives trajectories to the first `skipped` steps of an append claimed at
