@@ -536,8 +536,8 @@ impl Storage {
         let streaming = (steps.min(ring.steps) * ring.width) as usize * self.slot_bytes
             >= STREAMING_APPEND_BYTES
             && ring_slots as usize * self.slot_bytes >= STREAMING_RING_BYTES;
-        if raws.is_none() && self.frames.is_none() && self.slices.is_none() && steps <= ring.steps {
-            self.append_rows(k, claim, first, steps, src, abandoned, streaming);
+        if self.frames.is_none() && self.slices.is_none() && steps <= ring.steps {
+            self.append_rows(k, claim, first, steps, src, raws, abandoned, streaming);
             shard.leave_append(claim);
             return first;
         }
@@ -631,10 +631,11 @@ impl Storage {
         first
     }
 
-    /// The slot loop of [`Storage::append_entered`] for an append of rows alone (no
-    /// raw priority, frame or trajectory word beside them) no longer than the ring: run
-    /// by run of consecutive positions, with the lap, the predecessor's lap and the
-    /// slots' bytes known once a run, and each line of the slots ahead prefetched once.
+    /// The slot loop of [`Storage::append_entered`] for an append of rows with at most
+    /// a raw priority beside them (no frame or trajectory word) and no longer than the
+    /// ring: run by run of consecutive positions, with the lap, the predecessor's lap
+    /// and the slots' bytes known once a run, and each line of the slots ahead
+    /// prefetched once.
     #[allow(clippy::too_many_arguments)]
     fn append_rows(
         &self,
@@ -643,21 +644,20 @@ impl Storage {
         first: u64,
         steps: u64,
         src: &Source<'_>,
+        raws: Option<Raws<'_>>,
         abandoned: u64,
         streaming: bool,
     ) {
         let ring = *self.shards[k].ring();
         let words = self.words();
-        let slot_bytes = self.slot_bytes;
         for (start, len) in shard::runs_of(&ring, first, steps) {
             // No step of the append is a whole ring after another: each slot's
             // predecessor is one lap back, or there is none in the ring's first lap.
             let fresh = start.prev.is_none();
             let prev_lap = start.lap.wrapping_sub(1);
-            let base = self.slot_word(ring.slot(start.pos, 0)) * 8;
-            let end = base + (len * ring.width) as usize * slot_bytes;
-            let mut prefetched = base;
-            let mut at = base;
+            let mut slot = ring.slot(start.pos, 0);
+            let end = self.slot_word(slot + len * ring.width) * 8;
+            let mut prefetched = self.slot_word(slot) * 8;
             for i in 0..len {
                 let seq = start.seq + i;
                 let prev = if fresh {
@@ -668,23 +668,34 @@ impl Storage {
                     Prev::Lap(prev_lap)
                 };
                 for lane in 0..ring.width {
-                    let ahead = (at + APPEND_AHEAD_BYTES).min(end);
+                    let ahead = (self.slot_word(slot) * 8 + APPEND_AHEAD_BYTES).min(end);
                     while prefetched < ahead {
                         atomic_copy::prefetch(words, prefetched, Intent::Write);
                         prefetched += LINE_BYTES;
                     }
-                    let stamp = &words[at / 8];
+                    let stamp = self.stamp(slot);
                     stamp::begin_append_or(stamp, prev, start.lap, claim, || {
                         self.reclaim_dead_editor(k);
                     });
-                    let row = at + self.header_bytes;
+                    if let Some(raws) = raws {
+                        let raw = match raws {
+                            Raws::Each(ps) => ps[src.order.row(start.j + i, lane)],
+                            Raws::All(p) => p,
+                        };
+                        crate::sync::store_beside_rmw(
+                            &words[self.raw_word(slot)],
+                            sumtree::raw_bits(start.lap, Some(raw)),
+                            Ordering::Release,
+                        );
+                    }
+                    let row = self.row_offset(slot);
                     if streaming && !fresh {
                         src.write_row_streaming(words, row, start.j + i, lane);
                     } else {
                         src.write_row(words, row, start.j + i, lane);
                     }
                     stamp::publish(stamp, Stamp::published(start.lap, 0));
-                    at += slot_bytes;
+                    slot += 1;
                 }
             }
         }

@@ -23,6 +23,21 @@ pub fn child(test: &str, wrapper: &[&str]) -> Command {
         None => Command::new(&exe),
     };
     cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"]);
+    // A child that outlives its test (one that failed before killing it) would run its
+    // role forever: the kernel kills it when this process ends.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: `prctl` is async-signal-safe and touches only this forked child.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     cmd
 }
 
