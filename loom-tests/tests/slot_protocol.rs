@@ -123,3 +123,38 @@ fn an_editor_and_an_exchanging_appender_exclude_each_other() {
         }
     });
 }
+
+#[test]
+fn an_editor_and_an_appender_taking_over_an_abandoned_slot_exclude_each_other() {
+    // The appender's predecessor was claimed by a writer that died (`Prev::Abandoned`,
+    // shared mode): the row it finds may be a published one that an editor is
+    // rewriting, and it must wait for the editor rather than take the slot from it.
+    run_model("editor vs appender taking over an abandoned slot", || {
+        let s = slot();
+        append(&s, Prev::Empty, 0, Claim::Plain, 500);
+        let editor = {
+            let s = s.clone();
+            loom::thread::spawn(move || {
+                let edited = stamp::begin_edit(&s[0]).expect("the slot holds a row");
+                write_row(&s, 600);
+                stamp::publish(&s[0], edited);
+            })
+        };
+        let appender = {
+            let s = s.clone();
+            loom::thread::spawn(move || append(&s, Prev::Abandoned, 1, Claim::Exchange, 501))
+        };
+        if let Some((_, a, b)) = read_row(&s) {
+            assert_eq!(a, b, "validated a torn row");
+        }
+        editor.join().unwrap();
+        appender.join().unwrap();
+        let (seen, a, b) = read_row(&s).expect("a published row");
+        assert_eq!(a, b);
+        match (seen.lap(), seen.edit()) {
+            (1, 0) => assert_eq!(a, 501),
+            (1, 1) => assert_eq!(a, 600),
+            other => panic!("the stamp went back to {other:?}"),
+        }
+    });
+}

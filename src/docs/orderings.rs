@@ -235,8 +235,11 @@
 //!   itself: occupancy to zero, each shard's `Abandoned` word up to its cursor, leaves
 //!   recomputed from raw priorities and the trees rebuilt, slice lanes closed. An
 //!   appender whose predecessor row is below `Abandoned` takes the slot over whatever
-//!   it holds (`Prev::Abandoned`): nobody else can be inside it, since everyone who
-//!   claimed below was dead when the word moved.
+//!   it holds (`Prev::Abandoned`) unless an editor is inside: no other appender can
+//!   be, since everyone who claimed below was dead when the word moved, but editors
+//!   rewrite any published row, those below `Abandoned` included, so the appender
+//!   waits for an editor's mark to be published (or dropped, if the editor died) as
+//!   it would for a predecessor.
 //! - **The liveness rule (shared mode).** A process is alive while its process-table
 //!   entry names it and the entry's byte of the region's file is locked with an
 //!   open-file-description lock (`shared/liveness.rs`). It takes the lock before it

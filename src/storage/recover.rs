@@ -9,9 +9,9 @@
 //!   editor or freezer would wait for forever: they go back to zero;
 //! - slots marked as being written, half written, or claimed and never started: the
 //!   shard's `Abandoned` word moves up to its cursor, so that the next lap's writer of
-//!   any slot claimed before takes it over whatever state it is in
-//!   ([`Prev::Abandoned`](super::stamp::Prev)); readers skip such a slot meanwhile,
-//!   as they skip any row that is not published;
+//!   any slot claimed before takes it over whatever state it is in, once no editor
+//!   is inside it ([`Prev::Abandoned`](super::stamp::Prev)); readers skip such a slot
+//!   meanwhile, as they skip any row that is not published;
 //! - tree leaves and sums that disagree (a priority update or a new row's leaf that
 //!   stopped halfway): every leaf is recomputed from its slot's raw priority (or
 //!   emptied, if its row is not live and published) and the trees rebuilt;

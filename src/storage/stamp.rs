@@ -222,8 +222,13 @@ pub enum Prev {
     /// The published row of this lap (any edit count), or that row dropped by an
     /// editor that died.
     Lap(u32),
-    /// Whatever the slot holds: its previous writer died, perhaps halfway through the
-    /// row (see `storage/recover.rs`), and nobody else can be inside it.
+    /// Whatever the slot holds, once no editor is inside it: its previous appender
+    /// died, perhaps halfway through the row (see `storage/recover.rs`), and no other
+    /// appender can be inside it. An editor can: the abandoned mark covers every row
+    /// claimed before the takeover, published ones included, and editors rewrite
+    /// those. Taking its slot would let both write the row, and its late `publish`
+    /// would move the stamp back a lap over a torn row. Wait for it to publish (or,
+    /// if it died, for its row to be dropped).
     Abandoned,
 }
 
@@ -232,7 +237,7 @@ impl Prev {
         match self {
             Prev::Empty => s == Stamp::EMPTY,
             Prev::Lap(lap) => (s.is_published() || s.is_dropped()) && s.lap() == lap,
-            Prev::Abandoned => true,
+            Prev::Abandoned => !s.is_being_edited(),
         }
     }
 }
@@ -434,6 +439,41 @@ mod tests {
         publish(&stamp, Stamp::published(1, 0));
         assert_eq!(begin_read(&stamp).lap(), 1);
         assert!(begin_edit(&AtomicU64::new(0)).is_none());
+    }
+
+    #[test]
+    fn an_appender_taking_over_an_abandoned_slot_waits_for_an_editor_inside() {
+        let stamp = AtomicU64::new(Stamp::published(3, 0).0);
+        let edited = begin_edit(&stamp).unwrap();
+        let taken = crate::sync::AtomicBool::new(false);
+        let (taken_early, held) = std::thread::scope(|s| {
+            s.spawn(|| {
+                begin_append(&stamp, Prev::Abandoned, 4, Claim::Exchange);
+                taken.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let seen = (taken.load(Ordering::SeqCst), begin_read(&stamp));
+            // Published before asserting, so that a failure never leaves the appender
+            // waiting.
+            publish(&stamp, edited);
+            seen
+        });
+        assert!(
+            !taken_early,
+            "the appender took the slot while the editor was inside"
+        );
+        assert_eq!(held, Stamp::writing(3, 1));
+        assert_eq!(begin_read(&stamp), Stamp::writing(4, 0));
+        // A dead appender's mark, a dropped row and a published one are taken at once.
+        for held in [
+            Stamp::writing(3, 0),
+            Stamp::dropped(3, 1),
+            Stamp::published(3, 2),
+        ] {
+            let stamp = AtomicU64::new(held.0);
+            begin_append(&stamp, Prev::Abandoned, 4, Claim::Plain);
+            assert_eq!(begin_read(&stamp), Stamp::writing(4, 0));
+        }
     }
 
     #[test]
