@@ -82,6 +82,36 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     store_with(words, offset, src, false);
 }
 
+/// [`store`] without the range check, for a caller that checked a whole row's range
+/// once (`plan::RowCopies`).
+///
+/// # Safety
+///
+/// `offset + src.len()` is at most `words.len() * 8`.
+#[inline]
+pub(crate) unsafe fn store_unchecked(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    debug_assert!(offset + src.len() <= words.len() * 8);
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
+    // SAFETY: as in `store_with`, the range inside `words` by the caller's promise.
+    unsafe {
+        x86::copy(
+            src.as_ptr(),
+            words.as_ptr().cast::<u8>().cast_mut().wrapping_add(offset),
+            src.len(),
+        );
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    )))]
+    words::store(words, offset, src);
+}
+
 /// [`store`] for rows that will not be read again soon, as a large append writes them:
 /// the 64-byte blocks of the destination go out as non-temporal stores (`movntdq`),
 /// which write whole lines to memory without reading them first and without pushing

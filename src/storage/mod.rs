@@ -634,8 +634,8 @@ impl Storage {
     /// The slot loop of [`Storage::append_entered`] for an append of rows with at most
     /// a raw priority beside them (no frame or trajectory word) and no longer than the
     /// ring: run by run of consecutive positions, with the lap, the predecessor's lap
-    /// and the slots' bytes known once a run, and each line of the slots ahead
-    /// prefetched once.
+    /// and the slots' bytes known once a run, each line of the slots ahead prefetched
+    /// once, and the rows' fields copied by a plan checked once (`plan::RowCopies`).
     #[allow(clippy::too_many_arguments)]
     fn append_rows(
         &self,
@@ -650,14 +650,18 @@ impl Storage {
     ) {
         let ring = *self.shards[k].ring();
         let words = self.words();
+        let copies = plan::RowCopies::new(src);
+        let (slot_bytes, header_bytes) = (self.slot_bytes, self.header_bytes);
         for (start, len) in shard::runs_of(&ring, first, steps) {
             // No step of the append is a whole ring after another: each slot's
             // predecessor is one lap back, or there is none in the ring's first lap.
             let fresh = start.prev.is_none();
             let prev_lap = start.lap.wrapping_sub(1);
-            let mut slot = ring.slot(start.pos, 0);
-            let end = self.slot_word(slot + len * ring.width) * 8;
-            let mut prefetched = self.slot_word(slot) * 8;
+            let published = Stamp::published(start.lap, 0);
+            // The byte of the run's first slot, and past its last.
+            let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
+            let end = at + (len * ring.width) as usize * slot_bytes;
+            let mut prefetched = at;
             for i in 0..len {
                 let seq = start.seq + i;
                 let prev = if fresh {
@@ -668,34 +672,36 @@ impl Storage {
                     Prev::Lap(prev_lap)
                 };
                 for lane in 0..ring.width {
-                    let ahead = (self.slot_word(slot) * 8 + APPEND_AHEAD_BYTES).min(end);
+                    let ahead = (at + APPEND_AHEAD_BYTES).min(end);
                     while prefetched < ahead {
                         atomic_copy::prefetch(words, prefetched, Intent::Write);
                         prefetched += LINE_BYTES;
                     }
-                    let stamp = self.stamp(slot);
+                    // The slot's first word is its stamp, the next a prioritized
+                    // buffer's raw priority (`raw_word`).
+                    let stamp = &words[at / 8];
                     stamp::begin_append_or(stamp, prev, start.lap, claim, || {
                         self.reclaim_dead_editor(k);
                     });
+                    let r = src.order.row(start.j + i, lane);
                     if let Some(raws) = raws {
                         let raw = match raws {
-                            Raws::Each(ps) => ps[src.order.row(start.j + i, lane)],
+                            Raws::Each(ps) => ps[r],
                             Raws::All(p) => p,
                         };
                         crate::sync::store_beside_rmw(
-                            &words[self.raw_word(slot)],
+                            &words[at / 8 + 1],
                             sumtree::raw_bits(start.lap, Some(raw)),
                             Ordering::Release,
                         );
                     }
-                    let row = self.row_offset(slot);
                     if streaming && !fresh {
-                        src.write_row_streaming(words, row, start.j + i, lane);
+                        src.write_row_streaming(words, at + header_bytes, start.j + i, lane);
                     } else {
-                        src.write_row(words, row, start.j + i, lane);
+                        copies.write(words, at + header_bytes, r);
                     }
-                    stamp::publish(stamp, Stamp::published(start.lap, 0));
-                    slot += 1;
+                    stamp::publish(stamp, published);
+                    at += slot_bytes;
                 }
             }
         }
