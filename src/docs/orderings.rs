@@ -107,7 +107,7 @@
 //! a mix of rows, which R3 already rejects, as it rejects any copy raced by a writer.
 //!
 //! **Streaming appends.** An append of at least 512 KiB into a ring of at least 64 MiB
-//! writes each field of 1 KiB or
+//! writes each field of 4 KiB or
 //! more with non-temporal stores (`movntdq`, `atomic_copy::store_streaming`): whole
 //! lines go to memory without being read first, and without evicting the cache. Each
 //! is still a single hardware store, so the copy stays race-free in the model. But

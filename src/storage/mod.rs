@@ -70,9 +70,10 @@ const APPEND_AHEAD_BYTES: usize = 1024;
 
 /// An append of at least this many bytes into a ring of at least
 /// [`STREAMING_RING_BYTES`] writes its large fields with non-temporal stores
-/// (`plan.rs`). Measured here (`benches/extend.rs`, 256-row chunks into 512 MB rings):
-/// 16 KB rows 28% faster than with cached stores, 56 KB rows 33%, 3 KB rows 2.5%;
-/// below a few hundred KB the lines a cached append leaves behind are worth more.
+/// (`plan.rs`, fields of at least `STREAMING_FIELD_BYTES`). Measured here
+/// (`benches/extend.rs`, 256-row chunks into 512 MB rings): 16 KB rows 28% faster than
+/// with cached stores, 56 KB rows 33%; below a few hundred KB the lines a cached append
+/// leaves behind are worth more.
 const STREAMING_APPEND_BYTES: usize = 512 << 10;
 
 /// The smallest ring a streaming append writes to: one much larger than the caches,

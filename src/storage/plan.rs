@@ -232,8 +232,12 @@ impl<'a> RowCopies<'a> {
 }
 
 /// A field this long or longer is written with non-temporal stores by a streaming
-/// append; a shorter one is not worth its partial lines.
-pub(crate) const STREAMING_FIELD_BYTES: usize = 1024;
+/// append; a shorter one is not worth its partial lines and the two fences its row
+/// then waits at. Measured (`benches/extend.rs`, 256-row chunks into 512 MB rings,
+/// 2026-11-27): rows of 3 KB (two 1.5 KB fields) took 99.6 us streamed at a 1 KiB
+/// threshold and 46-53 us cached, beside a raw copy of 64-67 us; 16 KB rows (two
+/// 8 KB fields) 268 us streamed and 366 us cached.
+pub(crate) const STREAMING_FIELD_BYTES: usize = 4096;
 
 /// One field's destination in the caller's buffers, for every row.
 #[derive(Debug)]
