@@ -90,9 +90,11 @@ fn appenders_of_consecutive_laps_take_turns() {
     });
 }
 
-#[test]
-fn an_editor_and_an_exchanging_appender_exclude_each_other() {
-    run_model("editor vs appender (compare-exchange)", || {
+/// An editor rewrites the slot's published lap-0 row while an appender of lap 1 whose
+/// predecessor is `prev` claims the slot by compare-exchange: a reader never validates
+/// a torn row, and the slot ends holding one whole row of lap 1.
+fn editor_races_appender(name: &str, prev: Prev) {
+    run_model(name, move || {
         let s = slot();
         append(&s, Prev::Empty, 0, Claim::Plain, 300);
         let editor = {
@@ -105,7 +107,7 @@ fn an_editor_and_an_exchanging_appender_exclude_each_other() {
         };
         let appender = {
             let s = s.clone();
-            loom::thread::spawn(move || append(&s, Prev::Lap(0), 1, Claim::Exchange, 301))
+            loom::thread::spawn(move || append(&s, prev, 1, Claim::Exchange, 301))
         };
         if let Some((_, a, b)) = read_row(&s) {
             assert_eq!(a, b, "validated a torn row");
@@ -115,7 +117,7 @@ fn an_editor_and_an_exchanging_appender_exclude_each_other() {
         let (seen, a, b) = read_row(&s).expect("a published row");
         assert_eq!(a, b);
         // Either the edit came first (then lap 1 replaced it) or last (then it rewrote
-        // lap 1's row in place, bumping the edit count).
+        // lap 1's row in place, bumping the edit count); never back to lap 0.
         match (seen.lap(), seen.edit()) {
             (1, 0) => assert_eq!(a, 301),
             (1, 1) => assert_eq!(a, 400),
@@ -125,36 +127,17 @@ fn an_editor_and_an_exchanging_appender_exclude_each_other() {
 }
 
 #[test]
+fn an_editor_and_an_exchanging_appender_exclude_each_other() {
+    editor_races_appender("editor vs appender (compare-exchange)", Prev::Lap(0));
+}
+
+#[test]
 fn an_editor_and_an_appender_taking_over_an_abandoned_slot_exclude_each_other() {
     // The appender's predecessor was claimed by a writer that died (`Prev::Abandoned`,
     // shared mode): the row it finds may be a published one that an editor is
     // rewriting, and it must wait for the editor rather than take the slot from it.
-    run_model("editor vs appender taking over an abandoned slot", || {
-        let s = slot();
-        append(&s, Prev::Empty, 0, Claim::Plain, 500);
-        let editor = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                let edited = stamp::begin_edit(&s[0]).expect("the slot holds a row");
-                write_row(&s, 600);
-                stamp::publish(&s[0], edited);
-            })
-        };
-        let appender = {
-            let s = s.clone();
-            loom::thread::spawn(move || append(&s, Prev::Abandoned, 1, Claim::Exchange, 501))
-        };
-        if let Some((_, a, b)) = read_row(&s) {
-            assert_eq!(a, b, "validated a torn row");
-        }
-        editor.join().unwrap();
-        appender.join().unwrap();
-        let (seen, a, b) = read_row(&s).expect("a published row");
-        assert_eq!(a, b);
-        match (seen.lap(), seen.edit()) {
-            (1, 0) => assert_eq!(a, 501),
-            (1, 1) => assert_eq!(a, 600),
-            other => panic!("the stamp went back to {other:?}"),
-        }
-    });
+    editor_races_appender(
+        "editor vs appender taking over an abandoned slot",
+        Prev::Abandoned,
+    );
 }

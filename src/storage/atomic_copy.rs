@@ -79,7 +79,9 @@ pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
 /// The caller must hold the slot(s) the range covers for writing (stamp protocol).
 #[inline]
 pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
-    store_with(words, offset, src, false);
+    check_range(words, offset, src.len());
+    // SAFETY: `check_range` put the range inside `words`.
+    unsafe { store_with(words, offset, src, false) };
 }
 
 /// [`store`] without the range check, for a caller that checked a whole row's range
@@ -91,25 +93,8 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
 #[inline]
 pub(crate) unsafe fn store_unchecked(words: &[AtomicU64], offset: usize, src: &[u8]) {
     debug_assert!(offset + src.len() <= words.len() * 8);
-    #[cfg(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    ))]
-    // SAFETY: as in `store_with`, the range inside `words` by the caller's promise.
-    unsafe {
-        x86::copy(
-            src.as_ptr(),
-            words.as_ptr().cast::<u8>().cast_mut().wrapping_add(offset),
-            src.len(),
-        );
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    )))]
-    words::store(words, offset, src);
+    // SAFETY: the caller's promise is `store_with`'s.
+    unsafe { store_with(words, offset, src, false) };
 }
 
 /// [`store`] for rows that will not be read again soon, as a large append writes them:
@@ -123,14 +108,19 @@ pub(crate) unsafe fn store_unchecked(words: &[AtomicU64], offset: usize, src: &[
 /// before its publishing store).
 #[inline]
 pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
-    store_with(words, offset, src, true);
+    check_range(words, offset, src.len());
+    // SAFETY: `check_range` put the range inside `words`.
+    unsafe { store_with(words, offset, src, true) };
 }
 
-/// [`store`], with non-temporal stores if `streaming` (a constant at every call site,
-/// so the branch folds away).
+/// [`store`] without its range check, with non-temporal stores if `streaming` (a
+/// constant at every call site, so the branch folds away).
+///
+/// # Safety
+///
+/// `offset + src.len()` is at most `words.len() * 8`.
 #[inline]
-fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: bool) {
-    check_range(words, offset, src.len());
+unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: bool) {
     #[cfg(all(
         target_arch = "x86_64",
         not(replaybuf_loom),
@@ -141,8 +131,8 @@ fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: bool) {
             src.as_ptr(),
             words.as_ptr().cast::<u8>().cast_mut().wrapping_add(offset),
         );
-        // SAFETY: (1) `check_range` put the destination range inside `words`, and
-        // `src` is a borrow of `src.len()` readable bytes; (2) `src` is private memory,
+        // SAFETY: (1) the caller put the destination range inside `words`, and `src`
+        // is a borrow of `src.len()` readable bytes; (2) `src` is private memory,
         // the destination shared, so they cannot overlap; (3) the region is only ever
         // accessed through atomics and these copies (`Region` invariant). Writing
         // through a pointer derived from `&[AtomicU64]` is allowed: the words are

@@ -147,6 +147,17 @@ pub(crate) enum Raws<'a> {
     All(f64),
 }
 
+impl Raws<'_> {
+    /// The raw priority of row `r` of the source batch.
+    #[inline]
+    fn of(self, r: usize) -> f64 {
+        match self {
+            Raws::Each(ps) => ps[r],
+            Raws::All(p) => p,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Storage {
     /// A shared region's process table, and this process's place in it (`shared/`).
@@ -583,10 +594,7 @@ impl Storage {
                     self.reclaim_dead_editor(k);
                 });
                 if let Some(raws) = raws {
-                    let raw = match raws {
-                        Raws::Each(ps) => ps[src.order.row(step.j, lane)],
-                        Raws::All(p) => p,
-                    };
+                    let raw = raws.of(src.order.row(step.j, lane));
                     crate::sync::store_beside_rmw(
                         &self.words()[self.raw_word(slot)],
                         sumtree::raw_bits(step.lap, Some(raw)),
@@ -686,13 +694,9 @@ impl Storage {
                     });
                     let r = src.order.row(start.j + i, lane);
                     if let Some(raws) = raws {
-                        let raw = match raws {
-                            Raws::Each(ps) => ps[r],
-                            Raws::All(p) => p,
-                        };
                         crate::sync::store_beside_rmw(
                             &words[at / 8 + 1],
-                            sumtree::raw_bits(start.lap, Some(raw)),
+                            sumtree::raw_bits(start.lap, Some(raws.of(r))),
                             Ordering::Release,
                         );
                     }
