@@ -126,6 +126,52 @@ fn sibling_updates_keep_the_min_tree_exact() {
     });
 }
 
+/// Leaves of masses 5, 6, 7, 8 (arity 2 under loom: level-1 entries over leaves 0-1
+/// and 2-3), one thread setting leaf 0, the minimum, to `first` (to 9: a refresh from
+/// the children, up to the root; to 2: a climb), the other lowering leaf `lowered` to
+/// `to`, below its entry (a `fetch_max` climb, nothing recomputed). Whatever the
+/// interleaving, every entry ends equal to its children's extremum.
+fn a_climb_races(first: u64, lowered: usize, to: u64) {
+    let tree = OwnedTree::new(4);
+    let leaves: Vec<(Leaf, f64)> = [5, 6, 7, 8]
+        .iter()
+        .map(|&m| (Leaf::new(0, m), 1.0))
+        .collect();
+    tree.set_run(0, &leaves);
+    let tree = Arc::new(tree);
+    let other = {
+        let tree = tree.clone();
+        loom::thread::spawn(move || assert!(tree.update(0, 0, first, 1.0)))
+    };
+    assert!(tree.update(lowered, 0, to, 1.0));
+    other.join().unwrap();
+    assert!(
+        tree.is_consistent(),
+        "a min or max entry disagrees with its children"
+    );
+    let mut masses = [first, 6, 7, 8];
+    masses[lowered] = to;
+    let (min, max) = (masses.iter().min(), masses.iter().max());
+    assert_eq!((tree.min(), tree.max()), (*min.unwrap(), *max.unwrap()));
+}
+
+#[test]
+fn a_sibling_climbing_past_a_refresh_keeps_the_min_tree_exact() {
+    run_model("climb vs refresh, one entry", || a_climb_races(9, 1, 2));
+}
+
+#[test]
+fn a_cousin_climbing_to_the_root_past_a_refresh_keeps_the_min_tree_exact() {
+    run_model("climb vs refresh, to the root", || a_climb_races(9, 3, 1));
+}
+
+/// Two climbs meeting at the root: a plain load and store there would let the lesser
+/// improvement land last.
+#[test]
+fn two_climbs_to_the_root_keep_the_better() {
+    run_model("climb vs climb", || a_climb_races(2, 3, 1));
+}
+
 /// A buffer of two rows at alpha 1, the largest priority seen raised to 4 (so that a
 /// new row's mass differs between alphas), and the generation of row 0.
 fn two_rows_seen_4() -> (ReplayBuffer, replaybuf::Batch) {

@@ -17,8 +17,12 @@
 //!   not be satisfied before the entry's store is visible (store-load order), or two
 //!   updaters could each verify against the other's stale state. An updater that found
 //!   the entry already right stops there: whoever changed the children since is still
-//!   on its way up and will carry the change. Once updates settle, every entry equals
-//!   its children's min or max.
+//!   on its way up and will carry the change. A leaf that beats the entries above it
+//!   (a lower min, a higher max) climbs by `fetch_max` on their stored words instead,
+//!   `SeqCst` too: a refresh whose store it precedes fails its compare-exchange and
+//!   rereads, one whose store it follows is improved on, and one whose verification
+//!   follows it sees the change. Once updates settle, every entry equals its
+//!   children's min or max.
 //! - **Raw priorities, then leaves.** The raw word is the truth and the leaf follows
 //!   it. A row's writer stores its raw word with a plain store while it holds the slot;
 //!   the next lap's writer waits for this row's publish, and an updater acts only on a
@@ -93,6 +97,17 @@ fn identity(kind: TreeKind) -> u64 {
     match kind {
         TreeKind::Min => u64::MAX,
         _ => 0,
+    }
+}
+
+/// Folds the words of a node (`SeqCst` loads), unrolled for a full one: a refresh
+/// folds a node two or three times.
+#[inline(always)]
+fn fold_node(node: &[AtomicU64], init: u64, f: impl Fn(u64, u64) -> u64) -> u64 {
+    let load = |w: &AtomicU64| w.load(Ordering::SeqCst);
+    match <&[AtomicU64; ARITY]>::try_from(node) {
+        Ok(full) => full.iter().map(load).fold(init, &f),
+        Err(_) => node.iter().map(load).fold(init, f),
     }
 }
 
@@ -218,19 +233,40 @@ impl<'a> Tree<'a> {
 
     /// Entry `j` of level `level` of a min or max tree as its children give it now (a
     /// mass code; see the module docs of `sumtree`).
+    ///
+    /// One pass over the node's words, the rule chosen once: what every refresh of an
+    /// update runs two or three times.
     fn recompute(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
-        let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
-        children.fold(identity(kind), |acc, c| {
-            let v = if level == 1 {
-                match self.leaf(c).code() {
-                    0 => identity(kind),
-                    v => v,
+        let (word, size) = if level == 1 {
+            (self.layout.leaf_word(0), self.layout.leaves)
+        } else {
+            (
+                self.layout.entry_word(kind, level - 1, 0),
+                self.layout.size(level - 1),
+            )
+        };
+        let first = ARITY * j;
+        let node = &self.words[word + first..word + size.min(first + ARITY)];
+        // A leaf's code is its low half; one without mass is empty, which for the min
+        // tree is `u64::MAX`: the min of the codes less one, wrapping, skips them (a
+        // code is below 2^32 - 1). Entries are stored encoded, the min tree's
+        // negated, so the min of the entries is the negation of the max of their words.
+        let code = |w: u64| Leaf::from_bits(w).code();
+        match (kind, level == 1) {
+            (TreeKind::Min, true) => {
+                let below = |w: u64| (code(w) as u32).wrapping_sub(1);
+                match fold_node(node, u64::from(u32::MAX), |acc, w| {
+                    acc.min(u64::from(below(w)))
+                }) {
+                    m if m == u64::from(u32::MAX) => u64::MAX,
+                    m => m + 1,
                 }
-            } else {
-                self.extremum(kind, level - 1, c)
-            };
-            combine(kind, acc, v)
-        })
+            }
+            (TreeKind::Min, false) => !fold_node(node, 0, u64::max),
+            (TreeKind::Max, true) => fold_node(node, 0, |acc, w| acc.max(code(w))),
+            (TreeKind::Max, false) => fold_node(node, 0, u64::max),
+            (TreeKind::Sum, _) => unreachable!("the sum tree is kept by deltas"),
+        }
     }
 
     /// Brings entry `j` of `level` of a min or max tree up to date with its children;
@@ -271,24 +307,49 @@ impl<'a> Tree<'a> {
     }
 
     /// Carries one leaf's change from mass code `old` to `new` up the min and max
-    /// trees, skipping a tree whose entry above the leaf it cannot change: the entry is
-    /// not the old code and the new one does not beat it. (If the entry is stale,
-    /// whoever made it so is on the way to refresh it, and will read this leaf's new
-    /// code.)
+    /// trees:
+    ///
+    /// - A new code that beats the entry above (a lower min, a higher max) can only
+    ///   improve each ancestor. Improving is a `fetch_max` of the stored words (the min
+    ///   tree's are negated, so both trees improve upwards), climbing while it changes
+    ///   an entry, with nothing recomputed: what most updates of a settled buffer do.
+    /// - Otherwise an entry that is not the old code cannot change: the tree is
+    ///   skipped. (If the entry is stale, whoever made it so is on the way to refresh
+    ///   it, and will read this leaf's new code.)
+    /// - Otherwise the leaf held the entry's extremum and gave it up: the entries are
+    ///   refreshed from their children, up while they change.
+    ///
+    /// A climb never undoes a refresh, nor a refresh a climb: a refresh stores by
+    /// compare-exchange against the word it read and then reads the children again,
+    /// so a climb before its store makes it fail and reread, and one after its store
+    /// improves on what it stored.
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
             let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
             let (old, new) = (as_mass(old), as_mass(new));
-            let entry = self.extremum(kind, 1, leaf / ARITY);
-            if old != entry && combine(kind, entry, new) == entry {
+            let mut j = leaf / ARITY;
+            let entry = self.extremum(kind, 1, j);
+            if combine(kind, entry, new) != entry {
+                let stored = Self::encode(kind, new);
+                for level in 1..=self.layout.top() {
+                    let was = self
+                        .entry(kind, level, j)
+                        .fetch_max(stored, Ordering::SeqCst);
+                    if was >= stored {
+                        break;
+                    }
+                    j /= ARITY;
+                }
                 continue;
             }
-            let mut j = leaf;
+            if old != entry {
+                continue;
+            }
             for level in 1..=self.layout.top() {
-                j /= ARITY;
                 if !self.refresh(kind, level, j) {
                     break;
                 }
+                j /= ARITY;
             }
         }
     }
