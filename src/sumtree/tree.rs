@@ -720,15 +720,17 @@ impl<'a> Tree<'a> {
     /// different descents overlap instead of queueing.
     pub(crate) fn descend_many(&self, targets: &mut [(u64, Option<Landing>)]) {
         let mut nodes: smallvec::SmallVec<[usize; 32]> = smallvec::smallvec![0; targets.len()];
-        for level in (1..=self.layout.top()).rev() {
-            // Start every descent's node loads before scanning any: the scans' branches
-            // are unpredictable, and a mispredict would otherwise stall the loads of the
-            // descents after it.
-            for &node in nodes.iter() {
-                self.prefetch_children(level, node);
-            }
+        let top = self.layout.top();
+        self.prefetch_children(top, 0);
+        for level in (1..=top).rev() {
+            // A descent's next node starts loading as soon as it is known, and is read
+            // a whole level of the other descents later: its miss overlaps their picks
+            // instead of stalling its own.
             for ((t, _), node) in targets.iter_mut().zip(nodes.iter_mut()) {
                 *node = self.pick_child(level, *node, t);
+                if level > 1 {
+                    self.prefetch_children(level - 1, *node);
+                }
             }
         }
         for ((t, landing), &leaf) in targets.iter_mut().zip(&nodes) {
