@@ -11,8 +11,8 @@
 //!   and re-check the stamp; a row overwritten mid-copy is redrawn, never returned.
 //!   The ordering argument is in [`docs::orderings`]; loom checks it.
 //! - Batches are columnar ([`Batch`]): one contiguous typed slice per field.
-//! - `#[repr(C)]` [`bytemuck::Pod`] transitions use [`TypedBuffer`], any
-//!   `T: Clone + Send + Sync` uses [`ListBuffer`]; one engine under all three.
+//! - `#[repr(C)]` [`bytemuck::Pod`] transitions use [`TypedBuffer`](typed::TypedBuffer), any
+//!   `T: Clone + Send + Sync` uses [`ListBuffer`](list::ListBuffer); one engine under all three.
 //!
 //! ```
 //! use replaybuf::{DType, ReplayBuffer, Spec};
