@@ -429,13 +429,11 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         } else if core.sampler.prioritized().is_some() {
             batch.weight = Some(vec![0.0; m]);
         }
-        let mut dest = Dest {
-            cols: smallvec![DstCol::whole(
-                bytemuck::cast_slice_mut(&mut batch.rows),
-                std::mem::size_of::<T>(),
-                0,
-            )],
-        };
+        let mut dest = Dest::new(smallvec![DstCol::whole(
+            bytemuck::cast_slice_mut(&mut batch.rows),
+            std::mem::size_of::<T>(),
+            0,
+        )]);
         let weight = match (&mut batch.weight, core.sampler.prioritized()) {
             (w, Some(_)) => Some(&mut w.get_or_insert_with(Vec::new)[..]),
             (w, None) => {

@@ -506,14 +506,13 @@ pub(crate) fn with_rows<T>(
     *batch = Batch::zeros(spec.clone(), [slots.len()]);
     {
         let parts = batch.parts_mut();
-        let mut dest = Dest {
-            cols: spec
-                .fields()
+        let mut dest = Dest::new(
+            spec.fields()
                 .iter()
                 .zip(parts.columns)
                 .map(|(f, c)| DstCol::whole(c.as_bytes_mut(), f.bytes(), f.offset()))
                 .collect(),
-        };
+        );
         for (k, &slot) in slots.iter().enumerate() {
             dest.read_row(storage.words(), storage.row_offset_of(slot), k);
         }

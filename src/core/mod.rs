@@ -562,23 +562,22 @@ pub(crate) fn dest_for<'a, C: Into<&'a mut [u8]>>(
     columns: impl IntoIterator<Item = C>,
 ) -> Dest<'a> {
     let mut columns: SmallVec<[Option<C>; 8]> = columns.into_iter().map(Some).collect();
-    Dest {
-        cols: storage
+    Dest::new(
+        storage
             .spec()
             .fields()
             .iter()
             .zip(map)
             .enumerate()
-            .map(|(f, (field, &i))| DstCol {
-                data: columns[i]
+            .map(|(f, (field, &i))| {
+                let data = columns[i]
                     .take()
                     .expect("replaybuf internal error: a column mapped twice")
-                    .into(),
-                bytes: field.bytes(),
-                place: storage.place(f),
+                    .into();
+                DstCol::new(data, field.bytes(), storage.place(f))
             })
             .collect(),
-    }
+    )
 }
 
 /// Where a sample's rows go: a [`Batch`], shaped to fit each sample, or a caller's

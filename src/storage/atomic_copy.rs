@@ -50,12 +50,25 @@ fn check_range(words: &[AtomicU64], offset: usize, len: usize) {
 #[inline]
 pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
     check_range(words, offset, dst.len());
+    // SAFETY: `check_range` put the range inside `words`.
+    unsafe { load_unchecked(words, offset, dst) }
+}
+
+/// [`load`] without its range check: for a caller that checked a whole row's fields
+/// at once.
+///
+/// # Safety
+///
+/// `offset..offset + dst.len()` lies inside `words`.
+#[inline]
+pub(crate) unsafe fn load_unchecked(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
+    debug_assert!(offset + dst.len() <= words.len() * 8);
     #[cfg(all(
         target_arch = "x86_64",
         not(replaybuf_loom),
         not(replaybuf_atomic_copy)
     ))]
-    // SAFETY: (1) `check_range` put `offset..offset + dst.len()` inside `words`, and
+    // SAFETY: (1) the caller put `offset..offset + dst.len()` inside `words`, and
     // `dst` is a unique borrow of `dst.len()` bytes; (2) private `dst` cannot overlap
     // the shared region; (3) the region is only ever accessed through atomics and this
     // copy (`Region` invariant), so the concurrent accesses are all atomic.

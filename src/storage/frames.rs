@@ -535,7 +535,7 @@ impl Storage {
             return Err(Miss::Gone);
         }
         for n in &frames.nexts {
-            let out = &mut dst.cols[n.field].value_mut(k_out)[n.skip..][..n.len];
+            let out = &mut dst.col_mut(n.field).value_mut(k_out)[n.skip..][..n.len];
             atomic_copy::load(self.words(), (at + 1) * 8 + n.side_at, out);
         }
         // SYNC POINT: pairs with the writer's Release fence after zeroing the tag.
@@ -573,7 +573,7 @@ impl Storage {
                     let Some(j) = (s.depth - 1).checked_sub(d as usize) else {
                         continue;
                     };
-                    let out = &mut dst.cols[s.field].value_mut(k_out)[j * s.frame..][..s.frame];
+                    let out = &mut dst.col_mut(s.field).value_mut(k_out)[j * s.frame..][..s.frame];
                     atomic_copy::load(words, row + s.offset, out);
                 }
             })?;
@@ -582,7 +582,7 @@ impl Storage {
             // Places before the episode's first step.
             let real = (word.since() as usize).min(s.depth - 1);
             let first = s.depth - 1 - real;
-            let value = dst.cols[s.field].value_mut(k_out);
+            let value = dst.col_mut(s.field).value_mut(k_out);
             let (before, from) = value.split_at_mut(first * s.frame);
             match frames.fill {
                 StackFill::Zeros => before.fill(0),
@@ -602,17 +602,14 @@ impl Storage {
             self.read_frames(ring, seq + 1, lane, |slot| {
                 let (words, row) = (self.words(), self.row_offset(slot));
                 for n in &frames.nexts {
-                    let out = &mut dst.cols[n.field].value_mut(k_out)[n.skip..][..n.len];
+                    let out = &mut dst.col_mut(n.field).value_mut(k_out)[n.skip..][..n.len];
                     atomic_copy::load(words, row + n.offset, out);
                 }
             })?;
         }
         // A stacked next value's older frames are its row's newer ones.
         for n in frames.nexts.iter().filter(|n| n.skip > 0) {
-            let [of, next] = dst
-                .cols
-                .get_disjoint_mut([n.of, n.field])
-                .expect("replaybuf internal error: next_of a field of itself");
+            let [of, next] = dst.two_cols_mut(n.of, n.field);
             next.value_mut(k_out)[..n.skip].copy_from_slice(&of.value_mut(k_out)[n.len..]);
         }
         Ok(())
