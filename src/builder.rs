@@ -119,7 +119,7 @@ impl ReplayBufferBuilder {
     /// is created owner-only; a name already taken is refused unless `existsok`, and
     /// an existing region is opened only if it is this user's alone (owned by this
     /// user, no group or other permission bits: see
-    /// [`PersistError::is_foreign`](crate::PersistError::is_foreign)). Each
+    /// [`PersistError::is_foreign`](crate::error::PersistError::is_foreign)). Each
     /// process's writers hold the leases of the shards they write, so a process that
     /// dies in the middle of a write is repaired around by the others (see the
     /// crate's `shared` module). The creator's buffer removes the name when its last

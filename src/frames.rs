@@ -44,7 +44,8 @@ pub enum StackFill {
     Zeros,
 }
 
-/// Which fields a buffer stores once per step (see the [module docs](self)).
+/// Which fields a buffer stores once per step, given to
+/// [`ReplayBufferBuilder::frames`](crate::ReplayBufferBuilder::frames).
 ///
 /// A trajectory is the steps one collector feeds a lane in order: the rows of one
 /// [`Writer`](crate::Writer), one environment column of an ndim-2 storage, or a

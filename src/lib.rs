@@ -211,7 +211,7 @@ pub mod internals {
     }
 }
 
-/// Re-exported so that users derive [`bytemuck::Pod`] for [`TypedBuffer`] rows with
+/// Re-exported so that users derive [`bytemuck::Pod`] for [`TypedBuffer`](typed::TypedBuffer) rows with
 /// the same version the crate uses.
 pub use bytemuck;
 /// Re-exported for [`DType::F16`] / [`DType::BF16`] views.

@@ -36,8 +36,8 @@ pub enum WritePolicy {
     #[default]
     RoundRobin,
     /// A read-only dataset (TorchRL `ImmutableDatasetWriter`): every write (`add`,
-    /// `extend`, a [`Writer`]'s, `write_all`, the typed and list faces') is refused with
-    /// [`DataError::Immutable`] and changes nothing. Its rows come from
+    /// `extend`, a [`Writer`](crate::Writer)'s, `write_all`, the typed and list faces') is refused with
+    /// [`DataError::Immutable`](crate::error::DataError::Immutable) and changes nothing. Its rows come from
     /// [`ReplayBufferBuilder::build_from`](crate::ReplayBufferBuilder::build_from).
     Immutable,
     /// Keep the rows that rank highest (TorchRL `TensorDictMaxValueWriter`): each row's

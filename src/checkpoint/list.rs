@@ -61,8 +61,8 @@ const KIND: &str = "list";
 impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
     /// Saves the buffer under `dir` (see the module docs of `checkpoint/list.rs`): every
     /// stored value as JSON, the cursors, the open epoch and the random streams'
-    /// counters, each file checksummed; crash-safe as [`ReplayBuffer::save`]
-    /// (crate::ReplayBuffer::save). Appends wait while the values are copied.
+    /// counters, each file checksummed; crash-safe as
+    /// [`ReplayBuffer::save`](crate::ReplayBuffer::save). Appends wait while the values are copied.
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         fs::create_dir_all(dir).at(dir)?;

@@ -372,7 +372,7 @@
 //!   racing collectors and a learner, with every leaf checked against its raw
 //!   priority afterwards.
 //! - **fuzzing and properties** (`fuzz/`, `tests/model.rs`, `tests/sumtree.rs`):
-//!   sequences of operations against the sequential model in [`crate::reference`], and
+//!   sequences of operations against the sequential model of `replaybuf::reference`, and
 //!   tree operations against the locked twin in `sumtree/reference.rs`.
 //!
 //! Layer: base.

@@ -1,7 +1,7 @@
 //! Samplers: which stored rows a batch draws.
 //!
 //! A sampler sees the storage only through its shards' live windows (a read-only
-//! snapshot of `lo..hi` per ring) and a seeded generator; it returns [`Draw`]s, which
+//! snapshot of `lo..hi` per ring) and a seeded generator; it returns `Draw`s, which
 //! the buffer then copies out. It never writes the storage, so any number of learners
 //! sample while collectors write.
 //!

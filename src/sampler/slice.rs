@@ -192,7 +192,7 @@ impl Slice {
     /// lane order, to all learners together. A window whose rows collectors have
     /// replaced since the epoch began is skipped. When the windows run out (with
     /// `drop_last`, when fewer than `num_slices` are left) the sample gets
-    /// [`SampleError::EpochEnd`](crate::SampleError::EpochEnd) and the next one starts
+    /// [`SampleError::EpochEnd`](crate::error::SampleError::EpochEnd) and the next one starts
     /// a new epoch; otherwise the last batch has fewer slices. `span` does not apply.
     pub fn without_replacement(mut self, epochs: WithoutReplacement) -> Self {
         self.without_replacement = Some(epochs);

@@ -3,10 +3,11 @@
 //!
 //! Every handle of a buffer (clones, [`Writer`](crate::Writer)s,
 //! [`Learner`](crate::Learner)s, loaders' workers, ensembles) reaches the buffer's
-//! state, an [`State`] (storage, sampler engine, write policy, configuration), through
-//! one [`ArcSwap`] in [`Shared`]. An operation loads it once (no lock, no reference
-//! count on the fast path) and works on that state to the end. A swap builds a new
-//! state and publishes it whole; operations that loaded the old one finish on it.
+//! state, a `State` (storage, sampler engine, write policy, configuration), through
+//! one `ArcSwap` in the `StateCell` they share. An operation loads it once (no lock,
+//! no reference count on the fast path) and works on that state to the end. A swap
+//! builds a new state and publishes it whole; operations that loaded the old one
+//! finish on it.
 //!
 //! # A swap, step by step
 //!
@@ -22,12 +23,12 @@
 //! 4. It copies the old rows into the new storage (`carry.rs`), or, when the layout
 //!    does not change (uniform <-> without replacement, a new write policy, new alpha
 //!    or beta), keeps them where they are: the new state is a second `Storage` over
-//!    the same region ([`Storage::view`](crate::storage::Storage::view)).
+//!    the same region (`Storage::view`).
 //! 5. It publishes the new state, *retires* the old storage, and thaws it.
 //!
 //! A writer that waited on the freeze gets in after the thaw, finds its storage
 //! retired, leaves without writing, and redoes its whole write on the new state
-//! ([`ReplayBuffer::retrying`]; its inverse transforms then run again on the caller's
+//! (`ReplayBuffer::retrying`; its inverse transforms then run again on the caller's
 //! rows). So a write racing a swap lands either in the old
 //! storage before it is copied, or in the new one; never in a storage nobody reads
 //! any more, never twice, never torn. The ordering argument is in `freeze.rs` and in
