@@ -163,7 +163,9 @@ impl Core {
             .map(|s| s.window().positions(s.ring().steps))
             .collect();
         // Rows still live, by shard, as (leaf, lap, priority): one batch per tree.
-        let mut by_shard: Vec<Vec<(usize, u32, f64)>> = vec![Vec::new(); trees.len()];
+        let mut by_shard: Vec<Vec<(usize, u32, f64)>> = (0..trees.len())
+            .map(|_| Vec::with_capacity(index.len().div_ceil(trees.len())))
+            .collect();
         let mut done = PriorityUpdate::default();
         for (row, (&i, &g)) in index.iter().zip(generation).enumerate() {
             let p = state
