@@ -65,8 +65,12 @@ const LINE_BYTES: usize = 64;
 /// How many slots ahead an append prefetches its destination: enough misses in flight
 /// to hide memory latency, few enough to stay in L1.
 const APPEND_AHEAD_SLOTS: u64 = 8;
-/// How many bytes ahead of the slot it writes an append of rows alone prefetches.
-const APPEND_AHEAD_BYTES: usize = 1024;
+/// How many bytes ahead of the slot it writes an append of rows alone prefetches. At
+/// 1 KiB a typed append of 168-byte rows spent 30% of its time waiting on each slot's
+/// stamp load (perf); at 2 KiB, 1,000 such rows took 12.8-12.9 us where they took
+/// 14.7-14.9 (4 KiB: 12.7-12.9), and `replaybuf bench --workload mujoco` extends
+/// 16.7-21.4 us (median 17.7) where they took 18.7-21.7 (median 19.0), alternating.
+const APPEND_AHEAD_BYTES: usize = 2048;
 
 /// An append of at least this many bytes into a ring of at least
 /// [`STREAMING_RING_BYTES`] writes its large fields with non-temporal stores
