@@ -13,10 +13,11 @@ use replaybuf::internals::sumtree::{Leaf, OwnedTree};
 use replaybuf::sampler::Prioritized;
 use replaybuf::ReplayBuffer;
 
-/// A 4-leaf tree (arity 2 under loom) holding masses 1, 2, 3, 4, all of lap 0.
-fn four_leaves() -> Arc<OwnedTree> {
+/// A 4-leaf tree (arity 2 under loom: level-1 entries over leaves 0-1 and 2-3)
+/// holding `masses`, all of lap 0, each with its mass as its priority.
+fn four_leaves(masses: [u64; 4]) -> Arc<OwnedTree> {
     let tree = OwnedTree::new(4);
-    let leaves: Vec<(Leaf, f64)> = (1..=4).map(|m| (Leaf::new(0, m), m as f64)).collect();
+    let leaves: Vec<(Leaf, f64)> = masses.map(|m| (Leaf::new(0, m), m as f64)).to_vec();
     tree.set_run(0, &leaves);
     Arc::new(tree)
 }
@@ -24,7 +25,7 @@ fn four_leaves() -> Arc<OwnedTree> {
 #[test]
 fn a_descent_racing_an_update_lands_on_mass() {
     run_model("descent vs update (4 leaves)", || {
-        let tree = four_leaves();
+        let tree = four_leaves([1, 2, 3, 4]);
         let updater = {
             let tree = tree.clone();
             loom::thread::spawn(move || {
@@ -50,7 +51,7 @@ fn a_descent_racing_an_update_lands_on_mass() {
 #[test]
 fn an_insert_racing_an_update_for_the_replaced_row() {
     run_model("insert vs stale update", || {
-        let tree = four_leaves();
+        let tree = four_leaves([1, 2, 3, 4]);
         // A collector writes lap 1's row into slot 2 while a learner updates lap 0's.
         let writer = {
             let tree = tree.clone();
@@ -97,79 +98,57 @@ fn a_stale_update_never_lands_on_the_new_row() {
     });
 }
 
-#[test]
-fn sibling_updates_keep_the_min_tree_exact() {
-    run_model("two updates under one min entry", || {
-        // Leaves 0 and 1 share their level-1 entry (arity 2 under loom), whose min is 5.
-        let tree = OwnedTree::new(4);
-        let leaves: Vec<(Leaf, f64)> = [5, 6, 7, 8]
-            .iter()
-            .map(|&m| (Leaf::new(0, m), 1.0))
-            .collect();
-        tree.set_run(0, &leaves);
-        let tree = Arc::new(tree);
-        // One raises the old minimum; the other lowers its sibling to that same value,
-        // finds the entry already right, and stops. If the first could store the entry
-        // it computed before the second's change without checking again, the entry
-        // would stay 6 above children 9 and 5.
-        let raiser = {
-            let tree = tree.clone();
-            loom::thread::spawn(move || assert!(tree.update(0, 0, 9, 1.0)))
-        };
-        assert!(tree.update(1, 0, 5, 1.0));
-        raiser.join().unwrap();
-        assert!(
-            tree.is_consistent(),
-            "a min or max entry disagrees with its children"
-        );
-        assert_eq!((tree.min(), tree.max()), (5, 9));
-    });
-}
-
-/// Leaves of masses 5, 6, 7, 8 (arity 2 under loom: level-1 entries over leaves 0-1
-/// and 2-3), one thread setting leaf 0, the minimum, to `first` (to 9: a refresh from
-/// the children, up to the root; to 2: a climb), the other lowering leaf `lowered` to
-/// `to`, below its entry (a `fetch_max` climb, nothing recomputed). Whatever the
-/// interleaving, every entry ends equal to its children's extremum.
-fn a_climb_races(first: u64, lowered: usize, to: u64) {
-    let tree = OwnedTree::new(4);
-    let leaves: Vec<(Leaf, f64)> = [5, 6, 7, 8]
-        .iter()
-        .map(|&m| (Leaf::new(0, m), 1.0))
-        .collect();
-    tree.set_run(0, &leaves);
-    let tree = Arc::new(tree);
-    let other = {
+/// Leaves of masses 5, 6, 7, 8, one thread setting leaf 0, the minimum, to `first` (to
+/// 9: a refresh from the children, up to the root; to 2: a climb), the other setting
+/// leaf `other` to `to` (below its entry: a `fetch_max` climb, nothing recomputed).
+/// Whatever the interleaving, every entry ends equal to its children's extremum.
+fn two_updates_race(first: u64, other: usize, to: u64) {
+    let tree = four_leaves([5, 6, 7, 8]);
+    let setter = {
         let tree = tree.clone();
         loom::thread::spawn(move || assert!(tree.update(0, 0, first, 1.0)))
     };
-    assert!(tree.update(lowered, 0, to, 1.0));
-    other.join().unwrap();
+    assert!(tree.update(other, 0, to, 1.0));
+    setter.join().unwrap();
     assert!(
         tree.is_consistent(),
         "a min or max entry disagrees with its children"
     );
     let mut masses = [first, 6, 7, 8];
-    masses[lowered] = to;
+    masses[other] = to;
     let (min, max) = (masses.iter().min(), masses.iter().max());
     assert_eq!((tree.min(), tree.max()), (*min.unwrap(), *max.unwrap()));
 }
 
 #[test]
+fn sibling_updates_keep_the_min_tree_exact() {
+    // Leaves 0 and 1 share their level-1 entry, whose min is 5. One raises the old
+    // minimum; the other lowers its sibling to that same value, finds the entry
+    // already right, and stops. If the first could store the entry it computed before
+    // the second's change without checking again, the entry would stay 6 above
+    // children 9 and 5.
+    run_model("two updates under one min entry", || {
+        two_updates_race(9, 1, 5)
+    });
+}
+
+#[test]
 fn a_sibling_climbing_past_a_refresh_keeps_the_min_tree_exact() {
-    run_model("climb vs refresh, one entry", || a_climb_races(9, 1, 2));
+    run_model("climb vs refresh, one entry", || two_updates_race(9, 1, 2));
 }
 
 #[test]
 fn a_cousin_climbing_to_the_root_past_a_refresh_keeps_the_min_tree_exact() {
-    run_model("climb vs refresh, to the root", || a_climb_races(9, 3, 1));
+    run_model("climb vs refresh, to the root", || {
+        two_updates_race(9, 3, 1)
+    });
 }
 
 /// Two climbs meeting at the root: a plain load and store there would let the lesser
 /// improvement land last.
 #[test]
 fn two_climbs_to_the_root_keep_the_better() {
-    run_model("climb vs climb", || a_climb_races(2, 3, 1));
+    run_model("climb vs climb", || two_updates_race(2, 3, 1));
 }
 
 /// A buffer of two rows at alpha 1, the largest priority seen raised to 4 (so that a

@@ -161,6 +161,16 @@ impl<'a> Source<'a> {
     }
 }
 
+/// How many rows `r` of a buffer of `len` bytes, a row every `stride` bytes, have
+/// their `r * stride..r * stride + end` inside it (all of them if `stride` is 0 and
+/// the first fits).
+fn rows_within(len: usize, stride: usize, end: usize) -> usize {
+    match len.checked_sub(end) {
+        Some(room) => room.checked_div(stride).map_or(usize::MAX, |r| r + 1),
+        None => 0,
+    }
+}
+
 /// The one check of a row copy planned by [`RowCopies`] or [`Dest`]: row `r` of the
 /// caller's `rows`, and the stored row at byte `row`, `span` bytes of it, inside
 /// `words`.
@@ -213,11 +223,7 @@ impl<'a> RowCopies<'a> {
             .collect();
         let rows = cols
             .iter()
-            .map(|c| match c.data.len().checked_sub(c.len) {
-                // Rows `r` with `r * stride + len <= data.len()`.
-                Some(room) => room.checked_div(c.stride).map_or(usize::MAX, |r| r + 1),
-                None => 0,
-            })
+            .map(|c| rows_within(c.data.len(), c.stride, c.len))
             .min()
             .unwrap_or(usize::MAX);
         let span = cols.iter().map(|c| c.offset + c.len).max().unwrap_or(0);
@@ -293,14 +299,7 @@ impl<'a> Dest<'a> {
     pub(crate) fn new(cols: SmallVec<[DstCol<'a>; 8]>) -> Dest<'a> {
         let rows = cols
             .iter()
-            .map(|c| {
-                let end = c.place.skip + c.place.len;
-                match c.data.len().checked_sub(end) {
-                    // Rows `k` with `k * bytes + end <= data.len()`.
-                    Some(room) => room.checked_div(c.bytes).map_or(usize::MAX, |r| r + 1),
-                    None => 0,
-                }
-            })
+            .map(|c| rows_within(c.data.len(), c.bytes, c.place.skip + c.place.len))
             .min()
             .unwrap_or(usize::MAX);
         let span = cols

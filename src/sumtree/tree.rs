@@ -231,6 +231,13 @@ impl<'a> Tree<'a> {
         Self::encode(kind, self.entry(kind, level, j).load(Ordering::SeqCst))
     }
 
+    /// The children of entry `j` of a level whose level below starts at word `word`
+    /// with `size` entries: up to `ARITY` words.
+    fn node(&self, word: usize, size: usize, j: usize) -> &'a [AtomicU64] {
+        let first = ARITY * j;
+        &self.words[word + first..word + size.min(first + ARITY)]
+    }
+
     /// Entry `j` of level `level` of a min or max tree as its children give it now (a
     /// mass code; see the module docs of `sumtree`).
     ///
@@ -245,8 +252,7 @@ impl<'a> Tree<'a> {
                 self.layout.size(level - 1),
             )
         };
-        let first = ARITY * j;
-        let node = &self.words[word + first..word + size.min(first + ARITY)];
+        let node = self.node(word, size, j);
         // A leaf's code is its low half; one without mass is empty, which for the min
         // tree is `u64::MAX`: the min of the codes less one, wrapping, skips them (a
         // code is below 2^32 - 1). Entries are stored encoded, the min tree's
@@ -772,7 +778,7 @@ impl<'a> Tree<'a> {
     fn pick_child_of<const LEAVES: bool>(&self, level: usize, j: usize, t: &mut u64) -> usize {
         let (word, size) = self.layout.sum_levels[level - 1];
         let first = ARITY * j;
-        let node = &self.words[word + first..word + size.min(first + ARITY)];
+        let node = self.node(word, size, j);
         let mass = |w: &AtomicU64| {
             let w = w.load(Ordering::Relaxed);
             if LEAVES {
