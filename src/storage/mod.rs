@@ -62,6 +62,9 @@ use smallvec::SmallVec;
 /// streamed by the hardware prefetcher once the copy starts.
 const PREFETCH_LINES: usize = 4;
 const LINE_BYTES: usize = 64;
+/// A prioritized buffer's slot keeps its raw priority in this word, after its stamp
+/// (word 0).
+const RAW_WORD: usize = 1;
 /// How many slots ahead an append prefetches its destination: enough misses in flight
 /// to hide memory latency, few enough to stay in L1.
 const APPEND_AHEAD_SLOTS: u64 = 8;
@@ -496,7 +499,7 @@ impl Storage {
     /// The word of the slot's raw priority (a buffer with trees).
     #[inline]
     fn raw_word(&self, slot: u64) -> usize {
-        self.slot_word(slot) + 1
+        self.slot_word(slot) + RAW_WORD
     }
 
     /// The word of the slot's trajectory word (a slice buffer): the header's last.
@@ -690,8 +693,7 @@ impl Storage {
                         atomic_copy::prefetch(words, prefetched, Intent::Write);
                         prefetched += LINE_BYTES;
                     }
-                    // The slot's first word is its stamp, the next a prioritized
-                    // buffer's raw priority (`raw_word`).
+                    // The slot's first word is its stamp.
                     let stamp = &words[at / 8];
                     stamp::begin_append_or(stamp, prev, start.lap, claim, || {
                         self.reclaim_dead_editor(k);
@@ -699,7 +701,7 @@ impl Storage {
                     let r = src.order.row(start.j + i, lane);
                     if let Some(raws) = raws {
                         crate::sync::store_beside_rmw(
-                            &words[at / 8 + 1],
+                            &words[at / 8 + RAW_WORD],
                             sumtree::raw_bits(start.lap, Some(raws.of(r))),
                             Ordering::Release,
                         );
@@ -1116,12 +1118,15 @@ impl StorageParts {
                 if !with_trees {
                     return Some(0);
                 }
-                // Raw priorities sit in the slots, after the stamps (`raw_word`).
+                // Raw priorities sit in the slots, after the stamps (`RAW_WORD`).
                 let mut next = at;
                 for k in 0..geometry.shards() {
                     let ring = geometry.ring(k);
                     let first_slot = usize::try_from(ring.first_slot).ok()?;
-                    let raws = (slots_at + first_slot * (slot_bytes / 8) + 1, slot_bytes / 8);
+                    let raws = (
+                        slots_at + first_slot * (slot_bytes / 8) + RAW_WORD,
+                        slot_bytes / 8,
+                    );
                     let leaves = usize::try_from(ring.steps * ring.width).ok()?;
                     let tree = TreeLayout::new(leaves, next, with_max, Some(raws));
                     next = next.checked_add(tree.words())?;
