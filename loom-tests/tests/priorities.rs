@@ -103,7 +103,12 @@ fn a_stale_update_never_lands_on_the_new_row() {
 /// leaf `other` to `to` (below its entry: a `fetch_max` climb, nothing recomputed).
 /// Whatever the interleaving, every entry ends equal to its children's extremum.
 fn two_updates_race(first: u64, other: usize, to: u64) {
-    let tree = four_leaves([5, 6, 7, 8]);
+    two_updates_race_from([5, 6, 7, 8], first, other, to);
+}
+
+/// [`two_updates_race`] from leaves of `masses`.
+fn two_updates_race_from(masses: [u64; 4], first: u64, other: usize, to: u64) {
+    let tree = four_leaves(masses);
     let setter = {
         let tree = tree.clone();
         loom::thread::spawn(move || assert!(tree.update(0, 0, first, 1.0)))
@@ -114,8 +119,8 @@ fn two_updates_race(first: u64, other: usize, to: u64) {
         tree.is_consistent(),
         "a min or max entry disagrees with its children"
     );
-    let mut masses = [first, 6, 7, 8];
-    masses[other] = to;
+    let mut masses = masses;
+    (masses[0], masses[other]) = (first, to);
     let (min, max) = (masses.iter().min(), masses.iter().max());
     assert_eq!((tree.min(), tree.max()), (*min.unwrap(), *max.unwrap()));
 }
@@ -141,6 +146,18 @@ fn a_sibling_climbing_past_a_refresh_keeps_the_min_tree_exact() {
 fn a_cousin_climbing_to_the_root_past_a_refresh_keeps_the_min_tree_exact() {
     run_model("climb vs refresh, to the root", || {
         two_updates_race(9, 3, 1)
+    });
+}
+
+/// A refresh whose entry a climb changes between its store and its verification: the
+/// raiser takes leaf 0 from 5 to 9 and stores entry 9; the other lowers leaf 1 from 9
+/// to 6, climbs that entry to 6 and stops at the root, still 5. The raiser's
+/// verification then finds the entry right; it changed the entry, so it must still
+/// carry the change to the root, or the root stays 5 over children 6 and 7.
+#[test]
+fn a_refresh_that_a_climb_overtook_still_carries_its_change_up() {
+    run_model("refresh overtaken by a climb", || {
+        two_updates_race_from([5, 9, 7, 8], 9, 1, 6)
     });
 }
 

@@ -277,21 +277,29 @@ impl<'a> Tree<'a> {
 
     /// Brings entry `j` of `level` of a min or max tree up to date with its children;
     /// returns whether it changed (see the module's ordering notes).
+    ///
+    /// A call that stored a value reports a change even if a later pass finds the entry
+    /// already right: whoever made it right meanwhile may have been a climb that
+    /// stopped below an ancestor still reflecting the entry from before this call's
+    /// store, and only this call's own refresh of the level above fixes that.
     fn refresh(&self, kind: TreeKind, level: usize, j: usize) -> bool {
         let entry = self.entry(kind, level, j);
+        let mut changed = false;
         loop {
             let cur = entry.load(Ordering::SeqCst);
             let want = self.recompute(kind, level, j);
             if want == Self::encode(kind, cur) {
-                return false;
+                return changed;
             }
             let stored = Self::encode(kind, want);
             if entry
                 .compare_exchange(cur, stored, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
-                && self.recompute(kind, level, j) == want
             {
-                return true;
+                changed = true;
+                if self.recompute(kind, level, j) == want {
+                    return true;
+                }
             }
         }
     }
