@@ -98,10 +98,10 @@ fn a_stale_update_never_lands_on_the_new_row() {
     });
 }
 
-/// Leaves of masses 5, 6, 7, 8, one thread setting leaf 0, the minimum, to `first` (to
-/// 9: a refresh from the children, up to the root; to 2: a climb), the other setting
-/// leaf `other` to `to` (below its entry: a `fetch_max` climb, nothing recomputed).
-/// Whatever the interleaving, every entry ends equal to its children's extremum.
+/// Leaves of masses 5, 6, 7, 8, one thread setting leaf 0, the minimum, to `first`,
+/// the other setting leaf `other` to `to`: a raise racing a lowering below the same
+/// entry or a cousin's, or two lowerings meeting at the root. Whatever the
+/// interleaving, every entry ends equal to its children's extremum.
 fn two_updates_race(first: u64, other: usize, to: u64) {
     two_updates_race_from([5, 6, 7, 8], first, other, to);
 }
@@ -149,11 +149,10 @@ fn a_cousin_climbing_to_the_root_past_a_refresh_keeps_the_min_tree_exact() {
     });
 }
 
-/// A refresh whose entry a climb changes between its store and its verification: the
-/// raiser takes leaf 0 from 5 to 9 and stores entry 9; the other lowers leaf 1 from 9
-/// to 6, climbs that entry to 6 and stops at the root, still 5. The raiser's
-/// verification then finds the entry right; it changed the entry, so it must still
-/// carry the change to the root, or the root stays 5 over children 6 and 7.
+/// A refresh whose entry another update changes between its store and its
+/// verification: the raiser takes leaf 0 from 5 to 9 and stores entry 9; the other
+/// lowers leaf 1 from 9 to 6. Whoever changed the entry last carries it to the root,
+/// or the root stays 5 over children 6 and 7.
 #[test]
 fn a_refresh_that_a_climb_overtook_still_carries_its_change_up() {
     run_model("refresh overtaken by a climb", || {
@@ -161,8 +160,7 @@ fn a_refresh_that_a_climb_overtook_still_carries_its_change_up() {
     });
 }
 
-/// Two climbs meeting at the root: a plain load and store there would let the lesser
-/// improvement land last.
+/// Two lowerings meeting at the root: the lesser must not land last.
 #[test]
 fn two_climbs_to_the_root_keep_the_better() {
     run_model("climb vs climb", || two_updates_race(2, 3, 1));

@@ -160,11 +160,7 @@
 //!   while a pass runs; each is within the leaves' bound, so sums never overflow.
 //! - Sums are exact integers kept by `fetch_add` of each leaf change's exact delta
 //!   (no drift, whatever the interleaving); min and max entries are recomputed from
-//!   their children, stored by compare-exchange and verified, all `SeqCst`. A leaf
-//!   that beats the entries above it (a lower min, a higher max) climbs instead by
-//!   `fetch_max` of their stored words (the min tree's are negated), `SeqCst` too: a
-//!   refresh whose store comes after a climb's failed its compare-exchange or reads the
-//!   climbed child when it verifies; one whose store comes before is improved on.
+//!   their children, stored by compare-exchange and verified, all `SeqCst`.
 //! - A descent reads `Relaxed` and may see a parent and its children disagree; it
 //!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
 //!   landed on has mass and its lap is the lap of the row the stamp shows. Otherwise it
@@ -342,9 +338,8 @@
 //!   makes these fail. For priorities: a descent racing an update on a 4-leaf tree, a
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
 //!   through the public API while a collector laps the ring, two sibling updates
-//!   under one min entry (which fails without the refresh's verification), a climb
-//!   racing a refresh below one entry and up to the root, two climbs meeting at the
-//!   root (which fails if a climb loads and stores instead of `fetch_max`), and
+//!   under one min entry (which fails without the refresh's verification), other
+//!   pairs of racing updates below one entry and up to the root, and
 //!   `set_alpha` racing a collector's new row and an update (each leaf ends with its
 //!   raw priority's mass under the last alpha; these fail if a collector does not
 //!   check the mass function again after setting its leaves, or an update sets the

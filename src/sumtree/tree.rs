@@ -17,12 +17,8 @@
 //!   not be satisfied before the entry's store is visible (store-load order), or two
 //!   updaters could each verify against the other's stale state. An updater that found
 //!   the entry already right stops there: whoever changed the children since is still
-//!   on its way up and will carry the change. A leaf that beats the entries above it
-//!   (a lower min, a higher max) climbs by `fetch_max` on their stored words instead,
-//!   `SeqCst` too: a refresh whose store it precedes fails its compare-exchange and
-//!   rereads, one whose store it follows is improved on, and one whose verification
-//!   follows it sees the change. Once updates settle, every entry equals its
-//!   children's min or max.
+//!   on its way up and will carry the change. Once updates settle, every entry equals
+//!   its children's min or max.
 //! - **Raw priorities, then leaves.** The raw word is the truth and the leaf follows
 //!   it. A row's writer stores its raw word with a plain store while it holds the slot;
 //!   the next lap's writer waits for this row's publish, and an updater acts only on a
@@ -279,9 +275,7 @@ impl<'a> Tree<'a> {
     /// returns whether it changed (see the module's ordering notes).
     ///
     /// A call that stored a value reports a change even if a later pass finds the entry
-    /// already right: whoever made it right meanwhile may have been a climb that
-    /// stopped below an ancestor still reflecting the entry from before this call's
-    /// store, and only this call's own refresh of the level above fixes that.
+    /// already right, so that its caller still refreshes the level above.
     fn refresh(&self, kind: TreeKind, level: usize, j: usize) -> bool {
         let entry = self.entry(kind, level, j);
         let mut changed = false;
@@ -321,49 +315,24 @@ impl<'a> Tree<'a> {
     }
 
     /// Carries one leaf's change from mass code `old` to `new` up the min and max
-    /// trees:
-    ///
-    /// - A new code that beats the entry above (a lower min, a higher max) can only
-    ///   improve each ancestor. Improving is a `fetch_max` of the stored words (the min
-    ///   tree's are negated, so both trees improve upwards), climbing while it changes
-    ///   an entry, with nothing recomputed: what most updates of a settled buffer do.
-    /// - Otherwise an entry that is not the old code cannot change: the tree is
-    ///   skipped. (If the entry is stale, whoever made it so is on the way to refresh
-    ///   it, and will read this leaf's new code.)
-    /// - Otherwise the leaf held the entry's extremum and gave it up: the entries are
-    ///   refreshed from their children, up while they change.
-    ///
-    /// A climb never undoes a refresh, nor a refresh a climb: a refresh stores by
-    /// compare-exchange against the word it read and then reads the children again,
-    /// so a climb before its store makes it fail and reread, and one after its store
-    /// improves on what it stored.
+    /// trees, skipping a tree whose entry above the leaf it cannot change: the entry is
+    /// not the old code and the new one does not beat it. (If the entry is stale,
+    /// whoever made it so is on the way to refresh it, and will read this leaf's new
+    /// code.)
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
             let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
             let (old, new) = (as_mass(old), as_mass(new));
-            let mut j = leaf / ARITY;
-            let entry = self.extremum(kind, 1, j);
-            if combine(kind, entry, new) != entry {
-                let stored = Self::encode(kind, new);
-                for level in 1..=self.layout.top() {
-                    let was = self
-                        .entry(kind, level, j)
-                        .fetch_max(stored, Ordering::SeqCst);
-                    if was >= stored {
-                        break;
-                    }
-                    j /= ARITY;
-                }
+            let entry = self.extremum(kind, 1, leaf / ARITY);
+            if old != entry && combine(kind, entry, new) == entry {
                 continue;
             }
-            if old != entry {
-                continue;
-            }
+            let mut j = leaf;
             for level in 1..=self.layout.top() {
+                j /= ARITY;
                 if !self.refresh(kind, level, j) {
                     break;
                 }
-                j /= ARITY;
             }
         }
     }
