@@ -106,6 +106,23 @@
 //! touched. A reader loads them twice; if a writer changed them in between, the copy is
 //! a mix of rows, which R3 already rejects, as it rejects any copy raced by a writer.
 //!
+//! **Fixed-length field copies.** An append copies a field of one length into many
+//! rows (`atomic_copy::FieldCopy`): the moves for that length are chosen once (two
+//! 1-, 2-, 4- or 8-byte moves, four 16-byte moves at fixed offsets, 64-byte blocks of
+//! 16-byte moves then the last 64 bytes, or `rep movsb`), and each row's copy is
+//! those moves and no branch. They are the same kinds of single hardware stores as
+//! above, overlapping only inside the field's range, so the argument above holds for
+//! them unchanged.
+//!
+//! **Several slots at once.** An append holds a small group of consecutive slots
+//! (`storage/mod.rs`, `append_rows`, about 1 KiB of them): W0-W2 for every slot of the
+//! group, then the rows' stores a field at a time, then W3 for every slot. Each slot's
+//! row stores still fall between its own W1 and W3, which is all that §1 uses; a
+//! reader that finds a slot of the group marked as being written waits or redraws,
+//! as for one slot. The appender waits (W0) only on predecessors, claims of earlier
+//! sequence numbers, while holding later ones, so §2's argument against deadlock is
+//! unchanged.
+//!
 //! **Streaming appends.** An append of at least 512 KiB into a ring of at least 64 MiB
 //! writes each field of 4 KiB or
 //! more with non-temporal stores (`movntdq`, `atomic_copy::store_streaming`): whole
@@ -115,11 +132,11 @@
 //! ordinary store of the slot's writing mark (W1) that precedes it, or after the
 //! publishing store (W3) that follows it. Either would break the protocol: a reader
 //! could copy new bytes under the old published stamp and validate them (R1 and R3
-//! both see the old stamp), or see the new stamp before the bytes. So a streaming row
-//! is bracketed by two `sfence`s (`plan.rs`, `write_row_streaming`): the first makes
-//! W1 visible before any of the row's stores, the second makes all of them visible
-//! before W3. The stamp protocol then holds as for ordinary stores. Under loom and the
-//! sanitizers `store_streaming` is the ordinary word copy, and the fences do nothing.
+//! both see the old stamp), or see the new stamp before the bytes. So a streaming
+//! group of rows is bracketed by two `sfence`s (`plan.rs`, `write_rows_streaming`):
+//! the first makes the group's W1s visible before any of their rows' stores, the
+//! second makes all of those visible before the W3s. The stamp protocol then holds as
+//! for ordinary stores. Under loom and the sanitizers `store_streaming` is the ordinary word copy, and the fences do nothing.
 //!
 //! ## 7. Priorities (`sumtree/`, `core/priorities.rs`, `sampler/leaf_writes.rs`)
 //!

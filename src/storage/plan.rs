@@ -135,26 +135,28 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// [`write_row`](Self::write_row) for an append too large to stay in cache: fields
-    /// of at least [`STREAMING_FIELD_BYTES`] go out as non-temporal stores, between two
-    /// fences (`atomic_copy::store_streaming`): the slot's writing mark is visible
-    /// before any of the row, and all of the row before the publishing store after it.
-    #[inline]
-    pub(crate) fn write_row_streaming(
+    /// Stores data rows `rows[k]` into the rows at bytes `first + k * step` of
+    /// `words`, for an append too large to stay in cache: fields of at least
+    /// [`STREAMING_FIELD_BYTES`] go out as non-temporal stores, between two fences
+    /// (`atomic_copy::store_streaming`): the slots' writing marks are visible before
+    /// any of the rows, and all of the rows before the publishing stores after them.
+    pub(crate) fn write_rows_streaming(
         &self,
         words: &[AtomicU64],
-        row: usize,
-        step: u64,
-        lane: u64,
+        first: usize,
+        step: usize,
+        rows: &[usize],
     ) {
-        let r = self.order.row(step, lane);
         atomic_copy::streaming_fence();
-        for c in &self.cols {
-            let data = c.stored(r);
-            if data.len() >= STREAMING_FIELD_BYTES {
-                atomic_copy::store_streaming(words, row + c.place.offset, data);
-            } else {
-                atomic_copy::store(words, row + c.place.offset, data);
+        for (k, &r) in rows.iter().enumerate() {
+            let row = first + k * step;
+            for c in &self.cols {
+                let data = c.stored(r);
+                if data.len() >= STREAMING_FIELD_BYTES {
+                    atomic_copy::store_streaming(words, row + c.place.offset, data);
+                } else {
+                    atomic_copy::store(words, row + c.place.offset, data);
+                }
             }
         }
         atomic_copy::streaming_fence();
@@ -207,6 +209,8 @@ struct ColCopy<'a> {
     stride: usize,
     len: usize,
     offset: usize,
+    /// The moves of a `len`-byte copy.
+    copy: atomic_copy::FieldCopy,
 }
 
 impl<'a> RowCopies<'a> {
@@ -219,6 +223,7 @@ impl<'a> RowCopies<'a> {
                 stride: c.bytes,
                 len: c.place.len,
                 offset: c.place.offset,
+                copy: atomic_copy::FieldCopy::new(c.place.len),
             })
             .collect();
         let rows = cols
@@ -230,16 +235,35 @@ impl<'a> RowCopies<'a> {
         RowCopies { cols, rows, span }
     }
 
-    /// Stores data row `r` into the row at byte `row` of `words` (held for writing,
-    /// under the stamp protocol).
+    /// Stores data rows `rows[k]` into the rows at bytes `first + k * step` of `words`
+    /// (all held for writing, under the stamp protocol), a field at a time: each
+    /// field's source and moves stay in registers across the rows, and its copies run
+    /// with no branch (`atomic_copy::FieldCopy`). One check covers every copy.
     #[inline]
-    pub(crate) fn write(&self, words: &[AtomicU64], row: usize, r: usize) {
-        check_row(r, self.rows, row, self.span, words);
+    pub(crate) fn write_rows(
+        &self,
+        words: &[AtomicU64],
+        first: usize,
+        step: usize,
+        rows: &[usize],
+    ) {
+        let Some(last) = rows.len().checked_sub(1) else {
+            return;
+        };
+        let max = rows.iter().copied().max().unwrap_or(0);
+        let last_row = last
+            .checked_mul(step)
+            .and_then(|b| b.checked_add(first))
+            .unwrap_or(usize::MAX);
+        check_row(max, self.rows, last_row, self.span, words);
         for c in &self.cols {
-            // SAFETY: `r < self.rows`, so `r * stride + len <= data.len()`.
-            let data = unsafe { c.data.get_unchecked(r * c.stride..r * c.stride + c.len) };
-            // SAFETY: `offset + len <= span` and `row + span` is inside `words`.
-            unsafe { atomic_copy::store_unchecked(words, row + c.offset, data) };
+            // SAFETY: every `r < self.rows`, so `r * stride + len <= data.len()`; the
+            // last row's `offset + len <= span` lies inside `words`, as do the ones
+            // before it.
+            unsafe {
+                c.copy
+                    .store_rows(words, first + c.offset, step, c.data, c.stride, rows)
+            };
         }
     }
 }
@@ -262,12 +286,19 @@ pub(crate) struct DstCol<'a> {
     /// Where the field lies in a stored row, and where in each row's value the stored
     /// bytes go (as [`SrcCol`]); the rest is rebuilt from other rows (`frames.rs`).
     place: Place,
+    /// The moves of a copy of the stored part.
+    copy: atomic_copy::FieldCopy,
 }
 
 impl<'a> DstCol<'a> {
     /// Rows of `bytes` each into `data`, their stored part at `place`.
     pub(crate) fn new(data: &'a mut [u8], bytes: usize, place: Place) -> DstCol<'a> {
-        DstCol { data, bytes, place }
+        DstCol {
+            data,
+            bytes,
+            place,
+            copy: atomic_copy::FieldCopy::new(place.len),
+        }
     }
 
     /// A field stored whole.
@@ -330,7 +361,7 @@ impl<'a> Dest<'a> {
     }
 
     /// Copies the row at byte `row` of `words` into row `k` of the destination.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {
         check_row(k, self.rows, row, self.span, words);
         for c in &mut self.cols {
@@ -338,8 +369,9 @@ impl<'a> Dest<'a> {
             let at = k * c.bytes + skip;
             // SAFETY: `k < self.rows`, so `k * bytes + skip + len <= data.len()`.
             let out = unsafe { c.data.get_unchecked_mut(at..at + len) };
-            // SAFETY: `offset + len <= span` and `row + span` is inside `words`.
-            unsafe { atomic_copy::load_unchecked(words, row + offset, out) };
+            // SAFETY: `out` is the field's `len` bytes; `offset + len <= span` and
+            // `row + span` is inside `words`.
+            unsafe { c.copy.load(words, row + offset, out) };
         }
     }
 }
