@@ -703,6 +703,11 @@ impl Storage {
             let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
             let end = at + (len * ring.width) as usize * slot_bytes;
             let mut prefetched = at;
+            // Steps before this one of the run take over an abandoned predecessor.
+            let abandoned_below = match fresh {
+                true => 0,
+                false => (abandoned + ring.steps).saturating_sub(start.seq),
+            };
             // The step and lane of the next slot.
             let (mut i, mut lane) = (0, 0);
             while at < end {
@@ -716,7 +721,7 @@ impl Storage {
                     }
                     let prev = if fresh {
                         Prev::Empty
-                    } else if start.seq + i - ring.steps < abandoned {
+                    } else if i < abandoned_below {
                         Prev::Abandoned
                     } else {
                         Prev::Lap(prev_lap)
