@@ -703,46 +703,47 @@ impl Storage {
             let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
             let end = at + (len * ring.width) as usize * slot_bytes;
             let mut prefetched = at;
-            // Steps before this one of the run take over an abandoned predecessor.
+            // The predecessor of each slot, but for those of the run's first
+            // `abandoned_below` slots, which take over an abandoned one.
+            let run_prev = if fresh {
+                Prev::Empty
+            } else {
+                Prev::Lap(prev_lap)
+            };
             let abandoned_below = match fresh {
                 true => 0,
-                false => (abandoned + ring.steps).saturating_sub(start.seq),
+                false => (abandoned + ring.steps).saturating_sub(start.seq) * ring.width,
             };
-            // The step and lane of the next slot.
-            let (mut i, mut lane) = (0, 0);
+            // The next slot's place in the run.
+            let mut s = 0;
             while at < end {
                 let group_at = at;
                 let n = group.min((end - at) / slot_bytes);
-                for row in &mut rows[..n] {
-                    let ahead = (at + APPEND_AHEAD_BYTES).min(end);
-                    while prefetched < ahead {
-                        atomic_copy::prefetch(words, prefetched, Intent::Write);
-                        prefetched += LINE_BYTES;
-                    }
-                    let prev = if fresh {
-                        Prev::Empty
-                    } else if i < abandoned_below {
-                        Prev::Abandoned
-                    } else {
-                        Prev::Lap(prev_lap)
+                // The group's lines, and `APPEND_AHEAD_BYTES` past it, loading.
+                let ahead = (at + n * slot_bytes + APPEND_AHEAD_BYTES).min(end);
+                while prefetched < ahead {
+                    atomic_copy::prefetch(words, prefetched, Intent::Write);
+                    prefetched += LINE_BYTES;
+                }
+                src.order.rows_of(start.j, ring.width, s, &mut rows[..n]);
+                for &row in &rows[..n] {
+                    let prev = match s < abandoned_below {
+                        true => Prev::Abandoned,
+                        false => run_prev,
                     };
                     // The slot's first word is its stamp.
                     stamp::begin_append_or(&words[at / 8], prev, start.lap, claim, || {
                         self.reclaim_dead_editor(k);
                     });
-                    *row = src.order.row(start.j + i, lane);
                     if let Some(raws) = raws {
                         crate::sync::store_beside_rmw(
                             &words[at / 8 + RAW_WORD],
-                            sumtree::raw_bits(start.lap, Some(raws.of(*row))),
+                            sumtree::raw_bits(start.lap, Some(raws.of(row))),
                             Ordering::Release,
                         );
                     }
                     at += slot_bytes;
-                    lane += 1;
-                    if lane == ring.width {
-                        (i, lane) = (i + 1, 0);
-                    }
+                    s += 1;
                 }
                 let (first_row, rows) = (group_at + header_bytes, &rows[..n]);
                 if streaming && !fresh {

@@ -87,6 +87,28 @@ impl RowOrder {
             RowOrder::EnvMajor { steps, env0 } => (env0 + lane) * steps + step,
         }) as usize
     }
+
+    /// The data rows of consecutive slots of a run whose first step is data step
+    /// `j`, `width` lanes a step: `out[g]` gets the row of the run's slot `s + g`
+    /// (step `j + (s + g) / width`, lane `(s + g) % width`).
+    #[inline]
+    pub(crate) fn rows_of(&self, j: u64, width: u64, s: u64, out: &mut [usize]) {
+        if let (RowOrder::Flat, 1) = (self, width) {
+            let first = (j + s) as usize;
+            for (g, row) in out.iter_mut().enumerate() {
+                *row = first + g;
+            }
+            return;
+        }
+        let (mut step, mut lane) = (j + s / width, s % width);
+        for row in out {
+            *row = self.row(step, lane);
+            lane += 1;
+            if lane == width {
+                (step, lane) = (step + 1, 0);
+            }
+        }
+    }
 }
 
 /// The rows an extend writes.
@@ -372,6 +394,34 @@ impl<'a> Dest<'a> {
             // SAFETY: `out` is the field's `len` bytes; `offset + len <= span` and
             // `row + span` is inside `words`.
             unsafe { c.copy.load(words, row + offset, out) };
+        }
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use super::*;
+
+    /// A group's rows are the rows of its slots one by one, from any slot of a run,
+    /// for every order and width.
+    #[test]
+    fn rows_of_a_group_are_its_slots_rows() {
+        let orders = [
+            RowOrder::Flat,
+            RowOrder::TimeMajor { envs: 6, env0: 2 },
+            RowOrder::EnvMajor { steps: 9, env0: 1 },
+        ];
+        for order in orders {
+            for width in [1, 3, 4] {
+                for s in 0..13 {
+                    let mut out = [0; 7];
+                    order.rows_of(5, width, s, &mut out);
+                    let want: Vec<usize> = (s..s + 7)
+                        .map(|slot| order.row(5 + slot / width, slot % width))
+                        .collect();
+                    assert_eq!(out.to_vec(), want, "{order:?} width {width} from {s}");
+                }
+            }
         }
     }
 }
