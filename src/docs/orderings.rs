@@ -108,9 +108,10 @@
 //!
 //! **Fixed-length field copies.** An append copies a field of one length into many
 //! rows (`atomic_copy::FieldCopy`): the moves for that length are chosen once (two
-//! 1-, 2-, 4- or 8-byte moves, four 16-byte moves at fixed offsets, 64-byte blocks of
-//! 16-byte moves then the last 64 bytes, or `rep movsb`), and each row's copy is
-//! those moves and no branch. They are the same kinds of single hardware stores as
+//! 1-, 2-, 4-, 8- or 16-byte moves, four 16-byte moves at fixed offsets, 64-byte
+//! blocks of 16-byte moves then up to three 16-byte moves ending at the field's end,
+//! or `rep movsb`), and each row's copy is those moves and no branch. The general
+//! copy of a range uses the same moves, found from its length. They are the same kinds of single hardware stores as
 //! above, overlapping only inside the field's range, so the argument above holds for
 //! them unchanged.
 //!
@@ -136,7 +137,8 @@
 //! group of rows is bracketed by two `sfence`s (`plan.rs`, `write_rows_streaming`):
 //! the first makes the group's W1s visible before any of their rows' stores, the
 //! second makes all of those visible before the W3s. The stamp protocol then holds as
-//! for ordinary stores. Under loom and the sanitizers `store_streaming` is the ordinary word copy, and the fences do nothing.
+//! for ordinary stores. Under loom and the sanitizers `store_streaming` is the
+//! ordinary word copy, and the fences do nothing.
 //!
 //! ## 7. Priorities (`sumtree/`, `core/priorities.rs`, `sampler/leaf_writes.rs`)
 //!

@@ -199,6 +199,11 @@ impl FieldCopy {
         }
     }
 
+    /// The field's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Copies the field at byte `offset` of `words` into `dst` (`len` bytes): [`load`]
     /// with the moves chosen once and no range check.
     ///

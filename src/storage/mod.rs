@@ -710,9 +710,10 @@ impl Storage {
             } else {
                 Prev::Lap(prev_lap)
             };
-            let abandoned_below = match fresh {
-                true => 0,
-                false => (abandoned + ring.steps).saturating_sub(start.seq) * ring.width,
+            let abandoned_below = if fresh {
+                0
+            } else {
+                (abandoned + ring.steps).saturating_sub(start.seq) * ring.width
             };
             // The next slot's place in the run.
             let mut s = 0;
@@ -727,9 +728,10 @@ impl Storage {
                 }
                 src.order.rows_of(start.j, ring.width, s, &mut rows[..n]);
                 for &row in &rows[..n] {
-                    let prev = match s < abandoned_below {
-                        true => Prev::Abandoned,
-                        false => run_prev,
+                    let prev = if s < abandoned_below {
+                        Prev::Abandoned
+                    } else {
+                        run_prev
                     };
                     // The slot's first word is its stamp.
                     stamp::begin_append_or(&words[at / 8], prev, start.lap, claim, || {

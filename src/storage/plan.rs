@@ -223,15 +223,14 @@ pub(crate) struct RowCopies<'a> {
     span: usize,
 }
 
-/// One field of [`RowCopies`]: row `r`'s stored part is `data[r * stride..][..len]`
+/// One field of [`RowCopies`]: row `r`'s stored part is `data[r * stride..][..copy.len()]`
 /// and goes `offset` bytes into the row.
 #[derive(Clone, Copy, Debug)]
 struct ColCopy<'a> {
     data: &'a [u8],
     stride: usize,
-    len: usize,
     offset: usize,
-    /// The moves of a `len`-byte copy.
+    /// The field's length, and the moves that copy it.
     copy: atomic_copy::FieldCopy,
 }
 
@@ -243,17 +242,20 @@ impl<'a> RowCopies<'a> {
             .map(|c| ColCopy {
                 data: c.data.get(c.place.skip..).unwrap_or_default(),
                 stride: c.bytes,
-                len: c.place.len,
                 offset: c.place.offset,
                 copy: atomic_copy::FieldCopy::new(c.place.len),
             })
             .collect();
         let rows = cols
             .iter()
-            .map(|c| rows_within(c.data.len(), c.stride, c.len))
+            .map(|c| rows_within(c.data.len(), c.stride, c.copy.len()))
             .min()
             .unwrap_or(usize::MAX);
-        let span = cols.iter().map(|c| c.offset + c.len).max().unwrap_or(0);
+        let span = cols
+            .iter()
+            .map(|c| c.offset + c.copy.len())
+            .max()
+            .unwrap_or(0);
         RowCopies { cols, rows, span }
     }
 
