@@ -17,6 +17,7 @@ use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use replaybuf::internals::sumtree::{Leaf, OwnedTree};
 use replaybuf::sampler::Prioritized;
 use replaybuf::ReplayBuffer;
 
@@ -227,5 +228,42 @@ fn prioritized(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prioritized);
+/// The descents alone: 256 draws through the lock-free trees of a million leaves (a
+/// batch at a time, AVX2 where the CPU has it), beside the baseline's binary sum tree.
+fn descend(c: &mut Criterion) {
+    const LEAVES: usize = 1 << 20;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(SEED);
+    let tree = OwnedTree::new(LEAVES);
+    let masses: Vec<u64> = (0..LEAVES).map(|_| rng.random_range(1..100_000)).collect();
+    let leaves: Vec<(Leaf, f64)> = masses.iter().map(|&m| (Leaf::new(1, m), 1.0)).collect();
+    tree.set_run(0, &leaves);
+    let mut baseline = SegmentTrees::new(LEAVES);
+    for (i, &m) in masses.iter().enumerate() {
+        baseline.set(i, m as f64);
+    }
+    let (total, baseline_total) = (tree.total(), baseline.sum[1]);
+    let mut targets = vec![0u64; SAMPLE_ROWS];
+    let mut landings = Vec::with_capacity(SAMPLE_ROWS);
+    let mut group = common::group(c, "prioritized_descend_256", SAMPLE_ROWS);
+    group.bench_function("lock_free", |b| {
+        b.iter(|| {
+            for t in &mut targets {
+                *t = rng.random_range(0..total);
+            }
+            tree.descend_many(&targets, &mut landings);
+            black_box(&landings);
+        })
+    });
+    group.bench_function("binary_tree", |b| {
+        b.iter(|| {
+            for t in &mut targets {
+                *t = baseline.find(rng.random::<f64>() * baseline_total) as u64;
+            }
+            black_box(&targets);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, prioritized, descend);
 criterion_main!(benches);

@@ -64,6 +64,7 @@
 //!
 //! Layer: algos.
 
+mod pick;
 pub mod reference;
 pub(crate) mod tree;
 
@@ -538,6 +539,22 @@ impl OwnedTree {
     /// The slot a descent for mass `t` lands on, with its mass and lap.
     pub fn descend(&self, t: u64) -> Option<(usize, u64, u32)> {
         self.tree().descend(t).map(|l| (l.leaf, l.value, l.lap))
+    }
+
+    /// Descends for every mass of `targets` at once, as a sample does: `out[k]` the
+    /// landing of `targets[k]`, as [`OwnedTree::descend`] gives it.
+    pub fn descend_many(&self, targets: &[u64], out: &mut Vec<Option<(usize, u64, u32)>>) {
+        out.clear();
+        for chunk in targets.chunks(32) {
+            let mut group: smallvec::SmallVec<[(u64, Option<tree::Landing>); 32]> =
+                chunk.iter().map(|&t| (t, None)).collect();
+            self.tree().descend_many(&mut group);
+            out.extend(
+                group
+                    .iter()
+                    .map(|(_, l)| l.map(|l| (l.leaf, l.value, l.lap))),
+            );
+        }
     }
 
     /// Whether every entry of all three trees equals what its children give (true once

@@ -48,7 +48,7 @@
 //!
 //! Layer: algos.
 
-use super::{decode_mass, raw_bits, raw_of, Leaf, TreeKind, TreeLayout, ARITY};
+use super::{decode_mass, pick, raw_bits, raw_of, Leaf, TreeKind, TreeLayout, ARITY};
 use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
@@ -702,6 +702,32 @@ impl<'a> Tree<'a> {
     /// Descends for every target at once, level by level, so that the cache misses of
     /// different descents overlap instead of queueing.
     pub(crate) fn descend_many(&self, targets: &mut [(u64, Option<Landing>)]) {
+        if pick::has_avx2() {
+            // SAFETY: the CPU has AVX2 and POPCNT.
+            unsafe { self.descend_many_avx2(targets) }
+        } else {
+            self.descend_many_with::<false>(targets)
+        }
+    }
+
+    /// [`Tree::descend_many`] compiled for, and counting with, AVX2 (`sumtree/pick.rs`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and POPCNT.
+    #[cfg_attr(
+        all(
+            target_arch = "x86_64",
+            not(replaybuf_loom),
+            not(replaybuf_atomic_copy)
+        ),
+        target_feature(enable = "avx2,popcnt")
+    )]
+    unsafe fn descend_many_avx2(&self, targets: &mut [(u64, Option<Landing>)]) {
+        self.descend_many_with::<true>(targets)
+    }
+
+    #[inline(always)]
+    fn descend_many_with<const AVX2: bool>(&self, targets: &mut [(u64, Option<Landing>)]) {
         let mut nodes: smallvec::SmallVec<[usize; 32]> = smallvec::smallvec![0; targets.len()];
         let top = self.layout.top();
         self.prefetch_children(top, 0);
@@ -710,7 +736,11 @@ impl<'a> Tree<'a> {
             // a whole level of the other descents later: its miss overlaps their picks
             // instead of stalling its own.
             for ((t, _), node) in targets.iter_mut().zip(nodes.iter_mut()) {
-                *node = self.pick_child(level, *node, t);
+                *node = if level == 1 {
+                    self.pick_child::<true, AVX2>(level, *node, t)
+                } else {
+                    self.pick_child::<false, AVX2>(level, *node, t)
+                };
                 if level > 1 {
                     self.prefetch_children(level - 1, *node);
                 }
@@ -740,69 +770,33 @@ impl<'a> Tree<'a> {
 
     /// Among the children of entry `j` of `level`, the one holding mass `*t`; `*t`
     /// becomes the mass left within that child. Clamps to the last child with mass if
-    /// a racing update made the children sum to less than `*t`.
-    fn pick_child(&self, level: usize, j: usize, t: &mut u64) -> usize {
-        if level == 1 {
-            self.pick_child_of::<true>(level, j, t)
-        } else {
-            self.pick_child_of::<false>(level, j, t)
-        }
-    }
-
-    /// [`Tree::pick_child`] among leaves (`LEAVES`: their words hold a lap and a mass
-    /// code) or sum entries.
+    /// a racing update made the children sum to less than `*t`. `LEAVES`: the level
+    /// below is the leaves, whose words hold a lap and a mass code.
     #[inline(always)]
-    fn pick_child_of<const LEAVES: bool>(&self, level: usize, j: usize, t: &mut u64) -> usize {
+    fn pick_child<const LEAVES: bool, const AVX2: bool>(
+        &self,
+        level: usize,
+        j: usize,
+        t: &mut u64,
+    ) -> usize {
         let (word, size) = self.layout.sum_levels[level - 1];
         let first = ARITY * j;
         let node = self.node(word, size, j);
-        let mass = |w: &AtomicU64| {
-            let w = w.load(Ordering::Relaxed);
-            if LEAVES {
-                decode_mass(w)
-            } else {
-                w
-            }
-        };
-        // Branch-free: the child holding `t` is the number of children whose running
-        // total ends at or before `t` (a child without mass never holds it); the mass
-        // before it is the running total of the child before. A full node (all but the
-        // last of a level) is a fixed-size array: its running totals unroll, and a
-        // binary search counts them (running totals only grow, unless a racing update
-        // wrapped one; the count is then some child with `totals[c] <= t`, and the
-        // landing leaf's check catches the draw).
+        // The child holding `t` is the number of children whose running total ends at
+        // or before `t` (a child without mass never holds it); the mass before it is
+        // the running total of the child before (`sumtree/pick.rs`).
         let (c, before) = match <&[AtomicU64; ARITY]>::try_from(node) {
-            Ok(node) => {
-                let mut totals = [0u64; ARITY + 1];
-                for (k, w) in node.iter().enumerate() {
-                    totals[k + 1] = totals[k].wrapping_add(mass(w));
-                }
-                let mut c = 0;
-                let mut step = ARITY / 2;
-                while step > 0 {
-                    c += if totals[c + step] <= *t { step } else { 0 };
-                    step /= 2;
-                }
-                c += usize::from(totals[c + 1] <= *t);
-                (c, totals[c])
-            }
-            Err(_) => {
-                let (mut acc, mut before, mut c) = (0u64, 0u64, 0usize);
-                for w in node {
-                    acc = acc.wrapping_add(mass(w));
-                    let past = acc <= *t;
-                    c += usize::from(past);
-                    before = if past { acc } else { before };
-                }
-                (c, before)
-            }
+            Ok(full) => pick::count_full::<LEAVES, AVX2>(full, *t),
+            Err(_) => pick::count_partial::<LEAVES>(node, *t),
         };
-        if c < node.len() {
-            *t -= before;
+        if let Some(left) = t.checked_sub(before).filter(|_| c < node.len()) {
+            *t = left;
             return first + c;
         }
-        // `t` is past this node's mass: a racing update shrank it. Clamp to the last child
-        // with mass; with none, the caller's check of the landing leaf rejects the draw.
+        // `t` is past this node's mass (a racing update shrank it), or racing words
+        // wrapped the running totals. Clamp to the last child with mass; with none, the
+        // caller's check of the landing leaf rejects the draw.
+        let mass = pick::mass::<LEAVES>;
         match node.iter().rposition(|w| mass(w) > 0) {
             Some(c) => {
                 *t = mass(&node[c]).saturating_sub(1);
