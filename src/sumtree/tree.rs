@@ -730,19 +730,26 @@ impl<'a> Tree<'a> {
     fn descend_many_with<const AVX2: bool>(&self, targets: &mut [(u64, Option<Landing>)]) {
         let mut nodes: smallvec::SmallVec<[usize; 32]> = smallvec::smallvec![0; targets.len()];
         let top = self.layout.top();
-        self.prefetch_children(top, 0);
+        // The words of level `level` of the sum tree, the leaves as level 0.
+        let level_words = |level: usize| {
+            let (word, size) = self.layout.sum_levels[level];
+            &self.words[word..word + size]
+        };
+        Self::prefetch_node(level_words(top - 1), 0);
         for level in (1..=top).rev() {
+            let (children, below) = (level_words(level - 1), level.checked_sub(2));
+            let below = below.map(level_words);
             // A descent's next node starts loading as soon as it is known, and is read
             // a whole level of the other descents later: its miss overlaps their picks
             // instead of stalling its own.
             for ((t, _), node) in targets.iter_mut().zip(nodes.iter_mut()) {
                 *node = if level == 1 {
-                    self.pick_child::<true, AVX2>(level, *node, t)
+                    Self::pick_child::<true, AVX2>(children, *node, t)
                 } else {
-                    self.pick_child::<false, AVX2>(level, *node, t)
+                    Self::pick_child::<false, AVX2>(children, *node, t)
                 };
-                if level > 1 {
-                    self.prefetch_children(level - 1, *node);
+                if let Some(below) = below {
+                    Self::prefetch_node(below, *node);
                 }
             }
         }
@@ -756,38 +763,42 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Starts loading the children of entry `j` of `level` (a node: up to two lines).
-    fn prefetch_children(&self, level: usize, j: usize) {
-        let word = self.layout.sum_levels[level - 1].0 + ARITY * j;
+    /// Starts loading node `j` of a level's words (up to two lines).
+    #[inline(always)]
+    fn prefetch_node(level: &[AtomicU64], j: usize) {
         for line in 0..ARITY.div_ceil(8) {
             crate::storage::atomic_copy::prefetch(
-                self.words,
-                (word + 8 * line) * 8,
+                level,
+                (ARITY * j + 8 * line) * 8,
                 crate::storage::atomic_copy::Intent::Read,
             );
         }
     }
 
-    /// Among the children of entry `j` of `level`, the one holding mass `*t`; `*t`
+    /// Among `children` (a level's words) of node `j`, the one holding mass `*t`; `*t`
     /// becomes the mass left within that child. Clamps to the last child with mass if
-    /// a racing update made the children sum to less than `*t`. `LEAVES`: the level
-    /// below is the leaves, whose words hold a lap and a mass code.
+    /// a racing update made the children sum to less than `*t`. `LEAVES`: the children
+    /// are leaves, whose words hold a lap and a mass code.
     #[inline(always)]
     fn pick_child<const LEAVES: bool, const AVX2: bool>(
-        &self,
-        level: usize,
+        children: &[AtomicU64],
         j: usize,
         t: &mut u64,
     ) -> usize {
-        let (word, size) = self.layout.sum_levels[level - 1];
         let first = ARITY * j;
-        let node = self.node(word, size, j);
         // The child holding `t` is the number of children whose running total ends at
         // or before `t` (a child without mass never holds it); the mass before it is
-        // the running total of the child before (`sumtree/pick.rs`).
-        let (c, before) = match <&[AtomicU64; ARITY]>::try_from(node) {
-            Ok(full) => pick::count_full::<LEAVES, AVX2>(full, *t),
-            Err(_) => pick::count_partial::<LEAVES>(node, *t),
+        // the running total of the child before (`sumtree/pick.rs`). All but the last
+        // node of a level are full.
+        let (node, (c, before)) = match children.get(first..first + ARITY) {
+            Some(full) => {
+                let full = <&[AtomicU64; ARITY]>::try_from(full).expect("ARITY words");
+                (&full[..], pick::count_full::<LEAVES, AVX2>(full, *t))
+            }
+            None => {
+                let node = &children[first.min(children.len())..];
+                (node, pick::count_partial::<LEAVES>(node, *t))
+            }
         };
         if let Some(left) = t.checked_sub(before).filter(|_| c < node.len()) {
             *t = left;
