@@ -116,10 +116,18 @@ fn collector_processes_and_a_learner_keep_one_ratio() {
     // The learner draws until what the collectors will have written leaves the diff
     // at the band's floor (it waits for them whenever it runs ahead).
     let owed = 2.0 * 100.0 * CHUNK as f64 * spi;
+    let mut paused = false;
     while owed - drawn as f64 > low {
         match learner.sample(BATCH) {
             Ok(b) => drawn += b.len() as u64,
             Err(e) => panic!("{e}"),
+        }
+        if !paused {
+            // The first sample waited for the collectors' first rows; a learner that
+            // then lags a while makes the collectors run into the band and wait too,
+            // however the two sides happen to be scheduled.
+            paused = true;
+            std::thread::sleep(Duration::from_millis(100));
         }
         let s = rb.rate_limit_stats().unwrap();
         if s.inserts >= min_size {
