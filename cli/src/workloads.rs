@@ -15,7 +15,7 @@ pub const FRAME_BYTES: usize = 84 * 84;
 pub const TRAJ_STEPS: u64 = 200;
 /// Slices in one sampled batch of the slice workload (256 rows: 8 windows of 32 steps).
 pub const SLICES_PER_BATCH: usize = 8;
-/// The slice workload's trajectory-id field (i64, shape [1]).
+/// The slice workload's trajectory-id field (i64, shape `[1]`).
 pub const TRAJ_KEY: &str = "traj";
 
 /// How a workload's buffer draws its batches.
