@@ -8,9 +8,10 @@
 //! - **Scalar**, for every machine: the running totals unrolled into an array and
 //!   counted by a binary search.
 //! - **AVX2**, where the CPU has it (checked once a descent, `is_x86_feature_detected!`):
-//!   four words a register, their running totals by two shift-and-adds, all sixteen
-//!   compared with the target at once and the answer a population count. About half
-//!   the instructions of the scalar count.
+//!   four words a register, their running totals by two permute-and-adds, all sixteen
+//!   compared with the target at once and the answer a population count. With it (and
+//!   each level's words taken once, `tree.rs`), a descent of 20,000 leaves runs 490
+//!   instructions where it ran 625 (callgrind).
 //!
 //! Both read the node's words as the descent's ordering notes allow (`tree.rs`): each
 //! word some value it held, `Relaxed`, and no more. The AVX2 count loads four words at a
