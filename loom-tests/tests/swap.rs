@@ -83,3 +83,26 @@ fn an_extend_racing_two_swaps_lands_once() {
         });
     });
 }
+
+#[test]
+fn writers_made_racing_a_copy_into_a_new_storage_take_different_shards() {
+    // A handle's shard comes from a counter the swap carries to the new storage: a
+    // number taken from the old storage after the copy would be taken again from the
+    // new one, and two collectors would share a shard. Fails if `try_writer` counts
+    // without entering the storage (`ReplayBuffer::count_handle`).
+    run_model("writer() vs set_storage", || {
+        let rb = ReplayBuffer::builder(pair_spec())
+            .capacity(4)
+            .shards(2)
+            .seed(1)
+            .build()
+            .expect("a valid buffer");
+        let first = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.writer().shard())
+        };
+        rb.set_storage(StorageConfig::heap().capacity(8)).unwrap();
+        let second = rb.writer().shard();
+        assert_ne!(first.join().unwrap(), second, "two writers on one shard");
+    });
+}

@@ -24,9 +24,10 @@ use crate::rng::{self};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
 use crate::state::{State, StateCell};
+use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
-use crate::storage::Draw;
+use crate::storage::{Draw, Storage};
 use crate::sync::{Backoff, Guard, MutexGuard, Ordering};
 use crate::writer::Writer;
 use std::sync::Arc;
@@ -220,31 +221,40 @@ impl ReplayBuffer {
     /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
     /// another live process.
     pub fn try_writer(&self) -> Result<Writer, DataError> {
-        let inner = self.state();
-        let storage = &inner.core.storage;
-        let k = storage
-            .global(Global::Writers)
-            .fetch_add(1, Ordering::Relaxed);
-        let shards = storage.shards().len();
-        let shard = match storage.lease_for_writer(k as usize) {
-            Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
-            None => (k % shards as u64) as usize,
-        };
-        Ok(Writer::new(self.clone(), shard))
+        self.retrying(|inner| {
+            let storage = &inner.core.storage;
+            let k = Self::count_handle(storage, Global::Writers)?;
+            let shards = storage.shards().len();
+            let shard = match storage.lease_for_writer(k as usize) {
+                Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
+                None => (k % shards as u64) as usize,
+            };
+            Ok(Writer::new(self.clone(), shard))
+        })
     }
 
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
-        let inner = self.state();
-        let k = inner
-            .core
-            .storage
-            .global(Global::Learners)
-            .fetch_add(1, Ordering::Relaxed);
-        Learner::new(
-            self.clone(),
-            rng::stream(inner.core.seed, rng::Stream::Learner(k)),
-        )
+        let made = self.retrying(|inner| {
+            let k = Self::count_handle(&inner.core.storage, Global::Learners)?;
+            let rng = rng::stream(inner.core.seed, rng::Stream::Learner(k));
+            Ok::<_, Attempt<std::convert::Infallible>>(Learner::new(self.clone(), rng))
+        });
+        match made {
+            Ok(learner) => learner,
+        }
+    }
+
+    /// The next number of handle counter `counter` (writers: their shards; learners:
+    /// their random streams), taken inside the storage as a priority update is. A swap
+    /// carries the counters to the new storage once it has frozen the old one, which
+    /// waits for whoever is inside: a number taken from the old storage after the
+    /// carry would be taken again from the new one (two writers on one shard, their
+    /// environments' steps interleaved; two learners drawing alike). A storage already
+    /// retired sends the caller to the new state.
+    fn count_handle(storage: &Storage, counter: Global) -> Result<u64, Retired> {
+        let _inside = storage.enter_update()?;
+        Ok(storage.global(counter).fetch_add(1, Ordering::Relaxed))
     }
 
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
