@@ -235,14 +235,12 @@ impl ReplayBuffer {
 
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
-        let made = self.retrying(|inner| {
+        let Ok(learner) = self.retrying(|inner| {
             let k = Self::count_handle(&inner.core.storage, Global::Learners)?;
             let rng = rng::stream(inner.core.seed, rng::Stream::Learner(k));
             Ok::<_, Attempt<std::convert::Infallible>>(Learner::new(self.clone(), rng))
         });
-        match made {
-            Ok(learner) => learner,
-        }
+        learner
     }
 
     /// The next number of handle counter `counter` (writers: their shards; learners:

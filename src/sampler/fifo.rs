@@ -91,11 +91,14 @@ fn peek(shards: &[Shard], k: usize, w: Window, rows: u64, out: &mut Vec<Draw>) -
         return 0;
     }
     let n = rows.min(end - first);
-    out.extend((first..first + n).map(|r| Draw {
-        shard: k as u32,
-        lane: (r % width) as u32,
-        seq: r / width,
-        ..Draw::default()
+    out.extend((first..first + n).map(|r| {
+        let (seq, lane) = shard.ring().step_lane(r);
+        Draw {
+            shard: k as u32,
+            lane: lane as u32,
+            seq,
+            ..Draw::default()
+        }
     }));
     n
 }

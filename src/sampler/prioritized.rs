@@ -363,10 +363,7 @@ fn to_draw(
     lap: u32,
 ) -> Draw {
     let ring = shards[k].ring();
-    let (pos, lane) = match ring.width {
-        1 => (leaf as u64, 0),
-        w => (leaf as u64 / w, leaf as u64 % w),
-    };
+    let (pos, lane) = ring.step_lane(leaf as u64);
     match positions[k].seq_at(pos) {
         Some(seq) => Draw {
             shard: k as u32,

@@ -41,14 +41,10 @@ pub(super) fn pick(
     }
     let mut r = rng.random_range(0..total);
     for (k, (shard, w)) in shards.iter().zip(windows).enumerate() {
-        let width = shard.ring().width;
-        let rows = w.steps() * width;
+        let ring = shard.ring();
+        let rows = w.steps() * ring.width;
         if r < rows {
-            // A flat ring's row is its step: no division.
-            let (step, lane) = match width {
-                1 => (r, 0),
-                _ => (r / width, r % width),
-            };
+            let (step, lane) = ring.step_lane(r);
             return Some(Draw {
                 shard: k as u32,
                 lane: lane as u32,

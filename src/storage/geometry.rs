@@ -129,6 +129,16 @@ impl Ring {
         (pos, lap as u32)
     }
 
+    /// Row `r` of the ring, counted a step at a time (`width` rows a step), as its
+    /// step and lane. A flat ring's row is its step: no division.
+    #[inline]
+    pub(crate) fn step_lane(&self, r: u64) -> (u64, u64) {
+        match self.width {
+            1 => (r, 0),
+            w => (r / w, r % w),
+        }
+    }
+
     #[inline]
     pub(crate) fn slot(&self, pos: u64, lane: u64) -> u64 {
         self.first_slot + pos * self.width + lane
