@@ -152,6 +152,47 @@ fn ten_million_updates_do_not_drift() {
     );
 }
 
+/// Two threads updating the same few leaves, each raising and lowering them across
+/// orders of magnitude, so that updates of one leaf race each other up the min and max
+/// trees (a lowering that climbs while a raise of its own leaf refreshes, the race that
+/// the loom model `a_climb_whose_leaf_moved_on_refreshes_instead` pins). Checked
+/// every round, once both threads have finished it.
+#[test]
+fn contended_updates_of_the_same_leaves_keep_the_extrema_exact() {
+    const LEAVES: usize = 40;
+    const ROUNDS: usize = 200;
+    const UPDATES: usize = 5_000;
+    let tree = OwnedTree::new(LEAVES);
+    let initial: Vec<(Leaf, f64)> = (0..LEAVES).map(|_| (Leaf::new(0, 1000), 1.0)).collect();
+    tree.set_run(0, &initial);
+    for round in 0..ROUNDS as u64 {
+        std::thread::scope(|s| {
+            for thread in 0..2u64 {
+                let tree = &tree;
+                s.spawn(move || {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (round << 8) ^ thread;
+                    for _ in 0..UPDATES {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let i = (x % LEAVES as u64) as usize;
+                        let value = match x >> 61 {
+                            0 => 0,
+                            k => (x >> 20) % (1 << (3 * k)) + 1,
+                        };
+                        tree.update(i, 0, value, value as f64);
+                    }
+                });
+            }
+        });
+        let values: Vec<u64> = (0..LEAVES).map(|i| tree.leaf(i).0.value()).collect();
+        assert!(tree.is_consistent(), "round {round}: {values:?}");
+        let min = values.iter().copied().filter(|&v| v > 0).min();
+        assert_eq!(tree.min(), min.unwrap_or(u64::MAX), "round {round}");
+        assert_eq!(tree.max(), values.iter().copied().max().unwrap_or(0));
+    }
+}
+
 /// Descents racing updates always land on a leaf that has mass when they read it.
 #[test]
 fn descents_racing_updates_land_on_mass() {

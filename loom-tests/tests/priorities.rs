@@ -166,6 +166,31 @@ fn two_climbs_to_the_root_keep_the_better() {
     run_model("climb vs climb", || two_updates_race(2, 3, 1));
 }
 
+/// Two updates of one leaf: one lowers it from 5 to 2, below the entries above (a
+/// climb), the other raises it to 9. The raise may find the entries not yet lowered
+/// and so nothing of its own to carry; the climb that then lowers them must see its
+/// leaf moved on and refresh them from the children, or the min tree keeps a 2 that
+/// no leaf holds.
+#[test]
+fn a_climb_whose_leaf_moved_on_refreshes_instead() {
+    run_model("climb vs a raise of its own leaf", || {
+        let tree = four_leaves([5, 6, 7, 8]);
+        let lowerer = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || assert!(tree.update(0, 0, 2, 2.0)))
+        };
+        assert!(tree.update(0, 0, 9, 9.0));
+        lowerer.join().unwrap();
+        let last = tree.leaf(0).0.value();
+        assert!(last == 2 || last == 9, "leaf 0 holds {last}");
+        assert!(
+            tree.is_consistent(),
+            "a min or max entry disagrees with its children (leaf 0 ended {last})"
+        );
+        assert_eq!((tree.min(), tree.max()), (last.min(6), last.max(8)));
+    });
+}
+
 /// A buffer of two rows at alpha 1, the largest priority seen raised to 4 (so that a
 /// new row's mass differs between alphas), and the generation of row 0.
 fn two_rows_seen_4() -> (ReplayBuffer, replaybuf::Batch) {

@@ -179,7 +179,11 @@
 //!   while a pass runs; each is within the leaves' bound, so sums never overflow.
 //! - Sums are exact integers kept by `fetch_add` of each leaf change's exact delta
 //!   (no drift, whatever the interleaving); min and max entries are recomputed from
-//!   their children, stored by compare-exchange and verified, all `SeqCst`.
+//!   their children, stored by compare-exchange and verified, all `SeqCst`. A leaf
+//!   that beats the entries above it climbs by `fetch_max` instead, and reads its
+//!   child again after each: a climb carries a value, not the children, so a child
+//!   that moved on meanwhile (the same leaf updated again by someone who found nothing
+//!   to carry yet) makes the climber refresh that entry from its children.
 //! - A descent reads `Relaxed` and may see a parent and its children disagree; it
 //!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
 //!   landed on has mass and its lap is the lap of the row the stamp shows. Otherwise it
@@ -364,7 +368,9 @@
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
 //!   through the public API while a collector laps the ring, two sibling updates
 //!   under one min entry (which fails without the refresh's verification), other
-//!   pairs of racing updates below one entry and up to the root, and
+//!   pairs of racing updates below one entry and up to the root, a climb whose own
+//!   leaf another update raises meanwhile (which fails without the climb's reading
+//!   of its child, at the leaf or at the level above), and
 //!   `set_alpha` racing a collector's new row and an update (each leaf ends with its
 //!   raw priority's mass under the last alpha; these fail if a collector does not
 //!   check the mass function again after setting its leaves, or an update sets the

@@ -17,8 +17,14 @@
 //!   not be satisfied before the entry's store is visible (store-load order), or two
 //!   updaters could each verify against the other's stale state. An updater that found
 //!   the entry already right stops there: whoever changed the children since is still
-//!   on its way up and will carry the change. Once updates settle, every entry equals
-//!   its children's min or max.
+//!   on its way up and will carry the change. A leaf that beats the entries above it
+//!   (a lower min, a higher max) climbs instead: a `fetch_max` of each entry's stored
+//!   word, `SeqCst` too, and then the child it climbed from is read again. A child
+//!   still holding the value makes the entry right by it (whoever changes the child
+//!   next reads the entry after); one that moved on (a later update of the same leaf,
+//!   which found the entry not yet improved and carried nothing) may leave the entry
+//!   better than its children, and the climber refreshes it as above. Once updates
+//!   settle, every entry equals its children's min or max.
 //! - **Raw priorities, then leaves.** The raw word is the truth and the leaf follows
 //!   it. A row's writer stores its raw word with a plain store while it holds the slot;
 //!   the next lap's writer waits for this row's publish, and an updater acts only on a
@@ -315,25 +321,85 @@ impl<'a> Tree<'a> {
     }
 
     /// Carries one leaf's change from mass code `old` to `new` up the min and max
-    /// trees, skipping a tree whose entry above the leaf it cannot change: the entry is
-    /// not the old code and the new one does not beat it. (If the entry is stale,
-    /// whoever made it so is on the way to refresh it, and will read this leaf's new
-    /// code.)
+    /// trees:
+    ///
+    /// - A new code that beats the entry above (a lower min, a higher max) can only
+    ///   improve the entries above it: it climbs ([`Tree::climb`]), with nothing
+    ///   recomputed. This is what most updates of a buffer do whose new rows come in at
+    ///   the largest priority.
+    /// - Otherwise an entry that is not the old code cannot change: the tree is
+    ///   skipped. (If the entry is stale, whoever made it so is on the way to refresh
+    ///   it, and will read this leaf's new code.)
+    /// - Otherwise the leaf held the entry's extremum and gave it up: the entries are
+    ///   refreshed from their children, up while they change.
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
             let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
             let (old, new) = (as_mass(old), as_mass(new));
             let entry = self.extremum(kind, 1, leaf / ARITY);
-            if old != entry && combine(kind, entry, new) == entry {
-                continue;
+            if combine(kind, entry, new) != entry {
+                self.climb(kind, leaf, new);
+            } else if old == entry {
+                self.refresh_up(kind, 1, leaf / ARITY, false);
             }
-            let mut j = leaf;
-            for level in 1..=self.layout.top() {
-                j /= ARITY;
-                if !self.refresh(kind, level, j) {
-                    break;
-                }
+        }
+    }
+
+    /// Improves the entries of tree `kind` above leaf `leaf` to its code `code`, from
+    /// level 1 up while `code` beats them.
+    ///
+    /// Each entry is improved by a `fetch_max` of its stored word (the min tree's are
+    /// negated, so both trees improve upwards), and then the child it was improved
+    /// from is read again: a climb carries a value, not what the children hold, and the
+    /// child may have moved on since it was read (a later update of the same leaf,
+    /// which found the entry not yet improved and so had nothing to carry). If it did,
+    /// the entry may now be better than its children: it is refreshed from them, and
+    /// the change carried up as a refresh carries it. If the child still holds `code`,
+    /// the entry is right by it, and whoever changes the child next reads the entry
+    /// after this improvement.
+    ///
+    /// A climb never undoes a refresh, nor a refresh a climb: a refresh stores by
+    /// compare-exchange against the word it read and then reads the children again, so
+    /// a climb before its store makes it fail and reread, and one after its store
+    /// improves on what it stored; the refresh's second reading of the children finds
+    /// the climbing child (or, if it moved on, the climber's own check does).
+    fn climb(&self, kind: TreeKind, leaf: usize, code: u64) {
+        debug_assert_ne!(code, identity(kind), "an empty leaf beats no entry");
+        let stored = Self::encode(kind, code);
+        let mut j = leaf;
+        for level in 1..=self.layout.top() {
+            let child = j;
+            j /= ARITY;
+            let entry = self.entry(kind, level, j);
+            if entry.load(Ordering::SeqCst) >= stored
+                || entry.fetch_max(stored, Ordering::SeqCst) >= stored
+            {
+                // As good already: whatever made it so carries itself up.
+                return;
             }
+            let holds = if level == 1 {
+                self.leaf(child).code() == code
+            } else {
+                self.extremum(kind, level - 1, child) == code
+            };
+            if !holds {
+                self.refresh_up(kind, level, j, true);
+                return;
+            }
+        }
+    }
+
+    /// Refreshes entry `j` of `level` of tree `kind` from its children, and the entries
+    /// above it while they change; `changed`: carry the change to the level above even
+    /// if this entry needs none (its caller already changed it).
+    fn refresh_up(&self, kind: TreeKind, level: usize, j: usize, changed: bool) {
+        let (mut j, mut changed) = (j, changed);
+        for level in level..=self.layout.top() {
+            changed |= self.refresh(kind, level, j);
+            if !changed {
+                return;
+            }
+            (j, changed) = (j / ARITY, false);
         }
     }
 
