@@ -5,6 +5,13 @@
 use proptest::prelude::*;
 use replaybuf::internals::sumtree::{Leaf, OwnedTree, ReferenceTree};
 
+/// Steps a xorshift generator.
+fn xorshift(x: &mut u64) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     SetRun {
@@ -113,9 +120,7 @@ fn ten_million_updates_do_not_drift() {
             s.spawn(move || {
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
                 for _ in 0..UPDATES / 2 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    xorshift(&mut x);
                     let i = (x % LEAVES as u64) as usize;
                     // Masses across 12 orders of magnitude, zero included.
                     let value = match x >> 60 {
@@ -172,9 +177,7 @@ fn contended_updates_of_the_same_leaves_keep_the_extrema_exact() {
                 s.spawn(move || {
                     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (round << 8) ^ thread;
                     for _ in 0..UPDATES {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
+                        xorshift(&mut x);
                         let i = (x % LEAVES as u64) as usize;
                         let value = match x >> 61 {
                             0 => 0,
@@ -208,9 +211,7 @@ fn descents_racing_updates_land_on_mass() {
         s.spawn(move || {
             let mut x = 12345u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                xorshift(&mut x);
                 tree.update((x % LEAVES as u64) as usize, 0, (x >> 40) % 3 * 100, 1.0);
             }
         });
