@@ -29,7 +29,8 @@ use crate::sampler::mass_scale::ALPHA_MAX;
 use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
-use crate::sumtree::tree::Tree;
+use crate::sumtree::tree::{Summit, Tree, SUMMIT_ENTRIES};
+use crate::sumtree::ARITY;
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -284,6 +285,9 @@ impl Masses {
 /// Descents per interleaved group: enough misses in flight to hide memory latency.
 const GROUP: usize = 32;
 
+/// Shards up to which a sample reads a summit of each tree.
+const SUMMIT_SHARDS: usize = 8;
+
 /// Draws `n` rows in proportion to mass into `out`. A landing that does not name a
 /// live row becomes a draw with `mass == 0`, which the read loop replaces.
 pub(crate) fn draw(
@@ -301,6 +305,21 @@ pub(crate) fn draw(
         .zip(windows)
         .map(|(s, w)| w.positions(s.ring().steps))
         .collect();
+    // Each shard's summit (`sumtree/tree.rs`), room for about `ARITY` entries a
+    // descent, within `SUMMIT_ENTRIES` on the stack for up to `SUMMIT_SHARDS` shards.
+    let mut room = [0u64; SUMMIT_ENTRIES];
+    let summits: smallvec::SmallVec<[Option<Summit<'_>>; SUMMIT_SHARDS]> =
+        if trees.len() <= SUMMIT_SHARDS {
+            let each = (SUMMIT_ENTRIES / trees.len())
+                .min((ARITY * n).div_ceil(trees.len()))
+                .max(1);
+            room.chunks_mut(each)
+                .zip(trees)
+                .map(|(room, tree)| tree.summit(room))
+                .collect()
+        } else {
+            smallvec::SmallVec::new()
+        };
     for start in (0..n).step_by(GROUP) {
         let len = GROUP.min(n - start);
         let mut targets: [(usize, u64); GROUP] = [(0, 0); GROUP];
@@ -317,7 +336,7 @@ pub(crate) fn draw(
             }
             let mut group: smallvec::SmallVec<[(u64, Option<_>); GROUP]> =
                 mine.iter().map(|&g| (targets[g].1, None)).collect();
-            tree.descend_many(&mut group);
+            tree.descend_many(summits.get(k).copied().flatten(), &mut group);
             for (&g, (_, landing)) in mine.iter().zip(group) {
                 hits[g] = landing.map(|l| (k, l));
             }

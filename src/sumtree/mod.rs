@@ -545,10 +545,13 @@ impl OwnedTree {
     /// landing of `targets[k]`, as [`OwnedTree::descend`] gives it.
     pub fn descend_many(&self, targets: &[u64], out: &mut Vec<Option<(usize, u64, u32)>>) {
         out.clear();
+        let mut room = [0u64; tree::SUMMIT_ENTRIES];
+        let tree = self.tree();
+        let summit = tree.summit(&mut room[..(ARITY * targets.len()).min(tree::SUMMIT_ENTRIES)]);
         for chunk in targets.chunks(32) {
             let mut group: smallvec::SmallVec<[(u64, Option<tree::Landing>); 32]> =
                 chunk.iter().map(|&t| (t, None)).collect();
-            self.tree().descend_many(&mut group);
+            tree.descend_many(summit, &mut group);
             out.extend(
                 group
                     .iter()
