@@ -395,8 +395,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let inner = self.buffer.state();
-        let mut rng = inner.core.call_rng();
+        let (inner, mut rng) = self.buffer.call_stream();
         let mut rounds = 0;
         loop {
             let read = Self::draw_and_read(&inner.core, &mut rng, n, batch);

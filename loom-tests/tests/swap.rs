@@ -106,3 +106,26 @@ fn writers_made_racing_a_copy_into_a_new_storage_take_different_shards() {
         assert_ne!(first.join().unwrap(), second, "two writers on one shard");
     });
 }
+
+#[test]
+fn sample_calls_racing_a_copy_into_a_new_storage_draw_different_streams() {
+    // A sample call through the buffer draws from the stream its call number names,
+    // from a counter the swap carries: a number taken from the old storage after the
+    // copy would be taken again from the new one, and two calls would draw the same
+    // rows. Fails if `Core::call_rng` counts without entering the storage.
+    run_model("sample() vs set_storage", || {
+        let rb = ReplayBuffer::builder(pair_spec())
+            .capacity(4)
+            .seed(1)
+            .build()
+            .expect("a valid buffer");
+        rb.extend(&pairs(&rb, &[4], 0)).unwrap();
+        let first = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || whole_rows(&rb.sample(3).unwrap()))
+        };
+        rb.set_storage(StorageConfig::heap().capacity(8)).unwrap();
+        let second = whole_rows(&rb.sample(3).unwrap());
+        assert_ne!(first.join().unwrap(), second, "two calls drew one stream");
+    });
+}

@@ -20,7 +20,7 @@ use crate::error::{AccessError, DataError, SampleError};
 use crate::learner::Learner;
 use crate::policy::Admit;
 use crate::rate_limit::Limiter;
-use crate::rng::{self};
+use crate::rng::{self, Rng};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
 use crate::state::{State, StateCell};
@@ -297,10 +297,8 @@ impl ReplayBuffer {
     pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.batch([0]);
         self.limited_sample(n, || {
-            let inner = self.state();
-            inner
-                .core
-                .sample_into(&mut inner.core.call_rng(), n, &mut batch)?;
+            let (inner, mut rng) = self.call_stream();
+            inner.core.sample_into(&mut rng, n, &mut batch)?;
             inner.transforms.apply(&mut batch)?;
             Ok(batch.len())
         })?;
@@ -323,10 +321,8 @@ impl ReplayBuffer {
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
         let n = self.state().core.batch_size_for(batch)?;
         self.limited_sample(n, || {
-            let inner = self.state();
-            inner
-                .core
-                .sample_into(&mut inner.core.call_rng(), n, batch)?;
+            let (inner, mut rng) = self.call_stream();
+            inner.core.sample_into(&mut rng, n, batch)?;
             inner.transforms.apply(batch)?;
             Ok(batch.len())
         })
@@ -474,6 +470,17 @@ impl ReplayBuffer {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::Retired) => continue,
+            }
+        }
+    }
+
+    /// The state now, and the random stream of a sample call made through the buffer
+    /// itself, numbered inside that state's storage (`Core::call_rng`).
+    pub(crate) fn call_stream(&self) -> (Guard<State>, Rng) {
+        loop {
+            let inner = self.state();
+            if let Ok(rng) = inner.core.call_rng() {
+                return (inner, rng);
             }
         }
     }

@@ -69,13 +69,18 @@ impl Core {
         })
     }
 
-    /// The random stream of the next sample call made through the buffer itself.
-    pub(crate) fn call_rng(&self) -> Rng {
+    /// The random stream of the next sample call made through the buffer itself, its
+    /// number taken inside the storage as a handle's is (`ReplayBuffer::count_handle`):
+    /// a number taken from a storage whose counters a swap has already carried would
+    /// be taken again from the new one, and two calls would draw alike. Refused once
+    /// the storage is retired.
+    pub(crate) fn call_rng(&self) -> Result<Rng, Retired> {
+        let _inside = self.storage.enter_update()?;
         let call = self
             .storage
             .global(Global::Calls)
             .fetch_add(1, Ordering::Relaxed);
-        rng::stream(self.seed, rng::Stream::Call(call))
+        Ok(rng::stream(self.seed, rng::Stream::Call(call)))
     }
 
     pub(crate) fn batch_size_for(&self, batch: &Batch) -> Result<usize, SampleError> {

@@ -324,7 +324,11 @@
 //! every shard before writing any (by the freeze rule of section 10), so it is copied
 //! whole or redone whole. So a write racing a swap lands exactly once, in the storage
 //! the buffer has after it. Samples need none of this: a sample that loaded the old
-//! state reads the old storage, which nobody writes any more.
+//! state reads the old storage, which nobody writes any more. What a sample call and a
+//! new handle take from the storage's counters (a call's random stream, a learner's
+//! stream, a writer's shard) they take inside it, as an updater enters: the swap
+//! carries the counters once the old storage is frozen, so a number taken from it
+//! after the copy, which the new storage would hand out again, cannot be.
 //!
 //! ## 12. Rate limits (`rate_limit/`)
 //!
@@ -382,7 +386,10 @@
 //!   asked never handed over (removing the worker's wakeup makes these deadlock).
 //!   For swaps: an extend racing a copy into a new storage, an in-place swap to an
 //!   immutable writer, and two swaps in a row, each landing exactly once (these fail
-//!   if an appender skips the retirement check, or a swap thaws before retiring).
+//!   if an appender skips the retirement check, or a swap thaws before retiring); a
+//!   `writer()` and a `sample()` racing a copy into a new storage take numbers the
+//!   new storage does not hand out again (these fail if the counter is taken outside
+//!   the storage).
 //!   For rate limits, both limiters: an inserter and a sampler in lockstep, a waiter
 //!   freed by closing and by a wider limit (the shared one deadlocks without
 //!   `WAITERS`, or when a sleeper judges the limit it read before `WAKE`).
