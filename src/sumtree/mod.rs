@@ -57,7 +57,10 @@
 //!   leaves' mass codes, which order as the masses do (the mantissa is normalised above
 //!   2^26), so that a refresh compares words without decoding them.
 //! - Nodes are `ARITY` entries, two adjacent cache lines: a million leaves sit five
-//!   levels deep, and the top three stay cached.
+//!   levels deep, and the top three stay cached. A sample reads the running totals of
+//!   one level near the top once (a *summit*, `tree.rs`), and each of its descents
+//!   starts there with a binary search: a million rows' draw then picks among the
+//!   children of three nodes, not five.
 //!
 //! `reference.rs` is the locked twin: a `Mutex<Vec<_>>` recomputed from scratch, which
 //! the property tests and the fuzz target compare against.

@@ -2,8 +2,9 @@
 //! running total, at or before the target mass, and the running total before the child
 //! that holds it.
 //!
-//! This is most of a prioritized sample's work (a million rows: five nodes a draw, each
-//! sixteen words), so it comes twice:
+//! This is most of a prioritized sample's work (a million rows: three nodes a draw,
+//! each sixteen words, below the summit a sample reads once, `tree.rs`), so it comes
+//! twice:
 //!
 //! - **Scalar**, for every machine: the running totals unrolled into an array and
 //!   counted by a binary search.
