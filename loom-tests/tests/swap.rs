@@ -112,7 +112,8 @@ fn sample_calls_racing_a_copy_into_a_new_storage_draw_different_streams() {
     // A sample call through the buffer draws from the stream its call number names,
     // from a counter the swap carries: a number taken from the old storage after the
     // copy would be taken again from the new one, and two calls would draw the same
-    // rows. Fails if `Core::call_rng` counts without entering the storage.
+    // rows. Fails if `Storage::take_call` takes the number without then reading the
+    // swap's `carrying` flag, or if either side's fence is missing.
     run_model("sample() vs set_storage", || {
         let rb = ReplayBuffer::builder(pair_spec())
             .capacity(4)

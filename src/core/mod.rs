@@ -69,17 +69,11 @@ impl Core {
         })
     }
 
-    /// The random stream of the next sample call made through the buffer itself, its
-    /// number taken inside the storage as a handle's is (`ReplayBuffer::count_handle`):
-    /// a number taken from a storage whose counters a swap has already carried would
-    /// be taken again from the new one, and two calls would draw alike. Refused once
-    /// the storage is retired.
+    /// The random stream of the next sample call made through the buffer itself
+    /// ([`Storage::take_call`]: refused if a swap may have carried the counter to a new
+    /// storage first, where two calls would then draw alike).
     pub(crate) fn call_rng(&self) -> Result<Rng, Retired> {
-        let _inside = self.storage.enter_update()?;
-        let call = self
-            .storage
-            .global(Global::Calls)
-            .fetch_add(1, Ordering::Relaxed);
+        let call = self.storage.take_call()?;
         Ok(rng::stream(self.seed, rng::Stream::Call(call)))
     }
 

@@ -324,11 +324,16 @@
 //! every shard before writing any (by the freeze rule of section 10), so it is copied
 //! whole or redone whole. So a write racing a swap lands exactly once, in the storage
 //! the buffer has after it. Samples need none of this: a sample that loaded the old
-//! state reads the old storage, which nobody writes any more. What a sample call and a
-//! new handle take from the storage's counters (a call's random stream, a learner's
-//! stream, a writer's shard) they take inside it, as an updater enters: the swap
-//! carries the counters once the old storage is frozen, so a number taken from it
-//! after the copy, which the new storage would hand out again, cannot be.
+//! state reads the old storage, which nobody writes any more. The swap carries the
+//! storage's counters (a sample call's random stream, a learner's stream, a writer's
+//! shard) once the old storage is frozen, and a number taken from it after the copy
+//! would be handed out again by the new one. A new handle takes its number inside the
+//! storage, as an updater enters. A sample call through the buffer does not enter (a
+//! checkpoint's freeze would hold it up). It counts, and after a `SeqCst` fence reads
+//! the storage's `carrying` flag; a copying swap sets the flag, and after a fence of
+//! its own reads the counters (Dekker's pairing). A call that finds the flag set, or
+//! the storage retired, waits for the copy to end and takes its number again on the
+//! new state (`Storage::take_call`).
 //!
 //! ## 12. Rate limits (`rate_limit/`)
 //!

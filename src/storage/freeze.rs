@@ -64,7 +64,7 @@ use smallvec::SmallVec;
 use super::shard::{EditGuard, FreezeGuard as ShardFreeze, IsFrozen, Shard};
 use super::stamp::Claim;
 use super::Storage;
-use crate::sync::{AtomicU64, Backoff, Ordering};
+use crate::sync::{fence, AtomicU64, Backoff, Ordering};
 
 const FROZEN: u64 = 1 << 63;
 /// Waits on a shard that does not drain between checks that its writer still lives.
@@ -116,6 +116,19 @@ impl Drop for EditHold<'_> {
         if let Some((m, k)) = self.0 {
             m.end_edit(k);
         }
+    }
+}
+
+/// A storage whose counters a swap is carrying ([`Storage::begin_carry`]).
+pub(crate) struct Carrying<'a> {
+    storage: &'a Storage,
+}
+
+impl Drop for Carrying<'_> {
+    fn drop(&mut self) {
+        // SYNC POINT: pairs with the Acquire loads in `take_call`: a call that reads
+        // the flag cleared after a swap then sees the storage retired.
+        self.storage.carrying.store(false, Ordering::Release);
     }
 }
 
@@ -277,6 +290,47 @@ impl Storage {
     /// [`Retired`]. Call it while holding the storage frozen, before thawing.
     pub(crate) fn retire(&self, _frozen: &Frozen<'_>) {
         self.retired.store(true, Ordering::Release);
+    }
+
+    /// Marks the storage as having its counters carried into a new one, until the
+    /// guard drops: after [`Storage::retire`], or on a swap that unwinds. Call it
+    /// while holding the storage frozen, before reading any counter.
+    pub(crate) fn begin_carry(&self, _frozen: &Frozen<'_>) -> Carrying<'_> {
+        self.carrying.store(true, Ordering::SeqCst);
+        // SYNC POINT: pairs with the fence in `take_call` (a store-load pair each
+        // side, as in Dekker's protocol): the copy's reads of the counters come after.
+        fence(Ordering::SeqCst);
+        Carrying { storage: self }
+    }
+
+    /// The number of the next sample call made through the buffer itself (its random
+    /// stream's), or [`Retired`] if a swap may have carried the counter to a new
+    /// storage before this call took it: the new storage would hand the number out
+    /// again. A call that meets a swap waits for its copy to end (not for a freeze
+    /// alone: a checkpoint's freeze copies no counter) and is then redone on the state
+    /// the swap published.
+    ///
+    /// The call counts, then (after a `SeqCst` fence) reads `carrying`; the swap sets
+    /// `carrying`, then (after its fence) reads the counter. Of the two fences one
+    /// comes first: if the call's does, the copy reads its count; if the swap's does,
+    /// the call sees `carrying` set. A call that reads `carrying` cleared after the
+    /// swap reads `retired` set: the swap retires the storage before it clears.
+    pub(crate) fn take_call(&self) -> Result<u64, Retired> {
+        let call = self
+            .global(super::layout::Global::Calls)
+            .fetch_add(1, Ordering::Relaxed);
+        // SYNC POINT: pairs with the fence in `begin_carry`.
+        fence(Ordering::SeqCst);
+        // SYNC POINT: Acquire pairs with the Release of `Carrying`'s drop, which
+        // comes after the swap's `retire`.
+        if !self.carrying.load(Ordering::Acquire) && !self.is_retired() {
+            return Ok(call);
+        }
+        let mut backoff = Backoff::new();
+        while self.carrying.load(Ordering::Acquire) {
+            backoff.snooze();
+        }
+        Err(Retired)
     }
 
     /// Freezes the storage: waits until no appender, editor or priority updater is

@@ -196,6 +196,9 @@ pub(crate) struct Storage {
     /// writer that enters afterwards leaves again and redoes its write on the buffer's
     /// new state. Read-mostly, beside the fields every append reads anyway.
     retired: AtomicBool,
+    /// Set while a swap copies this storage's counters into a new one (`freeze.rs`,
+    /// [`Storage::take_call`]), and until it has retired this storage.
+    carrying: AtomicBool,
     /// The lap its rings started at: 0, or past every lap of the storage a swap
     /// copied into this one (see [`Storage::start_at_lap`]).
     first_lap: u64,
@@ -1047,6 +1050,7 @@ impl Storage {
             region: self.region.clone(),
             updaters: self.updaters.clone(),
             retired: AtomicBool::new(false),
+            carrying: AtomicBool::new(false),
             first_lap: self.first_lap,
             layout: self.layout.clone(),
             shards: self.shards.clone(),
@@ -1229,6 +1233,7 @@ impl StorageParts {
             region,
             updaters: Arc::new(CachePadded::new(AtomicU64::new(0))),
             retired: AtomicBool::new(false),
+            carrying: AtomicBool::new(false),
             first_lap: 0,
             layout,
             shards,

@@ -58,6 +58,11 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     };
     let held = old.policy.hold();
     let frozen = old.core.storage.freeze();
+    // A copy carries the counters (of sample calls, handles) until the old storage is
+    // retired; a swap in place keeps them in the region both storages share.
+    let carrying = fresh
+        .is_some()
+        .then(|| old.core.storage.begin_carry(&frozen));
     let mut new = match fresh {
         Some(mut new) => {
             carry::carry(&old, &mut new);
@@ -69,6 +74,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     new.transforms = Arc::clone(&old.transforms);
     buffer.cell.publish(new);
     old.core.storage.retire(&frozen);
+    drop(carrying);
     drop(frozen);
     drop(held);
     Ok(())

@@ -19,7 +19,10 @@
 //! 3. It holds the old write policy's lock (a max-value writer's placements are then
 //!    never half done) and freezes the old storage (`storage/freeze.rs`): it waits
 //!    until no appender, editor or priority update is inside, and keeps new ones
-//!    waiting. Learners go on sampling the old state meanwhile.
+//!    waiting. Learners go on sampling the old state meanwhile. (A sample call
+//!    through the buffer itself that meets step 4 copying the counters, from one of
+//!    which it numbers its random stream, waits for the copy and is redone on the new
+//!    state: `Storage::take_call`.)
 //! 4. It copies the old rows into the new storage (`carry.rs`), or, when the layout
 //!    does not change (uniform <-> without replacement, a new write policy, new alpha
 //!    or beta), keeps them where they are: the new state is a second `Storage` over
