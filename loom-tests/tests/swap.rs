@@ -89,7 +89,7 @@ fn writers_made_racing_a_copy_into_a_new_storage_take_different_shards() {
     // A handle's shard comes from a counter the swap carries to the new storage: a
     // number taken from the old storage after the copy would be taken again from the
     // new one, and two collectors would share a shard. Fails if `try_writer` counts
-    // without entering the storage (`ReplayBuffer::count_handle`).
+    // without reading the swap's `carrying` flag (`Storage::take_count`).
     run_model("writer() vs set_storage", || {
         let rb = ReplayBuffer::builder(pair_spec())
             .capacity(4)
@@ -112,7 +112,7 @@ fn sample_calls_racing_a_copy_into_a_new_storage_draw_different_streams() {
     // A sample call through the buffer draws from the stream its call number names,
     // from a counter the swap carries: a number taken from the old storage after the
     // copy would be taken again from the new one, and two calls would draw the same
-    // rows. Fails if `Storage::take_call` takes the number without then reading the
+    // rows. Fails if `Storage::take_count` takes the number without then reading the
     // swap's `carrying` flag, or if either side's fence is missing.
     run_model("sample() vs set_storage", || {
         let rb = ReplayBuffer::builder(pair_spec())

@@ -24,11 +24,10 @@ use crate::rng::{self, Rng};
 use crate::sampler::slice::Slice;
 use crate::spec::Spec;
 use crate::state::{State, StateCell};
-use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
-use crate::storage::{Draw, Storage};
-use crate::sync::{Backoff, Guard, MutexGuard, Ordering};
+use crate::storage::Draw;
+use crate::sync::{Backoff, Guard, MutexGuard};
 use crate::writer::Writer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -223,7 +222,9 @@ impl ReplayBuffer {
     pub fn try_writer(&self) -> Result<Writer, DataError> {
         self.retrying(|inner| {
             let storage = &inner.core.storage;
-            let k = Self::count_handle(storage, Global::Writers)?;
+            // Numbered as `Storage::take_count` says: never a number a swap's copy
+            // hands out again (two writers on one shard).
+            let k = storage.take_count(Global::Writers)?;
             let shards = storage.shards().len();
             let shard = match storage.lease_for_writer(k as usize) {
                 Some(leased) => leased.map_err(|_| DataError::NoFreeShard { shards })?,
@@ -236,23 +237,11 @@ impl ReplayBuffer {
     /// A learner's handle, with its own random stream.
     pub fn learner(&self) -> Learner {
         let Ok(learner) = self.retrying(|inner| {
-            let k = Self::count_handle(&inner.core.storage, Global::Learners)?;
+            let k = inner.core.storage.take_count(Global::Learners)?;
             let rng = rng::stream(inner.core.seed, rng::Stream::Learner(k));
             Ok::<_, Attempt<std::convert::Infallible>>(Learner::new(self.clone(), rng))
         });
         learner
-    }
-
-    /// The next number of handle counter `counter` (writers: their shards; learners:
-    /// their random streams), taken inside the storage as a priority update is. A swap
-    /// carries the counters to the new storage once it has frozen the old one, which
-    /// waits for whoever is inside: a number taken from the old storage after the
-    /// carry would be taken again from the new one (two writers on one shard, their
-    /// environments' steps interleaved; two learners drawing alike). A storage already
-    /// retired sends the caller to the new state.
-    fn count_handle(storage: &Storage, counter: Global) -> Result<u64, Retired> {
-        let _inside = storage.enter_update()?;
-        Ok(storage.global(counter).fetch_add(1, Ordering::Relaxed))
     }
 
     /// Adds one transition (a batch of shape `[1]`) and returns its index.

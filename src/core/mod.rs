@@ -70,10 +70,10 @@ impl Core {
     }
 
     /// The random stream of the next sample call made through the buffer itself
-    /// ([`Storage::take_call`]: refused if a swap may have carried the counter to a new
-    /// storage first, where two calls would then draw alike).
+    /// ([`Storage::take_count`]: refused if a swap may have carried the counter to a
+    /// new storage first, where two calls would then draw alike).
     pub(crate) fn call_rng(&self) -> Result<Rng, Retired> {
-        let call = self.storage.take_call()?;
+        let call = self.storage.take_count(Global::Calls)?;
         Ok(rng::stream(self.seed, rng::Stream::Call(call)))
     }
 

@@ -327,13 +327,12 @@
 //! state reads the old storage, which nobody writes any more. The swap carries the
 //! storage's counters (a sample call's random stream, a learner's stream, a writer's
 //! shard) once the old storage is frozen, and a number taken from it after the copy
-//! would be handed out again by the new one. A new handle takes its number inside the
-//! storage, as an updater enters. A sample call through the buffer does not enter (a
+//! would be handed out again by the new one. A taker does not enter the storage (a
 //! checkpoint's freeze would hold it up). It counts, and after a `SeqCst` fence reads
 //! the storage's `carrying` flag; a copying swap sets the flag, and after a fence of
-//! its own reads the counters (Dekker's pairing). A call that finds the flag set, or
+//! its own reads the counters (Dekker's pairing). A taker that finds the flag set, or
 //! the storage retired, waits for the copy to end and takes its number again on the
-//! new state (`Storage::take_call`).
+//! new state (`Storage::take_count`).
 //!
 //! ## 12. Rate limits (`rate_limit/`)
 //!

@@ -61,6 +61,7 @@
 
 use smallvec::SmallVec;
 
+use super::layout::Global;
 use super::shard::{EditGuard, FreezeGuard as ShardFreeze, IsFrozen, Shard};
 use super::stamp::Claim;
 use super::Storage;
@@ -126,8 +127,8 @@ pub(crate) struct Carrying<'a> {
 
 impl Drop for Carrying<'_> {
     fn drop(&mut self) {
-        // SYNC POINT: pairs with the Acquire loads in `take_call`: a call that reads
-        // the flag cleared after a swap then sees the storage retired.
+        // SYNC POINT: pairs with the Acquire loads in `take_count`: a taker that
+        // reads the flag cleared after a swap then sees the storage retired.
         self.storage.carrying.store(false, Ordering::Release);
     }
 }
@@ -297,34 +298,32 @@ impl Storage {
     /// while holding the storage frozen, before reading any counter.
     pub(crate) fn begin_carry(&self, _frozen: &Frozen<'_>) -> Carrying<'_> {
         self.carrying.store(true, Ordering::SeqCst);
-        // SYNC POINT: pairs with the fence in `take_call` (a store-load pair each
+        // SYNC POINT: pairs with the fence in `take_count` (a store-load pair each
         // side, as in Dekker's protocol): the copy's reads of the counters come after.
         fence(Ordering::SeqCst);
         Carrying { storage: self }
     }
 
-    /// The number of the next sample call made through the buffer itself (its random
-    /// stream's), or [`Retired`] if a swap may have carried the counter to a new
-    /// storage before this call took it: the new storage would hand the number out
-    /// again. A call that meets a swap waits for its copy to end (not for a freeze
-    /// alone: a checkpoint's freeze copies no counter) and is then redone on the state
-    /// the swap published.
+    /// The next number of counter `counter` (sample calls through the buffer itself:
+    /// their random streams; handles: a learner's stream, a writer's shard), or
+    /// [`Retired`] if a swap may have carried the counter to a new storage before this
+    /// took it: the new storage would hand the number out again. A taker that meets a
+    /// swap waits for its copy to end (not for a freeze alone: a checkpoint's freeze
+    /// copies no counter) and is then redone on the state the swap published.
     ///
-    /// The call counts, then (after a `SeqCst` fence) reads `carrying`; the swap sets
-    /// `carrying`, then (after its fence) reads the counter. Of the two fences one
-    /// comes first: if the call's does, the copy reads its count; if the swap's does,
-    /// the call sees `carrying` set. A call that reads `carrying` cleared after the
+    /// The taker counts, then (after a `SeqCst` fence) reads `carrying`; the swap sets
+    /// `carrying`, then (after its fence) reads the counters. Of the two fences one
+    /// comes first: if the taker's does, the copy reads its count; if the swap's does,
+    /// the taker sees `carrying` set. A taker that reads `carrying` cleared after the
     /// swap reads `retired` set: the swap retires the storage before it clears.
-    pub(crate) fn take_call(&self) -> Result<u64, Retired> {
-        let call = self
-            .global(super::layout::Global::Calls)
-            .fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn take_count(&self, counter: Global) -> Result<u64, Retired> {
+        let n = self.global(counter).fetch_add(1, Ordering::Relaxed);
         // SYNC POINT: pairs with the fence in `begin_carry`.
         fence(Ordering::SeqCst);
         // SYNC POINT: Acquire pairs with the Release of `Carrying`'s drop, which
         // comes after the swap's `retire`.
         if !self.carrying.load(Ordering::Acquire) && !self.is_retired() {
-            return Ok(call);
+            return Ok(n);
         }
         let mut backoff = Backoff::new();
         while self.carrying.load(Ordering::Acquire) {

@@ -197,7 +197,7 @@ pub(crate) struct Storage {
     /// new state. Read-mostly, beside the fields every append reads anyway.
     retired: AtomicBool,
     /// Set while a swap copies this storage's counters into a new one (`freeze.rs`,
-    /// [`Storage::take_call`]), and until it has retired this storage.
+    /// [`Storage::take_count`]), and until it has retired this storage.
     carrying: AtomicBool,
     /// The lap its rings started at: 0, or past every lap of the storage a swap
     /// copied into this one (see [`Storage::start_at_lap`]).

@@ -22,7 +22,7 @@
 //!    waiting. Learners go on sampling the old state meanwhile. (A sample call
 //!    through the buffer itself that meets step 4 copying the counters, from one of
 //!    which it numbers its random stream, waits for the copy and is redone on the new
-//!    state: `Storage::take_call`.)
+//!    state: `Storage::take_count`.)
 //! 4. It copies the old rows into the new storage (`carry.rs`), or, when the layout
 //!    does not change (uniform <-> without replacement, a new write policy, new alpha
 //!    or beta), keeps them where they are: the new state is a second `Storage` over
