@@ -327,7 +327,9 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
                     t += 5;
                     std::thread::sleep(Duration::from_micros(200));
                 }
-                t
+                // The environments this writer owned, and its steps of each: which
+                // collector got which depends on which asked for its handle first.
+                (w.envs().unwrap(), t)
             })
         })
         .collect();
@@ -344,7 +346,13 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
         std::thread::sleep(Duration::from_millis(1));
     }
     stop.store(true, Ordering::Relaxed);
-    let steps: Vec<u64> = collectors.into_iter().map(|t| t.join().unwrap()).collect();
+    let mut steps = [0u64; 4];
+    for collector in collectors {
+        let (envs, t) = collector.join().unwrap();
+        for e in envs {
+            steps[e] = t;
+        }
+    }
     let all = rb.read_all_in_order(None);
     let ids = whole(&all);
     // Index `step * 4 + env`: each environment's column, in storage order.
@@ -358,7 +366,7 @@ fn max_value_placements_and_ndim2_columns_survive_racing_swaps() {
         columns[(index % 4) as usize].push(i & ((1 << 40) - 1));
     }
     for (e, col) in columns.iter().enumerate() {
-        let want: Vec<u64> = (0..steps[e / 2]).collect();
+        let want: Vec<u64> = (0..steps[e]).collect();
         assert_eq!(col, &want, "environment {e}'s column after {k} swaps");
     }
 }
