@@ -13,10 +13,11 @@
 //! | `empty()` | floors | `fetch_max` |
 //! | learners of one epoch | the epoch's `next` and `closed` | `fetch_add`, load/store |
 //! | collector (prioritized) | its rows' raw-priority words and leaves, the sums, min and max entries above them | plain stores, compare-exchange, `fetch_add` |
-//! | priority updater | leaves, raw-priority words, sums, min and max entries | compare-exchange, `fetch_add` |
+//! | priority updater | leaves, raw-priority words, sums, min and max entries | compare-exchange, `fetch_add`, `fetch_max` (a climb) |
 //! | learner (prioritized) | sum entries and leaves (read), the min root (read) | `Relaxed` loads |
 //! | every handle | the buffer's current state | an `ArcSwap` load per operation |
-//! | swap | the old storage's occupancy and updaters' words, its `retired` flag; the state | freeze (`fetch_or`), store, thaw (`fetch_and`) |
+//! | swap | the old storage's occupancy and updaters' words, its `carrying` and `retired` flags; the state | freeze (`fetch_or`), stores and a `SeqCst` fence, thaw (`fetch_and`) |
+//! | sample call, new handle | the storage's call and handle counters, its `carrying` flag (read) | `fetch_add`, a `SeqCst` fence, loads |
 //!
 //! Nobody ever takes a lock on the path between collectors and learners. The only
 //! locks in the crate are cold: the without-replacement epoch turnover (learners only,
