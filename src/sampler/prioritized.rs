@@ -29,8 +29,7 @@ use crate::sampler::mass_scale::ALPHA_MAX;
 use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
-use crate::sumtree::tree::{Summit, Tree, SUMMIT_ENTRIES};
-use crate::sumtree::ARITY;
+use crate::sumtree::tree::{summit_room, Summit, Tree, SUMMIT_ENTRIES};
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -305,15 +304,12 @@ pub(crate) fn draw(
         .zip(windows)
         .map(|(s, w)| w.positions(s.ring().steps))
         .collect();
-    // Each shard's summit (`sumtree/tree.rs`), room for about `ARITY` entries a
-    // descent, within `SUMMIT_ENTRIES` on the stack for up to `SUMMIT_SHARDS` shards.
+    // Each shard's summit (`sumtree/tree.rs`), on the stack for up to
+    // `SUMMIT_SHARDS` shards.
     let mut room = [0u64; SUMMIT_ENTRIES];
     let summits: smallvec::SmallVec<[Option<Summit<'_>>; SUMMIT_SHARDS]> =
         if trees.len() <= SUMMIT_SHARDS {
-            let each = (SUMMIT_ENTRIES / trees.len())
-                .min((ARITY * n).div_ceil(trees.len()))
-                .max(1);
-            room.chunks_mut(each)
+            room.chunks_mut(summit_room(n, trees.len()))
                 .zip(trees)
                 .map(|(room, tree)| tree.summit(room))
                 .collect()

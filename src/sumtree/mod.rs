@@ -550,7 +550,7 @@ impl OwnedTree {
         out.clear();
         let mut room = [0u64; tree::SUMMIT_ENTRIES];
         let tree = self.tree();
-        let summit = tree.summit(&mut room[..(ARITY * targets.len()).min(tree::SUMMIT_ENTRIES)]);
+        let summit = tree.summit(&mut room[..tree::summit_room(targets.len(), 1)]);
         for chunk in targets.chunks(32) {
             let mut group: smallvec::SmallVec<[(u64, Option<tree::Landing>); 32]> =
                 chunk.iter().map(|&t| (t, None)).collect();

@@ -78,6 +78,15 @@ pub(crate) struct Landing {
 /// million rows' summit, 245 entries, fits with room to spare.
 pub(crate) const SUMMIT_ENTRIES: usize = 512;
 
+/// The room a summit of one of `trees` trees gets for a sample of `descents` draws:
+/// about `ARITY` entries a descent, `SUMMIT_ENTRIES` shared among the trees.
+pub(crate) fn summit_room(descents: usize, trees: usize) -> usize {
+    let trees = trees.max(1);
+    (SUMMIT_ENTRIES / trees)
+        .min((ARITY * descents).div_ceil(trees))
+        .max(1)
+}
+
 /// The running totals of one level of a sum tree, read once for a batch of descents
 /// ([`Tree::summit`]): each descent then starts at that level with a binary search,
 /// not a pick at every level above it (two of a million rows' five, for a batch of
@@ -97,15 +106,16 @@ impl Summit<'_> {
     /// last entry with mass if `*t` is past the level's total, as a pick does.
     fn find(&self, t: &mut u64) -> usize {
         let totals = self.totals;
+        // The mass of the entries before entry `k`.
+        let before = |k: usize| k.checked_sub(1).map_or(0, |b| totals[b]);
         let k = totals.partition_point(|&total| total <= *t);
-        let before = k.checked_sub(1).map_or(0, |b| totals[b]);
-        if let Some(left) = t.checked_sub(before).filter(|_| k < totals.len()) {
+        if let Some(left) = t.checked_sub(before(k)).filter(|_| k < totals.len()) {
             *t = left;
             return k;
         }
         // Past the total (the root grew after the summit was read), or totals that
         // racing words wrapped.
-        let mass = |k: usize| totals[k].wrapping_sub(k.checked_sub(1).map_or(0, |b| totals[b]));
+        let mass = |k: usize| totals[k].wrapping_sub(before(k));
         match (0..totals.len()).rposition(|k| mass(k) > 0) {
             Some(k) => {
                 *t = mass(k) - 1;
@@ -385,7 +395,7 @@ impl<'a> Tree<'a> {
             if combine(kind, entry, new) != entry {
                 self.climb(kind, leaf, new);
             } else if old == entry {
-                self.refresh_up(kind, 1, leaf / ARITY, false);
+                self.refresh_above(kind, 1, leaf, leaf + 1);
             }
         }
     }
@@ -428,23 +438,12 @@ impl<'a> Tree<'a> {
                 self.extremum(kind, level - 1, child) == code
             };
             if !holds {
-                self.refresh_up(kind, level, j, true);
+                // This entry changed (the climb stored it): carried up whatever its
+                // refresh finds.
+                self.refresh(kind, level, j);
+                self.refresh_above(kind, level + 1, j, j + 1);
                 return;
             }
-        }
-    }
-
-    /// Refreshes entry `j` of `level` of tree `kind` from its children, and the entries
-    /// above it while they change; `changed`: carry the change to the level above even
-    /// if this entry needs none (its caller already changed it).
-    fn refresh_up(&self, kind: TreeKind, level: usize, j: usize, changed: bool) {
-        let (mut j, mut changed) = (j, changed);
-        for level in level..=self.layout.top() {
-            changed |= self.refresh(kind, level, j);
-            if !changed {
-                return;
-            }
-            (j, changed) = (j / ARITY, false);
         }
     }
 
