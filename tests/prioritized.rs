@@ -159,6 +159,19 @@ fn new_rows_enter_with_the_max_priority() {
     assert_eq!(within.priority(2), Some(2.0), "the largest stored now");
 }
 
+/// A negative zero is a priority of zero: it must not become the largest seen (its
+/// bits, sign set, order above every positive priority's).
+#[test]
+fn a_negative_zero_priority_is_zero_and_not_the_largest_seen() {
+    let rb = buffer(8, Prioritized::new(0.6, 0.4));
+    rb.extend(&rows(&rb, 2, 0)).unwrap();
+    set(&rb, 0, -0.0);
+    assert_eq!(rb.priority(0), Some(0.0));
+    set(&rb, 1, 3.0);
+    rb.extend(&rows(&rb, 1, 2)).unwrap();
+    assert_eq!(rb.priority(2), Some(3.0), "the largest ever seen");
+}
+
 #[test]
 fn updates_for_replaced_rows_are_dropped() {
     let rb = buffer(4, Prioritized::new(0.6, 0.4));

@@ -51,10 +51,15 @@ pub enum Reduction {
 
 impl Reduction {
     /// Reduces one row's values (at least one) to a priority.
+    #[inline]
     pub fn reduce(self, values: &[f64]) -> f64 {
-        if let [one] = values {
-            return *one;
+        match values {
+            [one] => *one,
+            _ => self.reduce_many(values),
         }
+    }
+
+    fn reduce_many(self, values: &[f64]) -> f64 {
         match self {
             Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             Reduction::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
@@ -218,9 +223,18 @@ impl Priorities {
     }
 
     /// Records `p` as seen (for the priority of later new rows).
+    ///
+    /// The word compares a priority's bits, which order as the priorities do for
+    /// every one but a negative zero (sign set): that is zero here, or it would pass
+    /// every positive priority and stay the largest seen.
     pub(crate) fn saw(&self, p: f64) {
-        self.word(Global::MaxSeen)
-            .fetch_max(p.to_bits(), Ordering::Relaxed);
+        let bits = p.abs().to_bits();
+        // Read first: most updates see nothing new, and a read leaves the line shared
+        // with the collectors that read it for every new row.
+        let word = self.word(Global::MaxSeen);
+        if word.load(Ordering::Relaxed) < bits {
+            word.fetch_max(bits, Ordering::Relaxed);
+        }
     }
 
     /// The priority of new rows: the largest seen, or the largest stored now.

@@ -257,6 +257,9 @@ pub(crate) struct TreeLayout {
     /// (first word, entries) of each level of the sum tree, the leaves as level 0:
     /// what a descent reads, precomputed.
     pub(crate) sum_levels: Vec<(usize, usize)>,
+    /// The first word of level `level` of tree `kind` at `kind * top + level - 1`:
+    /// [`TreeLayout::entry_word`], which every update calls a dozen times, precomputed.
+    level_words: Vec<usize>,
 }
 
 impl TreeLayout {
@@ -290,7 +293,15 @@ impl TreeLayout {
             value_max: value_max(leaves),
             with_max,
             sum_levels: Vec::new(),
+            level_words: Vec::new(),
         };
+        let levels_at = layout.base + layout.levels_base();
+        layout.level_words = (0..3)
+            .flat_map(|tree| {
+                let first = levels_at + tree * layout.internal;
+                layout.levels.iter().map(move |&(offset, _)| first + offset)
+            })
+            .collect();
         layout.sum_levels = (0..=layout.top())
             .map(|level| {
                 let first = if level == 0 {
@@ -345,7 +356,7 @@ impl TreeLayout {
             TreeKind::Min => 1,
             TreeKind::Max => 2,
         };
-        self.base + self.levels_base() + tree * self.internal + self.levels[level - 1].0 + j
+        self.level_words[tree * self.top() + level - 1] + j
     }
 
     /// Entries of level `level` (0: the leaves).
@@ -377,6 +388,30 @@ mod tests {
             }
         }
         assert_eq!(TreeLayout::new(1 << 20, 0, false, None).top(), 5);
+    }
+
+    #[test]
+    fn the_trees_levels_follow_the_leaves_in_order_without_overlap() {
+        for (n, with_max, raws) in [
+            (1, true, None),
+            (1000, false, None),
+            (1 << 20, true, Some((7, 3))),
+        ] {
+            let l = TreeLayout::new(n, 13, with_max, raws);
+            let mut next = l.base + align(n) * if raws.is_none() { 2 } else { 1 };
+            for &kind in [TreeKind::Sum, TreeKind::Min, TreeKind::Max]
+                .iter()
+                .take(2 + usize::from(with_max))
+            {
+                for level in 1..=l.top() {
+                    let first = l.entry_word(kind, level, 0);
+                    assert_eq!(first, next, "{n} leaves, {kind:?} level {level}");
+                    assert_eq!(first % LINE_WORDS, 0, "levels start on a line");
+                    next = align(l.entry_word(kind, level, l.size(level) - 1) + 1);
+                }
+            }
+            assert_eq!(next, l.end(), "{n} leaves");
+        }
     }
 
     #[test]
