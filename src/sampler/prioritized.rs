@@ -29,7 +29,7 @@ use crate::sampler::mass_scale::ALPHA_MAX;
 use crate::storage::layout::Global;
 use crate::storage::shard::{Positions, Shard, Window};
 use crate::storage::Draw;
-use crate::sumtree::tree::{summit_room, Summit, Tree, SUMMIT_ENTRIES};
+use crate::sumtree::tree::{summit_room, Landing, Summit, Tree, SUMMIT_ENTRIES};
 use crate::sync::{AtomicU64, Ordering};
 
 /// How the priorities of one row with several values (a multi-dimensional priority
@@ -330,14 +330,28 @@ pub(crate) fn draw(
         } else {
             smallvec::SmallVec::new()
         };
+    let landed = |k: usize, landing: &Option<Landing>| match landing {
+        Some(l) => to_draw(shards, &positions, k, l.leaf, l.value, l.lap),
+        None => Draw::default(),
+    };
     for start in (0..n).step_by(GROUP) {
         let len = GROUP.min(n - start);
+        if let [tree] = trees {
+            // One shard: its targets descend in draw order.
+            let mut group = [(0, None); GROUP];
+            for (t, _) in group.iter_mut().take(len) {
+                *t = masses.target(rng).1;
+            }
+            tree.descend_many(summits.first().copied().flatten(), &mut group[..len]);
+            out.extend(group[..len].iter().map(|(_, l)| landed(0, l)));
+            continue;
+        }
         let mut targets: [(usize, u64); GROUP] = [(0, 0); GROUP];
         for t in targets.iter_mut().take(len) {
             *t = masses.target(rng);
         }
         // Descend each shard's targets together, then put them back in draw order.
-        let mut hits = [None; GROUP];
+        let mut hits = [(0, None); GROUP];
         for (k, tree) in trees.iter().enumerate() {
             let mine: smallvec::SmallVec<[usize; GROUP]> =
                 (0..len).filter(|&g| targets[g].0 == k).collect();
@@ -348,13 +362,10 @@ pub(crate) fn draw(
                 mine.iter().map(|&g| (targets[g].1, None)).collect();
             tree.descend_many(summits.get(k).copied().flatten(), &mut group);
             for (&g, (_, landing)) in mine.iter().zip(group) {
-                hits[g] = landing.map(|l| (k, l));
+                hits[g] = (k, landing);
             }
         }
-        out.extend(hits.iter().take(len).map(|l| match l {
-            Some((k, l)) => to_draw(shards, &positions, *k, l.leaf, l.value, l.lap),
-            None => Draw::default(),
-        }));
+        out.extend(hits.iter().take(len).map(|(k, l)| landed(*k, l)));
     }
 }
 
