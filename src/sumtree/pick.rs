@@ -228,13 +228,8 @@ mod tests {
 
     #[test]
     fn the_counts_agree_on_every_boundary() {
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = crate::rng::stream(0x9E37_79B9_7F4A_7C15u64, crate::rng::Stream::Call(0));
+        let mut next = move || rand::Rng::next_u64(&mut rng);
         for round in 0..200 {
             // Some children empty, some huge (past 2^26, where leaves round), the
             // totals of a few rounds near 2^64.

@@ -1139,13 +1139,8 @@ mod tests {
     /// summit's total clamps to the last leaf with mass.
     #[test]
     fn descents_from_a_summit_land_where_descents_from_the_root_do() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::rng::stream(0x2545_f491_4f6c_dd1du64, crate::rng::Stream::Call(0));
+        let mut next = move || rand::Rng::next_u64(&mut rng);
         for n in [1, 2, 15, 16, 17, 255, 256, 257, 4097, 70_001] {
             let (w, layout) = words(n);
             let tree = Tree::new(&w, &layout);
