@@ -660,18 +660,12 @@ impl<'a> Tree<'a> {
         /// until used, which prefetching a whole batch's would not.
         const UPDATES_AHEAD: usize = 16;
         let top = self.layout.top();
+        // The lowest level whose deltas gather densely; the levels above it take
+        // theirs from it at the end (`add_deltas`).
         let dense_from = (1..=top)
             .find(|&l| self.layout.size(l) <= DENSE_ENTRIES)
             .unwrap_or(top);
-        let dense_offsets: SmallVec<[usize; 8]> = (dense_from..=top)
-            .scan(0, |acc, l| {
-                let at = *acc;
-                *acc += self.layout.size(l);
-                Some(at)
-            })
-            .collect();
-        let dense_len = (dense_from..=top).map(|l| self.layout.size(l)).sum();
-        let mut dense = vec![0i64; dense_len];
+        let mut dense = vec![0i64; self.layout.size(dense_from)];
         // What an update writes: its leaf, its raw word, and the sum, min and max
         // entries above the leaf. Each locked instruction then finds its line ready
         // instead of waiting out a miss, one after another.
@@ -713,31 +707,25 @@ impl<'a> Tree<'a> {
             }
             let delta = new.value() as i64 - old.value() as i64;
             if delta != 0 {
-                let mut j = u.leaf;
-                for level in 1..=top {
+                let mut j = u.leaf / ARITY;
+                for level in 1..dense_from {
+                    self.entry(TreeKind::Sum, level, j)
+                        .fetch_add(delta as u64, Ordering::Relaxed);
                     j /= ARITY;
-                    if level < dense_from {
-                        self.entry(TreeKind::Sum, level, j)
-                            .fetch_add(delta as u64, Ordering::Relaxed);
-                    } else {
-                        // Wrapping, as `add_deltas` explains: many updates' deltas
-                        // together may pass `i64::MAX`; the entry's sum is exact mod 2^64.
-                        let d = &mut dense[dense_offsets[level - dense_from] + j];
-                        *d = d.wrapping_add(delta);
-                    }
                 }
+                // Wrapping, as `add_deltas` explains: many updates' deltas together may
+                // pass `i64::MAX`; the entry's sum is exact mod 2^64.
+                dense[j] = dense[j].wrapping_add(delta);
             }
             self.refresh_extrema_after(u.leaf, old.code(), new.code());
         }
-        for level in dense_from..=top {
-            let at = dense_offsets[level - dense_from];
-            for (j, &d) in dense[at..at + self.layout.size(level)].iter().enumerate() {
-                if d != 0 {
-                    self.entry(TreeKind::Sum, level, j)
-                        .fetch_add(d as u64, Ordering::Relaxed);
-                }
+        for (j, &d) in dense.iter().enumerate() {
+            if d != 0 {
+                self.entry(TreeKind::Sum, dense_from, j)
+                    .fetch_add(d as u64, Ordering::Relaxed);
             }
         }
+        self.add_deltas(dense_from + 1, 0, &dense);
         moved
     }
 
@@ -1132,6 +1120,49 @@ mod tests {
         assert!(!update(&tree, 0, 5, 9, 9.0));
         assert_eq!(tree.total(), 0);
         assert!(tree.is_consistent());
+    }
+
+    /// A batch of updates, some of one leaf twice and some at `value_max`, leaves
+    /// every sum entry exact: on trees whose levels all gather their deltas densely,
+    /// and on trees with one and with two levels added to update by update below them.
+    #[test]
+    fn a_batch_of_updates_keeps_every_level_exact() {
+        let mut rng = crate::rng::stream(0x6a09_e667_f3bc_c909u64, crate::rng::Stream::Call(0));
+        let mut next = move || rand::Rng::next_u64(&mut rng);
+        for n in [1, 17, 4_097, 70_001, 300_000] {
+            let (w, layout) = words(n);
+            let tree = Tree::new(&w, &layout);
+            let leaves: Vec<(Leaf, f64)> =
+                (0..n).map(|i| (Leaf::new(1, i as u64 % 5), 1.0)).collect();
+            tree.store_raws(0, &leaves);
+            tree.set_run(0, n, |i| leaves[i].0);
+            for round in 0..4 {
+                let items: Vec<Update> = (0..300)
+                    .map(|k| {
+                        let leaf = if k % 10 == 9 { 0 } else { next() as usize % n };
+                        let mass = match next() % 3 {
+                            0 if round % 2 == 1 => layout.value_max,
+                            0 => 0,
+                            _ => next() % 100_000,
+                        };
+                        Update {
+                            leaf,
+                            lap: 1,
+                            mass,
+                            raw: raw_bits(1, Some(mass as f64)),
+                        }
+                    })
+                    .collect();
+                let mut applied = vec![false; items.len()];
+                tree.update_many(&items, &mut applied);
+                assert!(applied.iter().all(|&a| a), "{n} leaves");
+                let total = (0..n)
+                    .map(|i| tree.leaf(i).value())
+                    .fold(0u64, u64::wrapping_add);
+                assert_eq!(tree.total(), total, "{n} leaves, round {round}");
+                assert!(tree.is_consistent(), "{n} leaves, round {round}");
+            }
+        }
     }
 
     /// Descents from a summit of every size land where descents from the root do,
