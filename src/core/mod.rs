@@ -21,7 +21,7 @@ use crate::storage::layout::Global;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
 use crate::storage::shard::Shard;
 use crate::storage::stamp::Claim;
-use crate::storage::{Draw, Located, Miss, Storage, Want, SAMPLE_AHEAD_DRAWS};
+use crate::storage::{Draw, Located, Miss, Storage, Want, READ_BLOCK, SAMPLE_AHEAD_DRAWS};
 use crate::sumtree::tree::Tree;
 use crate::sync::Ordering;
 use smallvec::SmallVec;
@@ -451,6 +451,12 @@ impl Core {
         for &at in located.iter().take(SAMPLE_AHEAD_DRAWS) {
             storage.prefetch(at);
         }
+        // First reads go a block of rows at a time (`Storage::read_block`); a row's
+        // redraws and retries one at a time. `read_draws` asks for each row's first
+        // read in order, so a block is read when its first row's is asked for, and its
+        // other rows' reads are taken from `block` as they are asked for after.
+        let blocks = storage.reads_in_blocks();
+        let mut block = [Err(Miss::Busy); READ_BLOCK];
         read_draws(
             draws,
             on_miss,
@@ -458,11 +464,20 @@ impl Core {
                 if let Some(&ahead) = located.get(k + SAMPLE_AHEAD_DRAWS) {
                     storage.prefetch(ahead);
                 }
+                let in_block = first && blocks;
+                if in_block && k % READ_BLOCK == 0 {
+                    let rows = &located[k..(k + READ_BLOCK).min(located.len())];
+                    storage.read_block(rows, want, dest, k, &mut block[..rows.len()]);
+                }
                 if weigh.is_some() && d.mass == 0 {
                     return Err(Miss::Gone);
                 }
-                let here = if first { located[k] } else { storage.locate(d) };
-                let (stamp, at) = storage.read(d, here, want, dest, k)?;
+                let (stamp, at) = if in_block {
+                    (block[k % READ_BLOCK]?, located[k].index)
+                } else {
+                    let here = if first { located[k] } else { storage.locate(d) };
+                    storage.read(d, here, want, dest, k)?
+                };
                 if let Some(w) = &mut weigh {
                     // The leaf's mass is this row's only if its lap is this row's.
                     if stamp.lap() != d.lap {

@@ -49,6 +49,14 @@
 //! - W0 (acquire of the predecessor's W3): a writer's stores are ordered after the
 //!   previous row's, so no late byte of an old row lands in a new one.
 //!
+//! A sample reads its rows a block at a time (`Storage::read_block`): R1 of every
+//! row of the block, then all their row loads, one R2, then R3 of each row. Each row
+//! is still read R1, loads, R2, R3 in program order, which is all the two edges above
+//! use: a row's loads between its R1 and the shared R2 are ordered by them as a lone
+//! row's are, and the other rows' loads and stamp loads in between change nothing
+//! about any one row's pairing. A row whose R1 fails is not copied; one whose R3
+//! fails is dropped from the block's results and redrawn alone.
+//!
 //! Stamps only move forward: a 32-bit lap (wrapping, compared with wrap-aware
 //! arithmetic) and a 30-bit in-place edit count. An ABA on a stamp needs a reader
 //! suspended inside one row copy while the same slot is overwritten exactly a multiple

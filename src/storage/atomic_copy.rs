@@ -287,6 +287,72 @@ impl FieldCopy {
             words::store(words, offset + k * step, &data[r * stride..][..self.len]);
         }
     }
+
+    /// Loads the field of each stored row `(row, k)` of `rows`, at byte
+    /// `row + offset` of `words`, into `data[k * stride + skip..][..len]` (each read
+    /// under the stamp protocol): [`FieldCopy::load`] for many rows, its moves chosen
+    /// once for all of them.
+    ///
+    /// # Safety
+    ///
+    /// For every `(row, k)` of `rows`, `row + offset + len <= words.len() * 8` and
+    /// `k * stride + skip + len <= data.len()`.
+    #[inline]
+    pub(crate) unsafe fn load_rows(
+        &self,
+        words: &[AtomicU64],
+        offset: usize,
+        rows: &[(usize, usize)],
+        data: &mut [u8],
+        stride: usize,
+        skip: usize,
+    ) {
+        #[cfg(all(
+            target_arch = "x86_64",
+            not(replaybuf_loom),
+            not(replaybuf_atomic_copy)
+        ))]
+        {
+            let base = words.as_ptr().cast::<u8>().wrapping_add(offset);
+            let out = data.as_mut_ptr().wrapping_add(skip);
+            let len = self.len;
+            /// The rows' copies with one kernel: the match on the moves stays out of
+            /// the loop.
+            macro_rules! each {
+                (|$from:ident, $to:ident| $kernel:expr) => {
+                    for &(row, k) in rows {
+                        let ($from, $to) = (base.wrapping_add(row), out.wrapping_add(k * stride));
+                        // SAFETY: (1) the caller put each row's source inside `words`
+                        // and its destination inside `data`; (2) `data` is private
+                        // memory, the source shared, so they cannot overlap; (3) the
+                        // region is only ever accessed through atomics and these copies
+                        // (`Region` invariant). `new` chose the moves for this length.
+                        unsafe { $kernel }
+                    }
+                };
+            }
+            match self.moves {
+                Moves::None => {}
+                Moves::Byte => each!(|from, to| x86::byte(from, to)),
+                Moves::Pair(bytes) => each!(|from, to| x86::pair(from, to, bytes, len - bytes)),
+                Moves::Quad => each!(|from, to| x86::quad(from, to, len - 32, len - 16)),
+                Moves::Blocks => each!(|from, to| x86::blocks(from, to, len)),
+                Moves::String => each!(|from, to| x86::rep_movsb(from, to, len)),
+            }
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            not(replaybuf_loom),
+            not(replaybuf_atomic_copy)
+        )))]
+        for &(row, k) in rows {
+            words::load(
+                words,
+                row + offset,
+                &mut data[k * stride + skip..][..self.len],
+            );
+        }
+    }
 }
 
 /// What a prefetch prepares a cache line for.

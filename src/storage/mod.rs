@@ -160,6 +160,27 @@ pub(crate) enum Miss {
     Torn,
 }
 
+/// Rows [`Storage::read_block`] reads in one pass: enough that each field's setup is
+/// paid once for many rows, few enough that the block's lines, prefetched a window
+/// ahead, are all still in L1.
+pub(crate) const READ_BLOCK: usize = 8;
+
+/// Whether a read that began from stamp `seen` may copy the row of lap `lap` (R1's
+/// check): published, and the lap `want` accepts.
+#[inline(always)]
+fn readable(seen: Stamp, lap: u32, want: Want) -> Result<(), Miss> {
+    if !seen.is_published() {
+        // A dropped row (its editor died) will never be published: gone, not busy.
+        let dropped = seen.is_dropped() && lap_cmp(seen.lap(), lap) != Cmp::Less;
+        return Err(if dropped { Miss::Gone } else { Miss::Busy });
+    }
+    match (lap_cmp(seen.lap(), lap), want) {
+        (Cmp::Less, _) => Err(Miss::Busy),
+        (Cmp::Greater, Want::Exact) => Err(Miss::Gone),
+        _ => Ok(()),
+    }
+}
+
 /// The storage of one buffer.
 /// The raw priorities an append records in its rows' slots.
 #[derive(Clone, Copy, Debug)]
@@ -921,21 +942,56 @@ impl Storage {
     ) -> Result<Stamp, Miss> {
         let stamp = self.stamp(slot);
         let seen = stamp::begin_read(stamp);
-        if !seen.is_published() {
-            // A dropped row (its editor died) will never be published: gone, not busy.
-            let dropped = seen.is_dropped() && lap_cmp(seen.lap(), lap) != Cmp::Less;
-            return Err(if dropped { Miss::Gone } else { Miss::Busy });
-        }
-        match (lap_cmp(seen.lap(), lap), want) {
-            (Cmp::Less, _) => return Err(Miss::Busy),
-            (Cmp::Greater, Want::Exact) => return Err(Miss::Gone),
-            _ => {}
-        }
+        readable(seen, lap, want)?;
         copy(slot);
         if stamp::validate(stamp, seen) {
             Ok(seen)
         } else {
             Err(Miss::Torn)
+        }
+    }
+
+    /// Whether [`Storage::read`] of each row may run as one pass of
+    /// [`Storage::read_block`] (a frames buffer rebuilds its rows one by one).
+    pub(crate) fn reads_in_blocks(&self) -> bool {
+        self.frames.is_none()
+    }
+
+    /// [`Storage::read`] of the rows `at[j]` into rows `k + j` of `dst`, for a few
+    /// rows at once (at most [`READ_BLOCK`]): the slot protocol's steps taken for all
+    /// of them together, each row's R1 before any copy and its R3 after them all, and
+    /// the rows copied a field at a time, each field's moves chosen once for the block
+    /// (`Dest::read_rows`). Each row is still read as the protocol reads one row: its
+    /// R1, then its bytes, then the fence (R2) and its R3. `out[j]` is row `j`'s stamp,
+    /// or the miss that [`Storage::read`] would have given.
+    ///
+    /// Only where [`Storage::reads_in_blocks`].
+    pub(crate) fn read_block(
+        &self,
+        at: &[Located],
+        want: Want,
+        dst: &mut Dest<'_>,
+        k: usize,
+        out: &mut [Result<Stamp, Miss>],
+    ) {
+        debug_assert!(self.reads_in_blocks() && at.len() <= READ_BLOCK && out.len() == at.len());
+        let mut rows: SmallVec<[(usize, usize); READ_BLOCK]> = SmallVec::new();
+        for (j, (a, o)) in at.iter().zip(out.iter_mut()).enumerate() {
+            let seen = stamp::begin_read(self.stamp(a.slot));
+            *o = readable(seen, a.lap, want).map(|()| seen);
+            if o.is_ok() {
+                rows.push((self.row_offset(a.slot), k + j));
+            }
+        }
+        dst.read_rows(self.words(), &rows);
+        // R2 once for the block, after every copy.
+        stamp::copied();
+        for (a, o) in at.iter().zip(out.iter_mut()) {
+            if let Ok(seen) = *o {
+                if !stamp::still(self.stamp(a.slot), seen) {
+                    *o = Err(Miss::Torn);
+                }
+            }
         }
     }
 

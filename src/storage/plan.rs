@@ -384,6 +384,22 @@ impl<'a> Dest<'a> {
         }
     }
 
+    /// Copies each row `(row, k)` of `rows`, at byte `row` of `words`, into row `k` of
+    /// the destination: a column at a time, so that each field's moves are chosen once
+    /// for all the rows (the read side of [`RowCopies::write_rows`]).
+    #[inline]
+    pub(crate) fn read_rows(&mut self, words: &[AtomicU64], rows: &[(usize, usize)]) {
+        for &(row, k) in rows {
+            check_row(k, self.rows, row, self.span, words);
+        }
+        for c in &mut self.cols {
+            let Place { offset, skip, .. } = c.place;
+            // SAFETY: every `k < self.rows`, so `k * bytes + skip + len <= data.len()`;
+            // `offset + len <= span` and every `row + span` is inside `words`.
+            unsafe { c.copy.load_rows(words, offset, rows, c.data, c.bytes, skip) };
+        }
+    }
+
     /// Copies the row at byte `row` of `words` into row `k` of the destination.
     #[inline(always)]
     pub(crate) fn read_row(&mut self, words: &[AtomicU64], row: usize, k: usize) {

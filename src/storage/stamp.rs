@@ -375,8 +375,21 @@ pub fn begin_read(stamp: &AtomicU64) -> Stamp {
 /// R2-R3: whether the bytes copied since [`begin_read`] returned `seen` are one whole row.
 #[inline]
 pub fn validate(stamp: &AtomicU64, seen: Stamp) -> bool {
-    // SYNC POINT: pairs with W2 of any writer whose data the copy observed.
+    copied();
+    still(stamp, seen)
+}
+
+/// R2 alone: a reader of several rows that copies them all before checking any
+/// takes it once after the copies, then [`still`] for each row.
+#[inline]
+pub fn copied() {
+    // SYNC POINT: pairs with W2 of any writer whose data the copies observed.
     fence(Ordering::Acquire);
+}
+
+/// R3 alone, after [`copied`]: whether the stamp still holds `seen`.
+#[inline]
+pub fn still(stamp: &AtomicU64, seen: Stamp) -> bool {
     stamp.load(Ordering::Relaxed) == seen.0
 }
 
