@@ -38,6 +38,29 @@ fn sampling_while_a_collector_laps_the_ring() {
     });
 }
 
+/// A sample of two rows reads them as one block (`Storage::read_block`): both stamps
+/// first, then both copies, one fence, then both checks. A collector lapping both rows
+/// in between must leave neither torn.
+#[test]
+fn sampling_a_block_of_rows_while_a_collector_laps_them() {
+    run_model("two-row sample vs lapping extend", || {
+        let rb = two_slot_buffer();
+        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+        let collector = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[2], 2)).unwrap())
+        };
+        let batch = rb
+            .sample(2)
+            .expect("two rows were published before the race");
+        let ids = whole_rows(&batch);
+        for (id, &index) in ids.iter().zip(batch.index()) {
+            assert_eq!(id % 2, index, "rows {ids:?} at {:?}", batch.index());
+        }
+        collector.join().unwrap();
+    });
+}
+
 #[test]
 fn reading_by_index_while_a_collector_laps_the_ring() {
     run_model("get vs lapping extend", || {
