@@ -6,28 +6,36 @@
 mod common;
 
 use common::{pair_spec, pairs, run_model, whole_rows};
+use loom::thread::JoinHandle;
 use replaybuf::ReplayBuffer;
 
-fn two_slot_buffer() -> ReplayBuffer {
-    ReplayBuffer::builder(pair_spec())
+/// A two-slot buffer holding rows 0 and 1, and a collector thread lapping both: it
+/// extends chunks of `chunks` rows, ids 2 and 3 between them (row `id` goes to
+/// position `id % 2`).
+fn lapped_by_a_collector(chunks: &'static [usize]) -> (ReplayBuffer, JoinHandle<()>) {
+    let rb = ReplayBuffer::builder(pair_spec())
         .capacity(2)
         .seed(1)
         .build()
-        .expect("a valid buffer")
+        .expect("a valid buffer");
+    rb.extend(&pairs(&rb, &[2], 0)).unwrap();
+    let collector = {
+        let rb = rb.clone();
+        loom::thread::spawn(move || {
+            let mut first = 2;
+            for &rows in chunks {
+                rb.extend(&pairs(&rb, &[rows], first)).unwrap();
+                first += rows as u64;
+            }
+        })
+    };
+    (rb, collector)
 }
 
 #[test]
 fn sampling_while_a_collector_laps_the_ring() {
     run_model("uniform sample vs lapping extend", || {
-        let rb = two_slot_buffer();
-        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
-        let collector = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || {
-                rb.extend(&pairs(&rb, &[1], 2)).unwrap();
-                rb.extend(&pairs(&rb, &[1], 3)).unwrap();
-            })
-        };
+        let (rb, collector) = lapped_by_a_collector(&[1, 1]);
         let batch = rb
             .sample(1)
             .expect("two rows were published before the race");
@@ -44,12 +52,7 @@ fn sampling_while_a_collector_laps_the_ring() {
 #[test]
 fn sampling_a_block_of_rows_while_a_collector_laps_them() {
     run_model("two-row sample vs lapping extend", || {
-        let rb = two_slot_buffer();
-        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
-        let collector = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[2], 2)).unwrap())
-        };
+        let (rb, collector) = lapped_by_a_collector(&[2]);
         let batch = rb
             .sample(2)
             .expect("two rows were published before the race");
@@ -64,12 +67,7 @@ fn sampling_a_block_of_rows_while_a_collector_laps_them() {
 #[test]
 fn reading_by_index_while_a_collector_laps_the_ring() {
     run_model("get vs lapping extend", || {
-        let rb = two_slot_buffer();
-        rb.extend(&pairs(&rb, &[2], 0)).unwrap();
-        let collector = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[2], 2)).unwrap())
-        };
+        let (rb, collector) = lapped_by_a_collector(&[2]);
         let row = rb.get(1).expect("position 1 holds a row");
         let ids = whole_rows(&row);
         assert!(ids == [1] || ids == [3], "position 1 held {ids:?}");
