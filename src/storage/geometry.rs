@@ -204,6 +204,7 @@ impl Geometry {
 
     /// The shard, ring position and lane of storage index `index`, or `None` if it is
     /// out of range.
+    #[inline]
     pub(crate) fn locate(&self, index: u64) -> Option<(u64, u64, u64)> {
         if index >= self.capacity() {
             return None;

@@ -361,6 +361,7 @@ impl<'a> Tree<'a> {
 
     /// Carries a change of entries `lo..hi` of level `level - 1` up tree `kind`,
     /// from `level` to the root, stopping at a level where nothing changed.
+    #[inline(never)]
     fn refresh_above(&self, kind: TreeKind, level: usize, lo: usize, hi: usize) {
         let (mut lo, mut hi) = (lo, hi);
         for level in level..=self.layout.top() {
@@ -389,14 +390,31 @@ impl<'a> Tree<'a> {
     ///   refreshed from their children, up while they change.
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
-            let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
-            let (old, new) = (as_mass(old), as_mass(new));
-            let entry = self.extremum(kind, 1, leaf / ARITY);
-            if combine(kind, entry, new) != entry {
-                self.climb(kind, leaf, new);
-            } else if old == entry {
-                self.refresh_above(kind, 1, leaf, leaf + 1);
-            }
+            let above = self.layout.entry_word(kind, 1, leaf / ARITY);
+            self.refresh_extremum_after(kind, above, leaf, old, new);
+        }
+    }
+
+    /// [`Tree::refresh_extrema_after`] in tree `kind`, whose entry above the leaf is
+    /// word `above`: inlined into an update's loop, which looks up the word's level
+    /// once for a batch, and most updates need no more than its one load. A climb or a
+    /// refresh (each about one update in sixteen, at random priorities) is a call.
+    #[inline(always)]
+    fn refresh_extremum_after(
+        &self,
+        kind: TreeKind,
+        above: usize,
+        leaf: usize,
+        old: u64,
+        new: u64,
+    ) {
+        let as_mass = |v: u64| if v == 0 { identity(kind) } else { v };
+        let (old, new) = (as_mass(old), as_mass(new));
+        let entry = Self::encode(kind, self.words[above].load(Ordering::SeqCst));
+        if combine(kind, entry, new) != entry {
+            self.climb(kind, leaf, new);
+        } else if old == entry {
+            self.refresh_above(kind, 1, leaf, leaf + 1);
         }
     }
 
@@ -418,6 +436,7 @@ impl<'a> Tree<'a> {
     /// a climb before its store makes it fail and reread, and one after its store
     /// improves on what it stored; the refresh's second reading of the children finds
     /// the climbing child (or, if it moved on, the climber's own check does).
+    #[inline(never)]
     fn climb(&self, kind: TreeKind, leaf: usize, code: u64) {
         debug_assert_ne!(code, identity(kind), "an empty leaf beats no entry");
         let stored = Self::encode(kind, code);
@@ -666,28 +685,36 @@ impl<'a> Tree<'a> {
             .find(|&l| self.layout.size(l) <= DENSE_ENTRIES)
             .unwrap_or(top);
         let mut dense = vec![0i64; self.layout.size(dense_from)];
+        // The first words of the levels an update touches, looked up once: a lookup
+        // is a bounds-checked read of the layout, and an update made eleven of them.
+        let sums: SmallVec<[usize; 8]> = (1..dense_from)
+            .map(|level| self.layout.entry_word(TreeKind::Sum, level, 0))
+            .collect();
+        let extrema: SmallVec<[usize; 2]> = self
+            .layout
+            .extrema()
+            .iter()
+            .map(|&kind| self.layout.entry_word(kind, 1, 0))
+            .collect();
         // What an update writes: its leaf, its raw word, and the sum, min and max
         // entries above the leaf. Each locked instruction then finds its line ready
         // instead of waiting out a miss, one after another.
+        let line = |word: usize| {
+            crate::storage::atomic_copy::prefetch(
+                self.words,
+                word * 8,
+                crate::storage::atomic_copy::Intent::Write,
+            )
+        };
         let prefetch = |&Update { leaf: i, .. }: &Update| {
-            let lines = [
-                self.layout.leaf_word(i),
-                self.layout.raw_word(i),
-                self.layout.entry_word(TreeKind::Sum, 1, i / ARITY),
-            ]
-            .into_iter()
-            .chain(
-                self.layout
-                    .extrema()
-                    .iter()
-                    .map(|&kind| self.layout.entry_word(kind, 1, i / ARITY)),
-            );
-            for word in lines {
-                crate::storage::atomic_copy::prefetch(
-                    self.words,
-                    word * 8,
-                    crate::storage::atomic_copy::Intent::Write,
-                );
+            let parent = i / ARITY;
+            line(self.layout.leaf_word(i));
+            line(self.layout.raw_word(i));
+            if let Some(&sum) = sums.first() {
+                line(sum + parent);
+            }
+            for &e in &extrema {
+                line(e + parent);
             }
         };
         items.iter().take(UPDATES_AHEAD).for_each(prefetch);
@@ -708,16 +735,18 @@ impl<'a> Tree<'a> {
             let delta = new.value() as i64 - old.value() as i64;
             if delta != 0 {
                 let mut j = u.leaf / ARITY;
-                for level in 1..dense_from {
-                    self.entry(TreeKind::Sum, level, j)
-                        .fetch_add(delta as u64, Ordering::Relaxed);
+                for &level in &sums {
+                    self.words[level + j].fetch_add(delta as u64, Ordering::Relaxed);
                     j /= ARITY;
                 }
                 // Wrapping, as `add_deltas` explains: many updates' deltas together may
                 // pass `i64::MAX`; the entry's sum is exact mod 2^64.
                 dense[j] = dense[j].wrapping_add(delta);
             }
-            self.refresh_extrema_after(u.leaf, old.code(), new.code());
+            for (&kind, &first) in self.layout.extrema().iter().zip(&extrema) {
+                let above = first + u.leaf / ARITY;
+                self.refresh_extremum_after(kind, above, u.leaf, old.code(), new.code());
+            }
         }
         for (j, &d) in dense.iter().enumerate() {
             if d != 0 {
