@@ -373,8 +373,9 @@ pub(crate) enum Intent {
 /// (for writing: in exclusive state, so the stores that follow need no second trip).
 /// Never faults and never changes memory: a prefetch is not an access, so `offset`
 /// is not checked: a sample prefetches six lines a row, and the check was 3.5% of its
-/// instructions. Callers keep it inside `words`, or a line past a tree level's last
-/// node, where it loads a line for nothing.
+/// instructions. Callers keep it inside `words` or a line or two past its end (a
+/// drawn row's second line pair when the row is the last, a tree level's last node),
+/// where it loads a line for nothing.
 #[inline]
 pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
