@@ -7,9 +7,10 @@
 // Test threads, not the crate's: the loom facade is for the library.
 #![allow(clippy::disallowed_methods)]
 
-use std::io::{BufRead, BufReader, Lines};
+use std::io::{BufRead, BufReader, Lines, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use replaybuf::sampler::Prioritized;
@@ -119,20 +120,42 @@ fn spawn(wrapper: &[&str], name: &str, role: &str, base: u64, dir: &str) -> Chil
         .env("REPLAYBUF_CRASH_BASE", base.to_string())
         .env("REPLAYBUF_CRASH_DIR", dir)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap()
 }
 
-/// Waits for the child to print a line starting with `prefix`; returns the line.
-fn wait_for(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) -> String {
+/// Reads the child's stderr on a thread of its own, so that it never blocks on the
+/// pipe, and keeps it for [`wait_for`]'s failure message (a child that ends early,
+/// under a sanitizer say, tells why there).
+fn keep_stderr(child: &mut Child) -> Option<JoinHandle<String>> {
+    let mut pipe = child.stderr.take()?;
+    Some(std::thread::spawn(move || {
+        let mut said = String::new();
+        let _ = pipe.read_to_string(&mut said);
+        said
+    }))
+}
+
+/// Waits for the child to print a line starting with `prefix`; returns the line. If
+/// the child ends first, fails with what it wrote to stderr ([`keep_stderr`]).
+fn wait_for(
+    lines: &mut Lines<BufReader<ChildStdout>>,
+    prefix: &str,
+    stderr: &mut Option<JoinHandle<String>>,
+) -> String {
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(at) = line.find(prefix) {
             return line[at..].to_owned();
         }
     }
-    panic!("the child ended before saying {prefix:?}");
+    let said = stderr.take().map_or_else(String::new, |reader| {
+        within(30, "reading the child's stderr", move || {
+            reader.join().unwrap_or_default()
+        })
+    });
+    panic!("the child ended before saying {prefix:?}; its stderr:\n{said}");
 }
 
 /// Runs `f` on another thread and fails if it has not returned within `secs`: a hang
@@ -200,8 +223,9 @@ fn writers_editors_and_dumpers_killed_at_random_points_leave_a_working_buffer() 
             .map(|(k, role)| spawn(&[], &name, role, base + ((k as u64) << 36), &dir_s))
             .collect();
         for (child, says) in children.iter_mut().zip(["writing", "editing", "dumping"]) {
+            let mut stderr = keep_stderr(child);
             let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            wait_for(&mut lines, says);
+            wait_for(&mut lines, says, &mut stderr);
             // Keep reading (and dropping) its output so it never blocks on a pipe.
             std::thread::spawn(move || lines.for_each(drop));
         }
@@ -241,10 +265,11 @@ fn a_live_writer_in_another_pid_namespace_is_not_taken_for_dead() {
         1 << 40,
         dir.path().to_str().unwrap(),
     );
+    let mut stderr = keep_stderr(&mut child);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let said = wait_for(&mut lines, "shard ");
+    let said = wait_for(&mut lines, "shard ", &mut stderr);
     let theirs: usize = said["shard ".len()..].trim().parse().unwrap();
-    wait_for(&mut lines, "writing");
+    wait_for(&mut lines, "writing", &mut stderr);
     let drain = std::thread::spawn(move || lines.for_each(drop));
     // Two writer handles here: the free shard, then (none left) the same one again.
     // The child's shard must not be taken over while the child writes.
