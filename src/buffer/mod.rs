@@ -209,9 +209,7 @@ impl ReplayBuffer {
     ///
     /// # Panics
     ///
-    /// In a shared buffer whose every shard is leased to another live process (after
-    /// waiting half a second for one to come free: a process that met a dead writer's
-    /// row holds that writer's lease while it repairs the shard); use
+    /// In a shared buffer whose every shard is leased to another live process; use
     /// [`try_writer`](Self::try_writer) to get that as an error.
     pub fn writer(&self) -> Writer {
         self.try_writer()

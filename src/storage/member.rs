@@ -10,12 +10,6 @@ use crate::storage::shard::Shard;
 use crate::storage::Storage;
 use crate::sync::{Backoff, Mutex, Ordering};
 
-/// How long [`Member::lease`] waits for a shard to come free before it reports none:
-/// far longer than another process's repair of a dead writer's shard takes
-/// (microseconds; milliseconds under a sanitizer), short enough that a buffer whose
-/// shards are all truly taken says so at once to a person.
-const LEASE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
-
 /// This process in a shared region.
 #[derive(Debug)]
 pub(crate) struct Member {
@@ -65,26 +59,6 @@ impl Member {
     /// first (taken over and recovered, so that its ring is written on), then free
     /// ones, looked for in turn from `start`.
     pub(crate) fn lease(&self, storage: &Storage, start: usize) -> Result<usize, NoShard> {
-        // A lease another live process holds may be a reclaim in passing: an editor or
-        // a dump that met a dead writer's row takes its lease, repairs the shard and
-        // gives the lease back. A writer refused by every shard waits out such a
-        // reclaim before it reports none free.
-        let patience = std::time::Instant::now() + LEASE_PATIENCE;
-        let mut backoff = Backoff::new();
-        loop {
-            if let Some(k) = self.try_lease(storage, start) {
-                return Ok(k);
-            }
-            if std::time::Instant::now() >= patience {
-                return Err(NoShard);
-            }
-            backoff.snooze();
-        }
-    }
-
-    /// One pass of [`Member::lease`]: a dead holder's shard first (repaired), then a
-    /// free one, else one this process holds already; `None` if none of these.
-    fn try_lease(&self, storage: &Storage, start: usize) -> Option<usize> {
         let mut held = self.leases.lock();
         let shards = storage.shards();
         for from_dead in [true, false] {
@@ -100,10 +74,13 @@ impl Member {
                     None => continue,
                 }
                 held.push(k);
-                return Some(k);
+                return Ok(k);
             }
         }
-        (!held.is_empty()).then(|| held[start % held.len()])
+        match held.len() {
+            0 => Err(NoShard),
+            n => Ok(held[start % n]),
+        }
     }
 
     /// Takes the lease of every shard this process does not hold yet (a buffer-level
