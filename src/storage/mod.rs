@@ -811,9 +811,10 @@ impl Storage {
     }
 
     /// Prefetches the cache lines of the first [`PREFETCH_LINES`] * 64 bytes of the slot
-    /// that starts at region byte `start`, and of its last byte if it ends sooner: a 176-byte slot starting 48 bytes into a
-    /// line spans four lines, and gets all four. Branch-free: a line prefetched twice
-    /// costs nothing, and a sample prefetches every row it reads.
+    /// that starts at region byte `start`, and of its last byte if it ends sooner: a
+    /// 176-byte slot starting 48 bytes into a line spans four lines, and gets all four.
+    /// Branch-free: a line prefetched twice costs nothing, and a sample prefetches
+    /// every row it reads.
     #[inline(always)]
     fn prefetch_slot(&self, start: usize, intent: Intent) {
         let (words, last) = (self.words(), start + self.slot_bytes - 1);

@@ -687,9 +687,8 @@ impl<'a> Tree<'a> {
         let mut dense = vec![0i64; self.layout.size(dense_from)];
         // The first words of the levels an update touches, looked up once: a lookup
         // is a bounds-checked read of the layout, and an update made eleven of them.
-        let sums: SmallVec<[usize; 8]> = (1..dense_from)
-            .map(|level| self.layout.entry_word(TreeKind::Sum, level, 0))
-            .collect();
+        // The sum levels' are the layout's own `sum_levels`.
+        let sums = &self.layout.sum_levels[1..dense_from];
         let extrema: SmallVec<[usize; 2]> = self
             .layout
             .extrema()
@@ -710,7 +709,7 @@ impl<'a> Tree<'a> {
             let parent = i / ARITY;
             line(self.layout.leaf_word(i));
             line(self.layout.raw_word(i));
-            if let Some(&sum) = sums.first() {
+            if let Some(&(sum, _)) = sums.first() {
                 line(sum + parent);
             }
             for &e in &extrema {
@@ -735,7 +734,7 @@ impl<'a> Tree<'a> {
             let delta = new.value() as i64 - old.value() as i64;
             if delta != 0 {
                 let mut j = u.leaf / ARITY;
-                for &level in &sums {
+                for &(level, _) in sums {
                     self.words[level + j].fetch_add(delta as u64, Ordering::Relaxed);
                     j /= ARITY;
                 }
