@@ -33,14 +33,18 @@ METHODS = ["spawn", "fork"]
 
 def collect(rb, worker, progress, batches, stop=None, together=None):
     """A collector: extends ``batches`` chunks of its own ids (forever when 0, or until
-    ``stop`` is set), publishing how many rows it wrote in ``progress``; then waits at
-    the barrier ``together``, if given, so that no collector's shard is given up (and
-    taken by another) before all are done."""
+    the shared flag ``stop`` is nonzero), publishing how many rows it wrote in
+    ``progress``; then waits at the barrier ``together``, if given, so that no
+    collector's shard is given up (and taken by another) before all are done.
+
+    ``stop`` is a lock-free ``Value``, not an ``Event``: a collector killed inside
+    ``Event.is_set`` dies holding the event's lock, and every other collector would
+    then wait on it forever."""
     if isinstance(rb, str):
         rb = replaybuf.ReplayBuffer.attach(rb)
     k = 0
     while batches == 0 or k < batches * CHUNK:
-        if stop is not None and stop.is_set():
+        if stop is not None and stop.value:
             break
         rb.extend(rows(worker * ID_STRIDE + np.arange(k, k + CHUNK)))
         k += CHUNK
@@ -209,7 +213,7 @@ def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, chil
     # shard unless the killed one's lease was given back.
     rb = replaybuf.ReplayBuffer(4096, spec=SPEC, shards=4, seed=3, shared=name)
     rb.extend(rows(np.arange(CHUNK)))
-    stop = ctx.Event()
+    stop = ctx.Value("b", 0, lock=False)
     progress = {w: ctx.Value("q", 0, lock=False) for w in (1, 2, 3, 4)}
     for w in (1, 2, 3):
         args = (rb, w, progress[w], 0, stop)
@@ -234,7 +238,7 @@ def test_a_collector_killed_mid_run_leaves_the_buffer_working(method, name, chil
     late.join(START_S)
     assert late.exitcode == 0 and progress[4].value == 30 * CHUNK
     assert rb.extend(rows(np.arange(CHUNK, 2 * CHUNK))).size == CHUNK
-    stop.set()
+    stop.value = 1
     for p in children[1:3]:
         p.join(JOIN_S)
         assert p.exitcode == 0, "a collector did not stop"

@@ -209,7 +209,9 @@ impl ReplayBuffer {
     ///
     /// # Panics
     ///
-    /// In a shared buffer whose every shard is leased to another live process; use
+    /// In a shared buffer whose every shard is leased to another live process (after
+    /// waiting half a second for one to come free: a process that met a dead writer's
+    /// row holds that writer's lease while it repairs the shard); use
     /// [`try_writer`](Self::try_writer) to get that as an error.
     pub fn writer(&self) -> Writer {
         self.try_writer()
@@ -218,7 +220,7 @@ impl ReplayBuffer {
 
     /// A collector's handle, as [`writer`](Self::writer) gives, or
     /// [`DataError::NoFreeShard`] in a shared buffer whose every shard is leased to
-    /// another live process.
+    /// another live process (after the same half-second wait).
     pub fn try_writer(&self) -> Result<Writer, DataError> {
         self.retrying(|inner| {
             let storage = &inner.core.storage;

@@ -8,7 +8,17 @@ use crate::shared::procs::{release_lease, take_lease, Holder, Leased, NoShard, P
 use crate::storage::layout::ShardWord;
 use crate::storage::shard::Shard;
 use crate::storage::Storage;
-use crate::sync::{Backoff, Mutex, Ordering};
+use crate::sync::{nap, Backoff, Mutex, Ordering};
+
+/// How long [`Member::lease`] waits for a shard to come free before it reports none:
+/// far longer than another process's repair of a dead writer's shard takes
+/// (microseconds; milliseconds under a sanitizer), short enough that a buffer whose
+/// shards are all truly taken says so at once to a person.
+const LEASE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How often a refused writer looks again meanwhile: asleep in between, so that a
+/// buffer whose shards are all truly taken costs no processor while it says so.
+const LEASE_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// This process in a shared region.
 #[derive(Debug)]
@@ -59,6 +69,12 @@ impl Member {
     /// first (taken over and recovered, so that its ring is written on), then free
     /// ones, looked for in turn from `start`.
     pub(crate) fn lease(&self, storage: &Storage, start: usize) -> Result<usize, NoShard> {
+        patiently(|| self.try_lease(storage, start).ok_or(NoShard))
+    }
+
+    /// One pass of [`Member::lease`]: a dead holder's shard first (repaired), then a
+    /// free one, else one this process holds already; `None` if none of these.
+    fn try_lease(&self, storage: &Storage, start: usize) -> Option<usize> {
         let mut held = self.leases.lock();
         let shards = storage.shards();
         for from_dead in [true, false] {
@@ -74,13 +90,10 @@ impl Member {
                     None => continue,
                 }
                 held.push(k);
-                return Ok(k);
+                return Some(k);
             }
         }
-        match held.len() {
-            0 => Err(NoShard),
-            n => Ok(held[start % n]),
-        }
+        (!held.is_empty()).then(|| held[start % held.len()])
     }
 
     /// Takes the lease of every shard this process does not hold yet (a buffer-level
@@ -88,6 +101,11 @@ impl Member {
     /// repairing them. `Err(k)`: a live process holds shard `k` (the leases taken so
     /// far stay this process's).
     pub(crate) fn lease_all(&self, storage: &Storage) -> Result<(), usize> {
+        patiently(|| self.try_lease_all(storage))
+    }
+
+    /// One pass of [`Member::lease_all`].
+    fn try_lease_all(&self, storage: &Storage) -> Result<(), usize> {
         let mut held = self.leases.lock();
         for (k, shard) in storage.shards().iter().enumerate() {
             if held.contains(&k) {
@@ -110,6 +128,21 @@ impl Member {
             return Ok(k);
         }
         self.lease(storage, std::process::id() as usize)
+    }
+}
+
+/// `attempt`, repeated while it fails and [`LEASE_PATIENCE`] has not passed; its last
+/// answer. A lease another live process holds may be a reclaim in passing: an editor
+/// or a dump that met a dead writer's row takes its lease, repairs the shard and gives
+/// the lease back. A writer refused a lease waits out such a reclaim (holding nothing
+/// meanwhile) before it reports the shard taken.
+fn patiently<T, E>(mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let patience = std::time::Instant::now() + LEASE_PATIENCE;
+    loop {
+        match attempt() {
+            Err(_) if std::time::Instant::now() < patience => nap(LEASE_POLL),
+            answer => return answer,
+        }
     }
 }
 
