@@ -465,18 +465,157 @@ pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
     for (writers, learners) in configs(args) {
         let run = concurrent_run(w, writers, learners, args.seconds, None);
         report(name, w, writers, learners, run);
+        // The floor once, beside the uniform workload: it has no priorities.
+        if !w.prioritized() {
+            let floor = concurrent_floor(w, writers, learners, args.seconds);
+            report_as(FLOOR, name, w, writers, learners, floor);
+        }
     }
 }
 
+/// The system name of [`concurrent_floor`]'s lines.
+const FLOOR: &str = "memory-floor";
+
+/// How many rows ahead [`concurrent_floor`]'s readers load a row's lines into L1.
+const AHEAD: usize = 16;
+
+/// The raw-memory floor of a concurrent configuration: `writers` threads each copy
+/// chunks of the workload's rows into their own part of one ring of `capacity` rows,
+/// in a loop, while `learners` threads each copy batches of rows drawn uniformly from
+/// the whole ring, for `secs`: the same bytes moving between the same cores, with no
+/// stamps, trees, checks or claims. Rows are the payload rounded up to whole 8-byte
+/// words, each word copied by a `Relaxed` atomic load or store (plain moves on x86_64;
+/// plain memory shared this way would be a data race).
+///
+/// What matters is the floor's own solo-to-shared ratio: on the two-core development
+/// VM a writer sharing memory with a reader of random rows of it slows by a factor
+/// that varies from run to run (1.1 to 3; independent memory: none), and a
+/// configuration's figures read against the floor's of the same configuration.
+pub fn concurrent_floor(w: Workload, writers: usize, learners: usize, secs: f64) -> Run {
+    use std::sync::atomic::AtomicU64;
+    let row = w.payload_bytes.div_ceil(8);
+    let capacity = w.capacity;
+    let ring: Vec<AtomicU64> = (0..capacity * row)
+        .map(|i| AtomicU64::new(i as u64))
+        .collect();
+    let chunk: Vec<u64> = (0..w.chunk * row).map(|i| i as u64 * 3).collect();
+    let part = capacity / writers.max(1);
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let (mut rows_written, mut extends, mut rows_sampled) = (0, 0, 0);
+    let mut latencies_ns = Vec::new();
+    std::thread::scope(|s| {
+        let collectors: Vec<_> = (0..writers)
+            .map(|k| {
+                let (ring, chunk, stop) = (&ring[k * part * row..][..part * row], &chunk, &stop);
+                s.spawn(move || {
+                    let (mut n, mut at) = (0usize, 0usize);
+                    while !stop.load(Ordering::Relaxed) {
+                        for r in chunk.chunks_exact(row) {
+                            for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
+                                dst.store(v, Ordering::Relaxed);
+                            }
+                            at = if at + 1 == part { 0 } else { at + 1 };
+                        }
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let samplers: Vec<_> = (0..learners)
+            .map(|l| {
+                let (ring, stop) = (&ring, &stop);
+                s.spawn(move || {
+                    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (l as u64 + 1);
+                    let mut batch = vec![0u64; w.batch * row];
+                    let mut rows = vec![0usize; w.batch];
+                    let mut lat = Vec::with_capacity(1 << 20);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        // The batch's rows drawn and set loading into L2 before any
+                        // is copied, then each row's lines into L1 a window ahead: the
+                        // misses overlap, as in the buffer's own gather.
+                        for r in &mut rows {
+                            *r = (xorshift(&mut state) % capacity as u64) as usize;
+                            for word in [0, 16.min(row - 1)] {
+                                prefetch_line::<false>(&ring[*r * row + word]);
+                            }
+                        }
+                        for (k, (out, &r)) in batch.chunks_exact_mut(row).zip(&rows).enumerate() {
+                            if let Some(&ahead) = rows.get(k + AHEAD) {
+                                for word in (0..row).step_by(8).chain([row - 1]) {
+                                    prefetch_line::<true>(&ring[ahead * row + word]);
+                                }
+                            }
+                            for (o, src) in out.iter_mut().zip(&ring[r * row..][..row]) {
+                                *o = src.load(Ordering::Relaxed);
+                            }
+                        }
+                        std::hint::black_box(&mut batch);
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    }
+                    lat
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        for c in collectors {
+            let n = c.join().expect("floor writer thread");
+            extends += n;
+            rows_written += n * w.chunk;
+        }
+        for l in samplers {
+            let lat = l.join().expect("floor reader thread");
+            rows_sampled += lat.len() * w.batch;
+            latencies_ns.extend(lat);
+        }
+    });
+    Run {
+        rows_written,
+        extends,
+        rows_sampled,
+        latencies_ns,
+        secs: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Starts loading the cache line of `word`, into L1 (`NEXT`) or L2 (x86_64; nothing
+/// elsewhere).
+#[inline]
+fn prefetch_line<const NEXT: bool>(word: &std::sync::atomic::AtomicU64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let p = word.as_ptr().cast_const().cast::<i8>();
+        // SAFETY: SSE is part of x86_64; a prefetch changes nothing the program sees.
+        unsafe {
+            if NEXT {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+            } else {
+                _mm_prefetch::<_MM_HINT_T1>(p);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = word;
+}
+
 /// The JSON lines of one concurrent run.
-pub fn report(name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
+pub fn report(name: &str, w: Workload, writers: usize, learners: usize, run: Run) {
+    report_as(SYSTEM, name, w, writers, learners, run);
+}
+
+/// [`report`] for `system`.
+fn report_as(system: &str, name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tags = json!({"writers": writers, "learners": learners, "cores": cores});
     if writers > 0 {
         let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
         let mut extra = tags.clone();
         extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
-        emit(name, "extend", per_op, w.chunk, extra);
+        emit_as(system, name, "extend", per_op, w.chunk, extra);
     }
     if learners > 0 {
         run.latencies_ns.sort_unstable();
@@ -498,6 +637,6 @@ pub fn report(name: &str, w: Workload, writers: usize, learners: usize, mut run:
         } else {
             "sample"
         };
-        emit(name, op, mean, w.batch, extra);
+        emit_as(system, name, op, mean, w.batch, extra);
     }
 }
