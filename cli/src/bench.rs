@@ -399,39 +399,52 @@ pub fn concurrent_run(
         .expect("extend");
         turn += 1;
     }
+    let handles = &handles;
+    let chunk = &chunk;
+    timed(
+        w,
+        (writers, learners),
+        secs,
+        |k, stop| {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                handles[k].extend(chunk).expect("extend");
+                n += 1;
+            }
+            n
+        },
+        |l, stop| learner_loop(&rb, w, l, stop),
+    )
+}
+
+/// Runs `writers` threads of `write(k, stop)` (each returning the chunks it extended)
+/// beside `learners` threads of `learn(l, stop)` (each returning its steps'
+/// latencies) for `secs`, then sets `stop` and adds up what they did.
+fn timed(
+    w: Workload,
+    (writers, learners): (usize, usize),
+    secs: f64,
+    write: impl Fn(usize, &AtomicBool) -> usize + Sync,
+    learn: impl Fn(usize, &AtomicBool) -> Vec<u64> + Sync,
+) -> Run {
     let stop = AtomicBool::new(false);
-    let duration = Duration::from_secs_f64(secs);
     let (mut rows_written, mut extends, mut rows_sampled) = (0, 0, 0);
     let mut latencies_ns = Vec::new();
     let started = Instant::now();
     std::thread::scope(|s| {
-        let collectors: Vec<_> = handles
-            .into_iter()
-            .map(|writer| {
-                let (chunk, stop) = (&chunk, &stop);
-                s.spawn(move || {
-                    let mut n = 0usize;
-                    while !stop.load(Ordering::Relaxed) {
-                        writer.extend(chunk).expect("extend");
-                        n += 1;
-                    }
-                    n
-                })
-            })
+        let (write, learn, stop) = (&write, &learn, &stop);
+        let collectors: Vec<_> = (0..writers)
+            .map(|k| s.spawn(move || write(k, stop)))
             .collect();
         let samplers: Vec<_> = (0..learners)
-            .map(|l| {
-                let (rb, stop) = (&rb, &stop);
-                s.spawn(move || learner_loop(rb, w, l, stop))
-            })
+            .map(|l| s.spawn(move || learn(l, stop)))
             .collect();
-        std::thread::sleep(duration);
+        std::thread::sleep(Duration::from_secs_f64(secs));
         stop.store(true, Ordering::Relaxed);
         for c in collectors {
-            let n = c.join().expect("collector thread");
-            extends += n;
-            rows_written += n * w.chunk;
+            extends += c.join().expect("collector thread");
         }
+        rows_written = extends * w.chunk;
         for l in samplers {
             let lat = l.join().expect("learner thread");
             rows_sampled += lat.len() * w.batch;
@@ -500,85 +513,57 @@ pub fn concurrent_floor(w: Workload, writers: usize, learners: usize, secs: f64)
         .collect();
     let chunk: Vec<u64> = (0..w.chunk * row).map(|i| i as u64 * 3).collect();
     let part = capacity / writers.max(1);
-    let stop = AtomicBool::new(false);
-    let started = Instant::now();
-    let (mut rows_written, mut extends, mut rows_sampled) = (0, 0, 0);
-    let mut latencies_ns = Vec::new();
-    std::thread::scope(|s| {
-        let collectors: Vec<_> = (0..writers)
-            .map(|k| {
-                let (ring, chunk, stop) = (&ring[k * part * row..][..part * row], &chunk, &stop);
-                s.spawn(move || {
-                    let (mut n, mut at) = (0usize, 0usize);
-                    while !stop.load(Ordering::Relaxed) {
-                        for r in chunk.chunks_exact(row) {
-                            for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
-                                dst.store(v, Ordering::Relaxed);
-                            }
-                            at = if at + 1 == part { 0 } else { at + 1 };
-                        }
-                        n += 1;
+    let (ring, chunk) = (&ring, &chunk);
+    timed(
+        w,
+        (writers, learners),
+        secs,
+        |k, stop| {
+            let ring = &ring[k * part * row..][..part * row];
+            let (mut n, mut at) = (0usize, 0usize);
+            while !stop.load(Ordering::Relaxed) {
+                for r in chunk.chunks_exact(row) {
+                    for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
+                        dst.store(v, Ordering::Relaxed);
                     }
-                    n
-                })
-            })
-            .collect();
-        let samplers: Vec<_> = (0..learners)
-            .map(|l| {
-                let (ring, stop) = (&ring, &stop);
-                s.spawn(move || {
-                    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (l as u64 + 1);
-                    let mut batch = vec![0u64; w.batch * row];
-                    let mut rows = vec![0usize; w.batch];
-                    let mut lat = Vec::with_capacity(1 << 20);
-                    while !stop.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        // The batch's rows drawn and set loading into L2 before any
-                        // is copied, then each row's lines into L1 a window ahead: the
-                        // misses overlap, as in the buffer's own gather.
-                        for r in &mut rows {
-                            *r = (xorshift(&mut state) % capacity as u64) as usize;
-                            for word in [0, 16.min(row - 1)] {
-                                prefetch_line::<false>(&ring[*r * row + word]);
-                            }
-                        }
-                        for (k, (out, &r)) in batch.chunks_exact_mut(row).zip(&rows).enumerate() {
-                            if let Some(&ahead) = rows.get(k + AHEAD) {
-                                for word in (0..row).step_by(8).chain([row - 1]) {
-                                    prefetch_line::<true>(&ring[ahead * row + word]);
-                                }
-                            }
-                            for (o, src) in out.iter_mut().zip(&ring[r * row..][..row]) {
-                                *o = src.load(Ordering::Relaxed);
-                            }
-                        }
-                        std::hint::black_box(&mut batch);
-                        lat.push(t.elapsed().as_nanos() as u64);
+                    at = if at + 1 == part { 0 } else { at + 1 };
+                }
+                n += 1;
+            }
+            n
+        },
+        |l, stop| {
+            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (l as u64 + 1);
+            let mut batch = vec![0u64; w.batch * row];
+            let mut rows = vec![0usize; w.batch];
+            let mut lat = Vec::with_capacity(1 << 20);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                // The batch's rows drawn and set loading into L2 before any is copied,
+                // then each row's lines into L1 a window ahead: the misses overlap, as
+                // in the buffer's own gather.
+                for r in &mut rows {
+                    *r = (xorshift(&mut state) % capacity as u64) as usize;
+                    for word in [0, 16.min(row - 1)] {
+                        prefetch_line::<false>(&ring[*r * row + word]);
                     }
-                    lat
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        stop.store(true, Ordering::Relaxed);
-        for c in collectors {
-            let n = c.join().expect("floor writer thread");
-            extends += n;
-            rows_written += n * w.chunk;
-        }
-        for l in samplers {
-            let lat = l.join().expect("floor reader thread");
-            rows_sampled += lat.len() * w.batch;
-            latencies_ns.extend(lat);
-        }
-    });
-    Run {
-        rows_written,
-        extends,
-        rows_sampled,
-        latencies_ns,
-        secs: started.elapsed().as_secs_f64(),
-    }
+                }
+                for (k, (out, &r)) in batch.chunks_exact_mut(row).zip(&rows).enumerate() {
+                    if let Some(&ahead) = rows.get(k + AHEAD) {
+                        for word in (0..row).step_by(8).chain([row - 1]) {
+                            prefetch_line::<true>(&ring[ahead * row + word]);
+                        }
+                    }
+                    for (o, src) in out.iter_mut().zip(&ring[r * row..][..row]) {
+                        *o = src.load(Ordering::Relaxed);
+                    }
+                }
+                std::hint::black_box(&mut batch);
+                lat.push(t.elapsed().as_nanos() as u64);
+            }
+            lat
+        },
+    )
 }
 
 /// Starts loading the cache line of `word`, into L1 (`NEXT`) or L2 (x86_64; nothing
