@@ -133,6 +133,17 @@ fn shared_child() {
                 }
             }
         }
+        // Takes a writer handle, says so, and gives its shard back (by going) after
+        // `chunks` milliseconds.
+        "hold" => {
+            let writer = writer();
+            println!("holding {}", writer.shard());
+            let ms: u64 = std::env::var("REPLAYBUF_SHM_CHUNKS")
+                .unwrap()
+                .parse()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         // Asks for a writer handle, and says why there is none.
         "try-writer" => match rb.try_writer() {
             Ok(w) => println!("writer on shard {}", w.shard()),
@@ -400,6 +411,25 @@ fn no_free_shard_is_an_error_not_a_hang() {
         Some(4),
         "the creator's drop removed the region"
     );
+}
+
+#[test]
+fn a_writer_waits_out_a_lease_given_back_within_half_a_second() {
+    // Another process may hold a shard's lease for a moment only (repairing a dead
+    // writer's shard takes its lease and gives it back): a writer refused by every
+    // shard waits half a second for one before it reports none.
+    let name = name("patient");
+    let rb = builder(&name, 2).build().unwrap();
+    let _w = rb.writer(); // this process holds one shard
+    let mut holder = spawn(&name, "hold", 8, 300);
+    let mut held = lines(&mut holder);
+    while !held.next().unwrap().contains("holding") {}
+    let out = spawn(&name, "try-writer", 9, 0).wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("writer on shard"), "{said}");
+    held.for_each(drop);
+    assert!(holder.wait().unwrap().success());
 }
 
 #[test]
