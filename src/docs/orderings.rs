@@ -119,10 +119,15 @@
 //! rows (`atomic_copy::FieldCopy`): the moves for that length are chosen once (two
 //! 1-, 2-, 4-, 8- or 16-byte moves, four 16-byte moves at fixed offsets, 64-byte
 //! blocks of 16-byte moves then up to three 16-byte moves ending at the field's end,
-//! or `rep movsb`), and each row's copy is those moves and no branch. The general
-//! copy of a range uses the same moves, found from its length. They are the same kinds of single hardware stores as
-//! above, overlapping only inside the field's range, so the argument above holds for
-//! them unchanged.
+//! or `rep movsb`), and each row's copy is those moves and no branch; on a CPU with
+//! AVX, a field of 32 bytes up to the `rep movsb` threshold moves by 32-byte `vmovdqu`
+//! loads and stores instead, the last ending at the field's end. The general copy of a
+//! range uses the same 16-byte moves, found from its length. All are single hardware
+//! stores inside an `asm!` block, overlapping only inside the field's range; the
+//! argument above asks nothing of a store's width (it needs no store to be atomic as a
+//! whole, only opaque to the compiler and a hardware access), so it holds for them
+//! unchanged. The AVX block ends with `vzeroupper`, leaving no upper register state for
+//! the SSE moves after it.
 //!
 //! **Several slots at once.** An append holds a small group of consecutive slots
 //! (`storage/mod.rs`, `append_rows`, about 1 KiB of them): W0-W2 for every slot of the

@@ -10,7 +10,8 @@
 //! - On x86_64 the copy is one inline-assembly loop of unaligned 16-byte SSE loads and
 //!   stores, then one more move of the range's last 16 bytes (8, 4 or 2 for shorter
 //!   ranges, overlapping what was copied: see `docs/orderings.rs` §6), or `rep movsb`
-//!   for long ranges. An `asm!` block is opaque to the compiler: it
+//!   for long ranges; an append's fields of 32 bytes and more move by 32-byte AVX
+//!   loads and stores where the CPU has AVX. An `asm!` block is opaque to the compiler: it
 //!   cannot be split, merged, elided or turned into a racy plain access, and every
 //!   access it makes is a single hardware load or store, atomic at least per byte. This
 //!   is the technique of taiki-e's `atomic-memcpy` / `atomic-maybe-uninit`, applied to a
@@ -155,6 +156,31 @@ pub fn streaming_fence() {
 pub(crate) struct FieldCopy {
     len: usize,
     moves: Moves,
+    /// Stored by [`x86::wide_rows`]'s 32-byte moves rather than `moves` (x86_64 CPUs
+    /// with AVX, fields of 32 bytes up to the `rep movsb` threshold).
+    wide: bool,
+}
+
+/// A field's stores are 32-byte AVX moves from this length up to [`REP_MOVSB_BYTES`],
+/// where the CPU has AVX: a row's stores are fewer, and a store that misses the cache
+/// holds a store-queue entry for every 32 bytes rather than every 16. Measured
+/// (AMD EPYC family 26, 2026-11-28, three rounds alternating with 16-byte moves):
+/// 1,000 typed 168-byte rows into a million 7.38-7.50 us against 7.86-8.29;
+/// `replaybuf bench --workload mujoco` extends 9.13-9.67 us against 9.77-10.26; 256
+/// rows of 100 bytes (two 46-byte fields) 1.74-1.79 against 1.75-1.88.
+const WIDE_BYTES: usize = 32;
+
+/// Whether this CPU runs [`x86::wide_rows`].
+#[inline]
+fn has_avx() -> bool {
+    #[cfg(all(
+        target_arch = "x86_64",
+        not(replaybuf_loom),
+        not(replaybuf_atomic_copy)
+    ))]
+    return std::arch::is_x86_feature_detected!("avx");
+    #[allow(unreachable_code)]
+    false
 }
 
 /// The single hardware moves that copy a range of some length (see [`FieldCopy`]).
@@ -196,6 +222,7 @@ impl FieldCopy {
         FieldCopy {
             len,
             moves: Moves::of(len),
+            wide: (WIDE_BYTES..REP_MOVSB_BYTES).contains(&len) && has_avx(),
         }
     }
 
@@ -265,6 +292,12 @@ impl FieldCopy {
         ))]
         {
             let base = words.as_ptr().cast::<u8>().cast_mut().wrapping_add(offset);
+            if self.wide {
+                // SAFETY: as below, for every row; `new` found AVX and a length of at
+                // least 32.
+                unsafe { x86::wide_rows(data.as_ptr(), stride, rows, base, step, self.len) };
+                return;
+            }
             for (k, &r) in rows.iter().enumerate() {
                 let (from, to) = (
                     data.as_ptr().wrapping_add(r * stride),
@@ -591,6 +624,63 @@ mod x86 {
                     options(nostack),
                 );
             }
+        }
+    }
+
+    /// Copies `len` bytes (at least 32) from `data + rows[k] * stride` to
+    /// `dst + k * step` for every `k`, each by 32-byte AVX moves from the start, the
+    /// last ending at the range's end (overlapping the one before where `len` is not a
+    /// multiple of 32): single hardware loads and stores, as in [`copy`]. Clears the
+    /// registers' upper halves before returning, so that SSE code after it pays no
+    /// transition.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy`], for each row's range of `len` bytes; `len >= 32`; the CPU has
+    /// AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn wide_rows(
+        data: *const u8,
+        stride: usize,
+        rows: &[usize],
+        dst: *mut u8,
+        step: usize,
+        len: usize,
+    ) {
+        /// One 32-byte move, `at` bytes into the row.
+        macro_rules! move32 {
+            ($src:expr, $dst:expr, $at:expr) => {
+                std::arch::asm!(
+                    "vmovdqu {a}, ymmword ptr [{s} + {o}]",
+                    "vmovdqu ymmword ptr [{t} + {o}], {a}",
+                    s = in(reg) $src,
+                    t = in(reg) $dst,
+                    o = in(reg) $at,
+                    a = out(ymm_reg) _,
+                    options(nostack, preserves_flags),
+                )
+            };
+        }
+        let last = len - 32;
+        for (k, &r) in rows.iter().enumerate() {
+            let (src, dst) = (data.wrapping_add(r * stride), dst.wrapping_add(k * step));
+            // SAFETY: the caller's obligations are `copy`'s for the row's `len` bytes,
+            // and every move lies inside them (`at < last`, then `last`); AVX is there.
+            unsafe {
+                for at in (0..last).step_by(32) {
+                    move32!(src, dst, at);
+                }
+                move32!(src, dst, last);
+            }
+        }
+        // SAFETY: `vzeroupper` touches no memory; every vector register it changes is
+        // caller-saved, as the clobber says.
+        unsafe {
+            std::arch::asm!(
+                "vzeroupper",
+                clobber_abi("C"),
+                options(nostack, nomem, preserves_flags)
+            );
         }
     }
 
