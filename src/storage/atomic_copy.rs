@@ -11,11 +11,12 @@
 //!   stores, then one more move of the range's last 16 bytes (8, 4 or 2 for shorter
 //!   ranges, overlapping what was copied: see `docs/orderings.rs` §6), or `rep movsb`
 //!   for long ranges; an append's fields of 32 bytes and more move by 32-byte AVX
-//!   loads and stores where the CPU has AVX. An `asm!` block is opaque to the compiler: it
-//!   cannot be split, merged, elided or turned into a racy plain access, and every
-//!   access it makes is a single hardware load or store, atomic at least per byte. This
-//!   is the technique of taiki-e's `atomic-memcpy` / `atomic-maybe-uninit`, applied to a
-//!   runtime-sized range. It runs near `memcpy` speed (see `benches/row_copy.rs`).
+//!   loads and stores where the CPU has AVX. An `asm!` block is opaque to the
+//!   compiler: it cannot be split, merged, elided or turned into a racy plain access,
+//!   and every access it makes is a single hardware load or store, atomic at least per
+//!   byte. This is the technique of taiki-e's `atomic-memcpy` / `atomic-maybe-uninit`,
+//!   applied to a runtime-sized range. It runs near `memcpy` speed (see
+//!   `benches/row_copy.rs`).
 //! - Elsewhere, under loom, and with `--cfg replaybuf_atomic_copy` (used by the
 //!   sanitizer runs so ThreadSanitizer sees every access), the copy is one
 //!   `AtomicU64` load or store per word, `Relaxed`.

@@ -76,7 +76,7 @@ const APPEND_AHEAD_SLOTS: u64 = 8;
 /// On a faster host (AMD EPYC, family 26, 2026-11-28), whose memory takes writes at
 /// twice the rate, 2 KiB is too short: 256 rows of 100 bytes 2.01 us at 2 KiB, 1.89 at
 /// 4 KiB, 2.03 at 8 KiB; 1,000 typed rows 9.38, 8.06, 7.53; the mujoco extend 12.06,
-/// 10.46, 10.60. Two pages ahead suits both hosts.
+/// 10.46, 10.60. A page ahead suits both hosts.
 const APPEND_AHEAD_BYTES: usize = 4096;
 /// At most this many slots are held for writing at once by [`Storage::append_rows`]
 /// ...
