@@ -861,8 +861,21 @@ mod tests {
     fn field_copies_store_exactly_their_rows() {
         let words = region(1200);
         let mut back = vec![0u8; 1200 * 8];
-        for len in (0..200).chain([255, 256, 511, 1023, 1024, 1100]) {
-            let copy = FieldCopy::new(len);
+        // Both the 32-byte AVX moves (where this CPU has AVX) and the 16-byte ones.
+        let copies = (0..200)
+            .chain([255, 256, 511, 1023, 1024, 1100])
+            .flat_map(|len| {
+                let copy = FieldCopy::new(len);
+                [
+                    copy,
+                    FieldCopy {
+                        wide: false,
+                        ..copy
+                    },
+                ]
+            });
+        for copy in copies {
+            let len = copy.len();
             let stride = len + 3;
             let data: Vec<u8> = (0..stride * 5).map(|i| (i * 7 + len + 1) as u8).collect();
             for (offset, rows) in [(0, vec![0]), (5, vec![4, 0, 2]), (13, vec![1, 1, 3, 2])] {
@@ -877,7 +890,11 @@ mod tests {
                     let at = offset + k * step;
                     want[at..at + len].copy_from_slice(&data[r * stride..][..len]);
                 }
-                assert!(back == want, "len {len} offset {offset} rows {rows:?}");
+                assert!(
+                    back == want,
+                    "len {len} offset {offset} rows {rows:?} wide {}",
+                    copy.wide
+                );
             }
         }
     }
