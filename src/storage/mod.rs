@@ -87,8 +87,11 @@ const GROUP_SLOTS: usize = 16;
 /// ring: 3.8 us row by row, 2.9 us in groups of 1 KiB (raw copy of the columns 2.3 to
 /// 2.6 us). Larger groups lose on mujoco's five fields: 16.7 us at 1 KiB and 16.8 row
 /// by row, but 19.4 us at 4 KiB (a group's fields then store to more lines than are in
-/// flight at once).
-const GROUP_BYTES: usize = 1024;
+/// flight at once). With the page-ahead prefetch on the faster host (2026-11-28, two
+/// rounds): 100-byte rows 1.82 and 1.79 us at 1 KiB, 1.66 and 1.65 at 2 KiB, 1.74 and
+/// 1.76 at 3 KiB; the mujoco extend 9.72-10.19 at 1 KiB, 8.67-9.38 at 2 KiB, 9.18-9.55
+/// at 3 KiB; 1,000 typed rows 7.54-7.80, 7.20-7.44, 7.63-7.73.
+const GROUP_BYTES: usize = 2048;
 
 /// The slots an append holds for writing at once, for slots of `slot_bytes`.
 fn append_group(slot_bytes: usize) -> usize {
