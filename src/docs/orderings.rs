@@ -130,7 +130,7 @@
 //! the SSE moves after it.
 //!
 //! **Several slots at once.** An append holds a small group of consecutive slots
-//! (`storage/mod.rs`, `append_rows`, about 1 KiB of them): W0-W2 for every slot of the
+//! (`storage/mod.rs`, `append_rows`, about 2 KiB of them): W0-W2 for every slot of the
 //! group, then the rows' stores a field at a time, then W3 for every slot. Each slot's
 //! row stores still fall between its own W1 and W3, which is all that §1 uses; a
 //! reader that finds a slot of the group marked as being written waits or redraws,
