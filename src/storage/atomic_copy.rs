@@ -189,8 +189,6 @@ fn has_avx() -> bool {
 pub(crate) enum Moves {
     None,
     Byte,
-    /// One move of this many bytes (2, 4, 8 or 16): a length of exactly that.
-    One(usize),
     /// Two moves of this many bytes (2, 4, 8 or 16): at 0 and at `len - bytes`.
     Pair(usize),
     /// Four 16-byte moves, at 0, 16, `len - 32` and `len - 16`: lengths 33 to 63.
@@ -209,7 +207,6 @@ impl Moves {
         match len {
             0 => Moves::None,
             1 => Moves::Byte,
-            2 | 4 | 8 | 16 => Moves::One(len),
             2..=3 => Moves::Pair(2),
             4..=7 => Moves::Pair(4),
             8..=15 => Moves::Pair(8),
@@ -219,34 +216,6 @@ impl Moves {
             _ => Moves::String,
         }
     }
-}
-
-/// `$each!(|from, to| kernel)` with the kernel of `$moves` for a length of `$len`: the
-/// match stays out of `$each`'s loop over rows, and the kernel's own match on a width
-/// folds away.
-#[cfg(all(
-    target_arch = "x86_64",
-    not(replaybuf_loom),
-    not(replaybuf_atomic_copy)
-))]
-macro_rules! per_kernel {
-    ($moves:expr, $len:expr, $each:ident) => {
-        match $moves {
-            Moves::None => {}
-            Moves::Byte => $each!(|from, to| x86::byte(from, to)),
-            Moves::One(16) => $each!(|from, to| x86::one(from, to, 16)),
-            Moves::One(8) => $each!(|from, to| x86::one(from, to, 8)),
-            Moves::One(4) => $each!(|from, to| x86::one(from, to, 4)),
-            Moves::One(bytes) => $each!(|from, to| x86::one(from, to, bytes)),
-            Moves::Pair(16) => $each!(|from, to| x86::pair(from, to, 16, $len - 16)),
-            Moves::Pair(8) => $each!(|from, to| x86::pair(from, to, 8, $len - 8)),
-            Moves::Pair(4) => $each!(|from, to| x86::pair(from, to, 4, $len - 4)),
-            Moves::Pair(bytes) => $each!(|from, to| x86::pair(from, to, bytes, $len - bytes)),
-            Moves::Quad => $each!(|from, to| x86::quad(from, to, $len - 32, $len - 16)),
-            Moves::Blocks => $each!(|from, to| x86::blocks(from, to, $len)),
-            Moves::String => $each!(|from, to| x86::rep_movsb(from, to, $len)),
-        }
-    };
 }
 
 impl FieldCopy {
@@ -330,24 +299,18 @@ impl FieldCopy {
                 unsafe { x86::wide_rows(data.as_ptr(), stride, rows, base, step, self.len) };
                 return;
             }
-            /// The rows' copies with one kernel.
-            macro_rules! each {
-                (|$from:ident, $to:ident| $kernel:expr) => {
-                    for (k, &r) in rows.iter().enumerate() {
-                        let ($from, $to) = (
-                            data.as_ptr().wrapping_add(r * stride),
-                            base.wrapping_add(k * step),
-                        );
-                        // SAFETY: (1) the caller put the row's source inside `data` and
-                        // its destination inside `words`; (2) `data` is private memory,
-                        // the destination shared, so they cannot overlap; (3) the region
-                        // is only ever accessed through atomics and these copies
-                        // (`Region` invariant). `new` chose the moves for this length.
-                        unsafe { $kernel }
-                    }
-                };
+            for (k, &r) in rows.iter().enumerate() {
+                let (from, to) = (
+                    data.as_ptr().wrapping_add(r * stride),
+                    base.wrapping_add(k * step),
+                );
+                // SAFETY: (1) the caller put the row's source inside `data` and its
+                // destination inside `words`; (2) `data` is private memory, the
+                // destination shared, so they cannot overlap; (3) the region is only
+                // ever accessed through atomics and these copies (`Region` invariant).
+                // `new` chose the moves for this length.
+                unsafe { x86::moves(self.moves, from, to, self.len) };
             }
-            per_kernel!(self.moves, self.len, each);
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -402,7 +365,19 @@ impl FieldCopy {
                     }
                 };
             }
-            per_kernel!(self.moves, len, each);
+            // A pair's width is matched here too, a loop for each: the kernel's own
+            // match on it then folds away.
+            match self.moves {
+                Moves::None => {}
+                Moves::Byte => each!(|from, to| x86::byte(from, to)),
+                Moves::Pair(16) => each!(|from, to| x86::pair(from, to, 16, len - 16)),
+                Moves::Pair(8) => each!(|from, to| x86::pair(from, to, 8, len - 8)),
+                Moves::Pair(4) => each!(|from, to| x86::pair(from, to, 4, len - 4)),
+                Moves::Pair(bytes) => each!(|from, to| x86::pair(from, to, bytes, len - bytes)),
+                Moves::Quad => each!(|from, to| x86::quad(from, to, len - 32, len - 16)),
+                Moves::Blocks => each!(|from, to| x86::blocks(from, to, len)),
+                Moves::String => each!(|from, to| x86::rep_movsb(from, to, len)),
+            }
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -509,44 +484,6 @@ mod x86 {
         }
     }
 
-    /// One move of `bytes` bytes (2, 4, 8 or 16).
-    ///
-    /// # Safety
-    ///
-    /// As for [`copy`], with `len` `bytes`.
-    #[inline(always)]
-    pub(super) unsafe fn one(src: *const u8, dst: *mut u8, bytes: usize) {
-        /// The move, of a `$ptr`-sized word in a register named with `$reg`.
-        macro_rules! one {
-            ($ptr:literal, $reg:literal) => {
-                std::arch::asm!(
-                    concat!("mov {w", $reg, "}, ", $ptr, " ptr [{s}]"),
-                    concat!("mov ", $ptr, " ptr [{t}], {w", $reg, "}"),
-                    s = in(reg) src,
-                    t = in(reg) dst,
-                    w = out(reg) _,
-                    options(nostack, preserves_flags),
-                )
-            };
-        }
-        // SAFETY: the caller's obligations are `copy`'s for these bytes.
-        unsafe {
-            match bytes {
-                16 => std::arch::asm!(
-                    "movdqu {a}, xmmword ptr [{s}]",
-                    "movdqu xmmword ptr [{t}], {a}",
-                    s = in(reg) src,
-                    t = in(reg) dst,
-                    a = out(xmm_reg) _,
-                    options(nostack, preserves_flags),
-                ),
-                8 => one!("qword", ""),
-                4 => one!("dword", ":e"),
-                _ => one!("word", ":x"),
-            }
-        }
-    }
-
     /// Two moves of `bytes` bytes (2, 4, 8 or 16), at 0 and at `last`: a length from
     /// `bytes` to `2 * bytes` (`2 * bytes - 1` under 16), whose `last` is the length
     /// less `bytes`.
@@ -556,11 +493,42 @@ mod x86 {
     /// As for [`copy`], with `len` `last + bytes`.
     #[inline(always)]
     pub(super) unsafe fn pair(src: *const u8, dst: *mut u8, bytes: usize, last: usize) {
-        // SAFETY: the caller's obligations are `copy`'s for these bytes, and both moves
-        // lie inside them: `bytes` at 0 and `bytes` at `last`, which ends at the length.
+        /// The two moves, of `$ptr`-sized words in registers named with `$reg`.
+        macro_rules! moves {
+            ($ptr:literal, $reg:literal) => {
+                std::arch::asm!(
+                    concat!("mov {w", $reg, "}, ", $ptr, " ptr [{s}]"),
+                    concat!("mov {v", $reg, "}, ", $ptr, " ptr [{s} + {o}]"),
+                    concat!("mov ", $ptr, " ptr [{t}], {w", $reg, "}"),
+                    concat!("mov ", $ptr, " ptr [{t} + {o}], {v", $reg, "}"),
+                    s = in(reg) src,
+                    t = in(reg) dst,
+                    o = in(reg) last,
+                    w = out(reg) _,
+                    v = out(reg) _,
+                    options(nostack, preserves_flags),
+                )
+            };
+        }
+        // SAFETY: the caller's obligations are `copy`'s for these bytes.
         unsafe {
-            one(src, dst, bytes);
-            one(src.wrapping_add(last), dst.wrapping_add(last), bytes);
+            match bytes {
+                16 => std::arch::asm!(
+                    "movdqu {a}, xmmword ptr [{s}]",
+                    "movdqu {b}, xmmword ptr [{s} + {o}]",
+                    "movdqu xmmword ptr [{t}], {a}",
+                    "movdqu xmmword ptr [{t} + {o}], {b}",
+                    s = in(reg) src,
+                    t = in(reg) dst,
+                    o = in(reg) last,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    options(nostack, preserves_flags),
+                ),
+                8 => moves!("qword", ""),
+                4 => moves!("dword", ":e"),
+                _ => moves!("word", ":x"),
+            }
         }
     }
 
@@ -773,7 +741,6 @@ mod x86 {
             match m {
                 Moves::None => {}
                 Moves::Byte => byte(src, dst),
-                Moves::One(bytes) => one(src, dst, bytes),
                 Moves::Pair(bytes) => pair(src, dst, bytes, len - bytes),
                 Moves::Quad => quad(src, dst, len - 32, len - 16),
                 Moves::Blocks => blocks(src, dst, len),
@@ -888,8 +855,8 @@ mod tests {
     }
 
     /// Every length of every class of moves, rows scattered at several steps and in
-    /// any order: each row gets exactly its source's bytes, and the bytes between the
-    /// rows keep theirs.
+    /// any order: each row gets exactly its source's bytes, the bytes between the rows
+    /// keep theirs, and `load_rows` reads the rows back.
     #[test]
     fn field_copies_store_exactly_their_rows() {
         let words = region(1200);
