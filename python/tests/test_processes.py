@@ -138,6 +138,14 @@ def test_collector_processes_and_the_parent_keep_one_rate_limit(name, children):
     # Past the band by at most one call per caller racing: two collectors, the parent.
     floor, ceiling = low - batch, high + 2 * CHUNK * spi
     owed = len(progress) * batches * CHUNK * spi
+    # The first sample waits for the collectors to reach the band's top, past which each
+    # insert waits for the parent's samples: they then wait however fast the parent
+    # samples (sampling from the start, it could keep them below the top).
+    deadline = time.monotonic() + JOIN_S
+    while rb.rate_limit_stats()["inserts"] * spi < high:
+        assert time.monotonic() < deadline, rb.rate_limit_stats()
+        time.sleep(0.001)
+    time.sleep(0.2)
     drawn = 0
     while owed - drawn > low:
         drawn += len(assert_whole(rb.sample(batch)))
