@@ -141,10 +141,7 @@ def test_collector_processes_and_the_parent_keep_one_rate_limit(name, children):
     # The first sample waits for the collectors to reach the band's top, past which each
     # insert waits for the parent's samples: they then wait however fast the parent
     # samples (sampling from the start, it could keep them below the top).
-    deadline = time.monotonic() + JOIN_S
-    while rb.rate_limit_stats()["inserts"] * spi < high:
-        assert time.monotonic() < deadline, rb.rate_limit_stats()
-        time.sleep(0.001)
+    wait_for(lambda: rb.rate_limit_stats()["inserts"] * spi >= high, JOIN_S, "the band's top")
     time.sleep(0.2)
     drawn = 0
     while owed - drawn > low:
