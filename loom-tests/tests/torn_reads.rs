@@ -75,3 +75,42 @@ fn reading_by_index_while_a_collector_laps_the_ring() {
         assert_eq!(whole_rows(&rb.read_all_in_order(None)), [2, 3]);
     });
 }
+
+/// A collector's two-row extend of a lapped ring streams (`Storage::stream_rows`): it
+/// marks no slot, and its stamps may land before its bytes. A one-row sample racing
+/// it must still get a whole row, the one at its index.
+#[test]
+fn sampling_one_row_while_a_collector_streams_over_it() {
+    run_model("one-row sample vs streaming extend", || {
+        let (rb, collector) = lapped_by_a_collector(&[2]);
+        let batch = rb
+            .sample(1)
+            .expect("two rows were published before the race");
+        let ids = whole_rows(&batch);
+        assert_eq!(ids[0] % 2, batch.index()[0]);
+        collector.join().unwrap();
+    });
+}
+
+/// A one-row extend (marking its slot) claimed after a streaming one whose rows it
+/// laps waits for the stream to end before it writes; the ring then holds the last
+/// claims' rows, whole, whatever the interleaving.
+#[test]
+fn an_append_after_a_stream_waits_for_it() {
+    run_model("one-row extend behind a streaming extend", || {
+        let (rb, streamer) = lapped_by_a_collector(&[2]);
+        let plain = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[1], 10)).unwrap())
+        };
+        let row = rb.get(0).expect("position 0 holds a row");
+        whole_rows(&row);
+        streamer.join().unwrap();
+        plain.join().unwrap();
+        // The last two claims' rows: the stream's second and the single row, or,
+        // if the single row claimed first, the stream's two.
+        let mut ids = whole_rows(&rb.read_all_in_order(None));
+        ids.sort_unstable();
+        assert!(ids == [3, 10] || ids == [2, 3], "the ring holds {ids:?}");
+    });
+}

@@ -7,7 +7,7 @@
 //!
 //! | thread | touches | how |
 //! |---|---|---|
-//! | collector (appender) | a shard's cursor, occupancy word, its claimed slots | `fetch_add`, plain stores of stamps, atomic row copy |
+//! | collector (appender) | a shard's cursor, occupancy word, stream words, its claimed slots | `fetch_add`, plain stores of stamps, atomic row copy; a stream: stores of its words, non-temporal stores of whole slots, `sfence` |
 //! | editor (`write_all`) | every shard's occupancy word, stamps of stored rows | `fetch_add`, compare-exchange |
 //! | learner | cursors and floors (read), stamps (read), rows (read) | loads, atomic row copy |
 //! | `empty()` | floors | `fetch_max` |
@@ -84,8 +84,10 @@
 //!
 //! ## 4. Cursors, floors and windows
 //!
-//! The cursor orders nothing but itself: whether a row is readable is always decided
-//! by its stamp. `empty()` raises the floor with Release after reading the cursor; a
+//! Whether a row is readable is decided by its stamp, and, while a stream writes it
+//! or its next lap, by the stream's words (§6, "Streams"). The cursor orders one
+//! thing: claims are AcqRel, so that an appender that claimed earlier is seen by a
+//! later one's check that it is alone (§6). `empty()` raises the floor with Release after reading the cursor; a
 //! learner loads the floor with Acquire before the cursor, so its window never starts
 //! above its end.
 //!
@@ -153,6 +155,68 @@
 //! second makes all of those visible before the W3s. The stamp protocol then holds as
 //! for ordinary stores. Under loom and the sanitizers `store_streaming` is the
 //! ordinary word copy, and the fences do nothing.
+//!
+//! **Streams: appends that mark no slot.** Marking a slot (W1) reads its line, and a
+//! small row's slot is a line or three: for small rows those reads were half of an
+//! append's time. So the only appender in a shard, writing at least 4 KiB of rows of
+//! at most 1 KiB into a ring of at least 64 MiB, streams instead (`Storage::
+//! stream_rows`): it announces its rows in the shard's two stream words, sets each
+//! slot out whole in a stage in L1 (stamp already published, raw priority, row), and
+//! stores the stage's whole lines by non-temporal stores, which read nothing:
+//!
+//! ```text
+//! streamer:  S0 first = cursor.fetch_add(n, AcqRel); alone: occupancy is its own unit
+//!            S1 StreamHi = first + n; StreamLo = first          (Relaxed)
+//!            S2 fence(Release); sfence
+//!               every slot's stores, stamps too, in any order      (non-temporal)
+//!            S3 sfence; StreamLo = first + n                     (Release)
+//!
+//! reader:    R1  s1 = stamp.load(Acquire), published
+//!            R1' seq not in StreamLo..StreamHi                   (Acquire loads)
+//!                row loads
+//!            R2  fence(Acquire)
+//!            R2' seq + steps not in StreamLo..StreamHi           (Acquire loads)
+//!            R3  s2 = stamp.load(Relaxed); whole iff s1 == s2
+//! ```
+//!
+//! - A stamp a stream stored may be visible before its row's bytes. If R1 read one,
+//!   S2 synchronises with R1 (a release fence, then a store an acquire load reads),
+//!   so S1 happens before R1': it sees the stream's range and refuses the row; or a
+//!   later value of the words: the stream's S3, which its stores happen before (the
+//!   `sfence` makes them visible first), or a later stream's S1, which comes after
+//!   S3 (one streamer at a time in a shard, ordered through the occupancy word).
+//!   Either way all of the row's bytes are there.
+//! - A stream overwriting a row during its copy marks no slot, so R3 may see the old
+//!   stamp. But if a row load read the stream's store, S2 synchronises with R2 (as W2
+//!   with R2), so S1 happens before R2': it sees the range, which holds the row's
+//!   next lap, `seq + steps`, and refuses the copy; or S3 or later, and then the
+//!   stream's stamp store happens before R3, which differs from `s1`. A row refused
+//!   at R1' or R2' is busy, as a slot marked being written is: a sample redraws, a
+//!   read by position waits.
+//! - A stream never writes a slot whose previous row is still being written, which
+//!   is what W0 gives an appender that marks slots. It is alone after its claim, and
+//!   claims are AcqRel: every appender that claimed before it entered the shard before
+//!   its own claim, so the check sees it, still inside (no stream then) or gone, its
+//!   stores happening before its leave (Release) and so before the stream's.
+//! - An appender that marks slots after a stream (it was not alone, or its append is
+//!   small) waits at W0 for its predecessor published and then also for the stream
+//!   words not to hold it (`stamp::begin_append_after`): a stamp the stream stored
+//!   brings the stream's range with it, as at R1', so no late byte of the stream
+//!   lands in the new row.
+//! - The stage is private memory; the stores to the region are single hardware stores
+//!   (`vmovntdq` of a line on CPUs with AVX-512, `movntdq` of 16 bytes elsewhere, and
+//!   ordinary moves at a run's partial first and last lines), opaque to the compiler
+//!   like every copy of this section.
+//! - A streamer that dies (a process killed inside `extend`) leaves its range
+//!   announced: readers refuse its rows and appenders of their next lap wait, until
+//!   the lease's takeover or a recovery drops every row of it (`Stamp::dropped`, since
+//!   a stamp may show a row published over old bytes) and ends the stream
+//!   (`storage/recover.rs`). A stream that unwinds does the same for itself.
+//! - Under loom a stream stores its slots by ordinary word stores, an even position's
+//!   stamp before its row and an odd position's after it: the two orders non-temporal
+//!   stores may land in, each of which one of the checks above must catch. Appends of
+//!   two rows or more stream there and single rows do not, so the models cover both
+//!   protocols.
 //!
 //! ## 7. Priorities (`sumtree/`, `core/priorities.rs`, `sampler/leaf_writes.rs`)
 //!

@@ -685,6 +685,43 @@ mod x86 {
         }
     }
 
+    /// Whether the CPU has AVX-512 (foundation): [`copy_streaming`] then stores a line
+    /// by one non-temporal 64-byte store, which holds one store-queue entry rather than
+    /// four. Measured (AMD EPYC family 26, 2026-11-28, three rounds alternating): a
+    /// streaming append of 1,000 mujoco rows 6.35-6.42 us, against 6.85-6.94 with
+    /// `movntdq`.
+    static HAS_AVX512: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
+
+    /// `lines` lines from `src` to the 64-byte aligned `dst`, each by one unaligned
+    /// 64-byte load and one non-temporal 64-byte store (`vmovntdq`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy`], for `lines * 64` bytes, `dst` 64-byte aligned, on a CPU with
+    /// AVX-512.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stream_lines_avx512(src: *const u8, dst: *mut u8, lines: usize) {
+        // SAFETY: the caller's ranges; single hardware loads and stores, opaque to the
+        // compiler (obligation 3 of `copy`).
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "vmovdqu64 {v}, zmmword ptr [{s}]",
+                "vmovntdq zmmword ptr [{t}], {v}",
+                "add {s}, 64",
+                "add {t}, 64",
+                "dec {n}",
+                "jnz 2b",
+                s = inout(reg) src => _,
+                t = inout(reg) dst => _,
+                n = inout(reg) lines => _,
+                v = out(zmm_reg) _,
+                options(nostack),
+            )
+        }
+    }
+
     /// [`copy`] with the destination's whole 64-byte blocks written by non-temporal
     /// 16-byte stores (`movntdq`, which needs a 16-byte aligned destination: the bytes
     /// before the first block, and after the last, go through [`copy`]). Each store is
@@ -700,7 +737,10 @@ mod x86 {
         let blocks = (len - head) / 64;
         // SAFETY: the caller's obligations cover the whole range; `head` is within it.
         unsafe { copy(src, dst, head) };
-        if blocks > 0 {
+        if blocks > 0 && *HAS_AVX512 {
+            // SAFETY: as below; the CPU has AVX-512.
+            unsafe { stream_lines_avx512(src.add(head), dst.add(head), blocks) };
+        } else if blocks > 0 {
             // SAFETY: `dst + head` is 64-byte aligned and `blocks * 64` bytes from it
             // (and from `src + head`) lie inside the caller's ranges; every access is a
             // single hardware load or store (obligation 3); SSE2 is baseline.

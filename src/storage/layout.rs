@@ -76,8 +76,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block: two cache lines, or its nine words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 9 } else { 2 * LINE };
+/// Words of one shard block: two cache lines, or its eleven words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 11 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +108,13 @@ pub(crate) enum ShardWord {
     /// learner takes the shard's rows from here (`sampler/fifo.rs`). Zero in a region
     /// that never had one; rows below the window are skipped.
     Popped = 8,
+    /// The rows `StreamLo..StreamHi` are being written by a streaming append
+    /// (`storage/mod.rs`, `stream_rows`), whose stores are ordered by the two words
+    /// rather than by each slot's stamp; empty (the two equal) when none is. Zero in a
+    /// region that never had one.
+    StreamLo = 9,
+    /// See [`ShardWord::StreamLo`].
+    StreamHi = 10,
 }
 
 /// The globals' words: each contended one on its own line.

@@ -292,6 +292,227 @@ impl<'a> RowCopies<'a> {
     }
 }
 
+impl RowCopies<'_> {
+    /// Gathers data rows `rows[k]` into `stage` at bytes `first + k * step`: private
+    /// memory, where a streaming append sets its rows out before storing them
+    /// (`Storage::stream_run`). A field at a time, as [`RowCopies::write_rows`], each
+    /// field's moves chosen once for all the rows ([`stage_field`]); plain moves, as
+    /// no other thread sees `stage`.
+    ///
+    /// Panics if a row is not a row of the data or a staged row does not fit in `stage`.
+    #[inline]
+    #[cfg_attr(replaybuf_loom, allow(dead_code))]
+    pub(crate) fn stage_rows(
+        &self,
+        stage: &mut [u8],
+        first: usize,
+        step: usize,
+        rows: StagedRows<'_>,
+    ) {
+        let Some(last) = rows.len().checked_sub(1) else {
+            return;
+        };
+        let max = rows.max();
+        assert!(
+            max < self.rows && first + last * step + self.span <= stage.len(),
+            "replaybuf internal error: rows up to {max} staged from {first} of {}",
+            stage.len()
+        );
+        for c in &self.cols {
+            // SAFETY: every row is below `self.rows`, so `r * stride + len <=
+            // data.len()`; every staged row's field ends by `first + last * step +
+            // span <= stage.len()` (asserted).
+            unsafe { stage_field(c, stage.as_mut_ptr().add(first + c.offset), step, rows) };
+        }
+    }
+}
+
+/// The data rows a stage takes, in its order: `Run(r, n)` the `n` rows from `r` on
+/// (a flat source's rows: the moves then walk the columns, with no index to load and
+/// multiply for each row), `Listed` any others.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+pub(crate) enum StagedRows<'r> {
+    Run(usize, usize),
+    Listed(&'r [usize]),
+}
+
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+impl StagedRows<'_> {
+    fn len(self) -> usize {
+        match self {
+            StagedRows::Run(_, n) => n,
+            StagedRows::Listed(rows) => rows.len(),
+        }
+    }
+
+    /// The highest row, or 0 if none.
+    fn max(self) -> usize {
+        match self {
+            StagedRows::Run(r, n) => (r + n).saturating_sub(1),
+            StagedRows::Listed(rows) => rows.iter().copied().max().unwrap_or(0),
+        }
+    }
+}
+
+/// Copies field `c` of data rows `rows[k]` to `dst + k * step` ([`stage_moves`]), by
+/// 32-byte AVX moves where the CPU has AVX and 16-byte SSE moves elsewhere.
+///
+/// # Safety
+///
+/// As for [`stage_moves`].
+#[inline]
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+unsafe fn stage_field(c: &ColCopy<'_>, dst: *mut u8, step: usize, rows: StagedRows<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX {
+        // SAFETY: the caller's obligations; the CPU has AVX.
+        return unsafe { stage_field_avx(c, dst, step, rows) };
+    }
+    // SAFETY: the caller's obligations.
+    unsafe { stage_moves::<16>(c, dst, step, rows) }
+}
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx"));
+
+/// [`stage_moves`] by 32-byte moves, compiled for AVX.
+///
+/// # Safety
+///
+/// As for [`stage_moves`], on a CPU with AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stage_field_avx(c: &ColCopy<'_>, dst: *mut u8, step: usize, rows: StagedRows<'_>) {
+    // SAFETY: the caller's obligations.
+    unsafe { stage_moves::<32>(c, dst, step, rows) }
+}
+
+/// Copies field `c` of data rows `rows[k]` to `dst + k * step`: moves of `W` bytes
+/// from the field's start and one ending at its end (for fields shorter than `W`, two
+/// moves of the largest power of two not above the length, which overlap where the
+/// length is not one; or one byte), the kind chosen once for all the rows, so that
+/// each row's copy is a few moves with no branch but its loop's.
+///
+/// # Safety
+///
+/// For every `k`, `c.data[rows[k] * c.stride..][..len]` is in bounds, and `dst + k *
+/// step` is valid for writes of `len` bytes that nothing else accesses.
+#[inline(always)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+unsafe fn stage_moves<const W: usize>(
+    c: &ColCopy<'_>,
+    dst: *mut u8,
+    step: usize,
+    rows: StagedRows<'_>,
+) {
+    match rows {
+        // SAFETY: the caller's obligations, for rows `r..r + n`.
+        StagedRows::Run(r, n) => unsafe {
+            let src = c.data.as_ptr().add(r * c.stride);
+            stage_moves_by::<W>(c.copy.len(), n, |k| src.add(k * c.stride), dst, step)
+        },
+        // SAFETY: the caller's obligations, for the listed rows.
+        StagedRows::Listed(rows) => unsafe {
+            let src = c.data.as_ptr();
+            stage_moves_by::<W>(
+                c.copy.len(),
+                rows.len(),
+                |k| src.add(rows[k] * c.stride),
+                dst,
+                step,
+            )
+        },
+    }
+}
+
+/// [`stage_moves`] of `n` rows of a field of `len` bytes, row `k`'s bytes at `src(k)`.
+///
+/// # Safety
+///
+/// For every `k < n`, `src(k)` is valid for reads and `dst + k * step` for writes of
+/// `len` bytes, which nothing else writes.
+#[inline(always)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+unsafe fn stage_moves_by<const W: usize>(
+    len: usize,
+    n: usize,
+    src: impl Fn(usize) -> *const u8,
+    dst: *mut u8,
+    step: usize,
+) {
+    /// One row's copy by moves of `$t`: one from the start, one ending at the end.
+    macro_rules! pairs {
+        ($t:ty) => {{
+            let tail = len - std::mem::size_of::<$t>();
+            for k in 0..n {
+                // SAFETY: the caller's ranges; unaligned plain moves.
+                unsafe {
+                    let (s, d) = (src(k), dst.add(k * step));
+                    let a = s.cast::<$t>().read_unaligned();
+                    let b = s.add(tail).cast::<$t>().read_unaligned();
+                    d.cast::<$t>().write_unaligned(a);
+                    d.add(tail).cast::<$t>().write_unaligned(b);
+                }
+            }
+        }};
+    }
+    match len {
+        0 => {}
+        1 => pairs!(u8),
+        2..4 => pairs!(u16),
+        4..8 => pairs!(u32),
+        8..16 => pairs!(u64),
+        len if len < W => pairs!(u128),
+        // One to three moves of `W` and the one that ends the field, unrolled: most
+        // fields of a row (the loop below costs a branch a move).
+        len if len <= 4 * W => {
+            let tail = len - W;
+            let whole = (len - 1) / W;
+            macro_rules! moves {
+                ($($m:literal)*) => {
+                    for k in 0..n {
+                        // SAFETY: the caller's ranges: every move lies in the field's
+                        // `len` bytes (`m < whole`, so `(m + 1) * W < len`).
+                        unsafe {
+                            let (s, d) = (src(k), dst.add(k * step));
+                            $(
+                                let v = s.add($m * W).cast::<[u8; W]>().read_unaligned();
+                                d.add($m * W).cast::<[u8; W]>().write_unaligned(v);
+                            )*
+                            let v = s.add(tail).cast::<[u8; W]>().read_unaligned();
+                            d.add(tail).cast::<[u8; W]>().write_unaligned(v);
+                        }
+                    }
+                };
+            }
+            match whole {
+                0 => moves!(),
+                1 => moves!(0),
+                2 => moves!(0 1),
+                _ => moves!(0 1 2),
+            }
+        }
+        len => {
+            let (whole, tail) = ((len - 1) / W, len - W);
+            for k in 0..n {
+                // SAFETY: the caller's ranges: every move lies in the field's `len`
+                // bytes; unaligned plain moves.
+                unsafe {
+                    let (s, d) = (src(k), dst.add(k * step));
+                    for m in 0..whole {
+                        let v = s.add(m * W).cast::<[u8; W]>().read_unaligned();
+                        d.add(m * W).cast::<[u8; W]>().write_unaligned(v);
+                    }
+                    let v = s.add(tail).cast::<[u8; W]>().read_unaligned();
+                    d.add(tail).cast::<[u8; W]>().write_unaligned(v);
+                }
+            }
+        }
+    }
+}
+
 /// A field this long or longer is written with non-temporal stores by a streaming
 /// append; a shorter one is not worth its partial lines and the two fences its row
 /// then waits at. Measured (`benches/extend.rs`, 256-row chunks into 512 MB rings,

@@ -7,6 +7,10 @@
 //!
 //! - its units in a shard's occupancy word, or in the updaters' count, which a later
 //!   editor or freezer would wait for forever: they go back to zero;
+//! - the rows of a streaming append it was writing (`Storage::stream_rows`), which
+//!   mark no slot and may show a published stamp over a half-written row: each is
+//!   dropped ([`Stamp::dropped`]) before the stream's words are cleared, so that no
+//!   reader takes it once they no longer name it;
 //! - slots marked as being written, half written, or claimed and never started: the
 //!   shard's `Abandoned` word moves up to its cursor, so that the next lap's writer of
 //!   any slot claimed before takes it over whatever state it is in, once no editor
@@ -41,6 +45,7 @@ impl Storage {
     pub(crate) fn recover_shard(&self, k: usize) {
         let shard = &self.shards()[k];
         shard.clear_appenders();
+        self.end_dead_stream(k);
         let window = shard.window();
         shard.abandoned().fetch_max(window.hi, Ordering::AcqRel);
         let ring = *shard.ring();
@@ -96,6 +101,33 @@ impl Storage {
         }
     }
 
+    /// Ends the streaming append of shard `k` that its writer died inside (or that
+    /// unwound), if any:
+    /// every row of it dropped, whatever its stamp shows (its bytes may be part new,
+    /// part old; the ones whose old row still shows are past the cursor's check), and
+    /// then the stream's words cleared. Returns the rows dropped.
+    pub(super) fn end_dead_stream(&self, k: usize) -> u64 {
+        let shard = &self.shards()[k];
+        let ring = *shard.ring();
+        let rows = shard.stream();
+        if rows.is_empty() {
+            return 0;
+        }
+        // Only rows claimed, and of the ring's last lap (a damaged region's words
+        // could name any).
+        let cursor = shard.claimed();
+        let live = rows.start.max(cursor.saturating_sub(ring.steps))..rows.end.min(cursor);
+        for seq in live.clone() {
+            for lane in 0..ring.width {
+                let slot = ring.slot(ring.pos(seq), lane);
+                let dropped = Stamp::dropped(ring.lap(seq), 0);
+                self.stamp(slot).store(dropped.to_bits(), Ordering::Release);
+            }
+        }
+        shard.end_stream(rows.end);
+        live.end.saturating_sub(live.start) * ring.width
+    }
+
     /// Drops the row of `slot` if an editor was inside it, emptying its leaf.
     fn drop_if_edited(&self, slot: u64, leaf: Option<(&Tree<'_>, usize)>) -> bool {
         let word = self.stamp(slot);
@@ -128,7 +160,7 @@ impl Storage {
     /// rebuilt after, by its sampler, from [`Storage::live_priorities`].
     pub(crate) fn recover(&self) -> Recovered {
         let mut found = Recovered::default();
-        for shard in self.shards() {
+        for (k, shard) in self.shards().iter().enumerate() {
             shard.occupancy().store(0, Ordering::Release);
             // A lease or a freeze of a process that still runs is this process's own
             // (a shared buffer loading a checkpoint, alone): it stays.
@@ -139,6 +171,7 @@ impl Storage {
                 }
             }
             shard.sanitize();
+            found.torn += self.end_dead_stream(k);
             let window = shard.window();
             shard.abandoned().store(window.hi, Ordering::Release);
             let ring = shard.ring();
@@ -188,5 +221,106 @@ impl Storage {
             let p = trees[k].raw(leaf, stamp.lap())?;
             (live && stamp.is_published()).then_some((stamp.lap(), p))
         }
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use crate::error::AccessError;
+    use crate::storage::stamp::Stamp;
+    use crate::{DType, ReplayBuffer, Spec};
+
+    /// Rows of 120-byte slots: 77 MB, a ring appends stream into.
+    const ROWS: u64 = 640_000;
+
+    fn buffer(capacity: u64) -> ReplayBuffer {
+        let spec = Spec::builder()
+            .field("id", DType::U64, [])
+            .field("pad", DType::U8, [104])
+            .build()
+            .unwrap();
+        ReplayBuffer::builder(spec)
+            .capacity(capacity as usize)
+            .build()
+            .unwrap()
+    }
+
+    fn extend(rb: &ReplayBuffer, ids: std::ops::Range<u64>) {
+        let mut batch = rb.batch([(ids.end - ids.start) as usize]);
+        batch.set("id", &ids.collect::<Vec<_>>()).unwrap();
+        rb.extend(&batch).unwrap();
+    }
+
+    /// The guard on the integration tests of streaming (`tests/streaming.rs`): their
+    /// configuration streams, and only the appender alone in a shard does.
+    #[test]
+    fn a_lone_appender_of_4_kib_into_a_large_ring_streams() {
+        let (large, small) = (buffer(ROWS), buffer(10_000));
+        for (rb, streams) in [(&large, true), (&small, false)] {
+            let storage = &rb.state().core.storage;
+            let shard = &storage.shards()[0];
+            let claim = shard.enter_append(1);
+            assert_eq!(storage.streams(0, claim, 1000), streams);
+            // 10 rows of 120 bytes: under 4 KiB.
+            assert!(!storage.streams(0, claim, 10));
+            let other = shard.enter_append(1);
+            assert!(!storage.streams(0, claim, 1000), "two appenders inside");
+            shard.leave_append(other);
+            shard.leave_append(claim);
+        }
+    }
+
+    /// A stream whose writer died (a process killed inside `extend`): its rows' stamps
+    /// may show them published over old bytes. Readers leave them out meanwhile; a
+    /// recovery drops them and ends the stream; later appends write over them.
+    #[test]
+    fn a_dead_stream_is_dropped_by_recovery() {
+        let rb = buffer(ROWS);
+        for first in (0..ROWS).step_by(64_000) {
+            extend(&rb, first..first + 64_000);
+        }
+        let storage = &rb.state().core.storage;
+        let shard = &storage.shards()[0];
+        let ring = *shard.ring();
+        // The dead writer claimed rows ROWS..ROWS + 1000 and announced them; half of
+        // their stamps landed, none of their bytes.
+        let first = shard.claim(1000);
+        assert_eq!(first, ROWS);
+        shard.begin_stream(first..first + 1000);
+        for seq in first..first + 500 {
+            let slot = ring.slot(ring.pos(seq), 0);
+            storage.stamp(slot).store(
+                Stamp::published(ring.lap(seq), 0).to_bits(),
+                crate::sync::Ordering::Release,
+            );
+        }
+        // A sample never returns them (it redraws); positions past the stream still read.
+        for _ in 0..200 {
+            let batch = rb.sample(64).unwrap();
+            for &i in batch.index() {
+                assert!(i >= 1000, "sampled position {i}, inside the dead stream");
+            }
+        }
+        assert_eq!(rb.get(1000).unwrap().column::<u64>("id").unwrap(), [1000]);
+
+        let found = storage.recover();
+        assert_eq!(found.torn, 1000);
+        assert!(shard.stream().is_empty());
+        for pos in [0, 499, 500, 999] {
+            assert!(
+                matches!(rb.get(pos), Err(AccessError::NotWritten { .. })),
+                "position {pos}"
+            );
+        }
+        // Appends go on after the dead claim, and the next lap's take the dropped
+        // slots over, streaming.
+        for first in (ROWS + 1000..2 * ROWS + 1000).step_by(64_000) {
+            extend(&rb, first..first + 64_000);
+        }
+        let ids = rb.get_many(&[0, 999, 1000, 2999]).unwrap();
+        assert_eq!(
+            ids.column::<u64>("id").unwrap(),
+            [2 * ROWS, 2 * ROWS + 999, ROWS + 1000, ROWS + 2999]
+        );
     }
 }

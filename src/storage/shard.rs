@@ -30,8 +30,11 @@
 //!
 //! # Memory ordering
 //!
-//! The cursor orders nothing but itself: a reader learns whether a row is whole from
-//! its stamp, never from the cursor. `floor` is stored with Release after reading the
+//! A reader learns whether a row is whole from its stamp, and, while a streaming
+//! append writes the row or its next lap, from the shard's stream words
+//! ([`Shard::stream`], `docs/orderings.rs` §6), never from the cursor. Claims are
+//! AcqRel only so that an appender's check that it is alone in the shard sees every
+//! appender that claimed before it. `floor` is stored with Release after reading the
 //! cursor (`empty`), and loaded with Acquire before it (`window`), so a reader never
 //! sees a floor above the cursor it then reads.
 //!
@@ -228,9 +231,13 @@ impl Shard {
     }
 
     /// Claims `steps` sequence numbers; returns the first.
+    ///
+    /// AcqRel (free on x86, where every read-modify-write is a full barrier): an
+    /// appender that claimed before this one entered the shard before its claim, so
+    /// this appender's later [`Shard::alone`] sees it, inside or gone.
     #[inline]
     pub(crate) fn claim(&self, steps: u64) -> u64 {
-        self.cursor().fetch_add(steps, Ordering::Relaxed)
+        self.cursor().fetch_add(steps, Ordering::AcqRel)
     }
 
     /// The live window: the last `ring.steps` claimed sequence numbers at most, none
@@ -316,6 +323,49 @@ impl Shard {
     pub(crate) fn empty(&self) {
         let hi = self.cursor().load(Ordering::Acquire);
         self.floor_word().fetch_max(hi, Ordering::Release);
+    }
+
+    /// The streaming append in flight: the rows it writes, `lo..hi` (empty when
+    /// none is). Both loads Acquire: a reader that saw any store of a stream sees
+    /// that stream's range here, or its end, which its rows' stores happen before
+    /// (see `docs/orderings.rs` §6, "Streams").
+    #[inline]
+    pub(crate) fn stream(&self) -> std::ops::Range<u64> {
+        let lo = self.word(ShardWord::StreamLo).load(Ordering::Acquire);
+        let hi = self.word(ShardWord::StreamHi).load(Ordering::Acquire);
+        lo..hi
+    }
+
+    /// Announces a streaming append of the rows `rows`; the caller then fences
+    /// (Release, and `sfence` before non-temporal stores) before writing any of them.
+    /// Only by an appender alone in the shard ([`Shard::alone`]).
+    pub(crate) fn begin_stream(&self, rows: std::ops::Range<u64>) {
+        self.word(ShardWord::StreamHi)
+            .store(rows.end, Ordering::Relaxed);
+        self.word(ShardWord::StreamLo)
+            .store(rows.start, Ordering::Relaxed);
+    }
+
+    /// Ends the streaming append of rows up to `end`, after every store of its rows
+    /// (and an `sfence` behind non-temporal ones). SYNC POINT: pairs with the
+    /// Acquire loads of [`Shard::stream`].
+    pub(crate) fn end_stream(&self, end: u64) {
+        self.word(ShardWord::StreamLo).store(end, Ordering::Release);
+    }
+
+    /// Whether the calling appender, inside the shard as a plain appender, is the
+    /// only appender or editor in it: then it may stream (nobody else enters as a
+    /// streamer while it is inside, since everyone else then sees two).
+    #[inline]
+    pub(crate) fn alone(&self) -> bool {
+        self.occupancy().load(Ordering::Acquire) == PLAIN
+    }
+
+    /// Sequence numbers claimed so far (the cursor), for a reader's check that a
+    /// row's next lap was not claimed while it copied it.
+    #[inline]
+    pub(crate) fn claimed(&self) -> u64 {
+        self.cursor().load(Ordering::Relaxed)
     }
 
     /// Enters the shard as an appender; pass the claim to [`Shard::leave_append`].

@@ -54,6 +54,10 @@
 //! edits of one slot, which a reader would have to sleep through inside one row copy).
 //! So `s2 != s1` and the copy is discarded. A torn row is never returned.
 //!
+//! A streaming append (`Storage::stream_rows`, `docs/orderings.rs` §6) writes slots
+//! without W1, stamps and bytes in any order; readers and the next lap's appenders
+//! then also consult the shard's stream words ([`begin_append_after`]).
+//!
 //! The argument is checked by loom under `loom-tests/` (every interleaving of a writer
 //! lapping a reader on a 4-slot ring), and on hardware by the stress test in
 //! `tests/stress.rs`, whose rows are self-checking.
@@ -268,6 +272,23 @@ pub fn begin_append_or(
     prev: Prev,
     lap: u32,
     claim: Claim,
+    stalled: impl FnMut(),
+) {
+    begin_append_after(stamp, prev, lap, claim, || false, stalled);
+}
+
+/// [`begin_append_or`], also waiting while `streaming()`: the predecessor is a row of
+/// a streaming append still in flight (`Storage::stream_rows`), whose stamp may show
+/// it published before all of its bytes have landed. Called after W0 finds the
+/// predecessor, so that a stamp a stream stored brings the stream's words with it
+/// (`docs/orderings.rs` §6).
+#[inline]
+pub fn begin_append_after(
+    stamp: &AtomicU64,
+    prev: Prev,
+    lap: u32,
+    claim: Claim,
+    streaming: impl Fn() -> bool,
     mut stalled: impl FnMut(),
 ) {
     let mark = Stamp::writing(lap, 0);
@@ -276,7 +297,7 @@ pub fn begin_append_or(
     loop {
         // W0. Acquire: the predecessor's row stores happen before ours.
         let cur = Stamp(stamp.load(Ordering::Acquire));
-        if prev.found_in(cur) {
+        if prev.found_in(cur) && !streaming() {
             match claim {
                 Claim::Plain => {
                     // W1. Only this appender can have `prev` as predecessor, and no
@@ -373,6 +394,7 @@ pub fn begin_read(stamp: &AtomicU64) -> Stamp {
 }
 
 /// R2-R3: whether the bytes copied since [`begin_read`] returned `seen` are one whole row.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 #[inline]
 pub fn validate(stamp: &AtomicU64, seen: Stamp) -> bool {
     copied();

@@ -1,0 +1,253 @@
+//! Streaming appends (`Storage::stream_rows`): the only appender in a shard, writing at
+//! least 4 KiB of rows into a ring larger than the caches, marks no slot. It announces
+//! its rows in the shard's stream words, gathers them into a stage in L1 and stores
+//! the stage's whole lines without reading them first. These tests use such rings
+//! (640,000 rows of 120-byte slots, 77 MB) and check that what the stream writes reads
+//! back exactly, priorities included; that readers racing it on the rows it overwrites
+//! get whole rows; and that an appender marking its slots behind it waits for it.
+//! `scripts/sanitize` runs this file under ThreadSanitizer and AddressSanitizer.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use replaybuf::sampler::Prioritized;
+use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+
+mod common;
+
+/// Rows of the rings: their slots (an 8-byte stamp and 108 bytes of row, rounded to
+/// words) take 77 MB, past the 64 MiB from which appends stream.
+const ROWS: u64 = 640_000;
+
+fn spec() -> Spec {
+    Spec::builder()
+        .field("id", DType::U64, [])
+        .field("payload", DType::U8, [99])
+        .field("flag", DType::Bool, [])
+        .field("prio", DType::F32, [])
+        .build()
+        .unwrap()
+}
+
+/// Fills `batch` with rows `ids`, every byte derived from the row's id.
+fn fill(batch: &mut Batch, ids: &[u64]) {
+    batch.set("id", ids).unwrap();
+    let payload: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| (0..99u64).map(move |k| (i.wrapping_mul(131) + k) as u8))
+        .collect();
+    batch.set("payload", &payload).unwrap();
+    let flag: Vec<bool> = ids.iter().map(|&i| i % 3 == 0).collect();
+    batch.set("flag", &flag).unwrap();
+    let prio: Vec<f32> = ids.iter().map(|&i| priority(i) as f32).collect();
+    batch.set("prio", &prio).unwrap();
+}
+
+/// The priority row `id` is written with.
+fn priority(id: u64) -> f64 {
+    (id % 97 + 1) as f64 / 8.0
+}
+
+/// Asserts every row of `batch` is the whole row its id names; returns the ids.
+fn whole(batch: &Batch) -> Vec<u64> {
+    let ids = batch.column::<u64>("id").unwrap().to_vec();
+    let mut want = Batch::zeros(batch.spec().clone(), [ids.len()]);
+    fill(&mut want, &ids);
+    for f in batch.spec().fields() {
+        let (got, exp) = (
+            batch.column_bytes(f.key()).unwrap(),
+            want.column_bytes(f.key()).unwrap(),
+        );
+        if let Some(r) = (0..ids.len()).find(|&r| {
+            got[r * f.bytes()..(r + 1) * f.bytes()] != exp[r * f.bytes()..(r + 1) * f.bytes()]
+        }) {
+            panic!(
+                "torn row at index {}: id {} but field `{}` of another write",
+                batch.index()[r],
+                ids[r],
+                f.key()
+            );
+        }
+    }
+    ids
+}
+
+/// Extends `rb` by rows `ids`, `chunk` at a time, through one writer.
+fn extend(rb: &ReplayBuffer, ids: std::ops::Range<u64>, chunk: u64) {
+    let writer = rb.writer();
+    let mut first = ids.start;
+    while first < ids.end {
+        let n = chunk.min(ids.end - first);
+        let mut batch = rb.batch([n as usize]);
+        fill(&mut batch, &(first..first + n).collect::<Vec<_>>());
+        writer.extend(&batch).unwrap();
+        first += n;
+    }
+}
+
+/// A ring filled once: every later extend laps it, and so streams.
+fn lapped(builder: replaybuf::ReplayBufferBuilder) -> ReplayBuffer {
+    let rb = builder.capacity(ROWS as usize).seed(5).build().unwrap();
+    extend(&rb, 0..ROWS, 4096);
+    rb
+}
+
+#[test]
+fn streamed_rows_read_back_exactly() {
+    let rb = lapped(ReplayBuffer::builder(spec()));
+    // Chunks that start and end inside lines: the stages' partial lines at either end.
+    let next = ROWS + 300_001;
+    extend(&rb, ROWS..next, 777);
+    let ids = whole(&rb.read_all_in_order(None));
+    assert_eq!(ids.len() as u64, ROWS);
+    for (pos, &id) in ids.iter().enumerate() {
+        let pos = pos as u64;
+        let want = if pos < next - ROWS { ROWS + pos } else { pos };
+        assert_eq!(id, want, "position {pos}");
+    }
+    for _ in 0..50 {
+        whole(&rb.sample(256).unwrap());
+    }
+}
+
+#[test]
+fn streamed_rows_keep_their_priorities() {
+    let rb = lapped(
+        ReplayBuffer::builder(spec())
+            .sampler(Prioritized::new(0.6, 0.4))
+            .priority_key("prio"),
+    );
+    extend(&rb, ROWS..ROWS + 50_000, 1000);
+    for pos in (0..60_000).step_by(997) {
+        let id = if pos < 50_000 { ROWS + pos } else { pos };
+        let got = rb.priority(pos).expect("a stored row");
+        assert!(
+            (got - priority(id)).abs() <= priority(id) * 1e-5,
+            "position {pos}: priority {got}, written {}",
+            priority(id)
+        );
+    }
+    for _ in 0..50 {
+        whole(&rb.sample(256).unwrap());
+    }
+}
+
+/// A collector streams over the ring while one learner reads the positions it is
+/// about to overwrite (rows whose stamps may land before their bytes, and rows lapped
+/// under the copy) and another samples: every row comes back whole.
+#[test]
+fn readers_racing_a_stream_get_whole_rows() {
+    let rb = lapped(ReplayBuffer::builder(spec()));
+    let stop = AtomicBool::new(false);
+    let (read, sampled) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let writer = rb.writer();
+            let mut first = ROWS;
+            let mut batch = rb.batch([1000]);
+            while !stop.load(Ordering::Relaxed) {
+                fill(&mut batch, &(first..first + 1000).collect::<Vec<_>>());
+                writer.extend(&batch).unwrap();
+                first += 1000;
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                // The next rows to be overwritten: 500 on from the writer's position.
+                let at = rb.write_count() % ROWS;
+                let positions: Vec<u64> = (at..at + 500).map(|p| p % ROWS).collect();
+                let batch = rb.get_many(&positions).unwrap();
+                for (&id, &p) in whole(&batch).iter().zip(&positions) {
+                    assert_eq!(id % ROWS, p, "position {p} held row {id}");
+                }
+                read.fetch_add(500, Ordering::Relaxed);
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                whole(&rb.sample(256).unwrap());
+                sampled.fetch_add(256, Ordering::Relaxed);
+            }
+        });
+        std::thread::sleep(common::race_duration("REPLAYBUF_STRESS_MS"));
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(read.into_inner() > 0 && sampled.into_inner() > 0);
+    assert!(rb.write_count() > 2 * ROWS, "the collector streamed");
+}
+
+/// Two collectors on one shard: one streams when it finds itself alone, the other
+/// appends single rows, marking their slots, and must wait for any stream over the
+/// rows its own overwrite. Neither hangs, and every row is whole.
+#[test]
+fn a_collector_marking_slots_waits_behind_a_stream() {
+    let rb = lapped(ReplayBuffer::builder(spec()));
+    let stop = AtomicBool::new(false);
+    let singles = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let writer = rb.writer();
+            let mut first = 1 << 40;
+            let mut batch = rb.batch([2000]);
+            while !stop.load(Ordering::Relaxed) {
+                fill(&mut batch, &(first..first + 2000).collect::<Vec<_>>());
+                writer.extend(&batch).unwrap();
+                first += 2000;
+            }
+        });
+        s.spawn(|| {
+            let writer = rb.writer();
+            let mut id = 1 << 50;
+            let mut batch = rb.batch([1]);
+            while !stop.load(Ordering::Relaxed) {
+                fill(&mut batch, &[id]);
+                writer.extend(&batch).unwrap();
+                id += 1;
+                singles.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                whole(&rb.sample(256).unwrap());
+            }
+        });
+        std::thread::sleep(common::race_duration("REPLAYBUF_STRESS_MS"));
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(singles.into_inner() > 0);
+    whole(&rb.read_all_in_order(None));
+}
+
+/// Environment columns (ndim 2): a stream's slots hold a step of every lane in turn,
+/// their rows taken from the batch a lane at a time (not one run of rows). Every row
+/// comes back whole, and the ring holds exactly the last lap's rows.
+#[test]
+fn streamed_environment_columns_read_back_exactly() {
+    const ENVS: u64 = 4;
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(ROWS as usize)
+        .ndim(2)
+        .envs(ENVS as usize)
+        .dim_extend(0)
+        .seed(7)
+        .build()
+        .unwrap();
+    let writer = rb.writer();
+    let steps = ROWS / ENVS;
+    // Step t of env e is row id t * ENVS + e; batches of 300 steps.
+    let mut t = 0;
+    while t < steps + steps / 2 + 7 {
+        let n = 300.min(steps + steps / 2 + 7 - t);
+        let mut batch = rb.batch([n as usize, ENVS as usize]);
+        let ids: Vec<u64> = (t..t + n)
+            .flat_map(|t| (0..ENVS).map(move |e| t * ENVS + e))
+            .collect();
+        fill(&mut batch, &ids);
+        writer.extend(&batch).unwrap();
+        t += n;
+    }
+    let mut ids = whole(&rb.read_all_in_order(None));
+    ids.sort_unstable();
+    let last = (t - steps) * ENVS..t * ENVS;
+    assert_eq!(ids, last.collect::<Vec<_>>());
+}
