@@ -67,7 +67,7 @@ pub fn load(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
 pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
     check_range(words, offset, src.len());
     // SAFETY: `check_range` put the range inside `words`.
-    unsafe { store_with(words, offset, src, false) };
+    unsafe { store_with(words, offset, src, Store::Cached) };
 }
 
 /// [`store`] for rows that will not be read again soon, as a large append writes them:
@@ -83,7 +83,28 @@ pub fn store(words: &[AtomicU64], offset: usize, src: &[u8]) {
 pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
     check_range(words, offset, src.len());
     // SAFETY: `check_range` put the range inside `words`.
-    unsafe { store_with(words, offset, src, true) };
+    unsafe { store_with(words, offset, src, Store::Streaming) };
+}
+
+/// [`store_streaming`] of a streaming append's stage (`Storage::stream_run`): a few KiB
+/// of small rows at a time, whose lines go out by one 64-byte non-temporal store each
+/// where the CPU has AVX-512. Measured (AMD EPYC family 26, 2026-11-28, three rounds
+/// alternating): 1,000 mujoco rows 6.35-6.42 us, against 6.85-6.94 with `movntdq`;
+/// but 256 rows of 56 KB fields 506-519 us against 481-495, so the fields of large
+/// rows keep `movntdq`.
+#[inline]
+pub(crate) fn store_stage(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    check_range(words, offset, src.len());
+    // SAFETY: `check_range` put the range inside `words`.
+    unsafe { store_with(words, offset, src, Store::Stage) };
+}
+
+/// How [`store_with`] stores.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Cached,
+    Streaming,
+    Stage,
 }
 
 /// [`store`] without its range check, with non-temporal stores if `streaming` (a
@@ -93,7 +114,7 @@ pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
 ///
 /// `offset + src.len()` is at most `words.len() * 8`.
 #[inline]
-unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: bool) {
+unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], how: Store) {
     #[cfg(all(
         target_arch = "x86_64",
         not(replaybuf_loom),
@@ -111,10 +132,10 @@ unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: 
         // through a pointer derived from `&[AtomicU64]` is allowed: the words are
         // interior-mutable cells.
         unsafe {
-            if streaming {
-                x86::copy_streaming(from, to, src.len());
-            } else {
-                x86::copy(from, to, src.len());
+            match how {
+                Store::Cached => x86::copy(from, to, src.len()),
+                Store::Streaming => x86::copy_streaming(from, to, src.len(), false),
+                Store::Stage => x86::copy_streaming(from, to, src.len(), *x86::HAS_AVX512),
             }
         }
     }
@@ -125,7 +146,7 @@ unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], streaming: 
     )))]
     {
         // Ordinary word stores either way (see `streaming_fence`).
-        let _ = streaming;
+        let _ = how;
         words::store(words, offset, src);
     }
 }
@@ -685,12 +706,9 @@ mod x86 {
         }
     }
 
-    /// Whether the CPU has AVX-512 (foundation): [`copy_streaming`] then stores a line
-    /// by one non-temporal 64-byte store, which holds one store-queue entry rather than
-    /// four. Measured (AMD EPYC family 26, 2026-11-28, three rounds alternating): a
-    /// streaming append of 1,000 mujoco rows 6.35-6.42 us, against 6.85-6.94 with
-    /// `movntdq`.
-    static HAS_AVX512: std::sync::LazyLock<bool> =
+    /// Whether the CPU has AVX-512 (foundation), for [`copy_streaming`]'s 64-byte
+    /// non-temporal stores (`super::store_stage`).
+    pub(super) static HAS_AVX512: std::sync::LazyLock<bool> =
         std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
 
     /// `lines` lines from `src` to the 64-byte aligned `dst`, each by one unaligned
@@ -724,20 +742,21 @@ mod x86 {
 
     /// [`copy`] with the destination's whole 64-byte blocks written by non-temporal
     /// 16-byte stores (`movntdq`, which needs a 16-byte aligned destination: the bytes
-    /// before the first block, and after the last, go through [`copy`]). Each store is
-    /// a single hardware store, as in [`copy`]; their ordering is the caller's (see
+    /// before the first block, and after the last, go through [`copy`]), or, if `wide`,
+    /// one 64-byte non-temporal store a block (`vmovntdq`). Each store is a single
+    /// hardware store, as in [`copy`]; their ordering is the caller's (see
     /// `store_streaming`).
     ///
     /// # Safety
     ///
-    /// As for [`copy`].
+    /// As for [`copy`]; `wide` only on a CPU with AVX-512.
     #[inline]
-    pub(super) unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    pub(super) unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize, wide: bool) {
         let head = dst.align_offset(64).min(len);
         let blocks = (len - head) / 64;
         // SAFETY: the caller's obligations cover the whole range; `head` is within it.
         unsafe { copy(src, dst, head) };
-        if blocks > 0 && *HAS_AVX512 {
+        if blocks > 0 && wide {
             // SAFETY: as below; the CPU has AVX-512.
             unsafe { stream_lines_avx512(src.add(head), dst.add(head), blocks) };
         } else if blocks > 0 {

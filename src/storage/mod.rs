@@ -1043,7 +1043,7 @@ impl Storage {
                 plan::StagedRows::Listed(&rows[..n])
             };
             copies.stage_rows(stage, base + self.header_bytes, slot_bytes, staged);
-            atomic_copy::store_streaming(words, at, &stage[base..base + n * slot_bytes]);
+            atomic_copy::store_stage(words, at, &stage[base..base + n * slot_bytes]);
             at += n * slot_bytes;
             s += n as u64;
         }
