@@ -85,6 +85,17 @@ fn extend(rb: &ReplayBuffer, ids: std::ops::Range<u64>, chunk: u64) {
     }
 }
 
+/// A collector: extends `rb` by rows `first..`, `chunk` at a time, until `stop`.
+fn collect(rb: &ReplayBuffer, mut first: u64, chunk: u64, stop: &AtomicBool) {
+    let writer = rb.writer();
+    let mut batch = rb.batch([chunk as usize]);
+    while !stop.load(Ordering::Relaxed) {
+        fill(&mut batch, &(first..first + chunk).collect::<Vec<_>>());
+        writer.extend(&batch).unwrap();
+        first += chunk;
+    }
+}
+
 /// A ring filled once: every later extend laps it, and so streams.
 fn lapped(builder: replaybuf::ReplayBufferBuilder) -> ReplayBuffer {
     let rb = builder.capacity(ROWS as usize).seed(5).build().unwrap();
@@ -141,16 +152,7 @@ fn readers_racing_a_stream_get_whole_rows() {
     let stop = AtomicBool::new(false);
     let (read, sampled) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let writer = rb.writer();
-            let mut first = ROWS;
-            let mut batch = rb.batch([1000]);
-            while !stop.load(Ordering::Relaxed) {
-                fill(&mut batch, &(first..first + 1000).collect::<Vec<_>>());
-                writer.extend(&batch).unwrap();
-                first += 1000;
-            }
-        });
+        s.spawn(|| collect(&rb, ROWS, 1000, &stop));
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
                 // The next rows to be overwritten: 500 on from the writer's position.
@@ -185,16 +187,7 @@ fn a_collector_marking_slots_waits_behind_a_stream() {
     let stop = AtomicBool::new(false);
     let singles = AtomicU64::new(0);
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let writer = rb.writer();
-            let mut first = 1 << 40;
-            let mut batch = rb.batch([2000]);
-            while !stop.load(Ordering::Relaxed) {
-                fill(&mut batch, &(first..first + 2000).collect::<Vec<_>>());
-                writer.extend(&batch).unwrap();
-                first += 2000;
-            }
-        });
+        s.spawn(|| collect(&rb, 1 << 40, 2000, &stop));
         s.spawn(|| {
             let writer = rb.writer();
             let mut id = 1 << 50;

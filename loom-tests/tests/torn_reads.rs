@@ -35,15 +35,21 @@ fn lapped_by_a_collector(chunks: &'static [usize]) -> (ReplayBuffer, JoinHandle<
 #[test]
 fn sampling_while_a_collector_laps_the_ring() {
     run_model("uniform sample vs lapping extend", || {
-        let (rb, collector) = lapped_by_a_collector(&[1, 1]);
-        let batch = rb
-            .sample(1)
-            .expect("two rows were published before the race");
-        let ids = whole_rows(&batch);
-        // Row `id` went to position `id % 2`.
-        assert_eq!(ids[0] % 2, batch.index()[0]);
-        collector.join().unwrap();
+        one_row_sample(&[1, 1])
     });
+}
+
+/// A one-row sample racing a collector that extends `chunks`: a whole row, the one
+/// at its index.
+fn one_row_sample(chunks: &'static [usize]) {
+    let (rb, collector) = lapped_by_a_collector(chunks);
+    let batch = rb
+        .sample(1)
+        .expect("two rows were published before the race");
+    let ids = whole_rows(&batch);
+    // Row `id` went to position `id % 2`.
+    assert_eq!(ids[0] % 2, batch.index()[0]);
+    collector.join().unwrap();
 }
 
 /// A sample of two rows reads them as one block (`Storage::read_block`): both stamps
@@ -82,13 +88,7 @@ fn reading_by_index_while_a_collector_laps_the_ring() {
 #[test]
 fn sampling_one_row_while_a_collector_streams_over_it() {
     run_model("one-row sample vs streaming extend", || {
-        let (rb, collector) = lapped_by_a_collector(&[2]);
-        let batch = rb
-            .sample(1)
-            .expect("two rows were published before the race");
-        let ids = whole_rows(&batch);
-        assert_eq!(ids[0] % 2, batch.index()[0]);
-        collector.join().unwrap();
+        one_row_sample(&[2])
     });
 }
 
