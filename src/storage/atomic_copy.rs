@@ -92,6 +92,7 @@ pub fn store_streaming(words: &[AtomicU64], offset: usize, src: &[u8]) {
 /// alternating): 1,000 mujoco rows 6.35-6.42 us, against 6.85-6.94 with `movntdq`;
 /// but 256 rows of 56 KB fields 506-519 us against 481-495, so the fields of large
 /// rows keep `movntdq`.
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
 #[inline]
 pub(crate) fn store_stage(words: &[AtomicU64], offset: usize, src: &[u8]) {
     check_range(words, offset, src.len());
@@ -101,6 +102,7 @@ pub(crate) fn store_stage(words: &[AtomicU64], offset: usize, src: &[u8]) {
 
 /// How [`store_with`] stores.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
 enum Store {
     Cached,
     Streaming,
