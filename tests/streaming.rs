@@ -175,7 +175,8 @@ fn readers_racing_a_stream_get_whole_rows() {
         stop.store(true, Ordering::Relaxed);
     });
     assert!(read.into_inner() > 0 && sampled.into_inner() > 0);
-    assert!(rb.write_count() > 2 * ROWS, "the collector streamed");
+    // Every extend after the fill laps the ring: so much streamed.
+    assert!(rb.write_count() > ROWS, "the collector streamed");
 }
 
 /// Two collectors on one shard: one streams when it finds itself alone, the other
