@@ -43,7 +43,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::atomic_copy;
-use super::geometry::{Geometry, Ring};
+use super::geometry::Geometry;
 use super::lanes::Scalar;
 use super::plan::{Dest, Place, Source};
 use super::{Miss, Storage, Want};
@@ -436,9 +436,9 @@ impl Storage {
 
     /// The frames word of row `seq` of a lane, if that row is in its slot now,
     /// published and read whole.
-    fn step_word(&self, ring: &Ring, seq: u64, lane: u64) -> Option<StepWord> {
+    fn step_word(&self, k: usize, seq: u64, lane: u64) -> Option<StepWord> {
         let mut word = 0;
-        self.read_frames(ring, seq, lane, |slot| {
+        self.read_frames(k, seq, lane, |slot| {
             word = self.words()[self.frames_word(slot)].load(Ordering::Relaxed);
         })
         .ok()
@@ -453,7 +453,7 @@ impl Storage {
             .map(|lane| {
                 first
                     .checked_sub(1)
-                    .and_then(|prev| self.step_word(ring, prev, lane))
+                    .and_then(|prev| self.step_word(k, prev, lane))
             })
             .collect()
     }
@@ -561,13 +561,12 @@ impl Storage {
     ) -> Result<(), Miss> {
         let frames = self.frames_layout();
         let shard = &self.shards[k];
-        let ring = shard.ring();
         if seq < shard.gone_below() {
             return Err(Miss::Gone);
         }
         let back = word.since().min(frames.depth - 1);
         for d in 1..=back {
-            self.read_frames(ring, seq - d, lane, |slot| {
+            self.read_frames(k, seq - d, lane, |slot| {
                 let (words, row) = (self.words(), self.row_offset(slot));
                 for s in &frames.stacks {
                     let Some(j) = (s.depth - 1).checked_sub(d as usize) else {
@@ -599,7 +598,7 @@ impl Storage {
         if word.is_terminal() {
             self.read_side(k, seq, lane, word.side(), dst, k_out)?;
         } else {
-            self.read_frames(ring, seq + 1, lane, |slot| {
+            self.read_frames(k, seq + 1, lane, |slot| {
                 let (words, row) = (self.words(), self.row_offset(slot));
                 for n in &frames.nexts {
                     let out = &mut dst.col_mut(n.field).value_mut(k_out)[n.skip..][..n.len];
@@ -615,16 +614,16 @@ impl Storage {
         Ok(())
     }
 
-    /// Runs `copy` on the slot of row `seq` of a lane, if that slot holds exactly that
-    /// row, published, and whole across the copy (`Storage::read_slot`).
+    /// Runs `copy` on the slot of row `seq` of a lane of shard `k`, if that slot holds
+    /// exactly that row, published, and whole across the copy (`Storage::read_slot`).
     fn read_frames(
         &self,
-        ring: &Ring,
+        k: usize,
         seq: u64,
         lane: u64,
         copy: impl FnOnce(u64),
     ) -> Result<(), Miss> {
-        self.read_slot(ring, seq, lane, Want::Exact, copy).map(drop)
+        self.read_slot(k, seq, lane, Want::Exact, copy).map(drop)
     }
 
     /// Checks an extend's rows against their trajectories before anything is written
@@ -688,7 +687,7 @@ impl Storage {
                         scratch.resize(real * s.frame, 0);
                         for (i, d) in (1..=real as u64).rev().enumerate() {
                             let out = &mut scratch[i * s.frame..][..s.frame];
-                            let read = self.read_frames(&ring, next - d, lane, |slot| {
+                            let read = self.read_frames(k, next - d, lane, |slot| {
                                 let row = self.row_offset(slot);
                                 atomic_copy::load(self.words(), row + s.offset, out);
                             });

@@ -831,77 +831,75 @@ impl Storage {
         let (slot_bytes, header_bytes) = (self.slot_bytes, self.header_bytes);
         let group = append_group(slot_bytes);
         let mut rows = [0usize; GROUP_SLOTS];
-        {
-            // No step of the append is a whole ring after another: each slot's
-            // predecessor is one lap back, or there is none in the ring's first lap.
-            let fresh = start.prev.is_none();
-            let prev_lap = start.lap.wrapping_sub(1);
-            let published = Stamp::published(start.lap, 0);
-            // The byte of the run's first slot, and past its last.
-            let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
-            let end = at + (len * ring.width) as usize * slot_bytes;
-            let mut prefetched = at;
-            // The predecessor of each slot, but for those of the run's first
-            // `abandoned_below` slots, which take over an abandoned one.
-            let run_prev = if fresh {
-                Prev::Empty
-            } else {
-                Prev::Lap(prev_lap)
-            };
-            let abandoned_below = if fresh {
-                0
-            } else {
-                (abandoned + ring.steps).saturating_sub(start.seq) * ring.width
-            };
-            // The next slot's place in the run.
-            let mut s = 0;
-            while at < end {
-                let group_at = at;
-                let n = group.min((end - at) / slot_bytes);
-                // The group's lines, and `APPEND_AHEAD_BYTES` past it, loading.
-                let ahead = (at + n * slot_bytes + APPEND_AHEAD_BYTES).min(end);
-                while prefetched < ahead {
-                    atomic_copy::prefetch(words, prefetched, Intent::Write);
-                    prefetched += LINE_BYTES;
-                }
-                src.order.rows_of(start.j, ring.width, s, &mut rows[..n]);
-                for &row in &rows[..n] {
-                    let prev = if s < abandoned_below {
-                        Prev::Abandoned
-                    } else {
-                        run_prev
-                    };
-                    // The slot's first word is its stamp; its row's predecessor is
-                    // the step a ring back.
-                    let pred = start.seq + s / ring.width;
-                    let pred = pred.wrapping_sub(ring.steps);
-                    stamp::begin_append_after(
-                        &words[at / 8],
-                        prev,
-                        start.lap,
-                        claim,
-                        || self.streaming(k, pred),
-                        || self.reclaim_dead_editor(k),
-                    );
-                    if let Some(raws) = raws {
-                        crate::sync::store_beside_rmw(
-                            &words[at / 8 + RAW_WORD],
-                            sumtree::raw_bits(start.lap, Some(raws.of(row))),
-                            Ordering::Release,
-                        );
-                    }
-                    at += slot_bytes;
-                    s += 1;
-                }
-                let (first_row, rows) = (group_at + header_bytes, &rows[..n]);
-                if streaming && !fresh {
-                    src.write_rows_streaming(words, first_row, slot_bytes, rows);
+        // No step of the append is a whole ring after another: each slot's
+        // predecessor is one lap back, or there is none in the ring's first lap.
+        let fresh = start.prev.is_none();
+        let prev_lap = start.lap.wrapping_sub(1);
+        let published = Stamp::published(start.lap, 0);
+        // The byte of the run's first slot, and past its last.
+        let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
+        let end = at + (len * ring.width) as usize * slot_bytes;
+        let mut prefetched = at;
+        // The predecessor of each slot, but for those of the run's first
+        // `abandoned_below` slots, which take over an abandoned one.
+        let run_prev = if fresh {
+            Prev::Empty
+        } else {
+            Prev::Lap(prev_lap)
+        };
+        let abandoned_below = if fresh {
+            0
+        } else {
+            (abandoned + ring.steps).saturating_sub(start.seq) * ring.width
+        };
+        // The next slot's place in the run.
+        let mut s = 0;
+        while at < end {
+            let group_at = at;
+            let n = group.min((end - at) / slot_bytes);
+            // The group's lines, and `APPEND_AHEAD_BYTES` past it, loading.
+            let ahead = (at + n * slot_bytes + APPEND_AHEAD_BYTES).min(end);
+            while prefetched < ahead {
+                atomic_copy::prefetch(words, prefetched, Intent::Write);
+                prefetched += LINE_BYTES;
+            }
+            src.order.rows_of(start.j, ring.width, s, &mut rows[..n]);
+            for &row in &rows[..n] {
+                let prev = if s < abandoned_below {
+                    Prev::Abandoned
                 } else {
-                    copies.write_rows(words, first_row, slot_bytes, rows);
+                    run_prev
+                };
+                // The slot's first word is its stamp; its row's predecessor is
+                // the step a ring back.
+                let pred = start.seq + s / ring.width;
+                let pred = pred.wrapping_sub(ring.steps);
+                stamp::begin_append_after(
+                    &words[at / 8],
+                    prev,
+                    start.lap,
+                    claim,
+                    || self.streaming(k, pred),
+                    || self.reclaim_dead_editor(k),
+                );
+                if let Some(raws) = raws {
+                    crate::sync::store_beside_rmw(
+                        &words[at / 8 + RAW_WORD],
+                        sumtree::raw_bits(start.lap, Some(raws.of(row))),
+                        Ordering::Release,
+                    );
                 }
-                for slot in (group_at..at).step_by(slot_bytes) {
-                    stamp::publish(&words[slot / 8], published);
-                }
+                at += slot_bytes;
+                s += 1;
+            }
+            let (first_row, rows) = (group_at + header_bytes, &rows[..n]);
+            if streaming && !fresh {
+                src.write_rows_streaming(words, first_row, slot_bytes, rows);
+            } else {
+                copies.write_rows(words, first_row, slot_bytes, rows);
+            }
+            for slot in (group_at..at).step_by(slot_bytes) {
+                stamp::publish(&words[slot / 8], published);
             }
         }
     }
@@ -984,7 +982,7 @@ impl Storage {
 
     /// One run of consecutive positions of [`Storage::stream_rows`]: [`STAGE_BYTES`]
     /// of slots at a time gathered into `stage`, each with its stamp (published) and
-    /// raw priority, then stored from it by [`atomic_copy::store_streaming`], whose
+    /// raw priority, then stored from it by [`atomic_copy::store_stage`], whose
     /// whole lines go out as non-temporal stores and whose partial lines at either end
     /// as ordinary ones.
     #[cfg(not(replaybuf_loom))]
@@ -1212,37 +1210,32 @@ impl Storage {
         })?;
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
-            let laps = u64::from(seen.lap().wrapping_sub(at.lap));
-            let seq = draw.seq + laps * self.shards[draw.shard as usize].ring().steps;
+            let seq = self.seq_seen(&at, seen);
             self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
         }
         Ok((seen, at.index))
     }
 
     /// The slot read protocol (`stamp.rs`, R1-R3): runs `copy` on the slot of row
-    /// `seq` of a lane if it holds that row (or with `Want::AtLeast` a later lap's),
-    /// published, and returns the stamp seen if nothing changed the slot during the
-    /// copy.
+    /// `seq` of a lane of shard `k` if it holds that row (or with `Want::AtLeast` a
+    /// later lap's), published, and returns the stamp seen if nothing changed the slot
+    /// during the copy.
     #[inline(always)]
     fn read_slot(
         &self,
-        ring: &geometry::Ring,
+        k: usize,
         seq: u64,
         lane: u64,
         want: Want,
         copy: impl FnOnce(u64),
     ) -> Result<Stamp, Miss> {
-        let (pos, lap) = ring.pos_lap(seq);
-        let slot = ring.slot(pos, lane);
-        let at = Located {
-            slot,
-            index: ring.index(pos, lane),
-            lap,
-            offset: self.slot_offset(slot),
-            shard: self.shard_of(ring),
+        let draw = Draw {
+            shard: k as u32,
+            lane: lane as u32,
             seq,
+            ..Draw::default()
         };
-        self.read_located(at, want, copy)
+        self.read_located(self.locate(draw), want, copy)
     }
 
     /// [`Storage::read_slot`] of a draw's [`Located`] row.
@@ -1274,14 +1267,19 @@ impl Storage {
         if !self.may_stream() {
             return Ok(at.seq);
         }
-        let shard = &self.shards[at.shard as usize];
-        // A later lap's row, for `Want::AtLeast`.
-        let laps = u64::from(seen.lap().wrapping_sub(at.lap));
-        let seq = at.seq + laps * shard.ring().steps;
-        if shard.stream().contains(&seq) {
+        let seq = self.seq_seen(at, seen);
+        if self.shards[at.shard as usize].stream().contains(&seq) {
             return Err(Miss::Busy);
         }
         Ok(seq)
+    }
+
+    /// The sequence number of the row whose stamp `seen` a read of `at` found: the
+    /// drawn one, or with `Want::AtLeast` a later lap's.
+    #[inline(always)]
+    fn seq_seen(&self, at: &Located, seen: Stamp) -> u64 {
+        let laps = u64::from(seen.lap().wrapping_sub(at.lap));
+        at.seq + laps * self.shards[at.shard as usize].ring().steps
     }
 
     /// Whether a streaming append is writing row `seq` of shard `k` (an appender of
@@ -1305,15 +1303,6 @@ impl Storage {
     #[inline(always)]
     fn may_stream(&self) -> bool {
         self.frames.is_none() && self.slices.is_none()
-    }
-
-    /// The shard whose ring `ring` is (one of this storage's).
-    fn shard_of(&self, ring: &geometry::Ring) -> u32 {
-        let k = self
-            .shards
-            .iter()
-            .position(|s| s.ring().first_slot == ring.first_slot);
-        k.expect("replaybuf internal error: a ring of another storage") as u32
     }
 
     /// Whether [`Storage::read`] of each row may run as one pass of

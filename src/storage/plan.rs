@@ -365,17 +365,13 @@ impl StagedRows<'_> {
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 unsafe fn stage_field(c: &ColCopy<'_>, dst: *mut u8, step: usize, rows: StagedRows<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX {
+    if atomic_copy::has_avx() {
         // SAFETY: the caller's obligations; the CPU has AVX.
         return unsafe { stage_field_avx(c, dst, step, rows) };
     }
     // SAFETY: the caller's obligations.
     unsafe { stage_moves::<16>(c, dst, step, rows) }
 }
-
-#[cfg(target_arch = "x86_64")]
-static HAS_AVX: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx"));
 
 /// [`stage_moves`] by 32-byte moves, compiled for AVX.
 ///

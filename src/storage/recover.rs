@@ -115,7 +115,7 @@ impl Storage {
         }
         // Only rows claimed, and of the ring's last lap (a damaged region's words
         // could name any).
-        let cursor = shard.claimed();
+        let cursor = shard.window().hi;
         let live = rows.start.max(cursor.saturating_sub(ring.steps))..rows.end.min(cursor);
         for seq in live.clone() {
             for lane in 0..ring.width {

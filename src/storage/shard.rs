@@ -361,13 +361,6 @@ impl Shard {
         self.occupancy().load(Ordering::Acquire) == PLAIN
     }
 
-    /// Sequence numbers claimed so far (the cursor), for a reader's check that a
-    /// row's next lap was not claimed while it copied it.
-    #[inline]
-    pub(crate) fn claimed(&self) -> u64 {
-        self.cursor().load(Ordering::Relaxed)
-    }
-
     /// Enters the shard as an appender; pass the claim to [`Shard::leave_append`].
     /// Waits while the shard is frozen (`me`: see [`Shard::wait_thawed`]).
     #[inline]
