@@ -157,7 +157,8 @@ pub(crate) struct MassFn {
     exponent: i64,
     /// `2^exponent` as two factors, each a normal float.
     factors: (f64, f64),
-    /// `alpha` as an `f32`, for [`MassFn::mass`]'s fast path (`alpha` in `(0, 1]`).
+    /// `alpha` as an `f32`, for [`MassFn::mass`]'s fast path (`alpha` in `(0, 1)`, but
+    /// 0.5, whose powers are square roots).
     alpha_f32: Option<f32>,
 }
 
@@ -180,7 +181,7 @@ impl MassFn {
             value_max_f: value_max as f64,
             exponent,
             factors: (pow2(half), pow2(rest)),
-            alpha_f32: (alpha > 0.0 && alpha <= 1.0).then_some(alpha as f32),
+            alpha_f32: (alpha > 0.0 && alpha < 1.0 && alpha != 0.5).then_some(alpha as f32),
         }
     }
 
@@ -229,6 +230,17 @@ impl MassFn {
     #[inline]
     pub(crate) fn mass(&self, p: f64) -> Result<u64, TooHeavy> {
         let base = p + self.eps;
+        if let Some(alpha) = self.alpha_f32 {
+            if (F32_BASE_MIN..=F32_BASE_MAX).contains(&base) {
+                // The common case, in fewer steps: a base within `2^±100` and an
+                // `alpha` in `(0, 1)` make a positive normal power (what follows
+                // would check that), so only the bound is left to check.
+                let y = f64::from((base as f32).powf(alpha)) * self.factors.0 * self.factors.1;
+                if y <= self.value_max_f {
+                    return Ok(((y + 0.5) as i64 as u64).max(1));
+                }
+            }
+        }
         let x = if self.alpha == 1.0 {
             base
         } else if self.alpha == 0.5 {
