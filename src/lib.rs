@@ -45,6 +45,7 @@ pub mod docs;
 // the module of its topic.
 
 // base
+mod cpu;
 mod dtype;
 pub mod error;
 mod key;

@@ -137,7 +137,7 @@ unsafe fn store_with(words: &[AtomicU64], offset: usize, src: &[u8], how: Store)
             match how {
                 Store::Cached => x86::copy(from, to, src.len()),
                 Store::Streaming => x86::copy_streaming(from, to, src.len(), false),
-                Store::Stage => x86::copy_streaming(from, to, src.len(), has_avx512()),
+                Store::Stage => x86::copy_streaming(from, to, src.len(), crate::cpu::avx512f()),
             }
         }
     }
@@ -194,32 +194,6 @@ pub(crate) struct FieldCopy {
 /// rows of 100 bytes (two 46-byte fields) 1.74-1.79 against 1.75-1.88.
 const WIDE_BYTES: usize = 32;
 
-/// Whether this CPU runs [`x86::wide_rows`], and the AVX moves of a streaming
-/// append's stage (`plan.rs`, `stage_rows`).
-#[inline]
-pub(crate) fn has_avx() -> bool {
-    #[cfg(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    ))]
-    return std::arch::is_x86_feature_detected!("avx");
-    #[allow(unreachable_code)]
-    false
-}
-
-/// Whether this CPU stores a streaming append's stage by 64-byte non-temporal stores
-/// ([`store_stage`]; AVX-512 foundation). Only the assembly copies ask.
-#[cfg(all(
-    target_arch = "x86_64",
-    not(replaybuf_loom),
-    not(replaybuf_atomic_copy)
-))]
-#[inline]
-fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-}
-
 /// The single hardware moves that copy a range of some length (see [`FieldCopy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Moves {
@@ -259,7 +233,7 @@ impl FieldCopy {
         FieldCopy {
             len,
             moves: Moves::of(len),
-            wide: (WIDE_BYTES..REP_MOVSB_BYTES).contains(&len) && has_avx(),
+            wide: (WIDE_BYTES..REP_MOVSB_BYTES).contains(&len) && crate::cpu::avx(),
         }
     }
 

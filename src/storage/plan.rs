@@ -365,7 +365,7 @@ impl StagedRows<'_> {
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 unsafe fn stage_field(c: &ColCopy<'_>, dst: *mut u8, step: usize, rows: StagedRows<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if atomic_copy::has_avx() {
+    if crate::cpu::avx() {
         // SAFETY: the caller's obligations; the CPU has AVX.
         return unsafe { stage_field_avx(c, dst, step, rows) };
     }

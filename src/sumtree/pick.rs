@@ -90,20 +90,6 @@ pub(super) fn count_partial<const LEAVES: bool>(node: &[AtomicU64], t: u64) -> (
     (c, before)
 }
 
-/// Whether this CPU runs [`count_full`]'s AVX2 count.
-#[inline]
-pub(super) fn has_avx2() -> bool {
-    #[cfg(all(
-        target_arch = "x86_64",
-        not(replaybuf_loom),
-        not(replaybuf_atomic_copy)
-    ))]
-    return std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("popcnt");
-    #[allow(unreachable_code)]
-    false
-}
-
 #[cfg(all(
     target_arch = "x86_64",
     not(replaybuf_loom),
@@ -219,7 +205,7 @@ mod tests {
 
     fn both<const LEAVES: bool>(n: &[AtomicU64; ARITY], t: u64) -> (usize, u64) {
         let scalar = count_full::<LEAVES, false>(n, t);
-        if has_avx2() {
+        if crate::cpu::avx2() {
             assert_eq!(count_full::<LEAVES, true>(n, t), scalar, "t = {t}");
         }
         assert_eq!(count_partial::<LEAVES>(n, t), scalar, "t = {t}");
@@ -285,7 +271,7 @@ mod tests {
         let n = node(&[u64::MAX / 2; ARITY], false);
         assert!(count_full::<false, false>(&n, 10).0 <= ARITY);
         assert!(count_partial::<false>(&n, 10).0 <= ARITY);
-        if has_avx2() {
+        if crate::cpu::avx2() {
             assert!(count_full::<false, true>(&n, 10).0 <= ARITY);
         }
     }

@@ -884,7 +884,7 @@ impl<'a> Tree<'a> {
         summit: Option<Summit<'_>>,
         targets: &mut [(u64, Option<Landing>)],
     ) {
-        if pick::has_avx2() {
+        if crate::cpu::avx2() {
             // SAFETY: the CPU has AVX2 and POPCNT.
             unsafe { self.descend_many_avx2(summit, targets) }
         } else {
