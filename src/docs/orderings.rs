@@ -266,7 +266,8 @@
 //!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
 //!   landed on has mass and its lap is the lap of the row the stamp shows. Otherwise it
 //!   draws again. Where the CPU has AVX2 it reads a node four words at a time, one
-//!   32-byte load inside an `asm!` block (`sumtree/pick.rs`): as with §6's copies, the
+//!   32-byte load inside an `asm!` block, and with AVX-512 eight at a time, one
+//!   64-byte load (`sumtree/pick.rs`): as with §6's copies, the
 //!   block is opaque to the compiler, so no racy plain access exists in the language's
 //!   model, and the hardware reads each aligned word whole; a descent needs no more
 //!   than a `Relaxed` load of each word gives it. Running totals that racing words

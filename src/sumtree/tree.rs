@@ -884,11 +884,15 @@ impl<'a> Tree<'a> {
         summit: Option<Summit<'_>>,
         targets: &mut [(u64, Option<Landing>)],
     ) {
-        if crate::cpu::avx2() {
+        if crate::cpu::avx512f() && crate::cpu::avx2() {
+            // SAFETY: the CPU has AVX-512, AVX2 and POPCNT (which AVX2 comes with
+            // wherever `cpu::avx2` says so).
+            unsafe { self.descend_many_avx512(summit, targets) }
+        } else if crate::cpu::avx2() {
             // SAFETY: the CPU has AVX2 and POPCNT.
             unsafe { self.descend_many_avx2(summit, targets) }
         } else {
-            self.descend_many_with::<false>(summit, targets)
+            self.descend_many_with::<{ pick::SCALAR }>(summit, targets)
         }
     }
 
@@ -909,11 +913,32 @@ impl<'a> Tree<'a> {
         summit: Option<Summit<'_>>,
         targets: &mut [(u64, Option<Landing>)],
     ) {
-        self.descend_many_with::<true>(summit, targets)
+        self.descend_many_with::<{ pick::AVX2 }>(summit, targets)
+    }
+
+    /// [`Tree::descend_many`] compiled for, and counting with, AVX-512
+    /// (`sumtree/pick.rs`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 (foundation), AVX2 and POPCNT.
+    #[cfg_attr(
+        all(
+            target_arch = "x86_64",
+            not(replaybuf_loom),
+            not(replaybuf_atomic_copy)
+        ),
+        target_feature(enable = "avx512f,avx2,popcnt")
+    )]
+    unsafe fn descend_many_avx512(
+        &self,
+        summit: Option<Summit<'_>>,
+        targets: &mut [(u64, Option<Landing>)],
+    ) {
+        self.descend_many_with::<{ pick::AVX512 }>(summit, targets)
     }
 
     #[inline(always)]
-    fn descend_many_with<const AVX2: bool>(
+    fn descend_many_with<const SIMD: pick::Simd>(
         &self,
         summit: Option<Summit<'_>>,
         targets: &mut [(u64, Option<Landing>)],
@@ -949,9 +974,9 @@ impl<'a> Tree<'a> {
             // instead of stalling its own.
             for ((t, _), node) in targets.iter_mut().zip(nodes.iter_mut()) {
                 *node = if level == 1 {
-                    Self::pick_child::<true, AVX2>(children, *node, t)
+                    Self::pick_child::<true, SIMD>(children, *node, t)
                 } else {
-                    Self::pick_child::<false, AVX2>(children, *node, t)
+                    Self::pick_child::<false, SIMD>(children, *node, t)
                 };
                 if let Some(below) = below {
                     Self::prefetch_node(below, *node);
@@ -985,7 +1010,7 @@ impl<'a> Tree<'a> {
     /// a racing update made the children sum to less than `*t`. `LEAVES`: the children
     /// are leaves, whose words hold a lap and a mass code.
     #[inline(always)]
-    fn pick_child<const LEAVES: bool, const AVX2: bool>(
+    fn pick_child<const LEAVES: bool, const SIMD: pick::Simd>(
         children: &[AtomicU64],
         j: usize,
         t: &mut u64,
@@ -998,7 +1023,7 @@ impl<'a> Tree<'a> {
         let (node, (c, before)) = match children.get(first..first + ARITY) {
             Some(full) => {
                 let full = <&[AtomicU64; ARITY]>::try_from(full).expect("ARITY words");
-                (&full[..], pick::count_full::<LEAVES, AVX2>(full, *t))
+                (&full[..], pick::count_full::<LEAVES, SIMD>(full, *t))
             }
             None => {
                 let node = &children[first.min(children.len())..];
