@@ -98,9 +98,13 @@ const GROUP_BYTES: usize = 2048;
 /// sends each of its whole lines to memory by a non-temporal store. Measured (AMD
 /// EPYC family 26, 2026-11-28; 1,000 mujoco rows of 176-byte slots a call, means of
 /// 500 calls, two runs): stages of 16 rows 6.3-6.6 us, 24 6.1-6.5, 32 5.8-6.1, 40
-/// 6.3-6.7, 48 6.4-6.6, 64 6.4-6.6, 128 7.3-7.5.
+/// 6.3-6.7, 48 6.4-6.6, 64 6.4-6.6, 128 7.3-7.5. Once a stage's moves wrote only
+/// their fields' bytes (`plan.rs`), a stage of 5 KiB (28 such rows) took 5.17-5.45
+/// where 6 KiB (32) took 5.56-5.79, three runs alternating; 4 KiB (20) 5.46-5.55,
+/// 4.5 KiB (24) 5.36-5.42, 8 KiB 5.72-5.82, 11 KiB 5.84-5.94. 256 rows of 100
+/// bytes: 1.16-1.21 us against 1.15-1.17.
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
-const STAGE_BYTES: usize = 6144;
+const STAGE_BYTES: usize = 5120;
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 const STAGE_SLOTS: usize = 64;
 /// The staging buffer's bytes: [`STAGE_BYTES`], and a line for the first slot's offset
