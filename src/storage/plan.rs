@@ -427,13 +427,13 @@ unsafe fn stage_moves<const W: usize>(
 /// moves of `W` from the field's start while a whole one fits (of 16 bytes, or of
 /// the largest power of two, below `W`), then one move of the smallest of 4, 8, 16,
 /// 32 bytes that covers the rest, ending at the field's end; a field of 1, 2, 4 or 8
-/// bytes is one move (mujoco's reward and done: 1,000 rows 5.31-5.42 us against
-/// 5.52-5.60 with two). A 68-byte field is two
-/// moves of 32 and one of 4, where moves of 32 ending at the end wrote 96 bytes: a
-/// stage's time is its stores' bytes. Measured (AMD EPYC family 26, 2026-11-28, two
-/// rounds alternating, against the last move as wide as the others): 1,000 mujoco
-/// rows into a million 5.51-5.61 us against 5.76-5.84; 256 rows of 100 bytes (two
-/// 46-byte fields) into 512 MB 1.14 us against 1.25-1.26.
+/// bytes is one move. A 68-byte field is two moves of 32 and one of 4, where moves of
+/// 32 ending at the end wrote 96 bytes: a stage's time is its stores' bytes.
+/// Measured (AMD EPYC family 26, 2026-11-28, two rounds alternating, against the last
+/// move as wide as the others): 1,000 mujoco rows into a million 5.51-5.61 us against
+/// 5.76-5.84; 256 rows of 100 bytes (two 46-byte fields) into 512 MB 1.14 us against
+/// 1.25-1.26. One move for mujoco's 4-byte reward and 1-byte done, not two: 5.31-5.42
+/// us against 5.52-5.60.
 ///
 /// # Safety
 ///
@@ -450,57 +450,65 @@ unsafe fn stage_moves_by<const W: usize>(
 ) {
     // The tails below cover at most 32 bytes past the last whole move.
     const { assert!(W == 16 || W == 32, "stage moves of 16 or 32 bytes") };
-    /// Moves of `$p` bytes at `$m * $p` for each `$m`, then a `$t` ending at the end.
-    macro_rules! moves {
-        ($p:expr, $t:ty; $($m:literal)*) => {{
-            let tail = len - std::mem::size_of::<$t>();
-            for k in 0..n {
-                // SAFETY: the caller's ranges: every move lies in the field's `len`
-                // bytes (the callers below keep `(m + 1) * p <= len`, and the tail
-                // is no longer than the field).
-                unsafe {
-                    let (s, d) = (src(k), dst.add(k * step));
-                    $(
-                        let v = s.add($m * $p).cast::<[u8; $p]>().read_unaligned();
-                        d.add($m * $p).cast::<[u8; $p]>().write_unaligned(v);
-                    )*
-                    let v = s.add(tail).cast::<$t>().read_unaligned();
-                    d.add(tail).cast::<$t>().write_unaligned(v);
-                }
-            }
+    /// One plain unaligned move of a `$t` at `$at` bytes into the field.
+    macro_rules! mv {
+        ($t:ty, $s:ident, $d:ident, $at:expr) => {{
+            let v = $s.add($at).cast::<$t>().read_unaligned();
+            $d.add($at).cast::<$t>().write_unaligned(v);
         }};
     }
-    /// One row's copy by moves of `$t`: one from the start, one ending at the end (the
-    /// same one, for a field of `$t`'s length).
+    /// Each row's copy: moves of `$p` bytes at `$m * $p` for each `$m` (unrolled), or
+    /// for each `m` below `$count` (a loop), then a `$t` ending at the field's end.
+    /// Every move lies in the field's `len` bytes: the callers below keep
+    /// `(m + 1) * p <= len`, and no tail is longer than the field.
+    macro_rules! moves {
+        ($p:expr, $t:ty; $($m:literal)*) => {
+            for k in 0..n {
+                // SAFETY: the caller's ranges; unaligned plain moves inside them.
+                unsafe {
+                    let (s, d) = (src(k), dst.add(k * step));
+                    $( mv!([u8; $p], s, d, $m * $p); )*
+                    mv!($t, s, d, len - std::mem::size_of::<$t>());
+                }
+            }
+        };
+        ($p:expr, $t:ty; ..$count:expr) => {
+            for k in 0..n {
+                // SAFETY: the caller's ranges; unaligned plain moves inside them.
+                unsafe {
+                    let (s, d) = (src(k), dst.add(k * step));
+                    for m in 0..$count {
+                        mv!([u8; $p], s, d, m * $p);
+                    }
+                    mv!($t, s, d, len - std::mem::size_of::<$t>());
+                }
+            }
+        };
+    }
+    /// A field of at most two `$t`s: one from the start and one ending at the end, or
+    /// the one where the field is a `$t` long.
     macro_rules! pairs {
         ($t:ty) => {{
-            let tail = len - std::mem::size_of::<$t>();
-            if tail == 0 {
-                return moves!(std::mem::size_of::<$t>(), $t;);
-            }
-            for k in 0..n {
-                // SAFETY: the caller's ranges; unaligned plain moves.
-                unsafe {
-                    let (s, d) = (src(k), dst.add(k * step));
-                    let a = s.cast::<$t>().read_unaligned();
-                    let b = s.add(tail).cast::<$t>().read_unaligned();
-                    d.cast::<$t>().write_unaligned(a);
-                    d.add(tail).cast::<$t>().write_unaligned(b);
-                }
+            const P: usize = std::mem::size_of::<$t>();
+            if len == P {
+                moves!(P, $t;)
+            } else {
+                moves!(P, $t; 0)
             }
         }};
     }
-    /// [`moves!`] with the tail the rest asks for: the smallest of 4, 8, 16 and 32
-    /// bytes at least `len - $covered`, or a move of `$p` again where none is left
-    /// (it then rewrites the last block's bytes with themselves).
+    /// [`moves!`] of `$p` bytes covering `$covered` bytes, with the tail the rest
+    /// asks for: the smallest of 4, 8, 16 and 32 bytes at least `len - $covered`, or a
+    /// move of `$p` again where none is left (it then rewrites the last block's bytes
+    /// with themselves).
     macro_rules! with_tail {
-        ($p:expr, $covered:expr; $($m:literal)*) => {
+        ($p:expr, $covered:expr; $($blocks:tt)*) => {
             match len - $covered {
-                0 => moves!($p, [u8; $p]; $($m)*),
-                1..=4 => moves!($p, u32; $($m)*),
-                5..=8 => moves!($p, u64; $($m)*),
-                9..=16 => moves!($p, u128; $($m)*),
-                _ => moves!($p, [u8; 32]; $($m)*),
+                0 => moves!($p, [u8; $p]; $($blocks)*),
+                1..=4 => moves!($p, u32; $($blocks)*),
+                5..=8 => moves!($p, u64; $($blocks)*),
+                9..=16 => moves!($p, u128; $($blocks)*),
+                _ => moves!($p, [u8; 32]; $($blocks)*),
             }
         };
     }
@@ -524,31 +532,7 @@ unsafe fn stage_moves_by<const W: usize>(
         // Five moves of `W` or more: a loop of them, then the tail.
         len => {
             let whole = len / W;
-            macro_rules! looped {
-                ($t:ty) => {{
-                    let tail = len - std::mem::size_of::<$t>();
-                    for k in 0..n {
-                        // SAFETY: the caller's ranges: every move lies in the field's
-                        // `len` bytes; unaligned plain moves.
-                        unsafe {
-                            let (s, d) = (src(k), dst.add(k * step));
-                            for m in 0..whole {
-                                let v = s.add(m * W).cast::<[u8; W]>().read_unaligned();
-                                d.add(m * W).cast::<[u8; W]>().write_unaligned(v);
-                            }
-                            let v = s.add(tail).cast::<$t>().read_unaligned();
-                            d.add(tail).cast::<$t>().write_unaligned(v);
-                        }
-                    }
-                }};
-            }
-            match len - whole * W {
-                0 => looped!([u8; W]),
-                1..=4 => looped!(u32),
-                5..=8 => looped!(u64),
-                9..=16 => looped!(u128),
-                _ => looped!([u8; 32]),
-            }
+            with_tail!(W, whole * W; ..whole)
         }
     }
 }
