@@ -230,30 +230,18 @@ impl MassFn {
     #[inline]
     pub(crate) fn mass(&self, p: f64) -> Result<u64, TooHeavy> {
         let base = p + self.eps;
-        if let Some(alpha) = self.alpha_f32 {
-            if (F32_BASE_MIN..=F32_BASE_MAX).contains(&base) {
-                // The common case, in fewer steps: a base within `2^±100` and an
-                // `alpha` in `(0, 1)` make a positive normal power (what follows
-                // would check that), so only the bound is left to check.
-                let y = f64::from((base as f32).powf(alpha)) * self.factors.0 * self.factors.1;
-                if y <= self.value_max_f {
-                    return Ok(((y + 0.5) as i64 as u64).max(1));
-                }
-            }
-        }
-        let x = if self.alpha == 1.0 {
-            base
-        } else if self.alpha == 0.5 {
-            base.sqrt()
-        } else {
-            match self.alpha_f32 {
-                Some(alpha) if (F32_BASE_MIN..=F32_BASE_MAX).contains(&base) => {
-                    f64::from((base as f32).powf(alpha))
-                }
-                _ => base.powf(self.alpha),
-            }
+        let f32_alpha = self
+            .alpha_f32
+            .filter(|_| (F32_BASE_MIN..=F32_BASE_MAX).contains(&base));
+        let x = match f32_alpha {
+            Some(alpha) => f64::from((base as f32).powf(alpha)),
+            None if self.alpha == 1.0 => base,
+            None if self.alpha == 0.5 => base.sqrt(),
+            None => base.powf(self.alpha),
         };
-        let y = if x.is_normal() || base == 0.0 {
+        // An `f32` power is normal: its base is within `2^±100` and `alpha` in
+        // `(0, 1)`.
+        let y = if f32_alpha.is_some() || x.is_normal() || base == 0.0 {
             x * self.factors.0 * self.factors.1
         } else {
             // Past the float range unscaled (alpha above 1, or p + eps overflowing):
