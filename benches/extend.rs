@@ -167,7 +167,11 @@ fn typed_extend(c: &mut Criterion) {
     });
     // The floor: the same bytes copied into a ring of the same capacity.
     let bytes: &[u8] = bytemuck::cast_slice(&items);
-    let mut ring = vec![0u8; TYPED_CAPACITY * std::mem::size_of::<Transition>()];
+    // Every page written before timing: a zeroed `Vec` comes from pages the kernel
+    // backs at their first write, which then cost the copy a fault each (this VM's
+    // first touch runs at about 0.5 GB/s; a run too short to lap the ring once
+    // measured that and not the copy).
+    let mut ring = vec![1u8; TYPED_CAPACITY * std::mem::size_of::<Transition>()];
     let mut at = 0;
     group.bench_function("memcpy", |b| {
         b.iter(|| {

@@ -6,15 +6,17 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::workloads::{TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
-use replaybuf::ReplayBuffer;
+use replaybuf::{Batch, ReplayBuffer, Writer};
 
 /// Which workloads to run and how big.
 #[derive(Clone, Debug)]
 pub struct BenchArgs {
     pub quick: bool,
     pub workload: Option<String>,
-    /// Seconds each concurrent configuration runs.
+    /// Seconds each concurrent configuration runs, in all.
     pub seconds: f64,
+    /// Rounds the concurrent configurations' seconds are split into, interleaved.
+    pub rounds: usize,
     /// (writers, learners) pairs for the concurrent workload; empty: the defaults.
     pub configs: Vec<(usize, usize)>,
     /// Where the persist workload writes (default: the temporary directory).
@@ -359,6 +361,7 @@ pub fn learner_loop(rb: &ReplayBuffer, w: Workload, l: usize, stop: &AtomicBool)
 }
 
 /// One concurrent run's totals.
+#[derive(Default)]
 pub struct Run {
     pub rows_written: usize,
     pub extends: usize,
@@ -367,8 +370,20 @@ pub struct Run {
     pub secs: f64,
 }
 
+impl Run {
+    /// Adds `other`'s work and time to this run's: the totals of two slices of one
+    /// configuration.
+    fn absorb(&mut self, other: Run) {
+        self.rows_written += other.rows_written;
+        self.extends += other.extends;
+        self.rows_sampled += other.rows_sampled;
+        self.latencies_ns.extend(other.latencies_ns);
+        self.secs += other.secs;
+    }
+}
+
 /// One concurrent configuration with collector threads, on the heap, or in the shared
-/// region `shared`.
+/// region `shared`, built, filled and run once.
 pub fn concurrent_run(
     w: Workload,
     writers: usize,
@@ -376,47 +391,77 @@ pub fn concurrent_run(
     secs: f64,
     shared: Option<&str>,
 ) -> Run {
-    let shards = writers.max(1).next_power_of_two();
-    let builder = w.builder(11).shards(shards);
-    let rb = match shared {
-        Some(name) => builder.shared(name),
-        None => builder,
-    }
-    .build()
-    .expect("concurrent buffer");
-    // The writer handles first: in a shared region each leases its own shard, which
-    // the fill below then reuses.
-    let handles: Vec<_> = (0..writers).map(|_| rb.writer()).collect();
-    let chunk = w.chunk_data(&rb, w.chunk, 2);
-    // WORKLOADS.md asks for at least 100,000 rows; every configuration starts full, so
-    // that a learner alone and a learner beside collectors sample the same working set
-    // (a 100,000-row buffer left alone stays warm in cache; beside a collector it
-    // grows to a cold 1,000,000 rows within milliseconds).
-    let mut turn = 0;
-    while rb.len() < rb.capacity() {
-        match handles.get(turn % handles.len().max(1)) {
-            Some(h) => h.extend(&chunk).map(|_| ()),
-            None => rb.extend(&chunk).map(|_| ()),
+    Setup::new(w, writers, learners, shared).run(secs)
+}
+
+/// A concurrent configuration's buffer, writer handles and chunk: built and filled
+/// once, then run for as many slices of time as asked.
+pub struct Setup {
+    w: Workload,
+    writers: usize,
+    learners: usize,
+    rb: ReplayBuffer,
+    handles: Vec<Writer>,
+    chunk: Batch,
+}
+
+impl Setup {
+    /// The configuration's buffer, on the heap or in the shared region `shared`,
+    /// filled.
+    pub fn new(w: Workload, writers: usize, learners: usize, shared: Option<&str>) -> Setup {
+        let shards = writers.max(1).next_power_of_two();
+        let builder = w.builder(11).shards(shards);
+        let rb = match shared {
+            Some(name) => builder.shared(name),
+            None => builder,
         }
-        .expect("extend");
-        turn += 1;
-    }
-    let handles = &handles;
-    let chunk = &chunk;
-    timed(
-        w,
-        (writers, learners),
-        secs,
-        |k, stop| {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                handles[k].extend(chunk).expect("extend");
-                n += 1;
+        .build()
+        .expect("concurrent buffer");
+        // The writer handles first: in a shared region each leases its own shard,
+        // which the fill below then reuses.
+        let handles: Vec<_> = (0..writers).map(|_| rb.writer()).collect();
+        let chunk = w.chunk_data(&rb, w.chunk, 2);
+        // WORKLOADS.md asks for at least 100,000 rows; every configuration starts
+        // full, so that a learner alone and a learner beside collectors sample the
+        // same working set (a 100,000-row buffer left alone stays warm in cache;
+        // beside a collector it grows to a cold 1,000,000 rows within milliseconds).
+        let mut turn = 0;
+        while rb.len() < rb.capacity() {
+            match handles.get(turn % handles.len().max(1)) {
+                Some(h) => h.extend(&chunk).map(|_| ()),
+                None => rb.extend(&chunk).map(|_| ()),
             }
-            n
-        },
-        |l, stop| learner_loop(&rb, w, l, stop),
-    )
+            .expect("extend");
+            turn += 1;
+        }
+        Setup {
+            w,
+            writers,
+            learners,
+            rb,
+            handles,
+            chunk,
+        }
+    }
+
+    /// Runs the collectors and learners for `secs`.
+    pub fn run(&self, secs: f64) -> Run {
+        let (handles, chunk) = (&self.handles, &self.chunk);
+        timed(
+            self.w,
+            (self.writers, self.learners),
+            secs,
+            |k, stop| {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    handles[k].extend(chunk).expect("extend");
+                    n += 1;
+                }
+                n
+            },
+            |l, stop| learner_loop(&self.rb, self.w, l, stop),
+        )
+    }
 }
 
 /// Runs `writers` threads of `write(k, stop)` (each returning the chunks it extended)
@@ -476,28 +521,51 @@ pub fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
     }
 }
 
+/// The concurrent workload `name`: every configuration (and, uniform, its memory
+/// floor) built once, then run in `args.rounds` rounds of a slice each, configuration
+/// after configuration, and reported by its slices' totals. On a machine whose speed
+/// drifts from one second to the next (a shared VM's does, by tens of percent), a
+/// configuration run in one piece is compared with others run at other times; run in
+/// interleaved slices, each configuration sees the same drift, and a ratio such as a
+/// writer's rate beside learners to its rate alone reads what the buffer does.
 pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
-    for (writers, learners) in configs(args) {
-        let run = concurrent_run(w, writers, learners, args.seconds, None);
-        report(name, w, writers, learners, run);
-        // The floor once, beside the uniform workload: it has no priorities.
-        if !w.prioritized() {
-            let floor = concurrent_floor(w, writers, learners, args.seconds);
-            report_as(FLOOR, name, w, writers, learners, floor);
+    let rounds = args.rounds.max(1);
+    let slice = args.seconds / rounds as f64;
+    // The floor once, beside the uniform workload: it has no priorities.
+    let setups: Vec<(Setup, Option<Floor>)> = configs(args)
+        .into_iter()
+        .map(|(writers, learners)| {
+            let floor = (!w.prioritized()).then(|| Floor::new(w, writers, learners));
+            (Setup::new(w, writers, learners, None), floor)
+        })
+        .collect();
+    let mut totals: Vec<(Run, Run)> = setups.iter().map(|_| Default::default()).collect();
+    for _ in 0..rounds {
+        for ((setup, floor), (run, floor_run)) in setups.iter().zip(&mut totals) {
+            run.absorb(setup.run(slice));
+            if let Some(floor) = floor {
+                floor_run.absorb(floor.run(slice));
+            }
+        }
+    }
+    for ((setup, floor), (run, floor_run)) in setups.iter().zip(totals) {
+        report(name, w, setup.writers, setup.learners, run);
+        if floor.is_some() {
+            report_as(FLOOR, name, w, setup.writers, setup.learners, floor_run);
         }
     }
 }
 
-/// The system name of [`concurrent_floor`]'s lines.
+/// The system name of [`Floor`]'s lines.
 const FLOOR: &str = "memory-floor";
 
-/// How many rows ahead [`concurrent_floor`]'s readers load a row's lines into L1.
+/// How many rows ahead [`Floor`]'s readers load a row's lines into L1.
 const AHEAD: usize = 16;
 
 /// The raw-memory floor of a concurrent configuration: `writers` threads each copy
 /// chunks of the workload's rows into their own part of one ring of `capacity` rows,
 /// in a loop, while `learners` threads each copy batches of rows drawn uniformly from
-/// the whole ring, for `secs`: the same bytes moving between the same cores, with no
+/// the whole ring, as long as it runs: the same bytes moving between the same cores, with no
 /// stamps, trees, checks or claims. Rows are the payload rounded up to whole 8-byte
 /// words, each word copied by a `Relaxed` atomic load or store (plain moves on x86_64;
 /// plain memory shared this way would be a data race).
@@ -506,66 +574,88 @@ const AHEAD: usize = 16;
 /// VM a writer sharing memory with a reader of random rows of it slows by a factor
 /// that varies from run to run (1.1 to 3; independent memory: none), and a
 /// configuration's figures read against the floor's of the same configuration.
-pub fn concurrent_floor(w: Workload, writers: usize, learners: usize, secs: f64) -> Run {
-    use std::sync::atomic::AtomicU64;
-    let row = w.payload_bytes.div_ceil(8);
-    let capacity = w.capacity;
-    let ring: Vec<AtomicU64> = (0..capacity * row)
-        .map(|i| AtomicU64::new(i as u64))
-        .collect();
-    let chunk: Vec<u64> = (0..w.chunk * row).map(|i| i as u64 * 3).collect();
-    let part = capacity / writers.max(1);
-    let (ring, chunk) = (&ring, &chunk);
-    timed(
-        w,
-        (writers, learners),
-        secs,
-        |k, stop| {
-            let ring = &ring[k * part * row..][..part * row];
-            let (mut n, mut at) = (0usize, 0usize);
-            while !stop.load(Ordering::Relaxed) {
-                for r in chunk.chunks_exact(row) {
-                    for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
-                        dst.store(v, Ordering::Relaxed);
+pub struct Floor {
+    w: Workload,
+    writers: usize,
+    learners: usize,
+    ring: Vec<std::sync::atomic::AtomicU64>,
+    chunk: Vec<u64>,
+}
+
+impl Floor {
+    /// The configuration's ring, every word written, and the chunk its writers copy.
+    pub fn new(w: Workload, writers: usize, learners: usize) -> Floor {
+        use std::sync::atomic::AtomicU64;
+        let row = w.payload_bytes.div_ceil(8);
+        Floor {
+            w,
+            writers,
+            learners,
+            ring: (0..w.capacity * row)
+                .map(|i| AtomicU64::new(i as u64))
+                .collect(),
+            chunk: (0..w.chunk * row).map(|i| i as u64 * 3).collect(),
+        }
+    }
+
+    /// Runs the writers and readers for `secs`.
+    pub fn run(&self, secs: f64) -> Run {
+        let w = self.w;
+        let row = w.payload_bytes.div_ceil(8);
+        let capacity = w.capacity;
+        let part = capacity / self.writers.max(1);
+        let (ring, chunk) = (&self.ring, &self.chunk);
+        timed(
+            w,
+            (self.writers, self.learners),
+            secs,
+            |k, stop| {
+                let ring = &ring[k * part * row..][..part * row];
+                let (mut n, mut at) = (0usize, 0usize);
+                while !stop.load(Ordering::Relaxed) {
+                    for r in chunk.chunks_exact(row) {
+                        for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
+                            dst.store(v, Ordering::Relaxed);
+                        }
+                        at = if at + 1 == part { 0 } else { at + 1 };
                     }
-                    at = if at + 1 == part { 0 } else { at + 1 };
+                    n += 1;
                 }
-                n += 1;
-            }
-            n
-        },
-        |l, stop| {
-            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (l as u64 + 1);
-            let mut batch = vec![0u64; w.batch * row];
-            let mut rows = vec![0usize; w.batch];
-            let mut lat = Vec::with_capacity(1 << 20);
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                // The batch's rows drawn and set loading into L2 before any is copied,
-                // then each row's lines into L1 a window ahead: the misses overlap, as
-                // in the buffer's own gather.
-                for r in &mut rows {
-                    *r = (xorshift(&mut state) % capacity as u64) as usize;
-                    for word in [0, 16.min(row - 1)] {
-                        prefetch_line::<false>(&ring[*r * row + word]);
-                    }
-                }
-                for (k, (out, &r)) in batch.chunks_exact_mut(row).zip(&rows).enumerate() {
-                    if let Some(&ahead) = rows.get(k + AHEAD) {
-                        for word in (0..row).step_by(8).chain([row - 1]) {
-                            prefetch_line::<true>(&ring[ahead * row + word]);
+                n
+            },
+            |l, stop| {
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (l as u64 + 1);
+                let mut batch = vec![0u64; w.batch * row];
+                let mut rows = vec![0usize; w.batch];
+                let mut lat = Vec::with_capacity(1 << 20);
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    // The batch's rows drawn and set loading into L2 before any is
+                    // copied, then each row's lines into L1 a window ahead: the misses
+                    // overlap, as in the buffer's own gather.
+                    for r in &mut rows {
+                        *r = (xorshift(&mut state) % capacity as u64) as usize;
+                        for word in [0, 16.min(row - 1)] {
+                            prefetch_line::<false>(&ring[*r * row + word]);
                         }
                     }
-                    for (o, src) in out.iter_mut().zip(&ring[r * row..][..row]) {
-                        *o = src.load(Ordering::Relaxed);
+                    for (k, (out, &r)) in batch.chunks_exact_mut(row).zip(&rows).enumerate() {
+                        if let Some(&ahead) = rows.get(k + AHEAD) {
+                            for word in (0..row).step_by(8).chain([row - 1]) {
+                                prefetch_line::<true>(&ring[ahead * row + word]);
+                            }
+                        }
+                        for (o, src) in out.iter_mut().zip(&ring[r * row..][..row]) {
+                            *o = src.load(Ordering::Relaxed);
+                        }
                     }
+                    std::hint::black_box(&mut batch);
+                    lat.push(t.elapsed().as_nanos() as u64);
                 }
-                std::hint::black_box(&mut batch);
-                lat.push(t.elapsed().as_nanos() as u64);
-            }
-            lat
-        },
-    )
+                lat
+            },
+        )
+    }
 }
 
 /// Starts loading the cache line of `word`, into L1 (`NEXT`) or L2 (x86_64; nothing

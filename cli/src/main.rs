@@ -56,9 +56,13 @@ enum Command {
         /// directory). It runs only when named: `--workload persist`.
         #[arg(long)]
         scratch: Option<std::path::PathBuf>,
-        /// Seconds each concurrent configuration runs.
+        /// Seconds each concurrent configuration runs, in all.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
+        /// Rounds a concurrent workload's configurations take turns in, each run for
+        /// its seconds over the rounds (1: each configuration in one piece).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
         /// Concurrent configurations as WRITERSxLEARNERS (e.g. 1x1,8x8).
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
         configs: Vec<(usize, usize)>,
@@ -228,12 +232,14 @@ fn main() {
             quick,
             workload,
             seconds,
+            rounds,
             configs,
             scratch,
         }) => bench(&BenchArgs {
             quick,
             workload,
             seconds: if quick { seconds.min(1.0) } else { seconds },
+            rounds: rounds as usize,
             configs,
             scratch,
         }),

@@ -1,6 +1,7 @@
 //! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
-//! `shm list` and `shm remove`. The library's side of each (what `inspect` and
-//! `shared::list` find) is tested in the library's own tests.
+//! `shm list` and `shm remove`; and the lines of a concurrent bench run in rounds.
+//! The library's side of each (what `inspect` and `shared::list` find) is tested in
+//! the library's own tests.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -138,4 +139,54 @@ fn listing_marks_a_foreign_region_and_never_stale() {
         line.contains("FOREIGN") && !line.contains("STALE"),
         "{line}"
     );
+}
+
+#[test]
+fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
+    let out = replaybuf(&[
+        "bench",
+        "--quick",
+        "--workload",
+        "concurrent",
+        "--configs",
+        "1x0,1x1",
+        "--rounds",
+        "2",
+        "--seconds",
+        "0.4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut seen: Vec<(String, u64, u64, String)> = lines
+        .iter()
+        .map(|j| {
+            assert!(j["items_per_s"].as_u64().unwrap() > 0, "{j}");
+            let text = |k: &str| j[k].as_str().unwrap().to_owned();
+            let n = |k: &str| j[k].as_u64().unwrap();
+            (text("system"), n("writers"), n("learners"), text("op"))
+        })
+        .collect();
+    seen.sort();
+    let want = |s: &str, w, l, op: &str| (s.to_owned(), w, l, op.to_owned());
+    assert_eq!(
+        seen,
+        [
+            want("memory-floor", 1, 0, "extend"),
+            want("memory-floor", 1, 1, "extend"),
+            want("memory-floor", 1, 1, "sample"),
+            want("replaybuf", 1, 0, "extend"),
+            want("replaybuf", 1, 1, "extend"),
+            want("replaybuf", 1, 1, "sample"),
+        ]
+    );
+    let refused = replaybuf(&["bench", "--workload", "concurrent", "--rounds", "0"]);
+    assert!(!refused.status.success());
+    assert!(refused.stdout.is_empty());
 }
