@@ -446,10 +446,16 @@ impl Setup {
 
     /// Runs the collectors and learners for `secs`.
     pub fn run(&self, secs: f64) -> Run {
+        self.run_beside(self, secs)
+    }
+
+    /// Runs this configuration's collectors for `secs` beside `learning`'s learners,
+    /// which sample `learning`'s buffer: the same buffer, or another.
+    fn run_beside(&self, learning: &Setup, secs: f64) -> Run {
         let (handles, chunk) = (&self.handles, &self.chunk);
         timed(
             self.w,
-            (self.writers, self.learners),
+            (self.writers, learning.learners),
             secs,
             |k, stop| {
                 let mut n = 0usize;
@@ -459,7 +465,7 @@ impl Setup {
                 }
                 n
             },
-            |l, stop| learner_loop(&self.rb, self.w, l, stop),
+            |l, stop| learner_loop(&learning.rb, learning.w, l, stop),
         )
     }
 }
@@ -521,40 +527,66 @@ pub fn configs(args: &BenchArgs) -> Vec<(usize, usize)> {
     }
 }
 
-/// The concurrent workload `name`: every configuration (and, uniform, its memory
-/// floor) built once, then run in `args.rounds` rounds of a slice each, configuration
-/// after configuration, and reported by its slices' totals. On a machine whose speed
-/// drifts from one second to the next (a shared VM's does, by tens of percent), a
-/// configuration run in one piece is compared with others run at other times; run in
-/// interleaved slices, each configuration sees the same drift, and a ratio such as a
-/// writer's rate beside learners to its rate alone reads what the buffer does.
+/// The concurrent workload `name`: every configuration built once, then run in
+/// `args.rounds` rounds of a slice each, configuration after configuration, and
+/// reported by its slices' totals. On a machine whose speed drifts from one second to
+/// the next (a shared VM's does, by tens of percent), a configuration run in one piece
+/// is compared with others run at other times; run in interleaved slices, each
+/// configuration sees the same drift, and a ratio such as a writer's rate beside
+/// learners to its rate alone reads what the buffer does.
+///
+/// Beside each configuration with both collectors and learners, in the same rounds:
+/// the same threads apart, the collectors writing one buffer while the learners sample
+/// another ([`APART`]), which is what sharing the machine costs each side (its memory,
+/// its caches, its host) without sharing a buffer; and, for the uniform workload, the
+/// raw-memory floor ([`Floor`]; it has no priorities).
 pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
+    /// A configuration's runs: the buffer's, its collectors' apart, the floor's.
+    struct Config {
+        setup: Setup,
+        apart: Option<Setup>,
+        floor: Option<Floor>,
+        totals: [Run; 3],
+    }
     let rounds = args.rounds.max(1);
     let slice = args.seconds / rounds as f64;
-    // The floor once, beside the uniform workload: it has no priorities.
-    let setups: Vec<(Setup, Option<Floor>)> = configs(args)
+    let mut configs: Vec<Config> = configs(args)
         .into_iter()
-        .map(|(writers, learners)| {
-            let floor = (!w.prioritized()).then(|| Floor::new(w, writers, learners));
-            (Setup::new(w, writers, learners, None), floor)
+        .map(|(writers, learners)| Config {
+            setup: Setup::new(w, writers, learners, None),
+            apart: (writers > 0 && learners > 0).then(|| Setup::new(w, writers, 0, None)),
+            floor: (!w.prioritized()).then(|| Floor::new(w, writers, learners)),
+            totals: Default::default(),
         })
         .collect();
-    let mut totals: Vec<(Run, Run)> = setups.iter().map(|_| Default::default()).collect();
     for _ in 0..rounds {
-        for ((setup, floor), (run, floor_run)) in setups.iter().zip(&mut totals) {
-            run.absorb(setup.run(slice));
-            if let Some(floor) = floor {
-                floor_run.absorb(floor.run(slice));
+        for c in &mut configs {
+            let [run, apart, floor] = &mut c.totals;
+            run.absorb(c.setup.run(slice));
+            if let Some(writing) = &c.apart {
+                apart.absorb(writing.run_beside(&c.setup, slice));
+            }
+            if let Some(f) = &c.floor {
+                floor.absorb(f.run(slice));
             }
         }
     }
-    for ((setup, floor), (run, floor_run)) in setups.iter().zip(totals) {
-        report(name, w, setup.writers, setup.learners, run);
-        if floor.is_some() {
-            report_as(FLOOR, name, w, setup.writers, setup.learners, floor_run);
+    for c in configs {
+        let (writers, learners) = (c.setup.writers, c.setup.learners);
+        let [run, apart, floor] = c.totals;
+        report(name, w, writers, learners, run);
+        if c.apart.is_some() {
+            report_as(APART, name, w, writers, learners, apart);
+        }
+        if c.floor.is_some() {
+            report_as(FLOOR, name, w, writers, learners, floor);
         }
     }
 }
+
+/// The system name of the lines of a configuration's collectors and learners on
+/// buffers of their own ([`concurrent`]).
+const APART: &str = "replaybuf-apart";
 
 /// The system name of [`Floor`]'s lines.
 const FLOOR: &str = "memory-floor";

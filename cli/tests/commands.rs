@@ -1,5 +1,6 @@
 //! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
-//! `shm list` and `shm remove`; and the lines of a concurrent bench run in rounds.
+//! `shm list` and `shm remove`; and the lines of a concurrent bench run in rounds,
+//! with its controls.
 //! The library's side of each (what `inspect` and `shared::list` find) is tested in
 //! the library's own tests.
 
@@ -184,6 +185,8 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
             want("replaybuf", 1, 0, "extend"),
             want("replaybuf", 1, 1, "extend"),
             want("replaybuf", 1, 1, "sample"),
+            want("replaybuf-apart", 1, 1, "extend"),
+            want("replaybuf-apart", 1, 1, "sample"),
         ]
     );
     let refused = replaybuf(&["bench", "--workload", "concurrent", "--rounds", "0"]);

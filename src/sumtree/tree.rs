@@ -549,6 +549,17 @@ impl<'a> Tree<'a> {
         );
     }
 
+    /// Starts loading the lines of words `first..=last`, to write.
+    fn prefetch_to_write(&self, first: usize, last: usize) {
+        for line in first / 8..=last / 8 {
+            crate::storage::atomic_copy::prefetch(
+                self.words,
+                line * 64,
+                crate::storage::atomic_copy::Intent::Write,
+            );
+        }
+    }
+
     /// Changes the leaves of slots `first..first + n` by `change(slot)`, which returns
     /// the slot's change in mass, and carries the changes up the trees.
     ///
@@ -560,13 +571,19 @@ impl<'a> Tree<'a> {
         }
         let end = first + n;
         let (lo, hi) = (first / ARITY, (end - 1) / ARITY + 1);
-        // The leaves' lines, loading at once: a locked instruction on a line that
-        // misses waits out the miss alone.
-        for line in self.layout.leaf_word(first) / 8..=self.layout.leaf_word(end - 1) / 8 {
-            crate::storage::atomic_copy::prefetch(
-                self.words,
-                line * 64,
-                crate::storage::atomic_copy::Intent::Write,
+        // The leaves' lines, and those of the entries above them at level 1, loading
+        // at once: a locked instruction on a line that misses waits out the miss
+        // alone. New rows over rows whose priorities a learner spread change every
+        // node's sum, min and max, 24 lines of entries over 1,000 rows (over rows of
+        // one mass, none: they are read and left). Beside a learner, the leaves of
+        // 1,000 new rows took 8.3-8.5 us with those lines missed in turn, 6.6-8.2 with
+        // them loading, three runs alternating.
+        let layout = &self.layout;
+        self.prefetch_to_write(layout.leaf_word(first), layout.leaf_word(end - 1));
+        for &kind in std::iter::once(&TreeKind::Sum).chain(layout.extrema()) {
+            self.prefetch_to_write(
+                layout.entry_word(kind, 1, lo),
+                layout.entry_word(kind, 1, hi - 1),
             );
         }
         let mut deltas: SmallVec<[i64; 64]> = SmallVec::with_capacity(hi - lo);
