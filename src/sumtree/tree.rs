@@ -513,8 +513,21 @@ impl<'a> Tree<'a> {
     /// `leaf_of(k)`. A slot whose leaf already belongs to a newer row (a writer that
     /// lapped this one) keeps it. Each leaf changes by a compare-exchange, which yields
     /// its exact old mass for the sums even while a stale priority update races it.
+    ///
+    /// A node's leaves are made before any is given: a compare-exchange waits for
+    /// every instruction before it, so leaves made between them (a power each, for
+    /// rows with priorities of their own) would be made one at a time, where made
+    /// together their powers overlap.
     pub(crate) fn set_run(&self, first: usize, n: usize, leaf_of: impl Fn(usize) -> Leaf) {
-        self.change_run(first, n, |i| self.give_leaf(i, leaf_of(i - first)));
+        self.change_run(first, n, |slots| {
+            let mut leaves = [Leaf::EMPTY; ARITY];
+            for (leaf, i) in leaves.iter_mut().zip(slots.clone()) {
+                *leaf = leaf_of(i - first);
+            }
+            slots
+                .zip(leaves)
+                .fold(0i64, |d, (i, leaf)| d.wrapping_add(self.give_leaf(i, leaf)))
+        });
     }
 
     /// Brings the leaves of slots `first..first + n` to the masses of their raw words:
@@ -533,11 +546,13 @@ impl<'a> Tree<'a> {
         for i in first..(first + RAWS_AHEAD).min(first + n) {
             self.prefetch_raw(i);
         }
-        self.change_run(first, n, |i| {
-            if i + RAWS_AHEAD < first + n {
-                self.prefetch_raw(i + RAWS_AHEAD);
-            }
-            self.follow_raw(i, &mut mass_of)
+        self.change_run(first, n, |slots| {
+            slots.fold(0i64, |d, i| {
+                if i + RAWS_AHEAD < first + n {
+                    self.prefetch_raw(i + RAWS_AHEAD);
+                }
+                d.wrapping_add(self.follow_raw(i, &mut mass_of))
+            })
         });
     }
 
@@ -560,12 +575,18 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Changes the leaves of slots `first..first + n` by `change(slot)`, which returns
-    /// the slot's change in mass, and carries the changes up the trees.
+    /// Changes the leaves of slots `first..first + n` by `change(slots)`, called with
+    /// each node's slots among them in turn, which returns their change in mass, and
+    /// carries the changes up the trees.
     ///
     /// One pass, a node at a time: its leaves, then the sum entry and extrema above
     /// them, while the leaves are in cache; then the levels above, aggregated.
-    fn change_run(&self, first: usize, n: usize, mut change: impl FnMut(usize) -> i64) {
+    fn change_run(
+        &self,
+        first: usize,
+        n: usize,
+        mut change: impl FnMut(std::ops::Range<usize>) -> i64,
+    ) {
         if n == 0 {
             return;
         }
@@ -589,11 +610,8 @@ impl<'a> Tree<'a> {
         let mut deltas: SmallVec<[i64; 64]> = SmallVec::with_capacity(hi - lo);
         let mut changed = [false; 2];
         for node in lo..hi {
-            let mut delta = 0i64;
-            for i in (node * ARITY).max(first)..((node + 1) * ARITY).min(end) {
-                // Modulo 2^64: see `add_deltas`.
-                delta = delta.wrapping_add(change(i));
-            }
+            // Modulo 2^64: see `add_deltas`.
+            let delta = change((node * ARITY).max(first)..((node + 1) * ARITY).min(end));
             if delta != 0 {
                 self.entry(TreeKind::Sum, 1, node)
                     .fetch_add(delta as u64, Ordering::Relaxed);
