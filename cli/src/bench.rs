@@ -597,10 +597,10 @@ const AHEAD: usize = 16;
 /// The raw-memory floor of a concurrent configuration: `writers` threads each copy
 /// chunks of the workload's rows into their own part of one ring of `capacity` rows,
 /// in a loop, while `learners` threads each copy batches of rows drawn uniformly from
-/// the whole ring, as long as it runs: the same bytes moving between the same cores, with no
-/// stamps, trees, checks or claims. Rows are the payload rounded up to whole 8-byte
-/// words, each word copied by a `Relaxed` atomic load or store (plain moves on x86_64;
-/// plain memory shared this way would be a data race).
+/// the whole ring, as long as it runs: the same bytes moving between the same cores,
+/// with no stamps, trees, checks or claims. Rows are the payload rounded up to whole
+/// 8-byte words, each word copied by a `Relaxed` atomic load or store (plain moves on
+/// x86_64; plain memory shared this way would be a data race).
 ///
 /// What matters is the floor's own solo-to-shared ratio: on the two-core development
 /// VM a writer sharing memory with a reader of random rows of it slows by a factor
