@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use super::atomic_copy;
+use super::{atomic_copy, LINE_BYTES};
 use crate::sync::AtomicU64;
 
 /// Where a logical field's stored part lies in a stored row, and which bytes of the
@@ -182,6 +182,29 @@ impl<'a> Source<'a> {
             }
         }
         atomic_copy::streaming_fence();
+    }
+
+    /// Starts loading, for writing, the lines of the row at byte `row` of `words` that
+    /// [`Source::write_rows_streaming`] writes through the cache: every line of a
+    /// field it stores cached, and a streamed field's partial first and last lines
+    /// (its whole lines go out by non-temporal stores, which need none loaded).
+    #[inline]
+    pub(crate) fn prefetch_cached_lines(&self, words: &[AtomicU64], row: usize) {
+        use atomic_copy::Intent::Write;
+        for c in &self.cols {
+            let Place { offset, len, .. } = c.place;
+            let (first, end) = (row + offset, row + offset + len);
+            if len >= STREAMING_FIELD_BYTES {
+                atomic_copy::prefetch(words, first, Write);
+                atomic_copy::prefetch(words, end - 1, Write);
+            } else {
+                let mut line = first & !(LINE_BYTES - 1);
+                while line < end {
+                    atomic_copy::prefetch(words, line, Write);
+                    line += LINE_BYTES;
+                }
+            }
+        }
     }
 }
 
