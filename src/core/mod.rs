@@ -441,13 +441,17 @@ impl Core {
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
         located.clear();
-        located.extend(draws.iter().map(|&d| storage.locate(d)));
-        let located = &located[..];
         // Every row's lines start for L2 at once, and a sliding window of them for L1
         // (`Storage::prefetch`): the misses then overlap the copying, not precede it.
-        for &at in located {
+        // Each row's as soon as it is located, so that the locating of the rest
+        // overlaps them too (mujoco `sample` 256 on a Zen 3 host, alternating: 14.0-
+        // 14.5 us where a pass of its own after took 15.0-15.6).
+        located.extend(draws.iter().map(|&d| {
+            let at = storage.locate(d);
             storage.prefetch_later(at);
-        }
+            at
+        }));
+        let located = &located[..];
         for &at in located.iter().take(SAMPLE_AHEAD_DRAWS) {
             storage.prefetch(at);
         }
