@@ -35,6 +35,9 @@
 
 use crate::sync::AtomicU64;
 
+/// A cache line's bytes.
+pub(crate) const LINE_BYTES: usize = 64;
+
 /// Copies at least this long use `rep movsb` on x86_64, which moves whole cache lines
 /// (and skips the read-for-ownership of destination lines it fully overwrites).
 const REP_MOVSB_BYTES: usize = 1024;

@@ -41,7 +41,7 @@ use plan::{Dest, Source};
 use shard::{Shard, Window};
 use stamp::{lap_cmp, Claim, Prev, Stamp};
 
-use atomic_copy::Intent;
+use atomic_copy::{Intent, LINE_BYTES};
 
 use crate::region::{Block, Region};
 use crate::shared::procs::ProcTable;
@@ -61,7 +61,6 @@ use smallvec::SmallVec;
 /// Cache lines prefetched per row: the stamp and the first 256 bytes. Longer rows are
 /// streamed by the hardware prefetcher once the copy starts.
 const PREFETCH_LINES: usize = 4;
-const LINE_BYTES: usize = 64;
 /// A prioritized buffer's slot keeps its raw priority in this word, after its stamp
 /// (word 0).
 const RAW_WORD: usize = 1;

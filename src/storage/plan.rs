@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use super::{atomic_copy, LINE_BYTES};
+use super::atomic_copy::{self, LINE_BYTES};
 use crate::sync::AtomicU64;
 
 /// Where a logical field's stored part lies in a stored row, and which bytes of the
