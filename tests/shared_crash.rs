@@ -83,7 +83,7 @@ fn crash_child() {
     let rb = ReplayBuffer::attach(&name).unwrap();
     match role.as_str() {
         "writer" => {
-            let writer = rb.writer();
+            let writer = writer_within(&rb, Duration::from_secs(60));
             println!("shard {}", writer.shard());
             for c in 0u64.. {
                 let ids: Vec<u64> = (0..32).map(|i| base + c * 32 + i).collect();
@@ -110,6 +110,24 @@ fn crash_child() {
             }
         }
         other => panic!("unknown role {other}"),
+    }
+}
+
+/// A writer handle, waiting up to `limit` for a shard to come free. The parent holds
+/// one of the two shards (its buffer-level extends), and a process that meets the last
+/// round's killed writer's row holds that writer's lease while it repairs the shard:
+/// under a sanitizer a repair can outlast the half second `writer` waits.
+fn writer_within(rb: &ReplayBuffer, limit: Duration) -> replaybuf::Writer {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match rb.try_writer() {
+            Ok(writer) => return writer,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("no writer handle within {limit:?}: {e}")
+            }
+            // `try_writer` waited half a second itself.
+            Err(_) => {}
+        }
     }
 }
 
