@@ -451,6 +451,16 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     let _ = (words, offset, intent);
 }
 
+/// [`prefetch`] of every cache line holding a byte of `words`' bytes `start..end`.
+#[inline]
+pub(crate) fn prefetch_lines(words: &[AtomicU64], start: usize, end: usize, intent: Intent) {
+    let mut line = start & !(LINE_BYTES - 1);
+    while line < end {
+        prefetch(words, line, intent);
+        line += LINE_BYTES;
+    }
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     not(replaybuf_loom),

@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use super::atomic_copy::{self, LINE_BYTES};
+use super::atomic_copy;
 use crate::sync::AtomicU64;
 
 /// Where a logical field's stored part lies in a stored row, and which bytes of the
@@ -198,11 +198,7 @@ impl<'a> Source<'a> {
                 atomic_copy::prefetch(words, first, Write);
                 atomic_copy::prefetch(words, end - 1, Write);
             } else {
-                let mut line = first & !(LINE_BYTES - 1);
-                while line < end {
-                    atomic_copy::prefetch(words, line, Write);
-                    line += LINE_BYTES;
-                }
+                atomic_copy::prefetch_lines(words, first, end, Write);
             }
         }
     }

@@ -566,13 +566,12 @@ impl<'a> Tree<'a> {
 
     /// Starts loading the lines of words `first..=last`, to write.
     fn prefetch_to_write(&self, first: usize, last: usize) {
-        for line in first / 8..=last / 8 {
-            crate::storage::atomic_copy::prefetch(
-                self.words,
-                line * 64,
-                crate::storage::atomic_copy::Intent::Write,
-            );
-        }
+        crate::storage::atomic_copy::prefetch_lines(
+            self.words,
+            first * 8,
+            (last + 1) * 8,
+            crate::storage::atomic_copy::Intent::Write,
+        );
     }
 
     /// Changes the leaves of slots `first..first + n` by `change(slots)`, called with
