@@ -79,6 +79,7 @@ class Collectors:
 
 
 SAMPLES = 300
+BATCH = 128
 
 
 @pytest.mark.parametrize(
@@ -88,15 +89,18 @@ SAMPLES = 300
 )
 def test_collectors_and_learners_at_once(sampler):
     rb = replaybuf.ReplayBuffer(4096, spec=SPEC, shards=4, seed=11, sampler=sampler)
-    rb.extend(rows(np.arange(CHUNK)))  # collector 0's rows, so learners start at once
+    # Collector 0's rows, so learners start at once: a whole batch of them, or a
+    # learner sampling without replacement before the other collectors' first
+    # chunks would ask for more rows than are stored.
+    rb.extend(rows(np.arange(BATCH)))
     col = Collectors(rb, workers=3, chunks=100)
-    col.written[0] = CHUNK
+    col.written[0] = BATCH
     stale_seen = []
 
     def learner():
         for _ in range(SAMPLES):
             try:
-                batch = rb.sample(128)
+                batch = rb.sample(BATCH)
             except replaybuf.EpochEnd:
                 continue  # without replacement: the call after an epoch's last batch
             col.check(assert_whole(batch))
