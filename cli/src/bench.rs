@@ -149,6 +149,9 @@ pub fn single(w: Workload, samples: usize) {
         w.chunk,
         json!({}),
     );
+    if !w.frames {
+        extend_paired(w, &mut collector);
+    }
 
     let mut learner = rb.learner();
     let mut batch = rb.batch([w.batch]);
@@ -185,6 +188,90 @@ pub fn single(w: Workload, samples: usize) {
         frames_floor(w, samples);
     }
     fill_backed(w);
+}
+
+/// Laps of the paired `extend` measurement, each side.
+const PAIRED_LAPS: usize = 21;
+/// The most bytes of columns the paired floor copies into: past the last-level cache
+/// many times over, as the buffer's rows are.
+const PAIRED_FLOOR_BYTES: usize = 512 << 20;
+
+/// Steady `extend` again, in laps alternating with laps of the raw-memory floor that
+/// run-peers times as `raw-copy` (each column of the chunk copied with `memcpy` into a
+/// column of its own, the rows in sequence), here in the same process and printed as
+/// op `extend-paired` for both: the median lap of each, and on this crate's line the
+/// median of the laps' ratios to the floor's lap that follows (`to_floor`). Measured
+/// a process apart, minutes apart, the two moved by a fifth with this virtual
+/// machine's slow spells; a lap's pair shares its spell.
+fn extend_paired(w: Workload, collector: &mut Collector) {
+    let chunk = &collector.chunks[0];
+    let sources: Vec<Vec<u8>> = chunk
+        .spec()
+        .fields()
+        .iter()
+        .map(|f| {
+            chunk
+                .column_bytes(f.key())
+                .expect("a field of the chunk")
+                .to_vec()
+        })
+        .collect();
+    let row_bytes: usize = sources.iter().map(|s| s.len() / w.chunk).sum();
+    let rows = w.capacity.min(PAIRED_FLOOR_BYTES / row_bytes).max(w.chunk);
+    // On huge pages where the kernel gives them, as the buffer's storage asks, and
+    // written first, as the buffer's are by then.
+    let mut columns: Vec<memmap2::MmapMut> = sources
+        .iter()
+        .map(|s| {
+            let mut map =
+                memmap2::MmapMut::map_anon(s.len() / w.chunk * rows).expect("floor memory");
+            let _ = map.advise(memmap2::Advice::HugePage);
+            map.fill(1);
+            map
+        })
+        .collect();
+    let mut at = 0;
+    let mut copy = || {
+        if at + w.chunk > rows {
+            at = 0;
+        }
+        for (column, source) in columns.iter_mut().zip(&sources) {
+            let width = source.len() / w.chunk;
+            column[at * width..(at + w.chunk) * width].copy_from_slice(source);
+        }
+        std::hint::black_box(&columns);
+        at += w.chunk;
+    };
+    let calls = (w.capacity / w.chunk / 10).max(5);
+    let (mut ours, mut floor): (Vec<f64>, Vec<f64>) = (0..PAIRED_LAPS)
+        .map(|_| {
+            (
+                seconds_per_op(calls, || collector.extend()),
+                seconds_per_op(calls, &mut copy),
+            )
+        })
+        .unzip();
+    let mut ratios: Vec<f64> = ours.iter().zip(&floor).map(|(o, f)| o / f).collect();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let to_floor = (median(&mut ratios) * 1000.0).round() / 1000.0;
+    emit(
+        w.name,
+        "extend-paired",
+        median(&mut ours),
+        w.chunk,
+        json!({ "to_floor": to_floor }),
+    );
+    emit_as(
+        "raw-copy",
+        w.name,
+        "extend-paired",
+        median(&mut floor),
+        w.chunk,
+        json!({}),
+    );
 }
 
 /// The raw-memory floor of a frames workload's `sample`, printed as system
