@@ -16,7 +16,7 @@ use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 mod common;
 
 /// Rows of the rings: their slots (an 8-byte stamp and 108 bytes of row, rounded to
-/// words) take 77 MB, past the 64 MiB from which appends stream.
+/// words) take 77 MB, past the 32 MiB from which appends stream.
 const ROWS: u64 = 640_000;
 
 fn spec() -> Spec {

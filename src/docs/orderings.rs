@@ -140,7 +140,7 @@
 //! sequence numbers, while holding later ones, so §2's argument against deadlock is
 //! unchanged.
 //!
-//! **Streaming appends.** An append of at least 512 KiB into a ring of at least 64 MiB
+//! **Streaming appends.** An append of at least 512 KiB into a ring of at least 32 MiB
 //! writes each field of 4 KiB or
 //! more with non-temporal stores (`movntdq`, `atomic_copy::store_streaming`): whole
 //! lines go to memory without being read first, and without evicting the cache. Each
@@ -159,7 +159,7 @@
 //! **Streams: appends that mark no slot.** Marking a slot (W1) reads its line, and a
 //! small row's slot is a line or three: for small rows those reads were half of an
 //! append's time. So the only appender in a shard, writing at least 4 KiB of rows of
-//! at most 1 KiB into a ring of at least 64 MiB, streams instead (`Storage::
+//! at most 1 KiB into a ring of at least 32 MiB, streams instead (`Storage::
 //! stream_rows`): it announces its rows in the shard's two stream words, sets each
 //! slot out whole in a stage in L1 (stamp already published, raw priority, row), and
 //! stores the stage's whole lines by non-temporal stores, which read nothing:
