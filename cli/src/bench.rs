@@ -192,7 +192,7 @@ pub fn single(w: Workload, samples: usize) {
 
 /// Laps of the paired `extend` measurement, each side.
 const PAIRED_LAPS: usize = 21;
-/// The most bytes of columns the paired floors copy into: past the last-level cache
+/// The most bytes of columns each paired floor copies into: past the last-level cache
 /// many times over, as the buffer's rows are.
 const PAIRED_FLOOR_BYTES: usize = 512 << 20;
 
@@ -204,8 +204,8 @@ const PAIRED_FLOOR_BYTES: usize = 512 << 20;
 ///
 /// Two floors: run-peers' own, plain vectors on the kernel's 4 KiB pages (system
 /// `raw-copy`), and the same copy into columns on huge pages, as the buffer's storage
-/// asks for them (`raw-copy-huge-pages`), which a sequential copy of 165 KB rows of
-/// columns ran a quarter faster than the vectors on a Zen 3 host. Printed as op
+/// asks for them (`raw-copy-huge-pages`), where a mujoco chunk's copy (165 KB) ran a
+/// quarter faster than into the vectors on a Zen 3 host. Printed as op
 /// `extend-paired`: each one's median lap, and on this crate's line the medians of
 /// its laps' ratios to each floor's (`to_floor`, `to_huge_page_floor`).
 fn extend_paired(w: Workload, collector: &mut Collector) {

@@ -1,6 +1,6 @@
 //! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
-//! `shm list` and `shm remove`; and the lines of a concurrent bench run in rounds,
-//! with its controls.
+//! `shm list` and `shm remove`; the lines of a concurrent bench run in rounds, with
+//! its controls; and a single workload's lines, its paired extend with them.
 //! The library's side of each (what `inspect` and `shared::list` find) is tested in
 //! the library's own tests.
 
@@ -192,4 +192,58 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
     let refused = replaybuf(&["bench", "--workload", "concurrent", "--rounds", "0"]);
     assert!(!refused.status.success());
     assert!(refused.stdout.is_empty());
+}
+
+#[test]
+fn a_workload_bench_times_its_extend_beside_both_floors_in_the_same_run() {
+    let out = replaybuf(&["bench", "--quick", "--workload", "mujoco"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut seen: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|j| (j["system"].as_str().unwrap(), j["op"].as_str().unwrap()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("raw-copy", "extend-paired"),
+            ("raw-copy-huge-pages", "extend-paired"),
+            ("replaybuf", "extend"),
+            ("replaybuf", "extend-paired"),
+            ("replaybuf", "fill"),
+            ("replaybuf", "fill-backed"),
+            ("replaybuf", "memory"),
+            ("replaybuf", "sample"),
+        ]
+    );
+    let paired = |system: &str| {
+        lines
+            .iter()
+            .find(|j| j["system"] == system && j["op"] == "extend-paired")
+            .unwrap()
+    };
+    let ours = paired("replaybuf");
+    for (floor, ratio) in [
+        ("raw-copy", "to_floor"),
+        ("raw-copy-huge-pages", "to_huge_page_floor"),
+    ] {
+        let floor_us = paired(floor)["us_per_op"].as_f64().unwrap();
+        assert!(floor_us > 0.0, "{floor}: {floor_us}");
+        // A median of per-lap ratios, not the ratio of the medians, but of the same
+        // laps: within a wide band of it.
+        let ratio = ours[ratio].as_f64().unwrap();
+        let of_medians = ours["us_per_op"].as_f64().unwrap() / floor_us;
+        assert!(
+            ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
+            "{floor}: {ratio} against {of_medians}"
+        );
+    }
 }
