@@ -228,12 +228,7 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     let plain: Vec<Vec<u8>> = sources.iter().map(|s| vec![1u8; column_bytes(s)]).collect();
     let huge: Vec<memmap2::MmapMut> = sources
         .iter()
-        .map(|s| {
-            let mut map = memmap2::MmapMut::map_anon(column_bytes(s)).expect("floor memory");
-            let _ = map.advise(memmap2::Advice::HugePage);
-            map.fill(1);
-            map
-        })
+        .map(|s| floor_memory(column_bytes(s)))
         .collect();
     let mut plain_copy = column_copy(plain, &sources, w.chunk, rows);
     let mut huge_copy = column_copy(huge, &sources, w.chunk, rows);
@@ -264,6 +259,16 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
         let secs = median(&|l| l[floor]);
         emit_as(system, w.name, "extend-paired", secs, w.chunk, json!({}));
     }
+}
+
+/// `bytes` of memory for a raw-memory floor: on huge pages where the kernel gives them,
+/// as the buffer's storage asks, and written first, since untouched pages would all
+/// read one cached zero page (and a copy into them would pay their first touch).
+fn floor_memory(bytes: usize) -> memmap2::MmapMut {
+    let mut map = memmap2::MmapMut::map_anon(bytes).expect("floor memory");
+    let _ = map.advise(memmap2::Advice::HugePage);
+    map.fill(1);
+    map
 }
 
 /// One call of a raw column copy: each of `sources` (a chunk of `chunk` rows of its
@@ -300,16 +305,8 @@ fn frames_floor(w: Workload, samples: usize) {
     const FRAME: usize = FRAME_BYTES;
     const SMALL: usize = 8 + 4 + 1;
     let steps = w.capacity;
-    // On huge pages where the kernel gives them, as the buffer's storage asks; written
-    // first, since untouched pages would all read one cached zero page.
-    let pages = |bytes: usize| {
-        let mut map = memmap2::MmapMut::map_anon(bytes).expect("floor memory");
-        let _ = map.advise(memmap2::Advice::HugePage);
-        map.fill(1);
-        map
-    };
-    let frames = pages(steps * FRAME);
-    let small = pages(steps * SMALL);
+    let frames = floor_memory(steps * FRAME);
+    let small = floor_memory(steps * SMALL);
     let mut obs = vec![0u8; w.batch * DEPTH * FRAME];
     let mut next = vec![0u8; w.batch * DEPTH * FRAME];
     let mut small_out = vec![0u8; w.batch * SMALL];

@@ -30,6 +30,20 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The JSON lines of a `replaybuf bench` run with `args` that succeeded.
+fn bench_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = replaybuf(&[&["bench"], args].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn fill(rb: &ReplayBuffer, n: usize) {
     let mut b = rb.batch([n]);
     let ids: Vec<u64> = (0..n as u64).collect();
@@ -144,8 +158,7 @@ fn listing_marks_a_foreign_region_and_never_stale() {
 
 #[test]
 fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
-    let out = replaybuf(&[
-        "bench",
+    let lines = bench_lines(&[
         "--quick",
         "--workload",
         "concurrent",
@@ -156,15 +169,6 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
         "--seconds",
         "0.4",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let mut seen: Vec<(String, u64, u64, String)> = lines
         .iter()
         .map(|j| {
@@ -196,16 +200,7 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
 
 #[test]
 fn a_workload_bench_times_its_extend_beside_both_floors_in_the_same_run() {
-    let out = replaybuf(&["bench", "--quick", "--workload", "mujoco"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = bench_lines(&["--quick", "--workload", "mujoco"]);
     let mut seen: Vec<(&str, &str)> = lines
         .iter()
         .map(|j| (j["system"].as_str().unwrap(), j["op"].as_str().unwrap()))
