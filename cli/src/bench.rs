@@ -188,6 +188,9 @@ pub fn single(w: Workload, samples: usize) {
         frames_floor(w, samples);
     }
     fill_backed(w);
+    if w.name == "mujoco" {
+        typed_paired(w);
+    }
 }
 
 /// Laps of the paired `extend` measurement, each side.
@@ -206,8 +209,7 @@ const PAIRED_FLOOR_BYTES: usize = 512 << 20;
 /// `raw-copy`), and the same copy into columns on huge pages, as the buffer's storage
 /// asks for them (`raw-copy-huge-pages`), where a mujoco chunk's copy (165 KB) ran a
 /// quarter faster than into the vectors on a Zen 3 host. Printed as op
-/// `extend-paired`: each one's median lap, and on this crate's line the medians of
-/// its laps' ratios to each floor's (`to_floor`, `to_huge_page_floor`).
+/// `extend-paired` (see [`emit_paired`]).
 fn extend_paired(w: Workload, collector: &mut Collector) {
     let chunk = &collector.chunks[0];
     let sources: Vec<Vec<u8>> = chunk
@@ -232,32 +234,113 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
         .collect();
     let mut plain_copy = column_copy(plain, &sources, w.chunk, rows);
     let mut huge_copy = column_copy(huge, &sources, w.chunk, rows);
-    let calls = (w.capacity / w.chunk / 10).max(50);
-    let laps: Vec<[f64; 3]> = (0..PAIRED_LAPS)
-        .map(|_| {
-            [
-                seconds_per_op(calls, || collector.extend()),
-                seconds_per_op(calls, &mut plain_copy),
-                seconds_per_op(calls, &mut huge_copy),
-            ]
-        })
+    let timed = paired(
+        (w.capacity / w.chunk / 10).max(50),
+        [&mut || collector.extend(), &mut plain_copy, &mut huge_copy],
+    );
+    emit_paired(
+        w,
+        "extend-paired",
+        timed,
+        ["raw-copy", "raw-copy-huge-pages"],
+    );
+}
+
+/// The mujoco transition as one `#[repr(C)]` value, for the typed face: 168 bytes, the
+/// row's 165 with `done` widened to a word (as `benches/extend.rs` has it).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Transition {
+    obs: [f32; 17],
+    action: [f32; 6],
+    reward: f32,
+    next_obs: [f32; 17],
+    done: u32,
+}
+
+/// The typed face's `extend` (`push_many`) of a chunk of `w`'s rows as [`Transition`]s
+/// into a full `TypedBuffer` of `w.capacity`, in laps alternating with a `memcpy` of the
+/// same bytes into a ring of as many transitions: on 4 KiB pages, written first (system
+/// `memcpy`, the floor of the criterion bench `typed_extend_1000`), and on huge pages
+/// (`memcpy-huge-pages`). Printed as op `typed-extend-paired` (see [`emit_paired`]).
+/// Only for the mujoco workload, whose rows a `Transition` holds.
+fn typed_paired(w: Workload) {
+    let rb = replaybuf::typed::TypedBuffer::<Transition>::builder()
+        .capacity(w.capacity)
+        .seed(7)
+        .build()
+        .expect("a typed buffer");
+    let items = vec![
+        Transition {
+            obs: [1.0; 17],
+            action: [0.5; 6],
+            reward: 1.0,
+            next_obs: [2.0; 17],
+            done: 0,
+        };
+        w.chunk
+    ];
+    // Full, and lapping: steady state, as the other extends are timed.
+    for _ in 0..=w.capacity / w.chunk {
+        rb.extend(&items).expect("typed extend");
+    }
+    let source = [bytemuck::cast_slice::<Transition, u8>(&items).to_vec()];
+    let ring_bytes = w.capacity * std::mem::size_of::<Transition>();
+    let mut plain_copy = column_copy(vec![vec![1u8; ring_bytes]], &source, w.chunk, w.capacity);
+    let mut huge_copy = column_copy(vec![floor_memory(ring_bytes)], &source, w.chunk, w.capacity);
+    let mut typed = || {
+        std::hint::black_box(rb.extend(&items).expect("typed extend"));
+    };
+    let timed = paired(
+        (w.capacity / w.chunk / 10).max(50),
+        [&mut typed, &mut plain_copy, &mut huge_copy],
+    );
+    emit_paired(
+        w,
+        "typed-extend-paired",
+        timed,
+        ["memcpy", "memcpy-huge-pages"],
+    );
+}
+
+/// One side of a paired measurement (see [`paired`]): a call of what it times.
+type Side<'a> = &'a mut dyn FnMut();
+
+/// Each side's median lap, and the medians of the first side's laps' ratios to each
+/// side's (the first 1).
+type Paired<const N: usize> = ([f64; N], [f64; N]);
+
+/// Times `sides` in [`PAIRED_LAPS`] laps of `calls` calls each, the sides taking turns
+/// lap by lap: seconds a call.
+fn paired<const N: usize>(calls: usize, mut sides: [Side<'_>; N]) -> Paired<N> {
+    let laps: Vec<[f64; N]> = (0..PAIRED_LAPS)
+        .map(|_| std::array::from_fn(|k| seconds_per_op(calls, &mut sides[k])))
         .collect();
-    let median = |f: &dyn Fn(&[f64; 3]) -> f64| {
+    let median = |f: &dyn Fn(&[f64; N]) -> f64| {
         let mut v: Vec<f64> = laps.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let ratio = |floor: usize| (median(&|l| l[0] / l[floor]) * 1000.0).round() / 1000.0;
+    (
+        std::array::from_fn(|k| median(&|l| l[k])),
+        std::array::from_fn(|k| median(&|l| l[0] / l[k])),
+    )
+}
+
+/// Prints a paired measurement of this crate's op against two floors (`floors`, their
+/// systems): this crate's median lap with the medians of its laps' ratios to each
+/// floor's (`to_floor`, `to_huge_page_floor`), then each floor's median lap.
+fn emit_paired(w: Workload, op: &str, (medians, ratios): Paired<3>, floors: [&str; 2]) {
+    let ratio = |k: usize| (ratios[k] * 1000.0).round() / 1000.0;
     emit(
         w.name,
-        "extend-paired",
-        median(&|l| l[0]),
+        op,
+        medians[0],
         w.chunk,
         json!({ "to_floor": ratio(1), "to_huge_page_floor": ratio(2) }),
     );
-    for (system, floor) in [("raw-copy", 1), ("raw-copy-huge-pages", 2)] {
-        let secs = median(&|l| l[floor]);
-        emit_as(system, w.name, "extend-paired", secs, w.chunk, json!({}));
+    for (k, system) in floors.into_iter().enumerate() {
+        emit_as(system, w.name, op, medians[k + 1], w.chunk, json!({}));
     }
 }
 

@@ -199,7 +199,7 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
 }
 
 #[test]
-fn a_workload_bench_times_its_extend_beside_both_floors_in_the_same_run() {
+fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
     let lines = bench_lines(&["--quick", "--workload", "mujoco"]);
     let mut seen: Vec<(&str, &str)> = lines
         .iter()
@@ -209,6 +209,8 @@ fn a_workload_bench_times_its_extend_beside_both_floors_in_the_same_run() {
     assert_eq!(
         seen,
         [
+            ("memcpy", "typed-extend-paired"),
+            ("memcpy-huge-pages", "typed-extend-paired"),
             ("raw-copy", "extend-paired"),
             ("raw-copy-huge-pages", "extend-paired"),
             ("replaybuf", "extend"),
@@ -217,28 +219,31 @@ fn a_workload_bench_times_its_extend_beside_both_floors_in_the_same_run() {
             ("replaybuf", "fill-backed"),
             ("replaybuf", "memory"),
             ("replaybuf", "sample"),
+            ("replaybuf", "typed-extend-paired"),
         ]
     );
-    let paired = |system: &str| {
-        lines
-            .iter()
-            .find(|j| j["system"] == system && j["op"] == "extend-paired")
-            .unwrap()
-    };
-    let ours = paired("replaybuf");
-    for (floor, ratio) in [
-        ("raw-copy", "to_floor"),
-        ("raw-copy-huge-pages", "to_huge_page_floor"),
+    for (op, floors) in [
+        ("extend-paired", ["raw-copy", "raw-copy-huge-pages"]),
+        ("typed-extend-paired", ["memcpy", "memcpy-huge-pages"]),
     ] {
-        let floor_us = paired(floor)["us_per_op"].as_f64().unwrap();
-        assert!(floor_us > 0.0, "{floor}: {floor_us}");
-        // A median of per-lap ratios, not the ratio of the medians, but of the same
-        // laps: within a wide band of it.
-        let ratio = ours[ratio].as_f64().unwrap();
-        let of_medians = ours["us_per_op"].as_f64().unwrap() / floor_us;
-        assert!(
-            ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
-            "{floor}: {ratio} against {of_medians}"
-        );
+        let paired = |system: &str| {
+            lines
+                .iter()
+                .find(|j| j["system"] == system && j["op"] == op)
+                .unwrap()
+        };
+        let ours = paired("replaybuf");
+        for (floor, ratio) in floors.into_iter().zip(["to_floor", "to_huge_page_floor"]) {
+            let floor_us = paired(floor)["us_per_op"].as_f64().unwrap();
+            assert!(floor_us > 0.0, "{op}, {floor}: {floor_us}");
+            // A median of per-lap ratios, not the ratio of the medians, but of the same
+            // laps: within a wide band of it.
+            let ratio = ours[ratio].as_f64().unwrap();
+            let of_medians = ours["us_per_op"].as_f64().unwrap() / floor_us;
+            assert!(
+                ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
+                "{op}, {floor}: {ratio} against {of_medians}"
+            );
+        }
     }
 }
