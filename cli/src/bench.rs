@@ -235,7 +235,7 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     let mut plain_copy = column_copy(plain, &sources, w.chunk, rows);
     let mut huge_copy = column_copy(huge, &sources, w.chunk, rows);
     let timed = paired(
-        (w.capacity / w.chunk / 10).max(50),
+        w,
         [&mut || collector.extend(), &mut plain_copy, &mut huge_copy],
     );
     emit_paired(
@@ -291,10 +291,7 @@ fn typed_paired(w: Workload) {
     let mut typed = || {
         std::hint::black_box(rb.extend(&items).expect("typed extend"));
     };
-    let timed = paired(
-        (w.capacity / w.chunk / 10).max(50),
-        [&mut typed, &mut plain_copy, &mut huge_copy],
-    );
+    let timed = paired(w, [&mut typed, &mut plain_copy, &mut huge_copy]);
     emit_paired(
         w,
         "typed-extend-paired",
@@ -310,9 +307,10 @@ type Side<'a> = &'a mut dyn FnMut();
 /// side's (the first 1).
 type Paired<const N: usize> = ([f64; N], [f64; N]);
 
-/// Times `sides` in [`PAIRED_LAPS`] laps of `calls` calls each, the sides taking turns
-/// lap by lap: seconds a call.
-fn paired<const N: usize>(calls: usize, mut sides: [Side<'_>; N]) -> Paired<N> {
+/// Times `sides` in [`PAIRED_LAPS`] laps each, the sides taking turns lap by lap: seconds
+/// a call. A lap is a tenth of the calls that lap `w`'s ring, at least 50.
+fn paired<const N: usize>(w: Workload, mut sides: [Side<'_>; N]) -> Paired<N> {
+    let calls = (w.capacity / w.chunk / 10).max(50);
     let laps: Vec<[f64; N]> = (0..PAIRED_LAPS)
         .map(|_| std::array::from_fn(|k| seconds_per_op(calls, &mut sides[k])))
         .collect();
