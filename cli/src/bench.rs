@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::plain_tree::PlainPrioritized;
 use crate::workloads::{TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
 use replaybuf::{Batch, ReplayBuffer, Writer};
 
@@ -86,7 +87,7 @@ impl FreshPriorities {
         }
     }
 
-    fn next(&mut self) -> &[f64] {
+    pub(crate) fn next(&mut self) -> &[f64] {
         for v in &mut self.values {
             *v = 0.1 + (xorshift(&mut self.state) >> 11) as f64 / (1u64 << 53) as f64;
         }
@@ -95,7 +96,7 @@ impl FreshPriorities {
 }
 
 /// The next number of a xorshift64 stream (`state` never 0).
-fn xorshift(state: &mut u64) -> u64 {
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;
@@ -118,7 +119,9 @@ pub fn learner_step(
     }
 }
 
-/// fill, steady extend, sample and memory of one workload.
+/// fill, steady extend, sample and memory of one workload, with the paired
+/// measurements beside floors or a baseline of each (`extend-paired`,
+/// `sample+update-paired`, `typed-extend-paired`).
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
     let mut collector = Collector::new(w, &rb);
@@ -170,6 +173,19 @@ pub fn single(w: Workload, samples: usize) {
         w.batch,
         json!({}),
     );
+    if w.prioritized() {
+        // The same step again, in laps alternating with laps of it done plainly
+        // (`plain_tree.rs`): a reference that shares this run's spells.
+        let mut plain = PlainPrioritized::new(w);
+        let timed = paired(w, [&mut step, &mut || plain.step()]);
+        emit_paired(
+            w,
+            "sample+update-paired",
+            w.batch,
+            timed,
+            [("plain-tree", "to_plain_tree")],
+        );
+    }
 
     println!(
         "{}",
@@ -241,8 +257,12 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     emit_paired(
         w,
         "extend-paired",
+        w.chunk,
         timed,
-        ["raw-copy", "raw-copy-huge-pages"],
+        [
+            ("raw-copy", "to_floor"),
+            ("raw-copy-huge-pages", "to_huge_page_floor"),
+        ],
     );
 }
 
@@ -295,8 +315,12 @@ fn typed_paired(w: Workload) {
     emit_paired(
         w,
         "typed-extend-paired",
+        w.chunk,
         timed,
-        ["memcpy", "memcpy-huge-pages"],
+        [
+            ("memcpy", "to_floor"),
+            ("memcpy-huge-pages", "to_huge_page_floor"),
+        ],
     );
 }
 
@@ -325,27 +349,34 @@ fn paired<const N: usize>(w: Workload, mut sides: [Side<'_>; N]) -> Paired<N> {
     )
 }
 
-/// Prints a paired measurement of this crate's op against two floors (`floors`, their
-/// systems): this crate's median lap with the medians of its laps' ratios to each
-/// floor's (`to_floor`, `to_huge_page_floor`), then each floor's median lap.
-fn emit_paired(w: Workload, op: &str, (medians, ratios): Paired<3>, floors: [&str; 2]) {
+/// Prints a paired measurement of this crate's op against its floors (`floors`, each
+/// its system and the key of its ratio, such as `to_floor`), `items` a call: this
+/// crate's median lap with the medians of its laps' ratios to each floor's, then each
+/// floor's median lap.
+fn emit_paired<const N: usize, const F: usize>(
+    w: Workload,
+    op: &str,
+    items: usize,
+    (medians, ratios): Paired<N>,
+    floors: [(&str, &str); F],
+) {
+    debug_assert_eq!(F + 1, N, "a floor for every side but this crate's");
     let ratio = |k: usize| (ratios[k] * 1000.0).round() / 1000.0;
-    emit(
-        w.name,
-        op,
-        medians[0],
-        w.chunk,
-        json!({ "to_floor": ratio(1), "to_huge_page_floor": ratio(2) }),
-    );
-    for (k, system) in floors.into_iter().enumerate() {
-        emit_as(system, w.name, op, medians[k + 1], w.chunk, json!({}));
+    let keys: serde_json::Map<String, serde_json::Value> = floors
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, key))| (key.to_owned(), json!(ratio(k + 1))))
+        .collect();
+    emit(w.name, op, medians[0], items, keys.into());
+    for (k, (system, _)) in floors.into_iter().enumerate() {
+        emit_as(system, w.name, op, medians[k + 1], items, json!({}));
     }
 }
 
 /// `bytes` of memory for a raw-memory floor: on huge pages where the kernel gives them,
 /// as the buffer's storage asks, and written first, since untouched pages would all
 /// read one cached zero page (and a copy into them would pay their first touch).
-fn floor_memory(bytes: usize) -> memmap2::MmapMut {
+pub(crate) fn floor_memory(bytes: usize) -> memmap2::MmapMut {
     let mut map = memmap2::MmapMut::map_anon(bytes).expect("floor memory");
     let _ = map.advise(memmap2::Advice::HugePage);
     map.fill(1);

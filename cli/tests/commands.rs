@@ -247,3 +247,25 @@ fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
         }
     }
 }
+
+#[test]
+fn a_prioritized_bench_times_its_sample_update_beside_a_plain_tree_in_the_same_run() {
+    let lines = bench_lines(&["--quick", "--workload", "mujoco-prioritized"]);
+    let paired = |system: &str| {
+        lines
+            .iter()
+            .find(|j| j["system"] == system && j["op"] == "sample+update-paired")
+            .unwrap_or_else(|| panic!("{system} sample+update-paired in {lines:?}"))
+    };
+    let (ours, plain) = (paired("replaybuf"), paired("plain-tree"));
+    let plain_us = plain["us_per_op"].as_f64().unwrap();
+    assert!(plain_us > 0.0, "{plain_us}");
+    assert!(ours["items_per_s"].as_f64().unwrap() > 0.0);
+    // A median of per-lap ratios against the ratio of the medians of the same laps.
+    let ratio = ours["to_plain_tree"].as_f64().unwrap();
+    let of_medians = ours["us_per_op"].as_f64().unwrap() / plain_us;
+    assert!(
+        ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
+        "{ratio} against {of_medians}"
+    );
+}

@@ -1,0 +1,277 @@
+//! A prioritized learner's step done plainly, for `replaybuf bench` to time beside the
+//! buffer's (system `plain-tree`): the work of a `sample+update` with nothing shared
+//! and nothing checked, one thread.
+//!
+//! The rows of a workload's fields sit in one plain array, on huge pages as the
+//! buffer's do, and their masses in an unsynchronized sum tree and min tree of sixteen
+//! children a node, shaped as the buffer's trees are. A step draws the batch in
+//! proportion to mass, every descent from the root a level at a time with each next
+//! node (and, last, each row) prefetched, as the buffer's descents run; copies each
+//! drawn row's fields into the batch's columns (`copy_from_slice`, a field at a time);
+//! weighs it `(min / m)^beta`; then gives each drawn row a fresh priority: its mass
+//! `(p + eps)^alpha` as an `f32` power, its leaf, the sums above it, and the minimums
+//! above it while they change.
+//!
+//! No stamps, laps, atomics, retries or checks; but none of the buffer's tuning either
+//! (its picks count a node's children with vector instructions, its descents start
+//! below a summit read once a batch, its reads copy a block of rows a field at a time
+//! with moves chosen for the field's length, and its updates prefetch their lines). So
+//! it is a baseline, not a floor: it says what the step costs written the plain way,
+//! as a segment-tree buffer without a server or a lock would write it.
+
+use crate::bench::{floor_memory, xorshift, FreshPriorities};
+use crate::workloads::Workload;
+
+/// Children of a node, as in the buffer's trees.
+const ARITY: usize = 16;
+
+/// The plain step's state: rows, trees, and a batch's room.
+pub struct PlainPrioritized {
+    rows: memmap2::MmapMut,
+    row_bytes: usize,
+    /// Each field's offset in a row and its bytes.
+    fields: Vec<(usize, usize)>,
+    /// The batch's columns, a field each.
+    columns: Vec<Vec<u8>>,
+    /// The sum tree's levels, the leaves (masses) first and the root last.
+    sums: Vec<Vec<u64>>,
+    /// The min tree's levels above the leaves (`mins[l - 1]` is level `l`).
+    mins: Vec<Vec<u64>>,
+    alpha: f32,
+    beta: f32,
+    eps: f64,
+    /// Mass units per unit of `(p + eps)^alpha`.
+    unit: f64,
+    state: u64,
+    fresh: FreshPriorities,
+    /// Each draw's node on the way down, then its row.
+    drawn: Vec<usize>,
+    /// Each draw's mass left within its node.
+    left: Vec<u64>,
+    weights: Vec<f32>,
+}
+
+impl PlainPrioritized {
+    /// A full buffer of `w`'s rows, every one at priority 1 (the priority new rows of the
+    /// buffer get before any update), with the sampler's settings of
+    /// [`Workload::builder`] (alpha 0.6, beta 0.4, eps 1e-8).
+    pub fn new(w: Workload) -> PlainPrioritized {
+        let spec = w.spec();
+        let row_bytes = spec.row_bytes();
+        let fields: Vec<(usize, usize)> = spec
+            .fields()
+            .iter()
+            .map(|f| (f.offset(), f.bytes()))
+            .collect();
+        let mut plain = PlainPrioritized {
+            rows: floor_memory(w.capacity * row_bytes),
+            row_bytes,
+            columns: fields
+                .iter()
+                .map(|&(_, b)| vec![0u8; b * w.batch])
+                .collect(),
+            fields,
+            sums: Vec::new(),
+            mins: Vec::new(),
+            alpha: 0.6,
+            beta: 0.4,
+            eps: 1e-8,
+            // Masses near 2^40, as the buffer's of a million rows are.
+            unit: (1u64 << 40) as f64,
+            state: 0x9e37_79b9_7f4a_7c15,
+            fresh: FreshPriorities::new(w.batch, 5),
+            drawn: vec![0; w.batch],
+            left: vec![0; w.batch],
+            weights: vec![0.0; w.batch],
+        };
+        let mut level = vec![plain.mass(1.0); w.capacity];
+        let mut mins = level.clone();
+        while level.len() > 1 {
+            let up = level.chunks(ARITY).map(|c| c.iter().sum()).collect();
+            mins = mins
+                .chunks(ARITY)
+                .map(|c| c.iter().copied().min().unwrap_or(u64::MAX))
+                .collect();
+            plain.sums.push(std::mem::replace(&mut level, up));
+            plain.mins.push(mins.clone());
+        }
+        plain.sums.push(level);
+        plain
+    }
+
+    /// The mass of priority `p`.
+    fn mass(&self, p: f64) -> u64 {
+        let x = f64::from(((p + self.eps) as f32).powf(self.alpha));
+        ((x * self.unit + 0.5) as u64).max(1)
+    }
+
+    /// One learner step: a prioritized sample of the batch, then fresh priorities for
+    /// its rows.
+    pub fn step(&mut self) {
+        self.sample();
+        self.update();
+    }
+
+    fn sample(&mut self) {
+        let root = self.sums.len() - 1;
+        let total = self.sums[root][0];
+        for (left, node) in self.left.iter_mut().zip(&mut self.drawn) {
+            *left = ((u128::from(xorshift(&mut self.state)) * u128::from(total)) >> 64) as u64;
+            *node = 0;
+        }
+        for level in (1..=root).rev() {
+            let children = &self.sums[level - 1];
+            for (left, node) in self.left.iter_mut().zip(&mut self.drawn) {
+                let first = *node * ARITY;
+                let kids = &children[first..(first + ARITY).min(children.len())];
+                // The children whose running total ends at or before `left`, and the
+                // mass before the one holding it.
+                let (mut total, mut before, mut count) = (0u64, 0u64, 0usize);
+                for &m in kids {
+                    total += m;
+                    let past = total <= *left;
+                    count += usize::from(past);
+                    before = if past { total } else { before };
+                }
+                *node = first + count.min(kids.len() - 1);
+                *left -= before.min(*left);
+                match level {
+                    1 => prefetch_lines(&self.rows[*node * self.row_bytes..][..self.row_bytes]),
+                    _ => {
+                        let below = &self.sums[level - 2];
+                        let at = *node * ARITY;
+                        prefetch_lines(bytemuck::cast_slice(
+                            &below[at..(at + ARITY).min(below.len())],
+                        ));
+                    }
+                }
+            }
+        }
+        let min = self.mins.last().map_or(0, |m| m[0]);
+        for (k, &row) in self.drawn.iter().enumerate() {
+            let bytes = &self.rows[row * self.row_bytes..][..self.row_bytes];
+            for (column, &(offset, len)) in self.columns.iter_mut().zip(&self.fields) {
+                column[k * len..][..len].copy_from_slice(&bytes[offset..offset + len]);
+            }
+            self.weights[k] = (min as f32 / self.sums[0][row] as f32).powf(self.beta);
+        }
+        std::hint::black_box((&self.columns, &self.weights));
+    }
+
+    fn update(&mut self) {
+        let priorities = self.fresh.next().to_vec();
+        for (&row, p) in self.drawn.iter().zip(priorities) {
+            let mass = self.mass(p);
+            let delta = mass.wrapping_sub(self.sums[0][row]);
+            self.sums[0][row] = mass;
+            let mut node = row;
+            let mut min_moves = true;
+            for level in 1..self.sums.len() {
+                node /= ARITY;
+                self.sums[level][node] = self.sums[level][node].wrapping_add(delta);
+                if min_moves {
+                    let below = if level == 1 {
+                        &self.sums[0]
+                    } else {
+                        &self.mins[level - 2]
+                    };
+                    let kids = &below[node * ARITY..((node + 1) * ARITY).min(below.len())];
+                    let min = kids.iter().copied().min().unwrap_or(u64::MAX);
+                    let entry = &mut self.mins[level - 1][node];
+                    min_moves = *entry != min;
+                    *entry = min;
+                }
+            }
+        }
+    }
+}
+
+/// Starts loading every cache line of `bytes` into L1 (x86_64; nothing elsewhere).
+fn prefetch_lines(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // From the line the first byte is on to the one the last byte is on.
+        let lead = bytes.as_ptr() as usize % 64;
+        let first = bytes.as_ptr().wrapping_sub(lead);
+        for offset in (0..lead + bytes.len()).step_by(64) {
+            // SAFETY: SSE is part of x86_64; a prefetch of any address changes nothing
+            // the program sees.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(offset).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every entry of both trees is the sum, or the minimum, of its children, after
+    /// many steps of updates.
+    fn assert_consistent(plain: &PlainPrioritized) {
+        for level in 1..plain.sums.len() {
+            let below = &plain.sums[level - 1];
+            for (j, &sum) in plain.sums[level].iter().enumerate() {
+                let kids = &below[j * ARITY..((j + 1) * ARITY).min(below.len())];
+                assert_eq!(sum, kids.iter().sum::<u64>(), "sum {level}/{j}");
+            }
+            let below = if level == 1 {
+                &plain.sums[0]
+            } else {
+                &plain.mins[level - 2]
+            };
+            for (j, &min) in plain.mins[level - 1].iter().enumerate() {
+                let kids = &below[j * ARITY..((j + 1) * ARITY).min(below.len())];
+                assert_eq!(Some(min), kids.iter().copied().min(), "min {level}/{j}");
+            }
+        }
+    }
+
+    /// The plain step of the mujoco-prioritized workload over `capacity` rows.
+    fn of_rows(capacity: usize) -> (Workload, PlainPrioritized) {
+        let w = Workload {
+            capacity,
+            ..Workload::mujoco_prioritized(true)
+        };
+        (w, PlainPrioritized::new(w))
+    }
+
+    #[test]
+    fn the_plain_trees_stay_the_sums_and_minimums_of_their_leaves() {
+        let (_, mut plain) = of_rows(5_000);
+        assert_consistent(&plain);
+        for _ in 0..40 {
+            plain.step();
+        }
+        assert_consistent(&plain);
+        // Fresh priorities in [0.1, 1.1) moved the leaves they landed on off priority 1.
+        let start = plain.mass(1.0);
+        assert!(plain.sums[0].iter().filter(|&&m| m != start).count() > 1_000);
+        assert!(plain.weights.iter().all(|&w| w > 0.0 && w <= 1.0));
+    }
+
+    /// Draws land in proportion to mass: a row holding half the mass gets about half
+    /// the draws.
+    #[test]
+    fn plain_draws_follow_the_masses() {
+        let (w, mut plain) = of_rows(4_096);
+        let heavy = 1_234;
+        let rest: u64 = plain.sums[0].iter().sum::<u64>() - plain.sums[0][heavy];
+        let delta = rest - plain.sums[0][heavy];
+        plain.sums[0][heavy] = rest;
+        let mut node = heavy;
+        for level in 1..plain.sums.len() {
+            node /= ARITY;
+            plain.sums[level][node] += delta;
+        }
+        let mut hits = 0;
+        for _ in 0..40 {
+            plain.sample();
+            hits += plain.drawn.iter().filter(|&&r| r == heavy).count();
+        }
+        let share = hits as f64 / (40 * w.batch) as f64;
+        assert!((0.45..0.55).contains(&share), "{share}");
+    }
+}
