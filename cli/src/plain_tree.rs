@@ -2,9 +2,9 @@
 //! buffer's (system `plain-tree`): the work of a `sample+update` with nothing shared
 //! and nothing checked, one thread.
 //!
-//! The rows of a workload's fields sit in one plain array, on huge pages as the
-//! buffer's do, and their masses in an unsynchronized sum tree and min tree of sixteen
-//! children a node, shaped as the buffer's trees are. A step draws the batch in
+//! The rows of a workload's fields sit in one plain array and their masses in an
+//! unsynchronized sum tree and min tree of sixteen children a node, shaped as the
+//! buffer's trees are, all on huge pages as the buffer's memory is. A step draws the batch in
 //! proportion to mass, every descent from the root a level at a time with each next
 //! node (and, last, each row) prefetched, as the buffer's descents run; copies each
 //! drawn row's fields into the batch's columns (`copy_from_slice`, a field at a time);
@@ -34,9 +34,9 @@ pub struct PlainPrioritized {
     /// The batch's columns, a field each.
     columns: Vec<Vec<u8>>,
     /// The sum tree's levels, the leaves (masses) first and the root last.
-    sums: Vec<Vec<u64>>,
+    sums: Vec<Words>,
     /// The min tree's levels above the leaves (`mins[l - 1]` is level `l`).
-    mins: Vec<Vec<u64>>,
+    mins: Vec<Words>,
     alpha: f32,
     beta: f32,
     eps: f64,
@@ -87,15 +87,17 @@ impl PlainPrioritized {
         let mut level = vec![plain.mass(1.0); w.capacity];
         let mut mins = level.clone();
         while level.len() > 1 {
-            let up = level.chunks(ARITY).map(|c| c.iter().sum()).collect();
+            let up: Vec<u64> = level.chunks(ARITY).map(|c| c.iter().sum()).collect();
             mins = mins
                 .chunks(ARITY)
                 .map(|c| c.iter().copied().min().unwrap_or(u64::MAX))
                 .collect();
-            plain.sums.push(std::mem::replace(&mut level, up));
-            plain.mins.push(mins.clone());
+            plain
+                .sums
+                .push(Words::of(&std::mem::replace(&mut level, up)));
+            plain.mins.push(Words::of(&mins));
         }
-        plain.sums.push(level);
+        plain.sums.push(Words::of(&level));
         plain
     }
 
@@ -183,6 +185,39 @@ impl PlainPrioritized {
                 }
             }
         }
+    }
+}
+
+/// `u64`s on huge pages where the kernel gives them, as the buffer's trees are
+/// (random leaves of a million rows on 4 KiB pages would each miss the TLB).
+struct Words {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl Words {
+    fn of(values: &[u64]) -> Words {
+        let mut words = Words {
+            map: floor_memory(values.len().max(1) * 8),
+            len: values.len(),
+        };
+        words.copy_from_slice(values);
+        words
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        // A mapping starts on a page: aligned for `u64`s.
+        bytemuck::cast_slice(&self.map[..self.len * 8])
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        bytemuck::cast_slice_mut(&mut self.map[..self.len * 8])
     }
 }
 
