@@ -103,8 +103,7 @@ impl PlainPrioritized {
 
     /// The mass of priority `p`.
     fn mass(&self, p: f64) -> u64 {
-        let x = f64::from(((p + self.eps) as f32).powf(self.alpha));
-        ((x * self.unit + 0.5) as u64).max(1)
+        mass_of(p, self.alpha, self.eps, self.unit)
     }
 
     /// One learner step: a prioritized sample of the batch, then fresh priorities for
@@ -161,31 +160,45 @@ impl PlainPrioritized {
     }
 
     fn update(&mut self) {
-        let priorities = self.fresh.next().to_vec();
-        for (&row, p) in self.drawn.iter().zip(priorities) {
-            let mass = self.mass(p);
-            let delta = mass.wrapping_sub(self.sums[0][row]);
-            self.sums[0][row] = mass;
+        let (alpha, eps, unit) = (self.alpha, self.eps, self.unit);
+        let PlainPrioritized {
+            fresh,
+            drawn,
+            sums,
+            mins,
+            ..
+        } = self;
+        for (&row, &p) in drawn.iter().zip(fresh.next()) {
+            let mass = mass_of(p, alpha, eps, unit);
+            let delta = mass.wrapping_sub(sums[0][row]);
+            sums[0][row] = mass;
             let mut node = row;
             let mut min_moves = true;
-            for level in 1..self.sums.len() {
+            for level in 1..sums.len() {
                 node /= ARITY;
-                self.sums[level][node] = self.sums[level][node].wrapping_add(delta);
+                sums[level][node] = sums[level][node].wrapping_add(delta);
                 if min_moves {
                     let below = if level == 1 {
-                        &self.sums[0]
+                        &sums[0]
                     } else {
-                        &self.mins[level - 2]
+                        &mins[level - 2]
                     };
                     let kids = &below[node * ARITY..((node + 1) * ARITY).min(below.len())];
                     let min = kids.iter().copied().min().unwrap_or(u64::MAX);
-                    let entry = &mut self.mins[level - 1][node];
+                    let entry = &mut mins[level - 1][node];
                     min_moves = *entry != min;
                     *entry = min;
                 }
             }
         }
     }
+}
+
+/// The mass of priority `p`: `(p + eps)^alpha` as an `f32` power, in `unit`s, at least
+/// one.
+fn mass_of(p: f64, alpha: f32, eps: f64, unit: f64) -> u64 {
+    let x = f64::from(((p + eps) as f32).powf(alpha));
+    ((x * unit + 0.5) as u64).max(1)
 }
 
 /// `u64`s on huge pages where the kernel gives them, as the buffer's trees are
