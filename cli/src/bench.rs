@@ -177,7 +177,7 @@ pub fn single(w: Workload, samples: usize) {
         // The same step again, in laps alternating with laps of it done plainly
         // (`plain_tree.rs`): a reference that shares this run's spells.
         let mut plain = PlainPrioritized::new(w);
-        let timed = paired(w, [&mut step, &mut || plain.step()]);
+        let timed = paired(w, &mut step, [&mut || plain.step()]);
         emit_paired(
             w,
             "sample+update-paired",
@@ -252,7 +252,8 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     let mut huge_copy = column_copy(huge, &sources, w.chunk, rows);
     let timed = paired(
         w,
-        [&mut || collector.extend(), &mut plain_copy, &mut huge_copy],
+        &mut || collector.extend(),
+        [&mut plain_copy, &mut huge_copy],
     );
     emit_paired(
         w,
@@ -311,7 +312,7 @@ fn typed_paired(w: Workload) {
     let mut typed = || {
         std::hint::black_box(rb.extend(&items).expect("typed extend"));
     };
-    let timed = paired(w, [&mut typed, &mut plain_copy, &mut huge_copy]);
+    let timed = paired(w, &mut typed, [&mut plain_copy, &mut huge_copy]);
     emit_paired(
         w,
         "typed-extend-paired",
@@ -327,25 +328,39 @@ fn typed_paired(w: Workload) {
 /// One side of a paired measurement (see [`paired`]): a call of what it times.
 type Side<'a> = &'a mut dyn FnMut();
 
-/// Each side's median lap, and the medians of the first side's laps' ratios to each
-/// side's (the first 1).
-type Paired<const N: usize> = ([f64; N], [f64; N]);
+/// This crate's median lap, and for each floor its median lap and the median of this
+/// crate's laps' ratios to its laps.
+type Paired<const F: usize> = (f64, [(f64, f64); F]);
 
-/// Times `sides` in [`PAIRED_LAPS`] laps each, the sides taking turns lap by lap: seconds
-/// a call. A lap is a tenth of the calls that lap `w`'s ring, at least 50.
-fn paired<const N: usize>(w: Workload, mut sides: [Side<'_>; N]) -> Paired<N> {
+/// Times `ours` and `floors` in [`PAIRED_LAPS`] laps each, taking turns lap by lap:
+/// seconds a call. A lap is a tenth of the calls that lap `w`'s ring, at least 50.
+fn paired<const F: usize>(w: Workload, ours: Side<'_>, mut floors: [Side<'_>; F]) -> Paired<F> {
     let calls = (w.capacity / w.chunk / 10).max(50);
-    let laps: Vec<[f64; N]> = (0..PAIRED_LAPS)
-        .map(|_| std::array::from_fn(|k| seconds_per_op(calls, &mut sides[k])))
+    let laps: Vec<(f64, [f64; F])> = (0..PAIRED_LAPS)
+        .map(|_| {
+            let ours = seconds_per_op(calls, &mut *ours);
+            (
+                ours,
+                std::array::from_fn(|k| seconds_per_op(calls, &mut floors[k])),
+            )
+        })
         .collect();
-    let median = |f: &dyn Fn(&[f64; N]) -> f64| {
-        let mut v: Vec<f64> = laps.iter().map(f).collect();
+    let median = |lap: &dyn Fn(f64, &[f64; F]) -> f64| {
+        let mut v: Vec<f64> = laps
+            .iter()
+            .map(|(ours, floors)| lap(*ours, floors))
+            .collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     (
-        std::array::from_fn(|k| median(&|l| l[k])),
-        std::array::from_fn(|k| median(&|l| l[0] / l[k])),
+        median(&|ours, _| ours),
+        std::array::from_fn(|k| {
+            (
+                median(&|_, floors| floors[k]),
+                median(&|ours, floors| ours / floors[k]),
+            )
+        }),
     )
 }
 
@@ -353,23 +368,21 @@ fn paired<const N: usize>(w: Workload, mut sides: [Side<'_>; N]) -> Paired<N> {
 /// its system and the key of its ratio, such as `to_floor`), `items` a call: this
 /// crate's median lap with the medians of its laps' ratios to each floor's, then each
 /// floor's median lap.
-fn emit_paired<const N: usize, const F: usize>(
+fn emit_paired<const F: usize>(
     w: Workload,
     op: &str,
     items: usize,
-    (medians, ratios): Paired<N>,
+    (ours, timed): Paired<F>,
     floors: [(&str, &str); F],
 ) {
-    debug_assert_eq!(F + 1, N, "a floor for every side but this crate's");
-    let ratio = |k: usize| (ratios[k] * 1000.0).round() / 1000.0;
     let keys: serde_json::Map<String, serde_json::Value> = floors
         .iter()
-        .enumerate()
-        .map(|(k, &(_, key))| (key.to_owned(), json!(ratio(k + 1))))
+        .zip(&timed)
+        .map(|(&(_, key), &(_, ratio))| (key.to_owned(), json!((ratio * 1000.0).round() / 1000.0)))
         .collect();
-    emit(w.name, op, medians[0], items, keys.into());
-    for (k, (system, _)) in floors.into_iter().enumerate() {
-        emit_as(system, w.name, op, medians[k + 1], items, json!({}));
+    emit(w.name, op, ours, items, keys.into());
+    for ((system, _), (secs, _)) in floors.into_iter().zip(timed) {
+        emit_as(system, w.name, op, secs, items, json!({}));
     }
 }
 

@@ -222,50 +222,55 @@ fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
             ("replaybuf", "typed-extend-paired"),
         ]
     );
-    for (op, floors) in [
-        ("extend-paired", ["raw-copy", "raw-copy-huge-pages"]),
-        ("typed-extend-paired", ["memcpy", "memcpy-huge-pages"]),
-    ] {
-        let paired = |system: &str| {
-            lines
-                .iter()
-                .find(|j| j["system"] == system && j["op"] == op)
-                .unwrap()
-        };
-        let ours = paired("replaybuf");
-        for (floor, ratio) in floors.into_iter().zip(["to_floor", "to_huge_page_floor"]) {
-            let floor_us = paired(floor)["us_per_op"].as_f64().unwrap();
-            assert!(floor_us > 0.0, "{op}, {floor}: {floor_us}");
-            // A median of per-lap ratios, not the ratio of the medians, but of the same
-            // laps: within a wide band of it.
-            let ratio = ours[ratio].as_f64().unwrap();
-            let of_medians = ours["us_per_op"].as_f64().unwrap() / floor_us;
-            assert!(
-                ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
-                "{op}, {floor}: {ratio} against {of_medians}"
-            );
-        }
-    }
+    assert_paired(
+        &lines,
+        "extend-paired",
+        &[
+            ("raw-copy", "to_floor"),
+            ("raw-copy-huge-pages", "to_huge_page_floor"),
+        ],
+    );
+    assert_paired(
+        &lines,
+        "typed-extend-paired",
+        &[
+            ("memcpy", "to_floor"),
+            ("memcpy-huge-pages", "to_huge_page_floor"),
+        ],
+    );
 }
 
 #[test]
 fn a_prioritized_bench_times_its_sample_update_beside_a_plain_tree_in_the_same_run() {
     let lines = bench_lines(&["--quick", "--workload", "mujoco-prioritized"]);
+    assert_paired(
+        &lines,
+        "sample+update-paired",
+        &[("plain-tree", "to_plain_tree")],
+    );
+}
+
+/// `op`'s paired lines: this crate's, with a ratio to each of `floors` (its system and
+/// the ratio's key), and each floor's, of a positive time.
+fn assert_paired(lines: &[serde_json::Value], op: &str, floors: &[(&str, &str)]) {
     let paired = |system: &str| {
         lines
             .iter()
-            .find(|j| j["system"] == system && j["op"] == "sample+update-paired")
-            .unwrap_or_else(|| panic!("{system} sample+update-paired in {lines:?}"))
+            .find(|j| j["system"] == system && j["op"] == op)
+            .unwrap_or_else(|| panic!("{system} {op} in {lines:?}"))
     };
-    let (ours, plain) = (paired("replaybuf"), paired("plain-tree"));
-    let plain_us = plain["us_per_op"].as_f64().unwrap();
-    assert!(plain_us > 0.0, "{plain_us}");
-    assert!(ours["items_per_s"].as_f64().unwrap() > 0.0);
-    // A median of per-lap ratios against the ratio of the medians of the same laps.
-    let ratio = ours["to_plain_tree"].as_f64().unwrap();
-    let of_medians = ours["us_per_op"].as_f64().unwrap() / plain_us;
-    assert!(
-        ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
-        "{ratio} against {of_medians}"
-    );
+    let ours = paired("replaybuf");
+    assert!(ours["items_per_s"].as_f64().unwrap() > 0.0, "{op}: {ours}");
+    for &(floor, ratio) in floors {
+        let floor_us = paired(floor)["us_per_op"].as_f64().unwrap();
+        assert!(floor_us > 0.0, "{op}, {floor}: {floor_us}");
+        // A median of per-lap ratios, not the ratio of the medians, but of the same
+        // laps: within a wide band of it.
+        let ratio = ours[ratio].as_f64().unwrap();
+        let of_medians = ours["us_per_op"].as_f64().unwrap() / floor_us;
+        assert!(
+            ratio > of_medians / 3.0 && ratio < of_medians * 3.0,
+            "{op}, {floor}: {ratio} against {of_medians}"
+        );
+    }
 }
