@@ -123,14 +123,14 @@ impl Block {
         }
     }
 
-    /// Word `i` of the block.
-    #[inline]
     /// The region the block is in.
     #[cfg_attr(replaybuf_loom, allow(dead_code))] // for shared regions' files
     pub(crate) fn region(&self) -> &Region {
         &self.region
     }
 
+    /// Word `i` of the block.
+    #[inline]
     pub(crate) fn word(&self, i: usize) -> &AtomicU64 {
         debug_assert!(i < self.len);
         &self.region.words()[self.at + i]

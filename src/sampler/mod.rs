@@ -283,7 +283,8 @@ pub(crate) fn uniform_redraw<'a>(
 /// Reads every draw with `read`, which copies the row of a draw into output row `k`
 /// and returns its (generation, index); it is told whether the draw is `draws[k]`
 /// itself (the first attempt) or a redraw. A draw that misses is redrawn or retried as
-/// `on_miss` says; the generations and indices of the rows read land in the outputs.
+/// `on_miss` says ([`read_after_miss`]); the generations and indices of the rows read
+/// land in the outputs.
 pub(crate) fn read_draws(
     draws: &[Draw],
     mut on_miss: OnMiss<'_>,
@@ -292,45 +293,61 @@ pub(crate) fn read_draws(
     index: &mut [u64],
 ) -> Result<(), SampleError> {
     for (k, &first) in draws.iter().enumerate() {
-        let mut draw = first;
-        let mut misses = 0u32;
-        let mut backoff = Backoff::new();
-        loop {
-            let miss = match read(draw, k, misses == 0) {
-                Ok((g, i)) => {
-                    generation[k] = g;
-                    index[k] = i;
-                    break;
-                }
-                Err(miss) => miss,
-            };
-            misses += 1;
-            let limit = match on_miss {
-                OnMiss::RetryUpTo(n) => n,
-                _ => MAX_ATTEMPTS_PER_ROW,
-            };
-            if misses >= limit {
-                return Err(SampleError::Starved { attempts: misses });
-            }
-            match (&mut on_miss, miss) {
-                (OnMiss::Redraw(redraw), _) => {
-                    let refresh = misses.is_multiple_of(REFRESH_AFTER_MISSES);
-                    if refresh {
-                        backoff.snooze();
-                    }
-                    draw = redraw(refresh).ok_or(SampleError::Empty)?;
-                }
-                (OnMiss::Exact, Miss::Gone) => return Err(SampleError::Empty),
-                // A torn copy retries at once; a row being written is waited for: its
-                // writer is inside one extend. A gone row will not come back: a read
-                // by position looks at the position again.
-                (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, Miss::Torn) => {}
-                (OnMiss::RetryUpTo(_), Miss::Gone) => {
-                    return Err(SampleError::Starved { attempts: misses })
-                }
-                (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, _) => backoff.snooze(),
-            }
-        }
+        let (g, i) = match read(first, k, true) {
+            Ok(read) => read,
+            Err(miss) => read_after_miss(first, k, miss, &mut on_miss, &mut read)?,
+        };
+        generation[k] = g;
+        index[k] = i;
     }
     Ok(())
+}
+
+/// Output row `k`'s read after its first, of `first`, missed with `miss`: the draw
+/// redrawn or retried as `on_miss` says, and read with `read` (told it is not the
+/// first attempt) until a read lands, or the misses reach the limit.
+#[cold]
+#[inline(never)]
+pub(crate) fn read_after_miss(
+    first: Draw,
+    k: usize,
+    mut miss: Miss,
+    on_miss: &mut OnMiss<'_>,
+    read: &mut impl FnMut(Draw, usize, bool) -> Result<(u64, u64), Miss>,
+) -> Result<(u64, u64), SampleError> {
+    let mut draw = first;
+    let mut misses = 0u32;
+    let mut backoff = Backoff::new();
+    loop {
+        misses += 1;
+        let limit = match on_miss {
+            OnMiss::RetryUpTo(n) => *n,
+            _ => MAX_ATTEMPTS_PER_ROW,
+        };
+        if misses >= limit {
+            return Err(SampleError::Starved { attempts: misses });
+        }
+        match (&mut *on_miss, miss) {
+            (OnMiss::Redraw(redraw), _) => {
+                let refresh = misses.is_multiple_of(REFRESH_AFTER_MISSES);
+                if refresh {
+                    backoff.snooze();
+                }
+                draw = redraw(refresh).ok_or(SampleError::Empty)?;
+            }
+            (OnMiss::Exact, Miss::Gone) => return Err(SampleError::Empty),
+            // A torn copy retries at once; a row being written is waited for: its
+            // writer is inside one extend. A gone row will not come back: a read
+            // by position looks at the position again.
+            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, Miss::Torn) => {}
+            (OnMiss::RetryUpTo(_), Miss::Gone) => {
+                return Err(SampleError::Starved { attempts: misses })
+            }
+            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, _) => backoff.snooze(),
+        }
+        match read(draw, k, false) {
+            Ok(read) => return Ok(read),
+            Err(m) => miss = m,
+        }
+    }
 }

@@ -68,12 +68,16 @@ pub(super) fn draw(
     if total == 0 {
         return Err(SampleError::Empty);
     }
+    // The generator's state in registers for the loop, not stored back at each draw
+    // through `rng` (which the compiler cannot tell from `out`'s memory).
+    let mut local = rng.clone();
     out.reserve(n);
     for _ in 0..n {
-        match pick(shards, windows, total, rng) {
+        match pick(shards, windows, total, &mut local) {
             Some(d) => out.push(d),
             None => break,
         }
     }
+    *rng = local;
     Ok(())
 }
