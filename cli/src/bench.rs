@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::plain_rows::PlainUniform;
 use crate::plain_tree::PlainPrioritized;
-use crate::workloads::{TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
+use crate::workloads::{Sampling, TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
 use replaybuf::{Batch, ReplayBuffer, Writer};
 
 /// Which workloads to run and how big.
@@ -120,7 +121,7 @@ pub fn learner_step(
 }
 
 /// fill, steady extend, sample and memory of one workload, with the paired
-/// measurements beside floors or a baseline of each (`extend-paired`,
+/// measurements beside floors or a baseline of each (`extend-paired`, `sample-paired`,
 /// `sample+update-paired`, `typed-extend-paired`).
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
@@ -184,6 +185,18 @@ pub fn single(w: Workload, samples: usize) {
             w.batch,
             timed,
             [("plain-tree", "to_plain_tree")],
+        );
+    } else if matches!(w.sampling, Sampling::Uniform) && !w.frames {
+        // The uniform sample again, in laps alternating with the same gather from a
+        // plain array (`plain_rows.rs`): its raw-memory floor, in this run's spell.
+        let mut plain = PlainUniform::new(w);
+        let timed = paired(w, &mut step, [&mut || plain.sample()]);
+        emit_paired(
+            w,
+            "sample-paired",
+            w.batch,
+            timed,
+            [("plain-gather", "to_floor")],
         );
     }
 

@@ -2,24 +2,25 @@
 //! buffer's (system `plain-tree`): the work of a `sample+update` with nothing shared
 //! and nothing checked, one thread.
 //!
-//! The rows of a workload's fields sit in one plain array and their masses in an
-//! unsynchronized sum tree and min tree of sixteen children a node, shaped as the
-//! buffer's trees are, all on huge pages as the buffer's memory is. A step draws the batch in
-//! proportion to mass, every descent from the root a level at a time with each next
-//! node (and, last, each row) prefetched, as the buffer's descents run; copies each
-//! drawn row's fields into the batch's columns (`copy_from_slice`, a field at a time);
-//! weighs it `(min / m)^beta`; then gives each drawn row a fresh priority: its mass
-//! `(p + eps)^alpha` as an `f32` power, its leaf, the sums above it, and the minimums
-//! above it while they change.
+//! The rows of a workload's fields sit in one plain array ([`PlainRows`]) and their
+//! masses in an unsynchronized sum tree and min tree of sixteen children a node, shaped
+//! as the buffer's trees are, all on huge pages as the buffer's memory is. A step draws
+//! the batch in proportion to mass, every descent from the root a level at a time with
+//! each next node (and, last, each row) prefetched, as the buffer's descents run;
+//! copies each drawn row's fields into the batch's columns (inline moves by the field's
+//! length, a field at a time); weighs it `(min / m)^beta`; then gives each drawn row a
+//! fresh priority: its mass `(p + eps)^alpha` as an `f32` power, its leaf, the sums
+//! above it, and the minimums above it while they change.
 //!
 //! No stamps, laps, atomics, retries or checks; but none of the buffer's tuning either
 //! (its picks count a node's children with vector instructions, its descents start
-//! below a summit read once a batch, its reads copy a block of rows a field at a time
-//! with moves chosen for the field's length, and its updates prefetch their lines). So
-//! it is a baseline, not a floor: it says what the step costs written the plain way,
-//! as a segment-tree buffer without a server or a lock would write it.
+//! below a summit read once a batch, its reads copy a block of rows at once, and its
+//! updates prefetch their lines). So it is a baseline, not a floor: it says what the
+//! step costs written the plain way, as a segment-tree buffer without a server or a
+//! lock would write it.
 
 use crate::bench::{floor_memory, xorshift, FreshPriorities};
+use crate::plain_rows::{prefetch_lines, Level, PlainRows};
 use crate::workloads::Workload;
 
 /// Children of a node, as in the buffer's trees.
@@ -27,12 +28,7 @@ const ARITY: usize = 16;
 
 /// The plain step's state: rows, trees, and a batch's room.
 pub struct PlainPrioritized {
-    rows: memmap2::MmapMut,
-    row_bytes: usize,
-    /// Each field's offset in a row and its bytes.
-    fields: Vec<(usize, usize)>,
-    /// The batch's columns, a field each.
-    columns: Vec<Vec<u8>>,
+    rows: PlainRows,
     /// The sum tree's levels, the leaves (masses) first and the root last.
     sums: Vec<Words>,
     /// The min tree's levels above the leaves (`mins[l - 1]` is level `l`).
@@ -56,21 +52,8 @@ impl PlainPrioritized {
     /// buffer get before any update), with the sampler's settings of
     /// [`Workload::builder`] (alpha 0.6, beta 0.4, eps 1e-8).
     pub fn new(w: Workload) -> PlainPrioritized {
-        let spec = w.spec();
-        let row_bytes = spec.row_bytes();
-        let fields: Vec<(usize, usize)> = spec
-            .fields()
-            .iter()
-            .map(|f| (f.offset(), f.bytes()))
-            .collect();
         let mut plain = PlainPrioritized {
-            rows: floor_memory(w.capacity * row_bytes),
-            row_bytes,
-            columns: fields
-                .iter()
-                .map(|&(_, b)| vec![0u8; b * w.batch])
-                .collect(),
-            fields,
+            rows: PlainRows::new(w),
             sums: Vec::new(),
             mins: Vec::new(),
             alpha: 0.6,
@@ -137,26 +120,24 @@ impl PlainPrioritized {
                 *node = first + count.min(kids.len() - 1);
                 *left -= before.min(*left);
                 match level {
-                    1 => prefetch_lines(&self.rows[*node * self.row_bytes..][..self.row_bytes]),
+                    1 => prefetch_lines(self.rows.row(*node), Level::L1),
                     _ => {
                         let below = &self.sums[level - 2];
                         let at = *node * ARITY;
-                        prefetch_lines(bytemuck::cast_slice(
-                            &below[at..(at + ARITY).min(below.len())],
-                        ));
+                        prefetch_lines(
+                            bytemuck::cast_slice(&below[at..(at + ARITY).min(below.len())]),
+                            Level::L1,
+                        );
                     }
                 }
             }
         }
         let min = self.mins.last().map_or(0, |m| m[0]);
         for (k, &row) in self.drawn.iter().enumerate() {
-            let bytes = &self.rows[row * self.row_bytes..][..self.row_bytes];
-            for (column, &(offset, len)) in self.columns.iter_mut().zip(&self.fields) {
-                column[k * len..][..len].copy_from_slice(&bytes[offset..offset + len]);
-            }
+            self.rows.copy(k, row);
             self.weights[k] = (min as f32 / self.sums[0][row] as f32).powf(self.beta);
         }
-        std::hint::black_box((&self.columns, &self.weights));
+        std::hint::black_box((self.rows.columns(), &self.weights));
     }
 
     fn update(&mut self) {
@@ -232,24 +213,6 @@ impl std::ops::DerefMut for Words {
     fn deref_mut(&mut self) -> &mut [u64] {
         bytemuck::cast_slice_mut(&mut self.map[..self.len * 8])
     }
-}
-
-/// Starts loading every cache line of `bytes` into L1 (x86_64; nothing elsewhere).
-fn prefetch_lines(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // From the line the first byte is on to the one the last byte is on.
-        let lead = bytes.as_ptr() as usize % 64;
-        let first = bytes.as_ptr().wrapping_sub(lead);
-        for offset in (0..lead + bytes.len()).step_by(64) {
-            // SAFETY: SSE is part of x86_64; a prefetch of any address changes nothing
-            // the program sees.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(offset).cast::<i8>()) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
 //! `shm list` and `shm remove`; the lines of a concurrent bench run in rounds, with
-//! its controls; and a single workload's lines, its paired extend with them.
+//! its controls; and a single workload's lines, its paired extends and sample too.
 //! The library's side of each (what `inspect` and `shared::list` find) is tested in
 //! the library's own tests.
 
@@ -199,7 +199,7 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
 }
 
 #[test]
-fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
+fn a_workload_bench_times_its_extends_and_sample_beside_their_floors_in_the_same_run() {
     let lines = bench_lines(&["--quick", "--workload", "mujoco"]);
     let mut seen: Vec<(&str, &str)> = lines
         .iter()
@@ -211,6 +211,7 @@ fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
         [
             ("memcpy", "typed-extend-paired"),
             ("memcpy-huge-pages", "typed-extend-paired"),
+            ("plain-gather", "sample-paired"),
             ("raw-copy", "extend-paired"),
             ("raw-copy-huge-pages", "extend-paired"),
             ("replaybuf", "extend"),
@@ -219,6 +220,7 @@ fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
             ("replaybuf", "fill-backed"),
             ("replaybuf", "memory"),
             ("replaybuf", "sample"),
+            ("replaybuf", "sample-paired"),
             ("replaybuf", "typed-extend-paired"),
         ]
     );
@@ -230,6 +232,7 @@ fn a_workload_bench_times_its_extends_beside_both_floors_in_the_same_run() {
             ("raw-copy-huge-pages", "to_huge_page_floor"),
         ],
     );
+    assert_paired(&lines, "sample-paired", &[("plain-gather", "to_floor")]);
     assert_paired(
         &lines,
         "typed-extend-paired",
