@@ -47,10 +47,33 @@ impl PlainRows {
 
     /// Copies row `i`'s fields into row `k` of the batch's columns, a field at a time
     /// ([`copy_field`]).
+    #[inline(always)]
     pub fn copy(&mut self, k: usize, i: usize) {
         let row = &self.rows[i * self.row_bytes..][..self.row_bytes];
         for (column, &(offset, len)) in self.columns.iter_mut().zip(&self.fields) {
             copy_field(&mut column[k * len..][..len], &row[offset..offset + len]);
+        }
+    }
+
+    /// Copies rows `drawn` into the batch's columns, row `k` of the batch from row
+    /// `drawn[k]`, prefetching as the buffer's reads do: each row's first line and the
+    /// one 128 bytes on started into L2 for the whole batch, then a window of [`AHEAD`]
+    /// rows' lines into L1 ahead of the copies.
+    pub fn gather(&mut self, drawn: &[usize]) {
+        for &row in drawn {
+            let bytes = self.row(row);
+            for line in [0, 128].into_iter().filter(|&at| at < bytes.len()) {
+                prefetch_lines(&bytes[line..=line], Level::L2);
+            }
+        }
+        for &row in drawn.iter().take(AHEAD) {
+            prefetch_lines(self.row(row), Level::L1);
+        }
+        for (k, &row) in drawn.iter().enumerate() {
+            if let Some(&ahead) = drawn.get(k + AHEAD) {
+                prefetch_lines(self.row(ahead), Level::L1);
+            }
+            self.copy(k, row);
         }
     }
 
@@ -88,20 +111,8 @@ impl PlainUniform {
         for row in &mut self.drawn {
             let r = xorshift(&mut self.state);
             *row = ((u128::from(r) * self.capacity as u128) >> 64) as usize;
-            let bytes = self.rows.row(*row);
-            for line in [0, 128].into_iter().filter(|&at| at < bytes.len()) {
-                prefetch_lines(&bytes[line..=line], Level::L2);
-            }
         }
-        for &row in self.drawn.iter().take(AHEAD) {
-            prefetch_lines(self.rows.row(row), Level::L1);
-        }
-        for k in 0..self.drawn.len() {
-            if let Some(&ahead) = self.drawn.get(k + AHEAD) {
-                prefetch_lines(self.rows.row(ahead), Level::L1);
-            }
-            self.rows.copy(k, self.drawn[k]);
-        }
+        self.rows.gather(&self.drawn);
         std::hint::black_box(self.rows.columns());
     }
 }

@@ -1,23 +1,26 @@
 //! A prioritized learner's step done plainly, for `replaybuf bench` to time beside the
 //! buffer's (system `plain-tree`): the work of a `sample+update` with nothing shared
-//! and nothing checked, one thread.
+//! and nothing checked, one thread, tuned as the buffer's step is.
 //!
 //! The rows of a workload's fields sit in one plain array ([`PlainRows`]) and their
 //! masses in an unsynchronized sum tree and min tree of sixteen children a node, shaped
-//! as the buffer's trees are, all on huge pages as the buffer's memory is. A step draws
-//! the batch in proportion to mass, every descent from the root a level at a time with
-//! each next node (and, last, each row) prefetched, as the buffer's descents run;
-//! copies each drawn row's fields into the batch's columns (inline moves by the field's
-//! length, a field at a time); weighs it `(min / m)^beta`; then gives each drawn row a
-//! fresh priority: its mass `(p + eps)^alpha` as an `f32` power, its leaf, the sums
-//! above it, and the minimums above it while they change.
+//! as the buffer's trees are, beside an array of raw priorities, all on huge pages as
+//! the buffer's memory is. A step
 //!
-//! No stamps, laps, atomics, retries or checks; but none of the buffer's tuning either
-//! (its picks count a node's children with vector instructions, its descents start
-//! below a summit read once a batch, its reads copy a block of rows at once, and its
-//! updates prefetch their lines). So it is a baseline, not a floor: it says what the
-//! step costs written the plain way, as a segment-tree buffer without a server or a
-//! lock would write it.
+//! - draws the batch in proportion to mass: every descent starts at the highest level
+//!   of at most [`SUMMIT_ENTRIES`] entries, by a binary search of its running totals
+//!   (taken once a batch), then goes down a level at a time for the whole batch, each
+//!   next node prefetched, a node's children counted with AVX2 where the CPU has it;
+//! - copies the drawn rows' fields into the batch's columns, prefetching as the
+//!   buffer's reads do ([`PlainRows::gather`]), and weighs each row `(min / m)^beta`;
+//! - gives each drawn row a fresh priority, with the lines of the updates
+//!   [`UPDATES_AHEAD`] on prefetched: its raw priority, its mass `(p + eps)^alpha` as an
+//!   `f32` power, its leaf, the sums above it, and the minimums above it while they
+//!   change (a lower child lowers an entry; only a child that rose from the entry's
+//!   value makes it look at all its children again).
+//!
+//! No stamps, laps, atomics, retries or checks: the floor of the buffer's step on this
+//! machine, in the same process and the same spells.
 
 use crate::bench::{floor_memory, xorshift, FreshPriorities};
 use crate::plain_rows::{prefetch_lines, Level, PlainRows};
@@ -25,6 +28,12 @@ use crate::workloads::Workload;
 
 /// Children of a node, as in the buffer's trees.
 const ARITY: usize = 16;
+/// Updates ahead of the one being applied whose lines have been started into L1, as the
+/// buffer's updates do (`UPDATES_AHEAD` in its `update_many`).
+const UPDATES_AHEAD: usize = 16;
+/// The most entries of the level a batch's descents start from, as in the buffer's
+/// samples (its `SUMMIT_ENTRIES`).
+const SUMMIT_ENTRIES: usize = 512;
 
 /// The plain step's state: rows, trees, and a batch's room.
 pub struct PlainPrioritized {
@@ -33,6 +42,9 @@ pub struct PlainPrioritized {
     sums: Vec<Words>,
     /// The min tree's levels above the leaves (`mins[l - 1]` is level `l`).
     mins: Vec<Words>,
+    /// Each row's priority as given (`f64` bits), as the buffer keeps a raw word a row
+    /// beside its leaf.
+    raws: Words,
     alpha: f32,
     beta: f32,
     eps: f64,
@@ -44,6 +56,10 @@ pub struct PlainPrioritized {
     drawn: Vec<usize>,
     /// Each draw's mass left within its node.
     left: Vec<u64>,
+    /// The running totals of the level the descents start from.
+    summit: Vec<u64>,
+    /// Whether the CPU has AVX2 and POPCNT, for the picks.
+    avx2: bool,
     weights: Vec<f32>,
 }
 
@@ -56,6 +72,7 @@ impl PlainPrioritized {
             rows: PlainRows::new(w),
             sums: Vec::new(),
             mins: Vec::new(),
+            raws: Words::of(&vec![1f64.to_bits(); w.capacity]),
             alpha: 0.6,
             beta: 0.4,
             eps: 1e-8,
@@ -65,6 +82,11 @@ impl PlainPrioritized {
             fresh: FreshPriorities::new(w.batch, 5),
             drawn: vec![0; w.batch],
             left: vec![0; w.batch],
+            summit: Vec::with_capacity(SUMMIT_ENTRIES),
+            #[cfg(target_arch = "x86_64")]
+            avx2: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("popcnt"),
+            #[cfg(not(target_arch = "x86_64"))]
+            avx2: false,
             weights: vec![0.0; w.batch],
         };
         let mut level = vec![plain.mass(1.0); w.capacity];
@@ -96,46 +118,73 @@ impl PlainPrioritized {
         self.update();
     }
 
+    /// A prioritized sample of the batch into the batch's columns and weights, its
+    /// picks counted with AVX2 where the CPU has it, as the buffer's are.
     fn sample(&mut self) {
-        let root = self.sums.len() - 1;
-        let total = self.sums[root][0];
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            // SAFETY: `avx2` says the CPU has AVX2 and POPCNT.
+            return unsafe { self.sample_avx2() };
+        }
+        self.sample_with(pick)
+    }
+
+    /// [`PlainPrioritized::sample`] compiled for AVX2, full nodes counted by
+    /// [`pick_avx2`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and POPCNT.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,popcnt")]
+    unsafe fn sample_avx2(&mut self) {
+        self.sample_with(|kids, left| match kids.try_into() {
+            // SAFETY: the caller's CPU has AVX2 and POPCNT.
+            Ok(node) => unsafe { pick_avx2(node, left) },
+            Err(_) => pick(kids, left),
+        })
+    }
+
+    #[inline(always)]
+    fn sample_with(&mut self, pick: impl Fn(&[u64], u64) -> (usize, u64)) {
+        // The highest level of at most `SUMMIT_ENTRIES` entries: its running totals are
+        // taken once a batch, and every descent starts there with a binary search.
+        let level = self
+            .sums
+            .iter()
+            .position(|level| level.len() <= SUMMIT_ENTRIES)
+            .expect("the root's level has one entry");
+        self.summit.clear();
+        self.summit
+            .extend(self.sums[level].iter().scan(0u64, |total, &m| {
+                *total += m;
+                Some(*total)
+            }));
+        let total = self.summit.last().copied().unwrap_or(0);
         for (left, node) in self.left.iter_mut().zip(&mut self.drawn) {
             *left = ((u128::from(xorshift(&mut self.state)) * u128::from(total)) >> 64) as u64;
-            *node = 0;
+            *node = self.summit.partition_point(|&t| t <= *left);
+            *left -= node.checked_sub(1).map_or(0, |before| self.summit[before]);
+            if let Some(below) = level.checked_sub(1) {
+                prefetch_node(&self.sums[below], *node);
+            }
         }
-        for level in (1..=root).rev() {
+        for level in (1..=level).rev() {
             let children = &self.sums[level - 1];
             for (left, node) in self.left.iter_mut().zip(&mut self.drawn) {
                 let first = *node * ARITY;
                 let kids = &children[first..(first + ARITY).min(children.len())];
-                // The children whose running total ends at or before `left`, and the
-                // mass before the one holding it.
-                let (mut total, mut before, mut count) = (0u64, 0u64, 0usize);
-                for &m in kids {
-                    total += m;
-                    let past = total <= *left;
-                    count += usize::from(past);
-                    before = if past { total } else { before };
-                }
+                let (count, before) = pick(kids, *left);
                 *node = first + count.min(kids.len() - 1);
                 *left -= before.min(*left);
-                match level {
-                    1 => prefetch_lines(self.rows.row(*node), Level::L1),
-                    _ => {
-                        let below = &self.sums[level - 2];
-                        let at = *node * ARITY;
-                        prefetch_lines(
-                            bytemuck::cast_slice(&below[at..(at + ARITY).min(below.len())]),
-                            Level::L1,
-                        );
-                    }
+                if level > 1 {
+                    prefetch_node(&self.sums[level - 2], *node);
                 }
             }
         }
+        self.rows.gather(&self.drawn);
         let min = self.mins.last().map_or(0, |m| m[0]);
-        for (k, &row) in self.drawn.iter().enumerate() {
-            self.rows.copy(k, row);
-            self.weights[k] = (min as f32 / self.sums[0][row] as f32).powf(self.beta);
+        for (weight, &row) in self.weights.iter_mut().zip(&self.drawn) {
+            *weight = (min as f32 / self.sums[0][row] as f32).powf(self.beta);
         }
         std::hint::black_box((self.rows.columns(), &self.weights));
     }
@@ -147,31 +196,132 @@ impl PlainPrioritized {
             drawn,
             sums,
             mins,
+            raws,
             ..
         } = self;
-        for (&row, &p) in drawn.iter().zip(fresh.next()) {
+        for &row in drawn.iter().take(UPDATES_AHEAD) {
+            prefetch_update(sums, mins, raws, row);
+        }
+        for (k, (&row, &p)) in drawn.iter().zip(fresh.next()).enumerate() {
+            if let Some(&ahead) = drawn.get(k + UPDATES_AHEAD) {
+                prefetch_update(sums, mins, raws, ahead);
+            }
+            raws[row] = p.to_bits();
             let mass = mass_of(p, alpha, eps, unit);
-            let delta = mass.wrapping_sub(sums[0][row]);
-            sums[0][row] = mass;
+            let old = std::mem::replace(&mut sums[0][row], mass);
+            let delta = mass.wrapping_sub(old);
             let mut node = row;
-            let mut min_moves = true;
+            for sums in &mut sums[1..] {
+                node /= ARITY;
+                sums[node] = sums[node].wrapping_add(delta);
+            }
+            // The minimums above, while they change: a child that fell below its
+            // entry lowers it; one that rose from the entry's value may have raised
+            // it, and the entry is its children's minimum again.
+            let (mut old, mut new, mut node) = (old, mass, row);
             for level in 1..sums.len() {
                 node /= ARITY;
-                sums[level][node] = sums[level][node].wrapping_add(delta);
-                if min_moves {
+                let entry = mins[level - 1][node];
+                let min = if new < entry {
+                    new
+                } else if old == entry && new > old {
                     let below = if level == 1 {
                         &sums[0]
                     } else {
                         &mins[level - 2]
                     };
                     let kids = &below[node * ARITY..((node + 1) * ARITY).min(below.len())];
-                    let min = kids.iter().copied().min().unwrap_or(u64::MAX);
-                    let entry = &mut mins[level - 1][node];
-                    min_moves = *entry != min;
-                    *entry = min;
+                    kids.iter().copied().min().unwrap_or(u64::MAX)
+                } else {
+                    break;
+                };
+                if min == entry {
+                    break;
                 }
+                mins[level - 1][node] = min;
+                (old, new) = (entry, min);
             }
         }
+    }
+}
+
+/// How many of `kids` end, in running total, at or before `left`, and the running
+/// total before the child that holds it: the running totals unrolled into an array and
+/// counted by a binary search without branches, as the buffer's scalar pick does.
+#[inline(always)]
+fn pick(kids: &[u64], left: u64) -> (usize, u64) {
+    let mut totals = [u64::MAX; ARITY + 1];
+    totals[0] = 0;
+    for (k, &m) in kids.iter().enumerate() {
+        totals[k + 1] = totals[k] + m;
+    }
+    let mut c = 0;
+    let mut step = ARITY / 2;
+    while step > 0 {
+        c += if totals[c + step] <= left { step } else { 0 };
+        step /= 2;
+    }
+    c += usize::from(totals[c + 1] <= left);
+    (c, totals[c])
+}
+
+/// [`pick`] for a full node, with AVX2: four entries a register, their running totals
+/// by two lane shifts and adds, each register's carried into the next by a broadcast of
+/// its last lane; the count is the number of totals not past `left` (totals stay below
+/// 2^63, so the signed comparison AVX2 has is exact).
+///
+/// # Safety
+/// The CPU has AVX2 and POPCNT.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+#[inline]
+unsafe fn pick_avx2(kids: &[u64; ARITY], left: u64) -> (usize, u64) {
+    use std::arch::x86_64::*;
+    let target = _mm256_set1_epi64x(left as i64);
+    let zero = _mm256_setzero_si256();
+    let mut carry = zero;
+    let mut totals = [0u64; ARITY + 1];
+    let mut past = 0;
+    for (quad, out) in kids.chunks_exact(4).zip(totals[1..].chunks_exact_mut(4)) {
+        // SAFETY: `quad` is four readable `u64`s; an unaligned load.
+        let v = unsafe { _mm256_loadu_si256(quad.as_ptr().cast()) };
+        // Each lane plus the lane below it, then plus the two lanes below those.
+        let v = _mm256_add_epi64(
+            v,
+            _mm256_blend_epi32::<0b0000_0011>(_mm256_permute4x64_epi64::<0b10_01_00_00>(v), zero),
+        );
+        let v = _mm256_add_epi64(v, _mm256_permute2x128_si256::<0x08>(v, v));
+        let v = _mm256_add_epi64(v, carry);
+        carry = _mm256_permute4x64_epi64::<0b11_11_11_11>(v);
+        // SAFETY: `out` is four writable `u64`s; an unaligned store.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+        let over = _mm256_cmpgt_epi64(v, target);
+        past += _mm256_movemask_pd(_mm256_castsi256_pd(over)).count_ones() as usize;
+    }
+    let count = ARITY - past;
+    (count, totals[count])
+}
+
+/// Starts loading node `j` of `level`'s entries into L1.
+fn prefetch_node(level: &[u64], j: usize) {
+    let at = j * ARITY;
+    prefetch_lines(
+        bytemuck::cast_slice(&level[at..(at + ARITY).min(level.len())]),
+        Level::L1,
+    );
+}
+
+/// Starts the lines an update of `row` writes below the levels every update shares into
+/// L1: its leaf, its raw word, and the sum and min entries above its leaf.
+fn prefetch_update(sums: &[Words], mins: &[Words], raws: &[u64], row: usize) {
+    fn word(level: &[u64], i: usize) -> &[u8] {
+        bytemuck::cast_slice(&level[i..=i])
+    }
+    prefetch_lines(word(&sums[0], row), Level::L1);
+    prefetch_lines(word(raws, row), Level::L1);
+    if let (Some(sums), Some(mins)) = (sums.get(1), mins.first()) {
+        prefetch_lines(word(sums, row / ARITY), Level::L1);
+        prefetch_lines(word(mins, row / ARITY), Level::L1);
     }
 }
 
@@ -238,6 +388,9 @@ mod tests {
                 assert_eq!(Some(min), kids.iter().copied().min(), "min {level}/{j}");
             }
         }
+        for (row, (&leaf, &raw)) in plain.sums[0].iter().zip(plain.raws.iter()).enumerate() {
+            assert_eq!(leaf, plain.mass(f64::from_bits(raw)), "row {row}");
+        }
     }
 
     /// The plain step of the mujoco-prioritized workload over `capacity` rows.
@@ -261,6 +414,34 @@ mod tests {
         let start = plain.mass(1.0);
         assert!(plain.sums[0].iter().filter(|&&m| m != start).count() > 1_000);
         assert!(plain.weights.iter().all(|&w| w > 0.0 && w <= 1.0));
+    }
+
+    /// The AVX2 pick names the same child and total before it as the scalar one, for
+    /// targets inside, on the edges of and past a node's children.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_pick_counts_as_the_scalar_pick_does() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("popcnt")) {
+            return;
+        }
+        let mut state = 7;
+        for round in 0..2_000 {
+            let mut kids = [0u64; ARITY];
+            for m in &mut kids {
+                // Some children empty, masses up to 2^40.
+                *m = match xorshift(&mut state) % 4 {
+                    0 => 0,
+                    _ => xorshift(&mut state) >> 24,
+                };
+            }
+            let total: u64 = kids.iter().sum();
+            let edge = kids[..(round % ARITY)].iter().sum::<u64>();
+            for left in [0, edge, edge.saturating_sub(1), total / 2, total, total + 1] {
+                // SAFETY: checked above that the CPU has AVX2 and POPCNT.
+                let vector = unsafe { pick_avx2(&kids, left) };
+                assert_eq!(vector, pick(&kids, left), "{kids:?} {left}");
+            }
+        }
     }
 
     /// Draws land in proportion to mass: a row holding half the mass gets about half
