@@ -121,7 +121,7 @@ pub fn learner_step(
 }
 
 /// fill, steady extend, sample and memory of one workload, with the paired
-/// measurements beside floors or a baseline of each (`extend-paired`, `sample-paired`,
+/// measurements beside floors of each (`extend-paired`, `sample-paired`,
 /// `sample+update-paired`, `typed-extend-paired`).
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
@@ -175,8 +175,8 @@ pub fn single(w: Workload, samples: usize) {
         json!({}),
     );
     if w.prioritized() {
-        // The same step again, in laps alternating with laps of it done plainly
-        // (`plain_tree.rs`): a reference that shares this run's spells.
+        // The same step again, in laps alternating with laps of it done plainly and
+        // tuned as the buffer's is (`plain_tree.rs`): its floor, in this run's spell.
         let mut plain = PlainPrioritized::new(w);
         let timed = paired(w, &mut step, [&mut || plain.step()]);
         emit_paired(
