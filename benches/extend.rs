@@ -23,6 +23,7 @@ use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
+use replaybuf_floors::Transition;
 
 fn extend(c: &mut Criterion) {
     let spec = common::mujoco_spec();
@@ -126,17 +127,6 @@ fn extend_row_sizes(c: &mut Criterion) {
     group.finish();
 }
 
-/// The mujoco transition as one `#[repr(C)]` value: 168 bytes, like the row.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-struct Transition {
-    obs: [f32; 17],
-    action: [f32; 6],
-    reward: f32,
-    next_obs: [f32; 17],
-    done: u32,
-}
-
 /// Rows of the typed rings: the mujoco workload's million, 168 MB. At
 /// [`common::CAPACITY`] the memcpy's 34 MB ring fits most of a 32 MB L3 (2.0 us a
 /// chunk, 83 GB/s, on a host with one), so the floor measured the cache and not memory.
@@ -148,16 +138,7 @@ fn typed_extend(c: &mut Criterion) {
         .seed(SEED)
         .build()
         .expect("a typed buffer");
-    let items = vec![
-        Transition {
-            obs: [1.0; 17],
-            action: [0.5; 6],
-            reward: 1.0,
-            next_obs: [2.0; 17],
-            done: 0,
-        };
-        CHUNK_ROWS
-    ];
+    let items = Transition::chunk(CHUNK_ROWS);
     for _ in 0..TYPED_CAPACITY / CHUNK_ROWS + 1 {
         rb.extend(&items).expect("extend");
     }

@@ -4,6 +4,8 @@
 //! RL users hand-roll: the row-major ring of `common` plus cpprb-style sum and min
 //! segment trees, all behind one `Mutex`. Each alone, and while a background thread
 //! runs the other side (a collector extending, or a learner sampling and updating).
+//! The step also beside its floor alone (`plain_tree`: the same work done plainly on
+//! one thread, tuned as the buffer's step is, `replaybuf_floors::PlainPrioritized`).
 
 // The loom-facade rule of .clippy.toml is for the library, not its benches.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -20,6 +22,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use replaybuf::internals::sumtree::{Leaf, OwnedTree};
 use replaybuf::sampler::Prioritized;
 use replaybuf::ReplayBuffer;
+use replaybuf_floors::PlainPrioritized;
 
 const ALPHA: f64 = 0.6;
 const BETA: f64 = 0.4;
@@ -175,6 +178,10 @@ fn prioritized(c: &mut Criterion) {
     let mut group = common::group(c, "prioritized_sample_update_256_rows", SAMPLE_ROWS);
     group.bench_function("lock_free/alone", |b| b.iter(|| lock_free_step(&mut rng)));
     group.bench_function("locked/alone", |b| b.iter(|| locked_step(&mut rng)));
+    let mut floor =
+        PlainPrioritized::new(&common::floor_shape(&spec), ALPHA as f32, BETA as f32, EPS);
+    group.bench_function("plain_tree/alone", |b| b.iter(|| floor.step()));
+    drop(floor);
     group.bench_function("lock_free/background_writer", |b| {
         b.iter_custom(|iters| {
             common::time_under_load(

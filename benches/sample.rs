@@ -1,7 +1,10 @@
 //! Sample of 256 rows from a full 200,000-row mujoco buffer: the lock-free
 //! `Learner::sample_into` beside a `Mutex`-guarded row-major ring read with plain
 //! copies into columns, alone and while a background thread extends 1,000-row chunks
-//! in a loop; and `Learner::sample_to` into memory the caller owns.
+//! in a loop, and beside its floor alone (`plain_gather`: the same rows gathered from
+//! a plain array on one thread, prefetched as the buffer's reads are,
+//! `replaybuf_floors::PlainUniform`); and `Learner::sample_to` into memory the caller
+//! owns.
 
 // The loom-facade rule of .clippy.toml is for the library, not its benches.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -15,6 +18,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use replaybuf::Destination;
+use replaybuf_floors::PlainUniform;
 
 fn sample(c: &mut Criterion) {
     let spec = common::mujoco_spec();
@@ -43,6 +47,10 @@ fn sample(c: &mut Criterion) {
             black_box(&mut out);
         });
     });
+
+    let mut floor = PlainUniform::new(&common::floor_shape(&spec));
+    group.bench_function("plain_gather/alone", |b| b.iter(|| floor.sample()));
+    drop(floor);
 
     group.bench_function("lock_free/background_writer", |b| {
         b.iter_custom(|iters| {

@@ -39,6 +39,13 @@ pub fn mujoco_spec() -> Spec {
     mujoco_fields().build().expect("the mujoco spec is valid")
 }
 
+/// The shape of `spec`'s rows in a buffer of [`CAPACITY`] rows and its batches of
+/// [`SAMPLE_ROWS`], for a plain floor (`replaybuf_floors`).
+pub fn floor_shape(spec: &Spec) -> replaybuf_floors::Shape {
+    let fields = spec.fields().iter().map(|f| (f.offset(), f.bytes()));
+    replaybuf_floors::Shape::new(spec.row_bytes(), fields, CAPACITY, SAMPLE_ROWS)
+}
+
 /// A chunk of `rows` mujoco transitions with distinct values in every float.
 pub fn mujoco_chunk(rb: &ReplayBuffer, rows: usize) -> Batch {
     let mut chunk = rb.batch([rows]);

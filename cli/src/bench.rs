@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::plain_rows::PlainUniform;
-use crate::plain_tree::PlainPrioritized;
-use crate::workloads::{Sampling, TrajIds, Workload, FRAME_BYTES, STACK_DEPTH};
+use crate::workloads::{Sampling, TrajIds, Workload, ALPHA, BETA, EPS, FRAME_BYTES, STACK_DEPTH};
 use replaybuf::{Batch, ReplayBuffer, Writer};
+use replaybuf_floors::{
+    huge_pages, xorshift, FreshPriorities, PlainPrioritized, PlainUniform, Transition,
+};
 
 /// Which workloads to run and how big.
 #[derive(Clone, Debug)]
@@ -74,36 +75,6 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Fresh priorities in [0.1, 1.1), as the peers' sample+update uses.
-pub struct FreshPriorities {
-    state: u64,
-    values: Vec<f64>,
-}
-
-impl FreshPriorities {
-    pub fn new(n: usize, seed: u64) -> FreshPriorities {
-        FreshPriorities {
-            state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-            values: vec![0.0; n],
-        }
-    }
-
-    pub(crate) fn next(&mut self) -> &[f64] {
-        for v in &mut self.values {
-            *v = 0.1 + (xorshift(&mut self.state) >> 11) as f64 / (1u64 << 53) as f64;
-        }
-        &self.values
-    }
-}
-
-/// The next number of a xorshift64 stream (`state` never 0).
-pub(crate) fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 /// One learner step: a sample of `batch`'s rows, and for prioritized workloads an update
 /// of their priorities.
 pub fn learner_step(
@@ -115,7 +86,7 @@ pub fn learner_step(
     if let Some(fresh) = fresh {
         learner
             .buffer()
-            .update_priority(batch.index(), batch.generations(), fresh.next())
+            .update_priority(batch.index(), batch.generations(), fresh.next_batch())
             .expect("update");
     }
 }
@@ -177,7 +148,7 @@ pub fn single(w: Workload, samples: usize) {
     if w.prioritized() {
         // The same step again, in laps alternating with laps of it done plainly and
         // tuned as the buffer's is (`plain_tree.rs`): its floor, in this run's spell.
-        let mut plain = PlainPrioritized::new(w);
+        let mut plain = PlainPrioritized::new(&w.shape(), ALPHA as f32, BETA as f32, EPS);
         let timed = paired(w, &mut step, [&mut || plain.step()]);
         emit_paired(
             w,
@@ -189,7 +160,7 @@ pub fn single(w: Workload, samples: usize) {
     } else if matches!(w.sampling, Sampling::Uniform) && !w.frames {
         // The uniform sample again, in laps alternating with the same gather from a
         // plain array (`plain_rows.rs`): its raw-memory floor, in this run's spell.
-        let mut plain = PlainUniform::new(w);
+        let mut plain = PlainUniform::new(&w.shape());
         let timed = paired(w, &mut step, [&mut || plain.sample()]);
         emit_paired(
             w,
@@ -259,7 +230,7 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     let plain: Vec<Vec<u8>> = sources.iter().map(|s| vec![1u8; column_bytes(s)]).collect();
     let huge: Vec<memmap2::MmapMut> = sources
         .iter()
-        .map(|s| floor_memory(column_bytes(s)))
+        .map(|s| huge_pages(column_bytes(s)))
         .collect();
     let mut plain_copy = column_copy(plain, &sources, w.chunk, rows);
     let mut huge_copy = column_copy(huge, &sources, w.chunk, rows);
@@ -280,18 +251,6 @@ fn extend_paired(w: Workload, collector: &mut Collector) {
     );
 }
 
-/// The mujoco transition as one `#[repr(C)]` value, for the typed face: 168 bytes, the
-/// row's 165 with `done` widened to a word (as `benches/extend.rs` has it).
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-struct Transition {
-    obs: [f32; 17],
-    action: [f32; 6],
-    reward: f32,
-    next_obs: [f32; 17],
-    done: u32,
-}
-
 /// The typed face's `extend` (`push_many`) of a chunk of `w`'s rows as [`Transition`]s
 /// into a full `TypedBuffer` of `w.capacity`, in laps alternating with a `memcpy` of the
 /// same bytes into a ring of as many transitions: on 4 KiB pages, written first (system
@@ -304,16 +263,7 @@ fn typed_paired(w: Workload) {
         .seed(7)
         .build()
         .expect("a typed buffer");
-    let items = vec![
-        Transition {
-            obs: [1.0; 17],
-            action: [0.5; 6],
-            reward: 1.0,
-            next_obs: [2.0; 17],
-            done: 0,
-        };
-        w.chunk
-    ];
+    let items = Transition::chunk(w.chunk);
     // Full, and lapping: steady state, as the other extends are timed.
     for _ in 0..=w.capacity / w.chunk {
         rb.extend(&items).expect("typed extend");
@@ -321,7 +271,7 @@ fn typed_paired(w: Workload) {
     let source = [bytemuck::cast_slice::<Transition, u8>(&items).to_vec()];
     let ring_bytes = w.capacity * std::mem::size_of::<Transition>();
     let mut plain_copy = column_copy(vec![vec![1u8; ring_bytes]], &source, w.chunk, w.capacity);
-    let mut huge_copy = column_copy(vec![floor_memory(ring_bytes)], &source, w.chunk, w.capacity);
+    let mut huge_copy = column_copy(vec![huge_pages(ring_bytes)], &source, w.chunk, w.capacity);
     let mut typed = || {
         std::hint::black_box(rb.extend(&items).expect("typed extend"));
     };
@@ -399,16 +349,6 @@ fn emit_paired<const F: usize>(
     }
 }
 
-/// `bytes` of memory for a raw-memory floor: on huge pages where the kernel gives them,
-/// as the buffer's storage asks, and written first, since untouched pages would all
-/// read one cached zero page (and a copy into them would pay their first touch).
-pub(crate) fn floor_memory(bytes: usize) -> memmap2::MmapMut {
-    let mut map = memmap2::MmapMut::map_anon(bytes).expect("floor memory");
-    let _ = map.advise(memmap2::Advice::HugePage);
-    map.fill(1);
-    map
-}
-
 /// One call of a raw column copy: each of `sources` (a chunk of `chunk` rows of its
 /// column) copied into its column of `columns` (`rows` rows each), the next rows in
 /// sequence, from the first again once the columns are full.
@@ -443,8 +383,8 @@ fn frames_floor(w: Workload, samples: usize) {
     const FRAME: usize = FRAME_BYTES;
     const SMALL: usize = 8 + 4 + 1;
     let steps = w.capacity;
-    let frames = floor_memory(steps * FRAME);
-    let small = floor_memory(steps * SMALL);
+    let frames = huge_pages(steps * FRAME);
+    let small = huge_pages(steps * SMALL);
     let mut obs = vec![0u8; w.batch * DEPTH * FRAME];
     let mut next = vec![0u8; w.batch * DEPTH * FRAME];
     let mut small_out = vec![0u8; w.batch * SMALL];

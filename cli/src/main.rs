@@ -7,8 +7,6 @@
 mod bench;
 mod demo;
 mod persist;
-mod plain_rows;
-mod plain_tree;
 mod shared_bench;
 mod sim;
 mod workloads;

@@ -2,6 +2,7 @@
 
 use replaybuf::sampler::{Prioritized, Slice};
 use replaybuf::{Batch, DType, Frames, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf_floors::Shape;
 
 /// Steps after which a frames workload's stream repeats itself: a multiple of the
 /// chunk and of [`EPISODE_STEPS`].
@@ -17,6 +18,11 @@ pub const TRAJ_STEPS: u64 = 200;
 pub const SLICES_PER_BATCH: usize = 8;
 /// The slice workload's trajectory-id field (i64, shape `[1]`).
 pub const TRAJ_KEY: &str = "traj";
+/// The prioritized workloads' sampler: priorities to the power `ALPHA` as masses,
+/// weights to the power `BETA`, `EPS` added to every priority (WORKLOADS.md).
+pub const ALPHA: f64 = 0.6;
+pub const BETA: f64 = 0.4;
+pub const EPS: f64 = 1e-8;
 
 /// How a workload's buffer draws its batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,9 +123,17 @@ impl Workload {
         }
         match self.sampling {
             Sampling::Uniform => b,
-            Sampling::Prioritized => b.sampler(Prioritized::new(0.6, 0.4).eps(1e-8)),
+            Sampling::Prioritized => b.sampler(Prioritized::new(ALPHA, BETA).eps(EPS)),
             Sampling::Slice => b.sampler(Slice::num_slices(SLICES_PER_BATCH).traj_key(TRAJ_KEY)),
         }
+    }
+
+    /// The shape of this workload's rows and batches, for the plain floors
+    /// (`replaybuf_floors`).
+    pub fn shape(&self) -> Shape {
+        let spec = self.spec();
+        let fields = spec.fields().iter().map(|f| (f.offset(), f.bytes()));
+        Shape::new(spec.row_bytes(), fields, self.capacity, self.batch)
     }
 
     pub fn spec(&self) -> Spec {

@@ -1,14 +1,44 @@
-//! A workload's rows held plainly, for `replaybuf bench` to time the buffer's reads
-//! beside the same reads with nothing shared: [`PlainRows`], the rows in one array and
-//! a batch's columns to copy them into, and [`PlainUniform`], a uniform sample of them
-//! (system `plain-gather`).
+//! A workload's rows held plainly, to time the buffer's reads beside the same reads
+//! with nothing shared: [`PlainRows`], the rows in one array and a batch's columns to
+//! copy them into, and [`PlainUniform`], a uniform sample of them (`replaybuf bench`'s
+//! system `plain-gather`).
 
-use crate::bench::{floor_memory, xorshift};
-use crate::workloads::Workload;
+use crate::{huge_pages, xorshift};
+
+/// The shape of a workload a floor holds: its rows and its batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Bytes of a row, as the buffer's spec lays it out.
+    pub row_bytes: usize,
+    /// Each field's offset in a row and its bytes, in the spec's order.
+    pub fields: Vec<(usize, usize)>,
+    /// Rows held.
+    pub capacity: usize,
+    /// Rows of a sampled batch.
+    pub batch: usize,
+}
+
+impl Shape {
+    /// `capacity` rows of `row_bytes`, holding `fields` (each its offset in a row and
+    /// its bytes, in the spec's order), sampled `batch` rows at a time.
+    pub fn new(
+        row_bytes: usize,
+        fields: impl IntoIterator<Item = (usize, usize)>,
+        capacity: usize,
+        batch: usize,
+    ) -> Shape {
+        Shape {
+            row_bytes,
+            fields: fields.into_iter().collect(),
+            capacity,
+            batch,
+        }
+    }
+}
 
 /// Rows ahead of the one being copied whose lines a gather has started into L1, as the
 /// buffer's sample does (its `SAMPLE_AHEAD_DRAWS`).
-const AHEAD: usize = 16;
+pub const AHEAD: usize = 16;
 
 /// A full buffer's rows in one plain array on huge pages, as the buffer's memory is,
 /// and a batch's columns, a field each.
@@ -21,22 +51,17 @@ pub struct PlainRows {
 }
 
 impl PlainRows {
-    /// `w.capacity` rows of `w`'s fields and columns of `w.batch` rows.
-    pub fn new(w: Workload) -> PlainRows {
-        let spec = w.spec();
-        let fields: Vec<(usize, usize)> = spec
-            .fields()
-            .iter()
-            .map(|f| (f.offset(), f.bytes()))
-            .collect();
+    /// `shape.capacity` rows of its fields and columns of `shape.batch` rows.
+    pub fn new(shape: &Shape) -> PlainRows {
         PlainRows {
-            rows: floor_memory(w.capacity * spec.row_bytes()),
-            row_bytes: spec.row_bytes(),
-            columns: fields
+            rows: huge_pages(shape.capacity * shape.row_bytes),
+            row_bytes: shape.row_bytes,
+            columns: shape
+                .fields
                 .iter()
-                .map(|&(_, b)| vec![0u8; b * w.batch])
+                .map(|&(_, b)| vec![0u8; b * shape.batch])
                 .collect(),
-            fields,
+            fields: shape.fields.clone(),
         }
     }
 
@@ -97,12 +122,12 @@ pub struct PlainUniform {
 }
 
 impl PlainUniform {
-    pub fn new(w: Workload) -> PlainUniform {
+    pub fn new(shape: &Shape) -> PlainUniform {
         PlainUniform {
-            rows: PlainRows::new(w),
-            capacity: w.capacity,
+            rows: PlainRows::new(shape),
+            capacity: shape.capacity,
             state: 0x2545_f491_4f6c_dd1d,
-            drawn: vec![0; w.batch],
+            drawn: vec![0; shape.batch],
         }
     }
 
@@ -123,8 +148,11 @@ impl PlainUniform {
 /// the end, or one byte. The moves the buffer's reads make, where `copy_from_slice` of
 /// a length known only when the program runs calls `memcpy` (a mujoco row's five
 /// fields, five calls).
+///
+/// # Panics
+/// If `dst` and `src` differ in length.
 #[inline(always)]
-fn copy_field(dst: &mut [u8], src: &[u8]) {
+pub fn copy_field(dst: &mut [u8], src: &[u8]) {
     /// Two moves of `N` bytes: at the start and ending at the end.
     fn pair<const N: usize>(dst: &mut [u8], src: &[u8]) {
         let last = src.len() - N;
@@ -185,6 +213,14 @@ pub fn prefetch_lines(bytes: &[u8], level: Level) {
     let _ = (bytes, level);
 }
 
+/// The mujoco workload's shape (165 payload bytes in 168-byte rows, batches of 256)
+/// over `capacity` rows, for the tests.
+#[cfg(test)]
+pub(crate) fn mujoco(capacity: usize) -> Shape {
+    let fields = [(0, 68), (68, 24), (92, 4), (96, 68), (164, 1)];
+    Shape::new(168, fields, capacity, 256)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,17 +244,14 @@ mod tests {
     /// cover the rows evenly.
     #[test]
     fn a_plain_sample_copies_the_drawn_rows_and_draws_them_evenly() {
-        let w = Workload {
-            capacity: 1_000,
-            ..Workload::mujoco(true)
-        };
-        let mut plain = PlainUniform::new(w);
+        let shape = mujoco(1_000);
+        let mut plain = PlainUniform::new(&shape);
         // Every byte of row `i` holds `i % 251`.
-        for i in 0..w.capacity {
+        for i in 0..shape.capacity {
             let start = i * plain.rows.row_bytes;
             plain.rows.rows[start..start + plain.rows.row_bytes].fill((i % 251) as u8);
         }
-        let mut hits = vec![0usize; w.capacity];
+        let mut hits = vec![0usize; shape.capacity];
         for _ in 0..200 {
             plain.sample();
             for (k, &row) in plain.drawn.iter().enumerate() {

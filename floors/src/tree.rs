@@ -22,18 +22,17 @@
 //! No stamps, laps, atomics, retries or checks: the floor of the buffer's step on this
 //! machine, in the same process and the same spells.
 
-use crate::bench::{floor_memory, xorshift, FreshPriorities};
-use crate::plain_rows::{prefetch_lines, Level, PlainRows};
-use crate::workloads::Workload;
+use crate::rows::{prefetch_lines, Level, PlainRows, Shape};
+use crate::{huge_pages, xorshift, FreshPriorities};
 
 /// Children of a node, as in the buffer's trees.
-const ARITY: usize = 16;
+pub const ARITY: usize = 16;
 /// Updates ahead of the one being applied whose lines have been started into L1, as the
 /// buffer's updates do (`UPDATES_AHEAD` in its `update_many`).
-const UPDATES_AHEAD: usize = 16;
+pub const UPDATES_AHEAD: usize = 16;
 /// The most entries of the level a batch's descents start from, as in the buffer's
 /// samples (its `SUMMIT_ENTRIES`).
-const SUMMIT_ENTRIES: usize = 512;
+pub const SUMMIT_ENTRIES: usize = 512;
 
 /// The plain step's state: rows, trees, and a batch's room.
 pub struct PlainPrioritized {
@@ -64,32 +63,33 @@ pub struct PlainPrioritized {
 }
 
 impl PlainPrioritized {
-    /// A full buffer of `w`'s rows, every one at priority 1 (the priority new rows of the
-    /// buffer get before any update), with the sampler's settings of
-    /// [`Workload::builder`] (alpha 0.6, beta 0.4, eps 1e-8).
-    pub fn new(w: Workload) -> PlainPrioritized {
+    /// A full buffer of `shape`'s rows, every one at priority 1 (the priority new rows
+    /// of the buffer get before any update), its masses `(p + eps)^alpha` and its
+    /// weights `(min / m)^beta`, as the buffer's `Prioritized::new(alpha,
+    /// beta).eps(eps)` makes them.
+    pub fn new(shape: &Shape, alpha: f32, beta: f32, eps: f64) -> PlainPrioritized {
         let mut plain = PlainPrioritized {
-            rows: PlainRows::new(w),
+            rows: PlainRows::new(shape),
             sums: Vec::new(),
             mins: Vec::new(),
-            raws: Words::of(&vec![1f64.to_bits(); w.capacity]),
-            alpha: 0.6,
-            beta: 0.4,
-            eps: 1e-8,
+            raws: Words::of(&vec![1f64.to_bits(); shape.capacity]),
+            alpha,
+            beta,
+            eps,
             // Masses near 2^40, as the buffer's of a million rows are.
             unit: (1u64 << 40) as f64,
             state: 0x9e37_79b9_7f4a_7c15,
-            fresh: FreshPriorities::new(w.batch, 5),
-            drawn: vec![0; w.batch],
-            left: vec![0; w.batch],
+            fresh: FreshPriorities::new(shape.batch, 5),
+            drawn: vec![0; shape.batch],
+            left: vec![0; shape.batch],
             summit: Vec::with_capacity(SUMMIT_ENTRIES),
             #[cfg(target_arch = "x86_64")]
             avx2: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("popcnt"),
             #[cfg(not(target_arch = "x86_64"))]
             avx2: false,
-            weights: vec![0.0; w.batch],
+            weights: vec![0.0; shape.batch],
         };
-        let mut level = vec![plain.mass(1.0); w.capacity];
+        let mut level = vec![plain.mass(1.0); shape.capacity];
         let mut mins = level.clone();
         while level.len() > 1 {
             let up: Vec<u64> = level.chunks(ARITY).map(|c| c.iter().sum()).collect();
@@ -202,7 +202,7 @@ impl PlainPrioritized {
         for &row in drawn.iter().take(UPDATES_AHEAD) {
             prefetch_update(sums, mins, raws, row);
         }
-        for (k, (&row, &p)) in drawn.iter().zip(fresh.next()).enumerate() {
+        for (k, (&row, &p)) in drawn.iter().zip(fresh.next_batch()).enumerate() {
             if let Some(&ahead) = drawn.get(k + UPDATES_AHEAD) {
                 prefetch_update(sums, mins, raws, ahead);
             }
@@ -342,7 +342,7 @@ struct Words {
 impl Words {
     fn of(values: &[u64]) -> Words {
         let mut words = Words {
-            map: floor_memory(values.len().max(1) * 8),
+            map: huge_pages(values.len().max(1) * 8),
             len: values.len(),
         };
         words.copy_from_slice(values);
@@ -393,13 +393,12 @@ mod tests {
         }
     }
 
-    /// The plain step of the mujoco-prioritized workload over `capacity` rows.
-    fn of_rows(capacity: usize) -> (Workload, PlainPrioritized) {
-        let w = Workload {
-            capacity,
-            ..Workload::mujoco_prioritized(true)
-        };
-        (w, PlainPrioritized::new(w))
+    /// The plain step of the mujoco-prioritized workload over `capacity` rows (alpha
+    /// 0.6, beta 0.4, eps 1e-8).
+    fn of_rows(capacity: usize) -> (Shape, PlainPrioritized) {
+        let shape = crate::rows::mujoco(capacity);
+        let plain = PlainPrioritized::new(&shape, 0.6, 0.4, 1e-8);
+        (shape, plain)
     }
 
     #[test]
@@ -448,7 +447,7 @@ mod tests {
     /// the draws.
     #[test]
     fn plain_draws_follow_the_masses() {
-        let (w, mut plain) = of_rows(4_096);
+        let (shape, mut plain) = of_rows(4_096);
         let heavy = 1_234;
         let rest: u64 = plain.sums[0].iter().sum::<u64>() - plain.sums[0][heavy];
         let delta = rest - plain.sums[0][heavy];
@@ -463,7 +462,7 @@ mod tests {
             plain.sample();
             hits += plain.drawn.iter().filter(|&&r| r == heavy).count();
         }
-        let share = hits as f64 / (40 * w.batch) as f64;
+        let share = hits as f64 / (40 * shape.batch) as f64;
         assert!((0.45..0.55).contains(&share), "{share}");
     }
 }
