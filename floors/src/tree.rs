@@ -33,6 +33,11 @@ pub const UPDATES_AHEAD: usize = 16;
 /// The most entries of the level a batch's descents start from, as in the buffer's
 /// samples (its `SUMMIT_ENTRIES`).
 pub const SUMMIT_ENTRIES: usize = 512;
+/// The most rows a plain prioritized floor holds: its masses are near 2^40 (as the
+/// buffer's of a million rows are; its priorities, 1 and then [`FreshPriorities`]'
+/// under 1.1, keep them under 2^41), so every running total of this many rows stays
+/// under 2^63, where the AVX2 pick's signed comparison is exact.
+pub const MAX_ROWS: usize = 1 << 22;
 
 /// The plain step's state: rows, trees, and a batch's room.
 pub struct PlainPrioritized {
@@ -67,7 +72,15 @@ impl PlainPrioritized {
     /// of the buffer get before any update), its masses `(p + eps)^alpha` and its
     /// weights `(min / m)^beta`, as the buffer's `Prioritized::new(alpha,
     /// beta).eps(eps)` makes them.
+    ///
+    /// # Panics
+    /// If `shape` holds no rows or more than [`MAX_ROWS`].
     pub fn new(shape: &Shape, alpha: f32, beta: f32, eps: f64) -> PlainPrioritized {
+        assert!(
+            (1..=MAX_ROWS).contains(&shape.capacity),
+            "a plain prioritized floor of 1 to {MAX_ROWS} rows, not {}",
+            shape.capacity
+        );
         let mut plain = PlainPrioritized {
             rows: PlainRows::new(shape),
             sums: Vec::new(),
@@ -443,12 +456,28 @@ mod tests {
         }
     }
 
+    /// The trees of 100,000 rows: descents start two levels above the leaves (at a
+    /// summit of 391 entries), and updates climb three.
+    #[test]
+    fn deeper_plain_trees_stay_the_sums_and_minimums_of_their_leaves() {
+        let (_, mut plain) = of_rows(100_000);
+        for _ in 0..40 {
+            plain.step();
+        }
+        assert_consistent(&plain);
+    }
+
     /// Draws land in proportion to mass: a row holding half the mass gets about half
-    /// the draws.
+    /// the draws, whether the descents start one level above the leaves or two.
     #[test]
     fn plain_draws_follow_the_masses() {
-        let (shape, mut plain) = of_rows(4_096);
-        let heavy = 1_234;
+        for (rows, heavy) in [(4_096, 1_234), (100_000, 77_777)] {
+            draws_follow_the_masses(rows, heavy);
+        }
+    }
+
+    fn draws_follow_the_masses(rows: usize, heavy: usize) {
+        let (shape, mut plain) = of_rows(rows);
         let rest: u64 = plain.sums[0].iter().sum::<u64>() - plain.sums[0][heavy];
         let delta = rest - plain.sums[0][heavy];
         plain.sums[0][heavy] = rest;
@@ -463,6 +492,6 @@ mod tests {
             hits += plain.drawn.iter().filter(|&&r| r == heavy).count();
         }
         let share = hits as f64 / (40 * shape.batch) as f64;
-        assert!((0.45..0.55).contains(&share), "{share}");
+        assert!((0.45..0.55).contains(&share), "{rows} rows: {share}");
     }
 }
