@@ -147,7 +147,7 @@ pub fn single(w: Workload, samples: usize) {
     );
     if w.prioritized() {
         // The same step again, in laps alternating with laps of it done plainly and
-        // tuned as the buffer's is (`plain_tree.rs`): its floor, in this run's spell.
+        // tuned as the buffer's is (`floors/src/tree.rs`): its floor, in this run's spell.
         let mut plain = PlainPrioritized::new(&w.shape(), ALPHA as f32, BETA as f32, EPS);
         let timed = paired(w, &mut step, [&mut || plain.step()]);
         emit_paired(
@@ -159,7 +159,7 @@ pub fn single(w: Workload, samples: usize) {
         );
     } else if matches!(w.sampling, Sampling::Uniform) && !w.frames {
         // The uniform sample again, in laps alternating with the same gather from a
-        // plain array (`plain_rows.rs`): its raw-memory floor, in this run's spell.
+        // plain array (`floors/src/rows.rs`): its raw-memory floor, in this run's spell.
         let mut plain = PlainUniform::new(&w.shape());
         let timed = paired(w, &mut step, [&mut || plain.sample()]);
         emit_paired(

@@ -2,7 +2,7 @@
 
 use replaybuf::sampler::{Prioritized, Slice};
 use replaybuf::{Batch, DType, Frames, ReplayBuffer, ReplayBufferBuilder, Spec};
-use replaybuf_floors::Shape;
+use replaybuf_floors::{xorshift, Shape};
 
 /// Steps after which a frames workload's stream repeats itself: a multiple of the
 /// chunk and of [`EPISODE_STEPS`].
@@ -165,12 +165,7 @@ impl Workload {
     pub fn chunk_data(&self, rb: &ReplayBuffer, rows: usize, seed: u64) -> Batch {
         let mut batch = rb.batch([rows]);
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || xorshift(&mut x);
         for field in rb.spec().fields().to_vec() {
             match field.dtype() {
                 DType::F32 => batch

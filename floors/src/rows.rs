@@ -108,8 +108,8 @@ impl PlainRows {
     }
 }
 
-/// A uniform sample of a workload's batch done plainly: `w.batch` rows drawn uniformly
-/// among `w.capacity` in one plain array, each row's first line and the one 128 bytes on
+/// A uniform sample of a workload's batch done plainly: `shape.batch` rows drawn
+/// uniformly among `shape.capacity` in one plain array, each row's first line and the one 128 bytes on
 /// started into L2 for the whole batch first, then a window of [`AHEAD`] rows' lines
 /// into L1, the fields copied into the batch's columns: the buffer's sample prefetches
 /// as it does, without its stamps, laps, checks or redraws. The raw-memory floor of the

@@ -224,9 +224,9 @@ impl PlainPrioritized {
             let old = std::mem::replace(&mut sums[0][row], mass);
             let delta = mass.wrapping_sub(old);
             let mut node = row;
-            for sums in &mut sums[1..] {
+            for level in &mut sums[1..] {
                 node /= ARITY;
-                sums[node] = sums[node].wrapping_add(delta);
+                level[node] = level[node].wrapping_add(delta);
             }
             // The minimums above, while they change: a child that fell below its
             // entry lowers it; one that rose from the entry's value may have raised
