@@ -5,7 +5,9 @@
 //! segment trees, all behind one `Mutex`. Each alone, and while a background thread
 //! runs the other side (a collector extending, or a learner sampling and updating).
 //! The step also beside its floor alone (`plain_tree`: the same work done plainly on
-//! one thread, tuned as the buffer's step is, `replaybuf_floors::PlainPrioritized`).
+//! one thread, tuned as the buffer's step is, `replaybuf_floors::PlainPrioritized`),
+//! and the update alone beside the floor's after a flush of the caches, as a learner
+//! makes it after its forward and backward passes (`prioritized_update_cold_256_rows`).
 
 // The loom-facade rule of .clippy.toml is for the library, not its benches.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -14,15 +16,16 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use common::{Columns, LockedRing, CHUNK_ROWS, SAMPLE_ROWS, SEED};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use replaybuf::internals::sumtree::{Leaf, OwnedTree};
 use replaybuf::sampler::Prioritized;
 use replaybuf::ReplayBuffer;
-use replaybuf_floors::PlainPrioritized;
+use replaybuf_floors::{CacheFlush, PlainPrioritized};
 
 const ALPHA: f64 = 0.6;
 const BETA: f64 = 0.4;
@@ -230,6 +233,51 @@ fn prioritized(c: &mut Criterion) {
                 || locked_step(&mut background_rng),
                 || locked.lock().expect("not poisoned").extend(&columns),
             )
+        });
+    });
+    group.finish();
+
+    // The update alone, after its sample and a flush of the caches, as a learner's
+    // forward and backward passes leave them between the two; beside the floor's
+    // update after the same. Only the update is timed, but each iteration also writes
+    // over `CacheFlush::BYTES` (10 ms on this host), which criterion counts in its
+    // warm-up and its plan of each sample's iterations: about a hundred iterations.
+    let mut group = common::group(c, "prioritized_update_cold_256_rows", SAMPLE_ROWS);
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(1));
+    let mut flush = CacheFlush::new();
+    let mut state = (learner, batch, rng, priorities);
+    group.bench_function("lock_free/cold", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    flush.time_after(
+                        &mut state,
+                        |(learner, batch, rng, priorities)| {
+                            learner.sample_into(batch).expect("sample");
+                            fresh(rng, priorities);
+                        },
+                        |(_, batch, _, priorities)| {
+                            black_box(
+                                rb.update_priority(batch.index(), batch.generations(), priorities)
+                                    .expect("update"),
+                            );
+                        },
+                    )
+                })
+                .sum()
+        });
+    });
+    let mut floor =
+        PlainPrioritized::new(&common::floor_shape(&spec), ALPHA as f32, BETA as f32, EPS);
+    group.bench_function("plain_tree/cold", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| flush.time_after(&mut floor, |f| f.sample(), |f| f.update()))
+                .sum()
         });
     });
     group.finish();

@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::workloads::{Sampling, TrajIds, Workload, ALPHA, BETA, EPS, FRAME_BYTES, STACK_DEPTH};
 use replaybuf::{Batch, ReplayBuffer, Writer};
 use replaybuf_floors::{
-    huge_pages, xorshift, FreshPriorities, PlainPrioritized, PlainUniform, Transition,
+    huge_pages, xorshift, CacheFlush, FreshPriorities, PlainPrioritized, PlainUniform, Transition,
 };
 
 /// Which workloads to run and how big.
@@ -93,7 +93,7 @@ pub fn learner_step(
 
 /// fill, steady extend, sample and memory of one workload, with the paired
 /// measurements beside floors of each (`extend-paired`, `sample-paired`,
-/// `sample+update-paired`, `typed-extend-paired`).
+/// `sample+update-paired`, `update-cold-paired`, `typed-extend-paired`).
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
     let mut collector = Collector::new(w, &rb);
@@ -157,6 +157,14 @@ pub fn single(w: Workload, samples: usize) {
             timed,
             [("plain-tree", "to_plain_tree")],
         );
+        let timed = update_cold_paired(w, &mut learner, &mut batch, &mut plain);
+        emit_paired(
+            w,
+            "update-cold-paired",
+            w.batch,
+            timed,
+            [("plain-tree", "to_plain_tree")],
+        );
     } else if matches!(w.sampling, Sampling::Uniform) && !w.frames {
         // The uniform sample again, in laps alternating with the same gather from a
         // plain array (`floors/src/rows.rs`): its raw-memory floor, in this run's spell.
@@ -191,6 +199,48 @@ pub fn single(w: Workload, samples: usize) {
     if w.name == "mujoco" {
         typed_paired(w);
     }
+}
+
+/// Calls a lap of `update-cold-paired` makes, each side: each writes over
+/// [`CacheFlush::BYTES`] besides the update it times.
+const COLD_CALLS: usize = 16;
+
+/// A prioritized learner's update alone, each after a sample and a [`CacheFlush`], as
+/// a learner's forward and backward passes leave its cache between the two: in laps
+/// alternating with the plain step's update after the same (`floors/src/tree.rs`).
+/// Printed as op `update-cold-paired` (see [`emit_paired`]).
+fn update_cold_paired(
+    w: Workload,
+    learner: &mut replaybuf::Learner,
+    batch: &mut Batch,
+    plain: &mut PlainPrioritized,
+) -> Paired<1> {
+    let (mut flush, mut plain_flush) = (CacheFlush::new(), CacheFlush::new());
+    let mut state = (learner, batch, FreshPriorities::new(w.batch, 5));
+    let mut ours = |calls: usize| {
+        let timed: Duration = (0..calls)
+            .map(|_| {
+                flush.time_after(
+                    &mut state,
+                    |(learner, batch, _)| learner.sample_into(batch).expect("sample"),
+                    |(learner, batch, fresh)| {
+                        learner
+                            .buffer()
+                            .update_priority(batch.index(), batch.generations(), fresh.next_batch())
+                            .expect("update");
+                    },
+                )
+            })
+            .sum();
+        timed.as_secs_f64() / calls as f64
+    };
+    let mut floor = |calls: usize| {
+        let timed: Duration = (0..calls)
+            .map(|_| plain_flush.time_after(plain, |p| p.sample(), |p| p.update()))
+            .sum();
+        timed.as_secs_f64() / calls as f64
+    };
+    paired_laps(COLD_CALLS, &mut ours, [&mut floor])
 }
 
 /// Laps of the paired `extend` measurement, each side.
@@ -295,18 +345,28 @@ type Side<'a> = &'a mut dyn FnMut();
 /// crate's laps' ratios to its laps.
 type Paired<const F: usize> = (f64, [(f64, f64); F]);
 
+/// One side of a paired measurement that times part of each call (see
+/// [`paired_laps`]): given a lap's calls, the seconds a call that it timed.
+type Lap<'a> = &'a mut dyn FnMut(usize) -> f64;
+
 /// Times `ours` and `floors` in [`PAIRED_LAPS`] laps each, taking turns lap by lap:
 /// seconds a call. A lap is a tenth of the calls that lap `w`'s ring, at least 50.
 fn paired<const F: usize>(w: Workload, ours: Side<'_>, mut floors: [Side<'_>; F]) -> Paired<F> {
-    let calls = (w.capacity / w.chunk / 10).max(50);
+    let mut floors = floors
+        .each_mut()
+        .map(|side| move |calls: usize| seconds_per_op(calls, &mut **side));
+    paired_laps(
+        (w.capacity / w.chunk / 10).max(50),
+        &mut |calls| seconds_per_op(calls, &mut *ours),
+        floors.each_mut().map(|lap| lap as Lap<'_>),
+    )
+}
+
+/// [`paired`] for sides that time themselves: [`PAIRED_LAPS`] laps of `calls` calls
+/// each, taking turns lap by lap.
+fn paired_laps<const F: usize>(calls: usize, ours: Lap<'_>, mut floors: [Lap<'_>; F]) -> Paired<F> {
     let laps: Vec<(f64, [f64; F])> = (0..PAIRED_LAPS)
-        .map(|_| {
-            let ours = seconds_per_op(calls, &mut *ours);
-            (
-                ours,
-                std::array::from_fn(|k| seconds_per_op(calls, &mut floors[k])),
-            )
-        })
+        .map(|_| (ours(calls), std::array::from_fn(|k| floors[k](calls))))
         .collect();
     let median = |lap: &dyn Fn(f64, &[f64; F]) -> f64| {
         let mut v: Vec<f64> = laps

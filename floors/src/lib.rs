@@ -5,6 +5,8 @@
 //!   gathered plainly ([`PlainUniform`]): the raw-memory floor of the buffer's `sample`.
 //! - [`tree`]: a prioritized learner's `sample+update` done plainly on one thread
 //!   ([`PlainPrioritized`]), tuned as the buffer's step is: its floor.
+//! - [`CacheFlush`]: pushes every line a bench touched out of the caches, as a
+//!   learner's forward and backward passes do between its sample and its update.
 //! - [`Transition`]: the mujoco row as one `#[repr(C)]` value, which the typed face's
 //!   benches push.
 //!
@@ -16,6 +18,8 @@
 
 pub mod rows;
 pub mod tree;
+
+use std::time::{Duration, Instant};
 
 pub use rows::{PlainRows, PlainUniform, Shape};
 pub use tree::PlainPrioritized;
@@ -56,6 +60,60 @@ pub fn huge_pages(bytes: usize) -> memmap2::MmapMut {
     let _ = map.advise(memmap2::Advice::HugePage);
     map.fill(1);
     map
+}
+
+/// Memory to write over between a learner's sample and its update, so that the update
+/// starts with the batch's lines out of every cache, as it does after a learner's
+/// forward and backward passes over a network: twice the last-level cache's bytes
+/// ([`CacheFlush::BYTES`]), written a byte a line.
+pub struct CacheFlush {
+    lines: Vec<u8>,
+    pass: u8,
+}
+
+impl CacheFlush {
+    /// Bytes written over: twice the 32 MiB last-level cache of the hosts these benches
+    /// have run on, so that whatever replacement policy it has keeps no line of before.
+    pub const BYTES: usize = 64 << 20;
+
+    /// The memory, written once (a first touch of its pages would otherwise cost the
+    /// first flush many times a later one's).
+    pub fn new() -> CacheFlush {
+        CacheFlush {
+            lines: vec![1; Self::BYTES],
+            pass: 1,
+        }
+    }
+
+    /// Runs `before` on `state`, flushes, then runs `timed` on it: how long `timed`
+    /// took (a learner's sample, its passes, and its update, timing the update).
+    pub fn time_after<S: ?Sized>(
+        &mut self,
+        state: &mut S,
+        before: impl FnOnce(&mut S),
+        timed: impl FnOnce(&mut S),
+    ) -> Duration {
+        before(state);
+        self.flush();
+        let start = Instant::now();
+        timed(state);
+        start.elapsed()
+    }
+
+    /// Writes a byte of every line (a new value each pass, so none is a no-op).
+    pub fn flush(&mut self) {
+        self.pass = self.pass.wrapping_add(1);
+        for line in self.lines.chunks_exact_mut(64) {
+            line[0] = self.pass;
+        }
+        std::hint::black_box(&mut self.lines);
+    }
+}
+
+impl Default for CacheFlush {
+    fn default() -> CacheFlush {
+        CacheFlush::new()
+    }
 }
 
 /// The next number of a xorshift64 stream (`state` never 0).

@@ -133,7 +133,7 @@ impl PlainPrioritized {
 
     /// A prioritized sample of the batch into the batch's columns and weights, its
     /// picks counted with AVX2 where the CPU has it, as the buffer's are.
-    fn sample(&mut self) {
+    pub fn sample(&mut self) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: `avx2` says the CPU has AVX2 and POPCNT.
@@ -202,7 +202,10 @@ impl PlainPrioritized {
         std::hint::black_box((self.rows.columns(), &self.weights));
     }
 
-    fn update(&mut self) {
+    /// Fresh priorities for the rows the last [`PlainPrioritized::sample`] drew (the
+    /// second half of a step), timed alone where a bench has pushed the rows' lines out
+    /// of the cache between the two, as a learner's passes do.
+    pub fn update(&mut self) {
         let (alpha, eps, unit) = (self.alpha, self.eps, self.unit);
         let PlainPrioritized {
             fresh,

@@ -549,6 +549,15 @@ impl Storage {
         stamp::begin_read(self.stamp(ring.first_slot + leaf))
     }
 
+    /// Starts loading the line holding slot `leaf` of shard `k`'s stamp and raw
+    /// priority word ([`Storage::stamp_of`]), for a priority update that checks the one
+    /// and sets the other.
+    #[inline(always)]
+    pub(crate) fn prefetch_stamp(&self, k: usize, leaf: u64) {
+        let slot = self.shards[k].ring().first_slot + leaf;
+        atomic_copy::prefetch(self.words(), self.slot_offset(slot), Intent::Write);
+    }
+
     /// The fields of a row as extends give them and samples return them.
     pub(crate) fn spec(&self) -> &Arc<Spec> {
         &self.spec
