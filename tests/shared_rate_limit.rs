@@ -110,38 +110,52 @@ fn collector_processes_and_a_learner_keep_one_ratio() {
     let (low, high) = limit.diff_band();
     // Overshoot past the band: one call per caller racing (two collectors, a learner).
     let (floor, ceiling) = (low - BATCH as f64, high + 2.0 * CHUNK as f64 * spi);
-    let mut collectors: Vec<Child> = (0..2).map(|_| spawn(&name, "collector")).collect();
-    let mut learner = rb.learner();
-    let mut drawn = 0u64;
     // The learner draws until what the collectors will have written leaves the diff
     // at the band's floor (it waits for them whenever it runs ahead).
-    let owed = 2.0 * 100.0 * CHUNK as f64 * spi;
-    let mut paused = false;
-    while owed - drawn as f64 > low {
-        match learner.sample(BATCH) {
-            Ok(b) => drawn += b.len() as u64,
-            Err(e) => panic!("{e}"),
+    let learn = || {
+        let mut learner = rb.learner();
+        let mut drawn = 0u64;
+        let owed = 2.0 * 100.0 * CHUNK as f64 * spi;
+        let mut paused = false;
+        while owed - drawn as f64 > low {
+            match learner.sample(BATCH) {
+                Ok(b) => drawn += b.len() as u64,
+                Err(e) => panic!("{e}"),
+            }
+            if !paused {
+                // The first sample waited for the collectors' first rows; a learner
+                // that then lags a while makes the collectors run into the band and
+                // wait too, however the two sides happen to be scheduled.
+                paused = true;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let s = rb.rate_limit_stats().unwrap();
+            if s.inserts >= min_size {
+                assert!(
+                    (floor..=ceiling).contains(&s.diff()),
+                    "diff {} outside {floor}..={ceiling} ({s:?})",
+                    s.diff()
+                );
+            }
         }
-        if !paused {
-            // The first sample waited for the collectors' first rows; a learner that
-            // then lags a while makes the collectors run into the band and wait too,
-            // however the two sides happen to be scheduled.
-            paused = true;
-            std::thread::sleep(Duration::from_millis(100));
+        drawn
+    };
+    let drawn = std::thread::scope(|scope| {
+        let learning = scope.spawn(learn);
+        // The collectors start a while after the learner, whose first sample so waits
+        // for their rows however the processes are scheduled (started first, they
+        // once had 200 rows in before it, under AddressSanitizer, and it never
+        // waited). Spawned by this thread, which outlives them: a child is killed
+        // when the thread that spawned it ends (`common::child`).
+        std::thread::sleep(Duration::from_millis(300));
+        let mut collectors: Vec<Child> = (0..2).map(|_| spawn(&name, "collector")).collect();
+        let drawn = learning.join().unwrap();
+        for c in &mut collectors {
+            assert_eq!(said(c).collect::<Vec<_>>(), ["done"]);
+            assert!(c.wait().unwrap().success());
         }
-        let s = rb.rate_limit_stats().unwrap();
-        if s.inserts >= min_size {
-            assert!(
-                (floor..=ceiling).contains(&s.diff()),
-                "diff {} outside {floor}..={ceiling} ({s:?})",
-                s.diff()
-            );
-        }
-    }
-    for c in &mut collectors {
-        assert_eq!(said(c).collect::<Vec<_>>(), ["done"]);
-        assert!(c.wait().unwrap().success());
-    }
+        drawn
+    });
     let s = rb.rate_limit_stats().unwrap();
     assert_eq!(s.inserts, 2 * 100 * CHUNK as u64);
     assert_eq!(s.samples, drawn);

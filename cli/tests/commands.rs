@@ -244,13 +244,11 @@ fn a_workload_bench_times_its_extends_and_sample_beside_their_floors_in_the_same
 }
 
 #[test]
-fn a_prioritized_bench_times_its_sample_update_beside_a_plain_tree_in_the_same_run() {
+fn a_prioritized_bench_times_its_sample_update_and_its_cold_update_beside_a_plain_tree() {
     let lines = bench_lines(&["--quick", "--workload", "mujoco-prioritized"]);
-    assert_paired(
-        &lines,
-        "sample+update-paired",
-        &[("plain-tree", "to_plain_tree")],
-    );
+    for op in ["sample+update-paired", "update-cold-paired"] {
+        assert_paired(&lines, op, &[("plain-tree", "to_plain_tree")]);
+    }
 }
 
 /// `op`'s paired lines: this crate's, with a ratio to each of `floors` (its system and

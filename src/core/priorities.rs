@@ -159,12 +159,11 @@ impl Core {
         let geometry = self.storage.geometry();
         let mut slots = Vec::with_capacity(index.len());
         for &i in index {
-            let Some(at @ (k, pos, lane)) = geometry.locate(i) else {
+            let Some(at) = geometry.locate(i) else {
                 let capacity = geometry.capacity();
                 return Err(PriorityError::OutOfRange { index: i, capacity }.into());
             };
-            let width = self.storage.shards()[k as usize].ring().width;
-            self.storage.prefetch_stamp(k as usize, pos * width + lane);
+            self.storage.prefetch_stamp(at);
             slots.push(at);
         }
         let per_row = priority.len() / index.len();

@@ -549,12 +549,13 @@ impl Storage {
         stamp::begin_read(self.stamp(ring.first_slot + leaf))
     }
 
-    /// Starts loading the line holding slot `leaf` of shard `k`'s stamp and raw
-    /// priority word ([`Storage::stamp_of`]), for a priority update that checks the one
-    /// and sets the other.
+    /// Starts loading the line holding the stamp and raw priority word of shard `k`'s
+    /// slot at position `pos`, lane `lane` ([`Storage::stamp_of`]), for a priority
+    /// update that checks the one and sets the other.
     #[inline(always)]
-    pub(crate) fn prefetch_stamp(&self, k: usize, leaf: u64) {
-        let slot = self.shards[k].ring().first_slot + leaf;
+    pub(crate) fn prefetch_stamp(&self, (k, pos, lane): (u64, u64, u64)) {
+        let ring = self.shards[k as usize].ring();
+        let slot = ring.first_slot + pos * ring.width + lane;
         atomic_copy::prefetch(self.words(), self.slot_offset(slot), Intent::Write);
     }
 

@@ -24,7 +24,8 @@ pub fn child(test: &str, wrapper: &[&str]) -> Command {
     };
     cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"]);
     // A child that outlives its test (one that failed before killing it) would run its
-    // role forever: the kernel kills it when this process ends.
+    // role forever: the kernel kills it when the thread that spawned it ends (the
+    // death signal follows the spawning thread, not the process).
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
