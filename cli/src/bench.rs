@@ -93,7 +93,8 @@ pub fn learner_step(
 
 /// fill, steady extend, sample and memory of one workload, with the paired
 /// measurements beside floors of each (`extend-paired`, `sample-paired`,
-/// `sample+update-paired`, `update-cold-paired`, `typed-extend-paired`).
+/// `sample-cold-paired`, `sample+update-paired`, `update-cold-paired`,
+/// `typed-extend-paired`).
 pub fn single(w: Workload, samples: usize) {
     let rb = w.builder(7).build().expect("workload buffer");
     let mut collector = Collector::new(w, &rb);
@@ -177,6 +178,14 @@ pub fn single(w: Workload, samples: usize) {
             timed,
             [("plain-gather", "to_floor")],
         );
+        let timed = sample_cold_paired(&mut learner, &mut batch, &mut plain);
+        emit_paired(
+            w,
+            "sample-cold-paired",
+            w.batch,
+            timed,
+            [("plain-gather", "to_floor")],
+        );
     }
 
     println!(
@@ -201,9 +210,43 @@ pub fn single(w: Workload, samples: usize) {
     }
 }
 
-/// Calls a lap of `update-cold-paired` makes, each side: each writes over
+/// Calls a lap of a `-cold-paired` measurement makes, each side: each writes over
 /// [`CacheFlush::BYTES`] besides the update it times.
 const COLD_CALLS: usize = 16;
+
+/// Mean seconds of `calls` calls of `timed`, each saying how long the part of it that
+/// it timed took.
+fn mean_of(calls: usize, mut timed: impl FnMut() -> Duration) -> f64 {
+    (0..calls).map(|_| timed()).sum::<Duration>().as_secs_f64() / calls.max(1) as f64
+}
+
+/// The uniform sample alone, each after a [`CacheFlush`], as a learner's passes since
+/// its last step leave the cache: in laps alternating with the plain gather's after
+/// the same (`floors/src/rows.rs`). Printed as op `sample-cold-paired` (see
+/// [`emit_paired`]).
+fn sample_cold_paired(
+    learner: &mut replaybuf::Learner,
+    batch: &mut Batch,
+    plain: &mut PlainUniform,
+) -> Paired<1> {
+    let (mut flush, mut plain_flush) = (CacheFlush::new(), CacheFlush::new());
+    let mut state = (learner, batch);
+    let mut ours = |calls| {
+        mean_of(calls, || {
+            flush.time_after(
+                &mut state,
+                |_| {},
+                |(learner, batch)| learner.sample_into(batch).expect("sample"),
+            )
+        })
+    };
+    let mut floor = |calls| {
+        mean_of(calls, || {
+            plain_flush.time_after(plain, |_| {}, |p| p.sample())
+        })
+    };
+    paired_laps(COLD_CALLS, &mut ours, [&mut floor])
+}
 
 /// A prioritized learner's update alone, each after a sample and a [`CacheFlush`], as
 /// a learner's forward and backward passes leave its cache between the two: in laps
@@ -217,28 +260,24 @@ fn update_cold_paired(
 ) -> Paired<1> {
     let (mut flush, mut plain_flush) = (CacheFlush::new(), CacheFlush::new());
     let mut state = (learner, batch, FreshPriorities::new(w.batch, 5));
-    let mut ours = |calls: usize| {
-        let timed: Duration = (0..calls)
-            .map(|_| {
-                flush.time_after(
-                    &mut state,
-                    |(learner, batch, _)| learner.sample_into(batch).expect("sample"),
-                    |(learner, batch, fresh)| {
-                        learner
-                            .buffer()
-                            .update_priority(batch.index(), batch.generations(), fresh.next_batch())
-                            .expect("update");
-                    },
-                )
-            })
-            .sum();
-        timed.as_secs_f64() / calls as f64
+    let mut ours = |calls| {
+        mean_of(calls, || {
+            flush.time_after(
+                &mut state,
+                |(learner, batch, _)| learner.sample_into(batch).expect("sample"),
+                |(learner, batch, fresh)| {
+                    learner
+                        .buffer()
+                        .update_priority(batch.index(), batch.generations(), fresh.next_batch())
+                        .expect("update");
+                },
+            )
+        })
     };
-    let mut floor = |calls: usize| {
-        let timed: Duration = (0..calls)
-            .map(|_| plain_flush.time_after(plain, |p| p.sample(), |p| p.update()))
-            .sum();
-        timed.as_secs_f64() / calls as f64
+    let mut floor = |calls| {
+        mean_of(calls, || {
+            plain_flush.time_after(plain, |p| p.sample(), |p| p.update())
+        })
     };
     paired_laps(COLD_CALLS, &mut ours, [&mut floor])
 }

@@ -232,7 +232,9 @@ fn a_workload_bench_times_its_extends_and_sample_beside_their_floors_in_the_same
             ("raw-copy-huge-pages", "to_huge_page_floor"),
         ],
     );
-    assert_paired(&lines, "sample-paired", &[("plain-gather", "to_floor")]);
+    for op in ["sample-paired", "sample-cold-paired"] {
+        assert_paired(&lines, op, &[("plain-gather", "to_floor")]);
+    }
     assert_paired(
         &lines,
         "typed-extend-paired",
