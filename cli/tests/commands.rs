@@ -211,6 +211,7 @@ fn a_workload_bench_times_its_extends_and_sample_beside_their_floors_in_the_same
         [
             ("memcpy", "typed-extend-paired"),
             ("memcpy-huge-pages", "typed-extend-paired"),
+            ("plain-gather", "sample-cold-paired"),
             ("plain-gather", "sample-paired"),
             ("raw-copy", "extend-paired"),
             ("raw-copy-huge-pages", "extend-paired"),
@@ -220,6 +221,7 @@ fn a_workload_bench_times_its_extends_and_sample_beside_their_floors_in_the_same
             ("replaybuf", "fill-backed"),
             ("replaybuf", "memory"),
             ("replaybuf", "sample"),
+            ("replaybuf", "sample-cold-paired"),
             ("replaybuf", "sample-paired"),
             ("replaybuf", "typed-extend-paired"),
         ]
