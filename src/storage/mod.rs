@@ -554,8 +554,7 @@ impl Storage {
     /// update that checks the one and sets the other.
     #[inline(always)]
     pub(crate) fn prefetch_stamp(&self, (k, pos, lane): (u64, u64, u64)) {
-        let ring = self.shards[k as usize].ring();
-        let slot = ring.first_slot + pos * ring.width + lane;
+        let slot = self.shards[k as usize].ring().slot(pos, lane);
         atomic_copy::prefetch(self.words(), self.slot_offset(slot), Intent::Write);
     }
 
