@@ -204,9 +204,10 @@
 //!   brings the stream's range with it, as at R1', so no late byte of the stream
 //!   lands in the new row.
 //! - The stage is private memory; the stores to the region are single hardware stores
-//!   (`vmovntdq` of a line on CPUs with AVX-512, `movntdq` of 16 bytes elsewhere, and
-//!   ordinary moves at a run's partial first and last lines), opaque to the compiler
-//!   like every copy of this section.
+//!   (`vmovntdq` of a line on CPUs with AVX-512, the loop ending with `vzeroupper` as
+//!   the AVX block does, `movntdq` of 16 bytes elsewhere, and ordinary moves at a
+//!   run's partial first and last lines), opaque to the compiler like every copy of
+//!   this section.
 //! - A streamer that dies (a process killed inside `extend`) leaves its range
 //!   announced: readers refuse its rows and appenders of their next lap wait, until
 //!   the lease's takeover or a recovery drops every row of it (`Stamp::dropped`, since

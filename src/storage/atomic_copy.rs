@@ -754,7 +754,7 @@ mod x86 {
     ///
     /// The CPU has AVX.
     #[inline(always)]
-    unsafe fn upper_clean() {
+    pub(super) unsafe fn upper_clean() {
         // SAFETY: `vzeroupper` touches no memory; every vector register it changes is
         // caller-saved, as the clobber says.
         unsafe {
@@ -1011,5 +1011,68 @@ mod tests {
     fn refuses_a_range_past_the_region() {
         let words = region(2);
         load(&words, 9, &mut [0u8; 8]);
+    }
+
+    /// The copies by 256- and 512-bit moves end with the vector registers' upper bits
+    /// zeroed (`vzeroupper`), as the processor reports them (`XINUSE`, read by
+    /// `xgetbv` with `ecx` 1): left dirty, every SSE instruction after them waits on
+    /// them on Intel cores (`x86::stream_lines_avx512`). The check runs where the CPU
+    /// reports the state, and shows it can see it dirty first.
+    #[cfg(all(target_arch = "x86_64", not(replaybuf_atomic_copy)))]
+    #[test]
+    fn vector_copies_leave_the_upper_registers_clean() {
+        use std::arch::x86_64::__cpuid_count;
+        /// `XINUSE` bits of the upper halves of `ymm0-15` and of `zmm0-15`.
+        const UPPER: u32 = 1 << 2 | 1 << 6;
+        /// Whether the upper state is in use, as `xgetbv` with `ecx` 1 says.
+        fn upper_dirty() -> bool {
+            let (lo, _hi): (u32, u32);
+            // SAFETY: `xgetbv` reads a register; the caller found it supported.
+            unsafe {
+                std::arch::asm!("xgetbv", in("ecx") 1, out("eax") lo, out("edx") _hi,
+                    options(nostack, nomem, preserves_flags));
+            }
+            lo & UPPER != 0
+        }
+        #[allow(unused_unsafe)]
+        // SAFETY: `cpuid` leaf 0xd exists where `xsave` is reported.
+        let xinuse = std::arch::is_x86_feature_detected!("xsave")
+            && unsafe { __cpuid_count(0xd, 1) }.eax & 1 << 2 != 0;
+        if !xinuse || !crate::cpu::avx() {
+            return;
+        }
+        /// Whether a 256-bit load shows as dirty upper state, and `vzeroupper` clears it.
+        #[target_feature(enable = "avx")]
+        fn seen() -> bool {
+            let ones = [u64::MAX; 4];
+            // SAFETY: the load reads a live array.
+            unsafe {
+                std::arch::asm!("vmovdqu {v}, ymmword ptr [{p}]", p = in(reg) ones.as_ptr(),
+                    v = out(ymm_reg) _, options(nostack, readonly, preserves_flags));
+            }
+            let dirty = upper_dirty();
+            // SAFETY: AVX is there.
+            unsafe { x86::upper_clean() };
+            dirty && !upper_dirty()
+        }
+        // Dirty, as the processor sees it, or the check below shows nothing.
+        // SAFETY: AVX is there.
+        let seen = unsafe { seen() };
+        if !seen {
+            return;
+        }
+        let words = region(512);
+        let data: Vec<u8> = (0..4096).map(|i| i as u8).collect();
+        // A field copied by `x86::wide_rows`.
+        let copy = FieldCopy::new(68);
+        assert!(copy.wide);
+        // SAFETY: rows 0..3 of 68 bytes lie inside `data`, and three 100-byte steps
+        // inside the region's 4 KiB.
+        unsafe { copy.store_rows(&words, 8, 100, &data, 68, &[2, 0, 1]) };
+        assert!(!upper_dirty(), "after 32-byte field moves");
+        // A stage's lines by `x86::stream_lines_avx512` where there is AVX-512.
+        store_stage(&words, 64, &data[..2048]);
+        streaming_fence();
+        assert!(!upper_dirty(), "after a stage's streaming stores");
     }
 }
