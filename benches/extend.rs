@@ -127,6 +127,46 @@ fn extend_row_sizes(c: &mut Criterion) {
     group.finish();
 }
 
+/// Rows of the small ring of [`extend_small_ring`]: 17.6 MB of mujoco slots, inside a
+/// last-level cache of 32 MiB.
+const SMALL_RING: usize = 100_000;
+
+/// The mujoco extend into a ring smaller than the caches, whose appends stream
+/// through the cache (`Storage::stream_rows`), beside the raw copy of the chunk's
+/// columns into columns of as many rows.
+fn extend_small_ring(c: &mut Criterion) {
+    let spec = common::mujoco_spec();
+    let rb = replaybuf::ReplayBuffer::builder(spec)
+        .capacity(SMALL_RING)
+        .shards(1)
+        .seed(SEED)
+        .build()
+        .expect("a buffer");
+    let chunk = common::mujoco_chunk(&rb, CHUNK_ROWS);
+    let writer = rb.writer();
+    for _ in 0..=SMALL_RING / CHUNK_ROWS {
+        writer.extend(&chunk).expect("extend");
+    }
+    let mut group = common::group(c, "extend_1000_rows_into_100k", CHUNK_ROWS);
+    group.bench_function("lock_free", |b| {
+        b.iter(|| black_box(writer.extend(&chunk).expect("extend")));
+    });
+    let src = Columns::from_batch(&chunk);
+    let widths: Vec<usize> = chunk.spec().fields().iter().map(|f| f.bytes()).collect();
+    let mut cols: Vec<Vec<u8>> = widths.iter().map(|&w| vec![1u8; w * SMALL_RING]).collect();
+    let mut at = 0;
+    group.bench_function("raw_copy", |b| {
+        b.iter(|| {
+            for ((col, s), &w) in cols.iter_mut().zip(src.columns()).zip(&widths) {
+                col[at * w..(at + CHUNK_ROWS) * w].copy_from_slice(s);
+            }
+            at = (at + CHUNK_ROWS) % (SMALL_RING - CHUNK_ROWS + 1);
+            black_box(&mut cols);
+        });
+    });
+    group.finish();
+}
+
 /// Rows of the typed rings: the mujoco workload's million, 168 MB. At
 /// [`common::CAPACITY`] the memcpy's 34 MB ring fits most of a 32 MB L3 (2.0 us a
 /// chunk, 83 GB/s, on a host with one), so the floor measured the cache and not memory.
@@ -164,5 +204,11 @@ fn typed_extend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, extend, extend_row_sizes, typed_extend);
+criterion_group!(
+    benches,
+    extend,
+    extend_row_sizes,
+    extend_small_ring,
+    typed_extend
+);
 criterion_main!(benches);

@@ -128,6 +128,11 @@ impl Columns {
                 .collect(),
         }
     }
+
+    /// The columns, one per field in spec order.
+    pub fn columns(&self) -> &[Vec<u8>] {
+        &self.cols
+    }
 }
 
 /// The baseline: the replay buffer RL users hand-roll today. A row-major ring of plain
