@@ -173,6 +173,17 @@ pub mod internals {
         });
         current
     }
+    /// How an append of `steps` rows into shard 0, by its only appender, stores them:
+    /// `None` if it marks its slots, `Some(true)` if it streams them past the caches
+    /// (non-temporal stores), `Some(false)` if it streams them through the cache
+    /// (`Storage::stream_rows`).
+    pub fn stream_of(rb: &crate::ReplayBuffer, steps: u64) -> Option<bool> {
+        let inner = rb.state();
+        let storage = &inner.core.storage;
+        storage
+            .stream_sized(0, steps)
+            .then(|| storage.past_caches(storage.shards()[0].ring()))
+    }
     /// What a frozen storage looks like (see `storage/freeze.rs`): taken while the
     /// storage is frozen, so no writer can be inside.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]

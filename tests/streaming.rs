@@ -1,10 +1,12 @@
 //! Streaming appends (`Storage::stream_rows`): the only appender in a shard, writing at
-//! least 4 KiB of rows into a ring larger than the caches, marks no slot. It announces
-//! its rows in the shard's stream words, gathers them into a stage in L1 and stores
-//! the stage's whole lines without reading them first. These tests use such rings
-//! (640,000 rows of 120-byte slots, 77 MB) and check that what the stream writes reads
-//! back exactly, priorities included; that readers racing it on the rows it overwrites
-//! get whole rows; and that an appender marking its slots behind it waits for it.
+//! least 4 KiB of rows into a ring larger than the caches, or into a smaller ring that
+//! holds at least 64 such appends, marks no slot. It announces its rows in the shard's
+//! stream words, gathers them into a stage in L1 and stores the stage: into the large
+//! ring by non-temporal stores of its whole lines, which read nothing first, into the
+//! small one through the cache. These tests use such rings (640,000 rows of 120-byte
+//! slots, 77 MB; and 64,000, 7.7 MB) and check that what the stream writes reads back
+//! exactly, priorities included; that readers racing it on the rows it overwrites get
+//! whole rows; and that an appender marking its slots behind it waits for it.
 //! `scripts/sanitize` runs this file under ThreadSanitizer and AddressSanitizer.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
@@ -18,6 +20,9 @@ mod common;
 /// Rows of the rings: their slots (an 8-byte stamp and 108 bytes of row, rounded to
 /// words) take 77 MB, past the 32 MiB from which appends stream.
 const ROWS: u64 = 640_000;
+/// Rows of the rings inside the caches (7.7 MB): 64 appends of 1,000 rows, whose
+/// appends of up to 1,000 rows stream through the cache.
+const SMALL_ROWS: u64 = 64_000;
 
 fn spec() -> Spec {
     Spec::builder()
@@ -96,29 +101,59 @@ fn collect(rb: &ReplayBuffer, mut first: u64, chunk: u64, stop: &AtomicBool) {
     }
 }
 
-/// A ring filled once: every later extend laps it, and so streams.
+/// A ring of [`ROWS`] filled once: every later extend laps it, and so streams.
 fn lapped(builder: replaybuf::ReplayBufferBuilder) -> ReplayBuffer {
-    let rb = builder.capacity(ROWS as usize).seed(5).build().unwrap();
-    extend(&rb, 0..ROWS, 4096);
+    lapped_of(builder, ROWS)
+}
+
+/// A ring of `rows` filled once.
+fn lapped_of(builder: replaybuf::ReplayBufferBuilder, rows: u64) -> ReplayBuffer {
+    let rb = builder.capacity(rows as usize).seed(5).build().unwrap();
+    extend(&rb, 0..rows, 4096);
     rb
 }
 
-#[test]
-fn streamed_rows_read_back_exactly() {
-    let rb = lapped(ReplayBuffer::builder(spec()));
+/// Rows `rows..rows + more` appended to a lapped ring of `rows`, 777 at a time,
+/// which stream as `streamed` says (`internals::stream_of`), read back exactly.
+fn streamed_rows_read_back(rows: u64, more: u64, streamed: bool) {
+    let rb = lapped_of(ReplayBuffer::builder(spec()), rows);
+    assert_eq!(replaybuf::internals::stream_of(&rb, 777), Some(streamed));
     // Chunks that start and end inside lines: the stages' partial lines at either end.
-    let next = ROWS + 300_001;
-    extend(&rb, ROWS..next, 777);
+    let next = rows + more;
+    extend(&rb, rows..next, 777);
     let ids = whole(&rb.read_all_in_order(None));
-    assert_eq!(ids.len() as u64, ROWS);
+    assert_eq!(ids.len() as u64, rows);
     for (pos, &id) in ids.iter().enumerate() {
         let pos = pos as u64;
-        let want = if pos < next - ROWS { ROWS + pos } else { pos };
+        let want = if pos < next - rows { rows + pos } else { pos };
         assert_eq!(id, want, "position {pos}");
     }
     for _ in 0..50 {
         whole(&rb.sample(256).unwrap());
     }
+}
+
+#[test]
+fn streamed_rows_read_back_exactly() {
+    streamed_rows_read_back(ROWS, 300_001, true);
+}
+
+#[test]
+fn rows_streamed_through_the_cache_read_back_exactly() {
+    streamed_rows_read_back(SMALL_ROWS, 30_001, false);
+}
+
+/// Which appends stream: into the small ring, those it holds 64 of and no larger
+/// ones; none of fewer than 4 KiB of rows (34 of these 120-byte slots).
+#[test]
+fn small_rings_stream_only_appends_they_hold_64_of() {
+    let small = lapped_of(ReplayBuffer::builder(spec()), SMALL_ROWS);
+    assert_eq!(replaybuf::internals::stream_of(&small, 1000), Some(false));
+    assert_eq!(replaybuf::internals::stream_of(&small, 1001), None);
+    assert_eq!(replaybuf::internals::stream_of(&small, 33), None);
+    let large = lapped(ReplayBuffer::builder(spec()));
+    assert_eq!(replaybuf::internals::stream_of(&large, 300_000), Some(true));
+    assert_eq!(replaybuf::internals::stream_of(&large, 33), None);
 }
 
 #[test]
@@ -148,19 +183,32 @@ fn streamed_rows_keep_their_priorities() {
 /// under the copy) and another samples: every row comes back whole.
 #[test]
 fn readers_racing_a_stream_get_whole_rows() {
-    let rb = lapped(ReplayBuffer::builder(spec()));
+    readers_race_a_stream(ROWS);
+}
+
+/// [`readers_racing_a_stream_get_whole_rows`] on a ring inside the caches, whose
+/// stream stores through the cache.
+#[test]
+fn readers_racing_a_stream_through_the_cache_get_whole_rows() {
+    readers_race_a_stream(SMALL_ROWS);
+}
+
+/// The race of [`readers_racing_a_stream_get_whole_rows`] on a ring of `rows`.
+fn readers_race_a_stream(rows: u64) {
+    let rb = lapped_of(ReplayBuffer::builder(spec()), rows);
+    assert!(replaybuf::internals::stream_of(&rb, 1000).is_some());
     let stop = AtomicBool::new(false);
     let (read, sampled) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
-        s.spawn(|| collect(&rb, ROWS, 1000, &stop));
+        s.spawn(|| collect(&rb, rows, 1000, &stop));
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
                 // The next rows to be overwritten: 500 on from the writer's position.
-                let at = rb.write_count() % ROWS;
-                let positions: Vec<u64> = (at..at + 500).map(|p| p % ROWS).collect();
+                let at = rb.write_count() % rows;
+                let positions: Vec<u64> = (at..at + 500).map(|p| p % rows).collect();
                 let batch = rb.get_many(&positions).unwrap();
                 for (&id, &p) in whole(&batch).iter().zip(&positions) {
-                    assert_eq!(id % ROWS, p, "position {p} held row {id}");
+                    assert_eq!(id % rows, p, "position {p} held row {id}");
                 }
                 read.fetch_add(500, Ordering::Relaxed);
             }
@@ -176,7 +224,7 @@ fn readers_racing_a_stream_get_whole_rows() {
     });
     assert!(read.into_inner() > 0 && sampled.into_inner() > 0);
     // Every extend after the fill laps the ring: so much streamed.
-    assert!(rb.write_count() > ROWS, "the collector streamed");
+    assert!(rb.write_count() > rows, "the collector streamed");
 }
 
 /// Two collectors on one shard: one streams when it finds itself alone, the other

@@ -952,18 +952,23 @@ impl Storage {
 
     /// Whether `ring` is larger than the caches ([`STREAMING_RING_BYTES`]): a learner
     /// reads its rows from memory anyway, and appends write them past the caches.
-    fn past_caches(&self, ring: &geometry::Ring) -> bool {
+    pub(crate) fn past_caches(&self, ring: &geometry::Ring) -> bool {
         (ring.steps * ring.width) as usize * self.slot_bytes >= STREAMING_RING_BYTES
     }
 
     /// Whether an append of `steps` steps that entered shard `k` with `claim` streams
-    /// its rows ([`Storage::stream_rows`]): rows with no frame or trajectory word, of
-    /// at most [`STREAM_SLOT_BYTES`], at least [`STREAM_MIN_BYTES`] of them, by the
-    /// only appender in the shard, into a ring larger than the caches or holding at
-    /// least [`STREAM_RING_SHARE`] such appends.
+    /// its rows ([`Storage::stream_rows`]): one that [`Storage::stream_sized`], by the
+    /// only appender in the shard.
     fn streams(&self, k: usize, claim: Claim, steps: u64) -> bool {
-        let shard = &self.shards[k];
-        let ring = shard.ring();
+        claim == Claim::Plain && self.stream_sized(k, steps) && self.shards[k].alone()
+    }
+
+    /// Whether an append of `steps` steps into shard `k` is one that streams when its
+    /// appender is alone in the shard: rows with no frame or trajectory word, of at
+    /// most [`STREAM_SLOT_BYTES`], at least [`STREAM_MIN_BYTES`] of them, into a ring
+    /// larger than the caches or holding at least [`STREAM_RING_SHARE`] such appends.
+    pub(crate) fn stream_sized(&self, k: usize, steps: u64) -> bool {
+        let ring = self.shards[k].ring();
         let bytes = (steps * ring.width) as usize * self.slot_bytes;
         let large = if cfg!(replaybuf_loom) {
             steps * ring.width >= 2
@@ -971,12 +976,7 @@ impl Storage {
             bytes >= STREAM_MIN_BYTES
                 && (self.past_caches(ring) || steps * STREAM_RING_SHARE <= ring.steps)
         };
-        self.may_stream()
-            && claim == Claim::Plain
-            && steps <= ring.steps
-            && self.slot_bytes <= STREAM_SLOT_BYTES
-            && large
-            && shard.alone()
+        self.may_stream() && steps <= ring.steps && self.slot_bytes <= STREAM_SLOT_BYTES && large
     }
 
     /// Slots a stage of a streaming append holds.
