@@ -312,17 +312,36 @@ impl FieldCopy {
                 unsafe { x86::wide_rows(data.as_ptr(), stride, rows, base, step, self.len) };
                 return;
             }
-            for (k, &r) in rows.iter().enumerate() {
-                let (from, to) = (
-                    data.as_ptr().wrapping_add(r * stride),
-                    base.wrapping_add(k * step),
-                );
-                // SAFETY: (1) the caller put the row's source inside `data` and its
-                // destination inside `words`; (2) `data` is private memory, the
-                // destination shared, so they cannot overlap; (3) the region is only
-                // ever accessed through atomics and these copies (`Region` invariant).
-                // `new` chose the moves for this length.
-                unsafe { x86::moves(self.moves, from, to, self.len) };
+            // Every row's copy by one kernel, the moves' kind matched once for all the
+            // rows rather than once a row (a row of mujoco's three short fields took 13
+            // instructions fewer by callgrind).
+            macro_rules! each_row {
+                ($from:ident, $to:ident => $kernel:expr) => {
+                    for (k, &r) in rows.iter().enumerate() {
+                        let ($from, $to) = (
+                            data.as_ptr().wrapping_add(r * stride),
+                            base.wrapping_add(k * step),
+                        );
+                        // SAFETY: (1) the caller put the row's source inside `data` and
+                        // its destination inside `words`; (2) `data` is private memory,
+                        // the destination shared, so they cannot overlap; (3) the region
+                        // is only ever accessed through atomics and these copies
+                        // (`Region` invariant). `new` chose the moves for this length.
+                        unsafe { $kernel }
+                    }
+                };
+            }
+            let len = self.len;
+            match self.moves {
+                Moves::None => {}
+                Moves::Byte => each_row!(s, d => x86::byte(s, d)),
+                Moves::Pair(16) => each_row!(s, d => x86::pair(s, d, 16, len - 16)),
+                Moves::Pair(8) => each_row!(s, d => x86::pair(s, d, 8, len - 8)),
+                Moves::Pair(4) => each_row!(s, d => x86::pair(s, d, 4, len - 4)),
+                Moves::Pair(bytes) => each_row!(s, d => x86::pair(s, d, bytes, len - bytes)),
+                Moves::Quad => each_row!(s, d => x86::quad(s, d, len - 32, len - 16)),
+                Moves::Blocks => each_row!(s, d => x86::blocks(s, d, len)),
+                Moves::String => each_row!(s, d => x86::rep_movsb(s, d, len)),
             }
         }
         #[cfg(not(all(
@@ -698,8 +717,10 @@ mod x86 {
             // SAFETY: the caller's obligations are `copy`'s for the row's `len` bytes,
             // and every move lies inside them (`at < last`, then `last`); AVX is there.
             unsafe {
-                for at in (0..last).step_by(32) {
+                let mut at = 0;
+                while at < last {
                     move32!(src, dst, at);
+                    at += 32;
                 }
                 move32!(src, dst, last);
             }
