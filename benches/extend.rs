@@ -108,23 +108,29 @@ fn extend_row_sizes(c: &mut Criterion) {
         group.bench_function(format!("lock_free/{row}B"), |b| {
             b.iter(|| black_box(writer.extend(&chunk).expect("extend")));
         });
-        // The floor: every column's chunk copied into its own column-major ring.
         let widths = [8, half, half];
         let src: Vec<Vec<u8>> = widths.iter().map(|&w| vec![2u8; w * CHUNK]).collect();
-        let mut cols: Vec<Vec<u8>> = widths.iter().map(|&w| vec![1u8; w * capacity]).collect();
-        let mut at = 0;
-        group.bench_function(format!("raw_copy/{row}B"), |b| {
-            b.iter(|| {
-                for ((col, s), &w) in cols.iter_mut().zip(&src).zip(&widths) {
-                    col[at * w..(at + CHUNK) * w].copy_from_slice(s);
-                }
-                at = (at + CHUNK) % (capacity - CHUNK + 1);
-                black_box(&mut cols);
-            });
-        });
+        let mut copy = column_copy(&src, &widths, capacity);
+        group.bench_function(format!("raw_copy/{row}B"), |b| b.iter(&mut copy));
         drop(rb);
     }
     group.finish();
+}
+
+/// The raw-memory floor of an extend: each column of `src` (a chunk of rows of
+/// `widths[i]` bytes each) copied into a column of its own of `capacity` rows, at the
+/// next chunk's rows each call.
+fn column_copy<'a>(src: &'a [Vec<u8>], widths: &'a [usize], capacity: usize) -> impl FnMut() + 'a {
+    let chunk = src[0].len() / widths[0];
+    let mut cols: Vec<Vec<u8>> = widths.iter().map(|&w| vec![1u8; w * capacity]).collect();
+    let mut at = 0;
+    move || {
+        for ((col, s), &w) in cols.iter_mut().zip(src).zip(widths) {
+            col[at * w..(at + chunk) * w].copy_from_slice(s);
+        }
+        at = (at + chunk) % (capacity - chunk + 1);
+        black_box(&mut cols);
+    }
 }
 
 /// Rows of the small ring of [`extend_small_ring`]: 17.6 MB of mujoco slots, inside a
@@ -153,17 +159,8 @@ fn extend_small_ring(c: &mut Criterion) {
     });
     let src = Columns::from_batch(&chunk);
     let widths: Vec<usize> = chunk.spec().fields().iter().map(|f| f.bytes()).collect();
-    let mut cols: Vec<Vec<u8>> = widths.iter().map(|&w| vec![1u8; w * SMALL_RING]).collect();
-    let mut at = 0;
-    group.bench_function("raw_copy", |b| {
-        b.iter(|| {
-            for ((col, s), &w) in cols.iter_mut().zip(src.columns()).zip(&widths) {
-                col[at * w..(at + CHUNK_ROWS) * w].copy_from_slice(s);
-            }
-            at = (at + CHUNK_ROWS) % (SMALL_RING - CHUNK_ROWS + 1);
-            black_box(&mut cols);
-        });
-    });
+    let mut copy = column_copy(src.columns(), &widths, SMALL_RING);
+    group.bench_function("raw_copy", |b| b.iter(&mut copy));
     group.finish();
 }
 

@@ -213,6 +213,33 @@ pub(crate) enum Moves {
     String,
 }
 
+/// Runs `$each!(|from, to| kernel)` with the kernel of `$moves` for copies of `$len`
+/// bytes: `$each` is a caller's loop over its rows, which binds `from` and `to` for
+/// each row and calls the kernel in an `unsafe` block under its own SAFETY comment.
+/// The match on the moves, a pair's width included, stays out of the loop: the
+/// kernel's own match on the width then folds away.
+#[cfg(all(
+    target_arch = "x86_64",
+    not(replaybuf_loom),
+    not(replaybuf_atomic_copy)
+))]
+macro_rules! each_by_moves {
+    ($moves:expr, $len:expr, $each:ident) => {{
+        let len = $len;
+        match $moves {
+            Moves::None => {}
+            Moves::Byte => $each!(|from, to| x86::byte(from, to)),
+            Moves::Pair(16) => $each!(|from, to| x86::pair(from, to, 16, len - 16)),
+            Moves::Pair(8) => $each!(|from, to| x86::pair(from, to, 8, len - 8)),
+            Moves::Pair(4) => $each!(|from, to| x86::pair(from, to, 4, len - 4)),
+            Moves::Pair(bytes) => $each!(|from, to| x86::pair(from, to, bytes, len - bytes)),
+            Moves::Quad => $each!(|from, to| x86::quad(from, to, len - 32, len - 16)),
+            Moves::Blocks => $each!(|from, to| x86::blocks(from, to, len)),
+            Moves::String => $each!(|from, to| x86::rep_movsb(from, to, len)),
+        }
+    }};
+}
+
 impl Moves {
     /// The moves of a copy of `len` bytes.
     #[inline]
@@ -316,7 +343,7 @@ impl FieldCopy {
             // rows rather than once a row (a row of mujoco's three short fields took 13
             // instructions fewer by callgrind).
             macro_rules! each_row {
-                ($from:ident, $to:ident => $kernel:expr) => {
+                (|$from:ident, $to:ident| $kernel:expr) => {
                     for (k, &r) in rows.iter().enumerate() {
                         let ($from, $to) = (
                             data.as_ptr().wrapping_add(r * stride),
@@ -331,18 +358,7 @@ impl FieldCopy {
                     }
                 };
             }
-            let len = self.len;
-            match self.moves {
-                Moves::None => {}
-                Moves::Byte => each_row!(s, d => x86::byte(s, d)),
-                Moves::Pair(16) => each_row!(s, d => x86::pair(s, d, 16, len - 16)),
-                Moves::Pair(8) => each_row!(s, d => x86::pair(s, d, 8, len - 8)),
-                Moves::Pair(4) => each_row!(s, d => x86::pair(s, d, 4, len - 4)),
-                Moves::Pair(bytes) => each_row!(s, d => x86::pair(s, d, bytes, len - bytes)),
-                Moves::Quad => each_row!(s, d => x86::quad(s, d, len - 32, len - 16)),
-                Moves::Blocks => each_row!(s, d => x86::blocks(s, d, len)),
-                Moves::String => each_row!(s, d => x86::rep_movsb(s, d, len)),
-            }
+            each_by_moves!(self.moves, self.len, each_row);
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -381,9 +397,7 @@ impl FieldCopy {
         {
             let base = words.as_ptr().cast::<u8>().wrapping_add(offset);
             let out = data.as_mut_ptr().wrapping_add(skip);
-            let len = self.len;
-            /// The rows' copies with one kernel: the match on the moves stays out of
-            /// the loop.
+            /// The rows' copies with one kernel (`each_by_moves`).
             macro_rules! each {
                 (|$from:ident, $to:ident| $kernel:expr) => {
                     for &(row, k) in rows {
@@ -397,19 +411,7 @@ impl FieldCopy {
                     }
                 };
             }
-            // A pair's width is matched here too, a loop for each: the kernel's own
-            // match on it then folds away.
-            match self.moves {
-                Moves::None => {}
-                Moves::Byte => each!(|from, to| x86::byte(from, to)),
-                Moves::Pair(16) => each!(|from, to| x86::pair(from, to, 16, len - 16)),
-                Moves::Pair(8) => each!(|from, to| x86::pair(from, to, 8, len - 8)),
-                Moves::Pair(4) => each!(|from, to| x86::pair(from, to, 4, len - 4)),
-                Moves::Pair(bytes) => each!(|from, to| x86::pair(from, to, bytes, len - bytes)),
-                Moves::Quad => each!(|from, to| x86::quad(from, to, len - 32, len - 16)),
-                Moves::Blocks => each!(|from, to| x86::blocks(from, to, len)),
-                Moves::String => each!(|from, to| x86::rep_movsb(from, to, len)),
-            }
+            each_by_moves!(self.moves, self.len, each);
         }
         #[cfg(not(all(
             target_arch = "x86_64",
