@@ -318,6 +318,10 @@ impl RowCopies<'_> {
     /// field's moves chosen once for all the rows ([`stage_field`]); plain moves, as
     /// no other thread sees `stage`.
     ///
+    /// After each field's rows, calls `between(k, fields)` with `k` the fields gathered
+    /// so far: a streaming append stores the stage before this one a part at a time
+    /// there (`Storage::stream_run`).
+    ///
     /// Panics if a row is not a row of the data or a staged row does not fit in `stage`.
     #[inline]
     #[cfg_attr(replaybuf_loom, allow(dead_code))]
@@ -327,6 +331,7 @@ impl RowCopies<'_> {
         first: usize,
         step: usize,
         rows: StagedRows<'_>,
+        mut between: impl FnMut(usize, usize),
     ) {
         let Some(last) = rows.len().checked_sub(1) else {
             return;
@@ -337,11 +342,13 @@ impl RowCopies<'_> {
             "replaybuf internal error: rows up to {max} staged from {first} of {}",
             stage.len()
         );
-        for c in &self.cols {
+        let fields = self.cols.len();
+        for (k, c) in self.cols.iter().enumerate() {
             // SAFETY: every row is below `self.rows`, so `r * stride + len <=
             // data.len()`; every staged row's field ends by `first + last * step +
             // span <= stage.len()` (asserted).
             unsafe { stage_field(c, stage.as_mut_ptr().add(first + c.offset), step, rows) };
+            between(k + 1, fields);
         }
     }
 }
