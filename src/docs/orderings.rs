@@ -206,6 +206,11 @@
 //!   words not to hold it (`stamp::begin_append_after`): a stamp the stream stored
 //!   brings the stream's range with it, as at R1', so no late byte of the stream
 //!   lands in the new row.
+//! - A streamer into a ring past the caches gathers into two stages in turn, and
+//!   stores the one it gathered before in parts while it gathers the next (a part
+//!   after each field's rows): the stores of one stream interleave across stages and
+//!   land in any order, which S2 and S3 bracket as they do a single stage's. The
+//!   gather writes only the stages, private memory.
 //! - The stage is private memory; the stores to the region are single hardware stores
 //!   (`vmovntdq` of a line on CPUs with AVX-512, the loop ending with `vzeroupper` as
 //!   the AVX block does, `movntdq` of 16 bytes elsewhere, and ordinary moves at a
