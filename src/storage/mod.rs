@@ -1160,12 +1160,9 @@ impl Storage {
             src.order.rows_of(start.j, ring.width, s, &mut rows[..n]);
             // Where the slot starts in its line, and so in the stage.
             let base = at % LINE_BYTES;
-            let [first, second] = &mut *stages;
-            let (stage, other): (&mut [u8], &[u8]) = if into == 0 {
-                (first, second)
-            } else {
-                (second, first)
-            };
+            let [zero, one] = &mut *stages;
+            let (stage, other): (&mut [u8], &[u8]) =
+                if into == 0 { (zero, one) } else { (one, zero) };
             for (i, &row) in rows[..n].iter().enumerate() {
                 let slot = base + i * slot_bytes;
                 stage[slot..slot + 8].copy_from_slice(&published.to_ne_bytes());
@@ -1180,9 +1177,9 @@ impl Storage {
             } else {
                 plan::StagedRows::Listed(&rows[..n])
             };
-            let first = base + self.header_bytes;
+            let rows_at = base + self.header_bytes;
             if past_caches {
-                copies.stage_rows(stage, first, slot_bytes, staged, |part, parts| {
+                copies.stage_rows(stage, rows_at, slot_bytes, staged, |part, parts| {
                     if let Some(out) = &mut outgoing {
                         out.store_part(words, other, part, parts);
                     }
@@ -1199,7 +1196,7 @@ impl Storage {
                 });
                 into ^= 1;
             } else {
-                copies.stage_rows(stage, first, slot_bytes, staged, |_, _| {});
+                copies.stage_rows(stage, rows_at, slot_bytes, staged, |_, _| {});
                 atomic_copy::store(words, at, &stage[base..base + n * slot_bytes]);
             }
             at += n * slot_bytes;

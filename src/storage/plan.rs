@@ -477,9 +477,10 @@ unsafe fn stage_moves<const W: usize>(
 /// [`stage_moves`] of `n` rows of a field of `len` bytes, row `k`'s bytes at `src(k)`:
 /// moves of `W` from the field's start while a whole one fits (of 16 or 32 bytes, or
 /// of the largest power of two, below `W`), then one move of the smallest of 4, 8,
-/// 16, 32, 64 bytes that covers the rest, ending at the field's end; a field of 1, 2, 4 or 8
-/// bytes is one move. A 68-byte field is two moves of 32 and one of 4, where moves of
-/// 32 ending at the end wrote 96 bytes: a stage's time is its stores' bytes.
+/// 16, 32 and 64 bytes that covers the rest, ending at the field's end; a field of 1,
+/// 2, 4 or 8 bytes is one move. A 68-byte field is two moves of 32 and one of 4
+/// (where the CPU has no AVX-512), where moves of 32 ending at the end wrote 96
+/// bytes: a stage's time is its stores' bytes.
 /// Measured (AMD EPYC family 26, 2026-11-28, two rounds alternating, against the last
 /// move as wide as the others): 1,000 mujoco rows into a million 5.51-5.61 us against
 /// 5.76-5.84; 256 rows of 100 bytes (two 46-byte fields) into 512 MB 1.14 us against
