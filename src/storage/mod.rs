@@ -168,12 +168,11 @@ impl Stage {
 }
 
 /// A streaming append's stage on its way to the region while the next is gathered
-/// (`Storage::stream_run`): its bytes `from..from + len` of stage `stage`, for the
+/// (`Storage::stream_run`): its bytes `from..from + len` of its stage buffer, for the
 /// region's bytes from `to`, the first `done` of them stored.
 #[cfg(not(replaybuf_loom))]
 #[derive(Clone, Copy, Debug)]
 struct Outgoing {
-    stage: usize,
     from: usize,
     len: usize,
     to: usize,
@@ -1142,8 +1141,8 @@ impl Storage {
         // A flat source's rows, a lane a step: consecutive.
         let flat = matches!(src.order, plan::RowOrder::Flat) && ring.width == 1;
         let mut rows = [0usize; STAGE_SLOTS];
-        // The stage going out while the next is gathered, and which of `stages` the
-        // next is gathered into.
+        // The stage going out while the next is gathered (in `stages[into ^ 1]`), and
+        // which of `stages` the next is gathered into.
         let mut outgoing: Option<Outgoing> = None;
         let mut into = 0;
         let mut at = self.slot_word(ring.slot(start.pos, 0)) * 8;
@@ -1184,11 +1183,12 @@ impl Storage {
                         out.store_part(words, other, part, parts);
                     }
                 });
+                // The callbacks' last part stored the rest; should they have left any,
+                // it goes now, before the next stage is gathered over it.
                 if let Some(out) = &mut outgoing {
                     out.store_part(words, other, 1, 1);
                 }
                 outgoing = Some(Outgoing {
-                    stage: into,
                     from: base,
                     len: n * slot_bytes,
                     to: at,
@@ -1203,7 +1203,7 @@ impl Storage {
             s += n as u64;
         }
         if let Some(mut out) = outgoing {
-            out.store_part(words, stages[out.stage], 1, 1);
+            out.store_part(words, stages[into ^ 1], 1, 1);
         }
     }
 

@@ -555,9 +555,9 @@ unsafe fn stage_moves_by<const W: usize>(
         }};
     }
     /// [`moves!`] of `$p` bytes covering `$covered` bytes, with the tail the rest
-    /// asks for: the smallest of 4, 8, 16, 32 and 64 bytes at least `len - $covered`, or a
-    /// move of `$p` again where none is left (it then rewrites the last block's bytes
-    /// with themselves).
+    /// asks for: the smallest of 4, 8, 16, 32 and 64 bytes at least `len - $covered`,
+    /// or a move of `$p` again where none is left (it then rewrites the last block's
+    /// bytes with themselves).
     macro_rules! with_tail {
         ($p:expr, $covered:expr; $($blocks:tt)*) => {
             match len - $covered {
