@@ -257,7 +257,7 @@ impl MaxValue {
         let mut generation: HashMap<usize, u64> = HashMap::new();
         for (k, seq, row) in appends {
             let one = src.rows(row as u64, row as u64 + 1);
-            let got = storage.append(k, 1, &one, None)?;
+            let got = storage.append(k, 1, &one)?;
             debug_assert_eq!(
                 got, seq,
                 "replaybuf internal error: a cursor moved under the max-value lock"

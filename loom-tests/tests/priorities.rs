@@ -2,7 +2,9 @@
 //! descent racing a priority update, a new row's insert racing an update for the row
 //! it replaces, and, through the public API, a stale update dropped rather than
 //! applied to the newer row, and `set_alpha` racing a collector or an update: every
-//! leaf ends with its raw priority's mass under the last alpha.
+//! leaf ends with its raw priority's mass under the last alpha; and collectors storing
+//! their leaves plainly (`sumtree/tree.rs`, "Plain leaves") beside a lapping collector
+//! or an update.
 #![cfg(replaybuf_loom)]
 
 mod common;
@@ -95,6 +97,83 @@ fn a_stale_update_never_lands_on_the_new_row() {
             replaybuf::internals::leaf_and_raw(&rb, 0)
         );
         assert_eq!(rb.priority(1), Some(1.0));
+    });
+}
+
+/// A one-row buffer whose rows carry their priorities (field `p`, alpha 1): masses
+/// that differ from row to row, so that a leaf's change counted twice or lost shows
+/// in the sums.
+fn one_row_with_priorities() -> ReplayBuffer {
+    let spec = replaybuf::Spec::builder()
+        .field("a", replaybuf::DType::U64, [])
+        .field("b", replaybuf::DType::U64, [])
+        .field("p", replaybuf::DType::F64, [])
+        .build()
+        .unwrap();
+    ReplayBuffer::builder(spec)
+        .capacity(1)
+        .sampler(Prioritized::new(1.0, 0.5).eps(0.0))
+        .priority_key("p")
+        .seed(6)
+        .build()
+        .unwrap()
+}
+
+/// Row `id` of priority `p`, for [`one_row_with_priorities`].
+fn row_of(rb: &ReplayBuffer, id: u64, p: f64) -> replaybuf::Batch {
+    let mut batch = pairs(rb, &[1], id);
+    batch.set("p", &[p]).unwrap();
+    batch
+}
+
+#[test]
+fn collectors_lapping_each_other_on_one_ring_keep_the_sums_exact() {
+    run_model("two collectors' leaves on one slot", || {
+        let rb = one_row_with_priorities();
+        rb.extend(&row_of(&rb, 0, 1.0)).unwrap();
+        // Each replaces the row the other may be replacing: one takes the leaf turn
+        // after its claim and may store its leaf plainly; the other, whichever lap it
+        // writes, waits for the turn before touching the leaf, or finds the turn's
+        // holder counted and the leaves compare-exchanged.
+        let other = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || rb.writer().extend(&row_of(&rb, 1, 2.0)).unwrap())
+        };
+        rb.writer().extend(&row_of(&rb, 2, 4.0)).unwrap();
+        other.join().unwrap();
+        let last = rb.get(0).unwrap();
+        let p = if last.column::<u64>("a").unwrap()[0] == 1 { 2.0 } else { 4.0 };
+        assert_eq!(rb.priority(0), Some(p));
+        assert!(
+            replaybuf::internals::masses_current(&rb),
+            "the leaf is not the last row's: {:?}",
+            replaybuf::internals::leaf_and_raw(&rb, 0)
+        );
+        assert!(replaybuf::internals::priorities_consistent(&rb));
+    });
+}
+
+#[test]
+fn an_update_racing_a_collector_that_stores_its_leaf_plainly() {
+    run_model("update_priority vs extend (plain leaves)", || {
+        let rb = one_row_with_priorities();
+        rb.extend(&row_of(&rb, 0, 1.0)).unwrap();
+        let old = rb.get(0).unwrap();
+        // Counted before the collector's check, the update makes it compare-exchange;
+        // counted after, it finds the new row's raw word and is dropped.
+        let learner = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || {
+                rb.update_priority(old.index(), old.generations(), &[8.0])
+                    .unwrap()
+            })
+        };
+        rb.writer().extend(&row_of(&rb, 1, 2.0)).unwrap();
+        let done = learner.join().unwrap();
+        assert_eq!(done.applied + done.stale, 1);
+        assert_eq!(rb.priority(0), Some(2.0), "{done:?}");
+        assert!(replaybuf::internals::masses_current(&rb));
+        assert!(replaybuf::internals::priorities_consistent(&rb));
     });
 }
 

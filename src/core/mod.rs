@@ -259,13 +259,19 @@ impl Core {
         priorities: Option<&[f64]>,
     ) -> u64 {
         let Some(raws) = self.new_raws(priorities) else {
-            return self.storage.append_entered(k, claim, steps, src, None);
+            return self
+                .storage
+                .append_entered(k, claim, steps, src, None)
+                .first;
         };
-        let first = self
+        // A leaf changer from before its rows are published until their leaves are
+        // set (`sumtree/tree.rs`, "Plain leaves").
+        let _appending = self.storage.trees()[k].appending();
+        let appended = self
             .storage
             .append_entered(k, claim, steps, src, Some(raws));
-        self.set_leaves(k, first, steps, src, raws);
-        first
+        self.set_leaves(k, &appended, steps, src, raws);
+        appended.first
     }
 
     /// Samples `n` rows into `batch`, with the scratch it keeps.

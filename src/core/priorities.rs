@@ -25,7 +25,7 @@ use crate::sampler::prioritized::{self, Priorities};
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
-use crate::storage::Raws;
+use crate::storage::{Appended, Raws};
 
 impl Core {
     pub(crate) fn prioritized(&self) -> Result<&Priorities, PriorityError> {
@@ -77,12 +77,14 @@ impl Core {
         })
     }
 
-    /// Gives the rows of an append to shard `k`, claimed at `first` and now published,
-    /// their leaves: a draw never lands on a row before it can be read.
+    /// Gives the rows of an append to shard `k`, `appended` and now published, their
+    /// leaves: a draw never lands on a row before it can be read. An append without
+    /// the shard's leaf turn first waits for an appender of rows it replaced that holds
+    /// it (`shard.rs`, "Leaf turns").
     pub(crate) fn set_leaves(
         &self,
         k: usize,
-        first: u64,
+        appended: &Appended<'_>,
         steps: u64,
         src: &Source<'_>,
         raws: Raws<'_>,
@@ -91,6 +93,11 @@ impl Core {
             .sampler
             .prioritized()
             .expect("only a prioritized buffer has leaves");
+        let first = appended.first;
+        let turn = appended.turn.is_some();
+        if !turn {
+            self.storage.shards()[k].await_leaf_turn(first, steps);
+        }
         let trees = self.storage.trees();
         let ring = *self.storage.shards()[k].ring();
         let width = ring.width as usize;
@@ -105,14 +112,17 @@ impl Core {
             .collect();
         match raws {
             // New rows without a priority field share one priority: one mass.
-            Raws::All(p) => state.set_leaves(&trees, k, &slots, p, None::<fn(usize, usize) -> f64>),
+            Raws::All(p) => {
+                let each = None::<fn(usize, usize) -> f64>;
+                state.set_leaves(&trees, k, &slots, p, each, turn)
+            }
             Raws::Each(ps) => {
                 let top = ps.iter().copied().fold(0.0, f64::max);
                 let each = |r: usize, i: usize| {
                     let (j, lane) = (runs[r].0.j + (i / width) as u64, (i % width) as u64);
                     ps[src.order.row(j, lane)]
                 };
-                state.set_leaves(&trees, k, &slots, top, Some(each))
+                state.set_leaves(&trees, k, &slots, top, Some(each), turn)
             }
         }
     }

@@ -241,6 +241,19 @@
 //! - A collector writes a row's raw word while it holds the slot (between W1 and W3),
 //!   and sets the leaf after W3, by compare-exchange: a draw never lands on a row
 //!   before it can be read, and a leaf already holding a newer lap is left alone.
+//! - Or by a plain load and store, when nobody else can change those leaves
+//!   meanwhile (`sumtree/tree.rs`, "Plain leaves"). Each shard counts its leaf
+//!   changers in one word: collectors from before their claim until their leaves are
+//!   set, updates, re-masses and clears while they run. A collector holding the
+//!   shard's leaf turn (`storage/shard.rs`, "Leaf turns": taken after the claim,
+//!   before W3; a collector of a later lap over the same positions waits for it before
+//!   setting leaves) fences `SeqCst` after W3 and reads the count. Only itself: an
+//!   older collector with leaves to set would be counted (it counted itself before
+//!   claiming, so before this one claimed); an update counted after the read reads
+//!   this collector's raw words (stored before the fence; a store-buffering handshake,
+//!   the count read by read-modify-write under loom) and leaves the older row's leaf
+//!   alone. A `SeqCst` fence after each node's stores stands for the compare-exchanges
+//!   before its min and max entries are refreshed.
 //! - An update acts only on a row whose stamp it read published with the generation
 //!   the caller sampled. It then compare-exchanges the raw word, then the leaf, each
 //!   requiring the row's lap: a row replaced since, however many laps later (up to the
@@ -462,7 +475,9 @@
 //!   and two learners sharing an epoch. Removing either fence of the slot protocol
 //!   makes these fail. For priorities: a descent racing an update on a 4-leaf tree, a
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
-//!   through the public API while a collector laps the ring, two sibling updates
+//!   through the public API while a collector laps the ring, two collectors replacing
+//!   the one row of a ring and an update racing a collector, with plain leaf stores
+//!   allowed (the sums and masses end exact), two sibling updates
 //!   under one min entry (which fails without the refresh's verification), other
 //!   pairs of racing updates below one entry and up to the root, a climb whose own
 //!   leaf another update raises meanwhile (which fails without the climb's reading

@@ -280,7 +280,8 @@ impl Priorities {
 
     /// Gives the new rows of runs `(first slot, slots, lap)` of tree `k` their leaves
     /// (their raw words are stored already): slot `j` of run `r` priority `each(r, j)`,
-    /// or every one `top` without `each`. `top` is at least every priority.
+    /// or every one `top` without `each`. `top` is at least every priority. `turn`:
+    /// the caller holds the shard's leaf turn over the runs (see [`Tree::set_run`]).
     pub(crate) fn set_leaves(
         &self,
         trees: &[Tree<'_>],
@@ -288,6 +289,7 @@ impl Priorities {
         runs: &[(usize, usize, u32)],
         top: f64,
         each: Option<impl Fn(usize, usize) -> f64>,
+        turn: bool,
     ) {
         let tree = &trees[k];
         let mut owed = false;
@@ -301,13 +303,18 @@ impl Priorities {
         for (r, &(first, n, lap)) in runs.iter().enumerate() {
             match &each {
                 // Masses grow with priorities: none passes the heaviest's.
-                Some(each) => tree.set_run(first, n, |j| {
-                    let m = f.mass(quantize(each(r, j)));
-                    Leaf::new(lap, m.map_or(heaviest, |m| m.min(heaviest)))
-                }),
+                Some(each) => tree.set_run(
+                    first,
+                    n,
+                    |j| {
+                        let m = f.mass(quantize(each(r, j)));
+                        Leaf::new(lap, m.map_or(heaviest, |m| m.min(heaviest)))
+                    },
+                    turn,
+                ),
                 None => {
                     let leaf = Leaf::new(lap, heaviest);
-                    tree.set_run(first, n, |_| leaf)
+                    tree.set_run(first, n, |_| leaf, turn)
                 }
             }
         }

@@ -76,8 +76,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block: two cache lines, or its eleven words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 11 } else { 2 * LINE };
+/// Words of one shard block: two cache lines, or its thirteen words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 13 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +115,15 @@ pub(crate) enum ShardWord {
     StreamLo = 9,
     /// See [`ShardWord::StreamLo`].
     StreamHi = 10,
+    /// A prioritized buffer: the ring positions whose new rows' leaves one appender
+    /// may set with plain stores (`shard.rs`, "Leaf turns"); zero when no appender
+    /// holds the turn. Zero in a region that never had one.
+    LeafTurn = 11,
+    /// A prioritized buffer: who is changing the shard's tree leaves now: appenders
+    /// from before their rows are published until their leaves are set (high 32
+    /// bits), and priority updates, re-masses and clears (low 32 bits; see
+    /// `sumtree/tree.rs`). Zero in a region that never had one.
+    LeafChangers = 12,
 }
 
 /// The globals' words: each contended one on its own line.

@@ -292,6 +292,14 @@ pub(crate) enum Want {
     AtLeast,
 }
 
+/// What an append claimed: its first sequence number, and the shard's leaf turn if it
+/// took it ([`Storage::append_entered`]).
+#[derive(Debug)]
+pub(crate) struct Appended<'a> {
+    pub(crate) first: u64,
+    pub(crate) turn: Option<shard::TurnHeld<'a>>,
+}
+
 /// Why a read returned no row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Miss {
@@ -708,30 +716,27 @@ impl Storage {
         self.slot_word(slot) * 8 + self.header_bytes
     }
 
-    /// Appends `steps` steps of rows from `src` to shard `k`; returns the first
-    /// sequence number (see [`shard::steps_of`] for which steps are written).
+    /// Appends `steps` steps of rows from `src`, without raw priorities, to shard `k`;
+    /// returns the first sequence number (see [`shard::steps_of`] for which steps are
+    /// written).
+    ///
+    /// Refused with [`Retired`], before anything is written, if a swap retired this
+    /// storage (`freeze.rs`).
+    pub(crate) fn append(&self, k: usize, steps: u64, src: &Source<'_>) -> Result<u64, Retired> {
+        let claim = self.enter_append(k)?;
+        Ok(self.append_entered(k, claim, steps, src, None).first)
+    }
+
+    /// [`Storage::append`] by an appender already inside shard `k` (see
+    /// [`Storage::enter_append`]); leaves the shard when done.
     ///
     /// With `raws` (a prioritized buffer), each row's raw priority goes into its slot's
     /// header while the slot is held, before the row is published: the previous lap's
     /// writer published (and so wrote its raw word) before this one began, and an
     /// updater acts on a row only once it sees it published, so the header's plain
-    /// store is ordered after both.
-    ///
-    /// Refused with [`Retired`], before anything is written, if a swap retired this
-    /// storage (`freeze.rs`).
-    pub(crate) fn append(
-        &self,
-        k: usize,
-        steps: u64,
-        src: &Source<'_>,
-        raws: Option<Raws<'_>>,
-    ) -> Result<u64, Retired> {
-        let claim = self.enter_append(k)?;
-        Ok(self.append_entered(k, claim, steps, src, raws))
-    }
-
-    /// [`Storage::append`] by an appender already inside shard `k` (see
-    /// [`Storage::enter_append`]); leaves the shard when done.
+    /// store is ordered after both. Such an append also takes the shard's leaf turn if
+    /// it is free (`shard.rs`, "Leaf turns"), before any row is published: the caller
+    /// gives it back once it has set the rows' leaves.
     pub(crate) fn append_entered(
         &self,
         k: usize,
@@ -739,10 +744,14 @@ impl Storage {
         steps: u64,
         src: &Source<'_>,
         raws: Option<Raws<'_>>,
-    ) -> u64 {
+    ) -> Appended<'_> {
         let shard = &self.shards[k];
         let ring = *shard.ring();
         let first = shard.claim(steps);
+        let appended = Appended {
+            first,
+            turn: raws.and_then(|_| shard.take_leaf_turn(first, steps)),
+        };
         let stream = self.streams(k, claim, steps);
         // Rows claimed below this by writers that died: their slots are taken over.
         let abandoned = shard.abandoned().load(Ordering::Acquire);
@@ -758,7 +767,7 @@ impl Storage {
                 self.append_rows(k, claim, first, steps, src, raws, abandoned, streaming);
             }
             shard.leave_append(claim);
-            return first;
+            return appended;
         }
         // A slice buffer's lanes: their turns, taken before any row is written.
         let mut turns: SmallVec<[Turn; 8]> = SmallVec::new();
@@ -845,7 +854,7 @@ impl Storage {
             turn.finish(self.words(), first + steps);
         }
         shard.leave_append(claim);
-        first
+        appended
     }
 
     /// The slot loop of [`Storage::append_entered`] for an append of rows with at most
@@ -1806,6 +1815,13 @@ impl StorageParts {
                 )
             })
             .collect();
+        // Each tree counts its leaf changers in its shard's block.
+        let trees = self
+            .trees
+            .into_iter()
+            .enumerate()
+            .map(|(k, tree)| tree.counted_at(layout.shard_word(k, ShardWord::LeafChangers)))
+            .collect();
         Storage {
             procs,
             #[cfg(not(replaybuf_loom))]
@@ -1821,7 +1837,7 @@ impl StorageParts {
             spec: self.spec,
             slot_bytes: self.slot_bytes,
             header_bytes: self.header_bytes,
-            trees: self.trees.into_boxed_slice(),
+            trees,
             slices: self.slices,
             frames: self.frames,
         }

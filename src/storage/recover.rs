@@ -45,6 +45,9 @@ impl Storage {
     pub(crate) fn recover_shard(&self, k: usize) {
         let shard = &self.shards()[k];
         shard.clear_appenders();
+        if let Some(tree) = self.trees().get(k) {
+            tree.forget_appenders();
+        }
         self.end_dead_stream(k);
         let window = shard.window();
         shard.abandoned().fetch_max(window.hi, Ordering::AcqRel);
@@ -64,7 +67,7 @@ impl Storage {
                     let (slot, leaf) = (ring.slot(pos, lane), (pos * ring.width + lane) as usize);
                     let l = tree.leaf(leaf);
                     if l.value() > 0 && !published_at(slot, seq) {
-                        tree.clear(leaf, l.lap());
+                        tree.clear_abandoned(leaf, l.lap());
                     }
                 }
             }
@@ -161,7 +164,14 @@ impl Storage {
     pub(crate) fn recover(&self) -> Recovered {
         let mut found = Recovered::default();
         for (k, shard) in self.shards().iter().enumerate() {
-            shard.occupancy().store(0, Ordering::Release);
+            // Nobody else uses the region: nobody is inside, nor changing leaves.
+            for w in [
+                ShardWord::Occupancy,
+                ShardWord::LeafTurn,
+                ShardWord::LeafChangers,
+            ] {
+                shard.word(w).store(0, Ordering::Release);
+            }
             // A lease or a freeze of a process that still runs is this process's own
             // (a shared buffer loading a checkpoint, alone): it stays.
             for w in [ShardWord::Lease, ShardWord::Freezer, ShardWord::Editor] {

@@ -28,6 +28,28 @@
 //! modification-order argument applies: either a newcomer sees the bit, or the freezer
 //! sees the newcomer and waits for it to leave.
 //!
+//! # Leaf turns
+//!
+//! A prioritized buffer's appender sets its new rows' leaves after publishing the
+//! rows. One appender at a time may do so with plain stores (`sumtree/tree.rs`, "Plain
+//! leaves"), if nobody else changes the shard's leaves meanwhile. Updaters are kept
+//! out by the tree's count of leaf changers; an appender of a later lap over the same
+//! positions, which may reach them while the first is still setting its leaves (a
+//! small ring, or a first appender descheduled), is kept out by the turn:
+//!
+//! - right after its claim, before any of its rows is published, an appender takes the
+//!   turn if nobody holds it: the shard's `LeafTurn` word names its positions
+//!   ([`Shard::take_leaf_turn`]); it gives the turn back once its leaves are set;
+//! - an appender without the turn waits, before setting its leaves, while the turn
+//!   names any of its positions ([`Shard::await_leaf_turn`]). It published its rows
+//!   after the rows they replaced were published, so it reads the turn their
+//!   appender took before publishing them.
+//!
+//! The holder never waits for a turn, and waits for no appender that came after it,
+//! so the wait ends when the holder has set its leaves; a holder of another process
+//! that died is the lease holder of the shard, whose turn a recovery takes back with
+//! its appenders' units ([`Shard::clear_appenders`]).
+//!
 //! # Memory ordering
 //!
 //! A reader learns whether a row is whole from its stamp, and, while a streaming
@@ -61,6 +83,50 @@ const EXCHANGE: u64 = 1 << 32;
 const EDITOR: u64 = 1 << 48;
 const EDITORS_MASK: u64 = ((1 << 15) - 1) << 48;
 const FROZEN: u64 = 1 << 63;
+
+/// A leaf turn word (`ShardWord::LeafTurn`): the first ring position of the holder's
+/// rows in the low half, how many positions in the high half; zero when nobody holds
+/// the turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeafTurn(u64);
+
+impl LeafTurn {
+    /// The turn over the positions of an append claimed at `first`, `steps` steps long,
+    /// on `ring`: none for a ring whose positions pass 32 bits.
+    fn of(ring: &Ring, first: u64, steps: u64) -> Option<LeafTurn> {
+        let pos = u32::try_from(ring.pos(first)).ok()?;
+        let count = u32::try_from(steps.min(ring.steps)).ok()?;
+        Some(LeafTurn(u64::from(pos) | u64::from(count) << 32))
+    }
+
+    /// Its positions: first, count (zero for no turn).
+    fn positions(self) -> (u64, u64) {
+        (self.0 & u64::from(u32::MAX), self.0 >> 32)
+    }
+
+    /// Whether this turn and `other` name a common position of a ring of `steps`.
+    fn overlaps(self, other: LeafTurn, steps: u64) -> bool {
+        let ((a, m), (b, n)) = (self.positions(), other.positions());
+        // Each run is `count` positions on from its first, wrapping: one starts inside
+        // the other.
+        let after = |from: u64, to: u64| (to + steps - from) % steps;
+        m > 0 && n > 0 && (after(a, b) < m || after(b, a) < n)
+    }
+}
+
+/// The leaf turn of a shard, held until dropped: once the holder has set its rows'
+/// leaves, or unwinds.
+#[derive(Debug)]
+#[must_use = "the turn is given back when the guard drops"]
+pub(crate) struct TurnHeld<'a> {
+    shard: &'a Shard,
+}
+
+impl Drop for TurnHeld<'_> {
+    fn drop(&mut self) {
+        self.shard.end_leaf_turn();
+    }
+}
 
 /// The live part of a shard's ring: sequence numbers `lo..hi`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -426,10 +492,50 @@ impl Shard {
         Err(IsFrozen)
     }
 
+    /// Takes the leaf turn for the rows of an append claimed at `first`, `steps` steps
+    /// long, unless another appender holds it; whether it did (see "Leaf turns").
+    /// Before any of the rows is published.
+    pub(crate) fn take_leaf_turn(&self, first: u64, steps: u64) -> Option<TurnHeld<'_>> {
+        let turn = LeafTurn::of(&self.ring, first, steps)?;
+        self.word(ShardWord::LeafTurn)
+            .compare_exchange(0, turn.0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            // Built only when taken: the guard's drop gives the turn back.
+            .then(|| TurnHeld { shard: self })
+    }
+
+    /// Gives the leaf turn back. SYNC POINT: pairs with the Acquire load of
+    /// [`Shard::await_leaf_turn`]: the holder's leaves are set before.
+    fn end_leaf_turn(&self) {
+        self.word(ShardWord::LeafTurn).store(0, Ordering::Release);
+    }
+
+    /// Waits while another appender's leaf turn names a position of the append claimed
+    /// at `first`, `steps` steps long: the caller, without the turn, is about to set
+    /// its leaves (see "Leaf turns").
+    pub(crate) fn await_leaf_turn(&self, first: u64, steps: u64) {
+        let mine = LeafTurn::of(&self.ring, first, steps);
+        let mut backoff = Backoff::new();
+        loop {
+            let word = self.word(ShardWord::LeafTurn).load(Ordering::Acquire);
+            let overlaps = match mine {
+                // An append past the counts a turn word holds: every position.
+                None => word != 0,
+                Some(mine) => LeafTurn(word).overlaps(mine, self.ring.steps),
+            };
+            if !overlaps {
+                return;
+            }
+            backoff.snooze();
+        }
+    }
+
     /// Takes back every appender unit of the occupancy word (a dead lease holder's:
-    /// only its threads appended here), keeping the editors' and the freeze bit.
+    /// only its threads appended here), keeping the editors' and the freeze bit, and
+    /// the leaf turn, which only they could hold.
     #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
     pub(crate) fn clear_appenders(&self) {
+        self.end_leaf_turn();
         let occupancy = self.occupancy();
         let mut cur = occupancy.load(Ordering::Acquire);
         loop {

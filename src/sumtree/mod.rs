@@ -260,6 +260,11 @@ pub(crate) struct TreeLayout {
     /// The first word of level `level` of tree `kind` at `kind * top + level - 1`:
     /// [`TreeLayout::entry_word`], which every update calls a dozen times, precomputed.
     level_words: Vec<usize>,
+    /// The word counting who changes the leaves now (`ShardWord::LeafChangers` of the
+    /// block's shard; see `tree.rs`, "Plain leaves"), if the block has one: a tree of
+    /// a storage does, a tree on its own (`OwnedTree`) does not, and its writers always
+    /// compare-exchange.
+    pub(crate) changers: Option<usize>,
 }
 
 impl TreeLayout {
@@ -294,6 +299,7 @@ impl TreeLayout {
             with_max,
             sum_levels: Vec::new(),
             level_words: Vec::new(),
+            changers: None,
         };
         let levels_at = layout.base + layout.levels_base();
         layout.level_words = (0..3)
@@ -313,6 +319,14 @@ impl TreeLayout {
             })
             .collect();
         layout
+    }
+
+    /// This block, its leaf changers counted at word `word` of the region.
+    pub(crate) fn counted_at(self, word: usize) -> TreeLayout {
+        TreeLayout {
+            changers: Some(word),
+            ..self
+        }
     }
 
     /// Words the block takes from the region offset it was given: up to a line of
@@ -520,7 +534,8 @@ impl OwnedTree {
     /// (the raw word first; a slot holding a newer row keeps both of its words).
     pub fn set_run(&self, first: usize, leaves: &[(Leaf, f64)]) {
         self.tree().store_raws(first, leaves);
-        self.tree().set_run(first, leaves.len(), |k| leaves[k].0)
+        self.tree()
+            .set_run(first, leaves.len(), |k| leaves[k].0, false)
     }
 
     /// Sets slot `i`'s mass and raw priority if both its words belong to lap `lap`
