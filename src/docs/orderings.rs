@@ -477,7 +477,9 @@
 //!   new row's leaves racing a stale update of the row it replaces, a stale update
 //!   through the public API while a collector laps the ring, two collectors replacing
 //!   the one row of a ring and an update racing a collector, with plain leaf stores
-//!   allowed (the sums and masses end exact), two sibling updates
+//!   allowed (the sums and masses end exact; these fail if a collector without the
+//!   leaf turn does not wait for it, if a failed take gives the turn back, or if the
+//!   count leaves updates out), two sibling updates
 //!   under one min entry (which fails without the refresh's verification), other
 //!   pairs of racing updates below one entry and up to the root, a climb whose own
 //!   leaf another update raises meanwhile (which fails without the climb's reading
