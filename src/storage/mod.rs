@@ -292,6 +292,13 @@ pub(crate) enum Want {
     AtLeast,
 }
 
+/// Rows an append of raw priorities needs before it takes its shard's leaf turn: the
+/// turn and the fences of plain leaf stores (`sumtree/tree.rs`, "Plain leaves") cost
+/// about 9 ns each on the Intel host of 2026-11-30, as a compare-exchange does, and a
+/// plain store saves about 7.5 ns of one: a node's leaves pay for them several times.
+/// Under loom, one row, so that its models of one-row appends take the turn.
+const LEAF_TURN_MIN_ROWS: u64 = if cfg!(replaybuf_loom) { 1 } else { 16 };
+
 /// What an append claimed: its first sequence number, and the shard's leaf turn if it
 /// took it ([`Storage::append_entered`]).
 #[derive(Debug)]
@@ -750,7 +757,9 @@ impl Storage {
         let first = shard.claim(steps);
         let appended = Appended {
             first,
-            turn: raws.and_then(|_| shard.take_leaf_turn(first, steps)),
+            turn: raws
+                .filter(|_| steps * ring.width >= LEAF_TURN_MIN_ROWS)
+                .and_then(|_| shard.take_leaf_turn(first, steps)),
         };
         let stream = self.streams(k, claim, steps);
         // Rows claimed below this by writers that died: their slots are taken over.
