@@ -142,7 +142,11 @@ fn collectors_lapping_each_other_on_one_ring_keep_the_sums_exact() {
         rb.writer().extend(&row_of(&rb, 2, 4.0)).unwrap();
         other.join().unwrap();
         let last = rb.get(0).unwrap();
-        let p = if last.column::<u64>("a").unwrap()[0] == 1 { 2.0 } else { 4.0 };
+        let p = if last.column::<u64>("a").unwrap()[0] == 1 {
+            2.0
+        } else {
+            4.0
+        };
         assert_eq!(rb.priority(0), Some(p));
         assert!(
             replaybuf::internals::masses_current(&rb),
