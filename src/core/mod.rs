@@ -266,11 +266,12 @@ impl Core {
         };
         // A leaf changer from before its rows are published until their leaves are
         // set (`sumtree/tree.rs`, "Plain leaves").
-        let _appending = self.storage.trees()[k].appending();
+        let trees = self.storage.trees();
+        let _appending = trees[k].appending();
         let appended = self
             .storage
             .append_entered(k, claim, steps, src, Some(raws));
-        self.set_leaves(k, &appended, steps, src, raws);
+        self.set_leaves(&trees, k, &appended, steps, src, raws);
         appended.first
     }
 

@@ -26,6 +26,7 @@ use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::{Appended, Raws};
+use crate::sumtree::tree::Tree;
 
 impl Core {
     pub(crate) fn prioritized(&self) -> Result<&Priorities, PriorityError> {
@@ -77,12 +78,13 @@ impl Core {
         })
     }
 
-    /// Gives the rows of an append to shard `k`, `appended` and now published, their
-    /// leaves: a draw never lands on a row before it can be read. An append without
-    /// the shard's leaf turn first waits for an appender of rows it replaced that holds
-    /// it (`shard.rs`, "Leaf turns").
+    /// Gives the rows of an append to shard `k` (whose tree is `trees[k]`), `appended`
+    /// and now published, their leaves: a draw never lands on a row before it can be
+    /// read. An append without the shard's leaf turn first waits for an appender of
+    /// rows it replaced that holds it (`shard.rs`, "Leaf turns").
     pub(crate) fn set_leaves(
         &self,
+        trees: &[Tree<'_>],
         k: usize,
         appended: &Appended<'_>,
         steps: u64,
@@ -98,7 +100,6 @@ impl Core {
         if !turn {
             self.storage.shards()[k].await_leaf_turn(first, steps);
         }
-        let trees = self.storage.trees();
         let ring = *self.storage.shards()[k].ring();
         let width = ring.width as usize;
         let runs: smallvec::SmallVec<[(shard::Step, u64); 2]> =
@@ -114,7 +115,7 @@ impl Core {
             // New rows without a priority field share one priority: one mass.
             Raws::All(p) => {
                 let each = None::<fn(usize, usize) -> f64>;
-                state.set_leaves(&trees, k, &slots, p, each, turn)
+                state.set_leaves(trees, k, &slots, p, each, turn)
             }
             Raws::Each(ps) => {
                 let top = ps.iter().copied().fold(0.0, f64::max);
@@ -122,7 +123,7 @@ impl Core {
                     let (j, lane) = (runs[r].0.j + (i / width) as u64, (i % width) as u64);
                     ps[src.order.row(j, lane)]
                 };
-                state.set_leaves(&trees, k, &slots, top, Some(each), turn)
+                state.set_leaves(trees, k, &slots, top, Some(each), turn)
             }
         }
     }

@@ -532,7 +532,7 @@ impl Shard {
 
     /// Takes back every appender unit of the occupancy word (a dead lease holder's:
     /// only its threads appended here), keeping the editors' and the freeze bit, and
-    /// the leaf turn, which only they could hold.
+    /// gives back the leaf turn, which only they could hold.
     #[cfg_attr(replaybuf_loom, allow(dead_code))] // no shared regions under loom
     pub(crate) fn clear_appenders(&self) {
         self.end_leaf_turn();

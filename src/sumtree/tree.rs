@@ -91,6 +91,12 @@ const APPENDER: u64 = 1 << 32;
 /// A priority update's, re-mass's or clear's unit: the low half.
 const UPDATER: u64 = 1;
 
+/// Whether leaf `cur` belongs to a row newer than `leaf`'s (a writer that lapped the
+/// one about to give `leaf`), which keeps its leaf.
+fn holds_newer_row(cur: Leaf, leaf: Leaf) -> bool {
+    cur != Leaf::EMPTY && (cur.lap().wrapping_sub(leaf.lap()) as i32) > 0
+}
+
 /// One party counted among a tree's leaf changers until dropped (see the module's
 /// "Plain leaves").
 #[must_use = "the count ends when the guard drops"]
@@ -746,7 +752,7 @@ impl<'a> Tree<'a> {
         let atomic = self.leaf_atomic(i);
         let mut cur = Leaf::from_bits(atomic.load(Ordering::SeqCst));
         loop {
-            if cur != Leaf::EMPTY && (cur.lap().wrapping_sub(leaf.lap()) as i32) > 0 {
+            if holds_newer_row(cur, leaf) {
                 return 0;
             }
             match atomic.compare_exchange(
@@ -766,7 +772,7 @@ impl<'a> Tree<'a> {
     fn store_leaf(&self, i: usize, leaf: Leaf) -> i64 {
         let atomic = self.leaf_atomic(i);
         let cur = Leaf::from_bits(atomic.load(Ordering::Relaxed));
-        if cur != Leaf::EMPTY && (cur.lap().wrapping_sub(leaf.lap()) as i32) > 0 {
+        if holds_newer_row(cur, leaf) {
             return 0;
         }
         crate::sync::store_beside_rmw(atomic, leaf.bits(), Ordering::Relaxed);
