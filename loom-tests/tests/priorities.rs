@@ -4,7 +4,8 @@
 //! applied to the newer row, and `set_alpha` racing a collector or an update: every
 //! leaf ends with its raw priority's mass under the last alpha; and collectors storing
 //! their leaves plainly (`sumtree/tree.rs`, "Plain leaves") beside a lapping collector
-//! or an update.
+//! or an update, and whole nodes with the entries above them beside an update of one
+//! of the new rows or of a row beside them.
 #![cfg(replaybuf_loom)]
 
 mod common;
@@ -104,6 +105,12 @@ fn a_stale_update_never_lands_on_the_new_row() {
 /// that differ from row to row, so that a leaf's change counted twice or lost shows
 /// in the sums.
 fn one_row_with_priorities() -> ReplayBuffer {
+    rows_with_priorities(1)
+}
+
+/// [`one_row_with_priorities`] of `capacity` rows: a node of the tree (two leaves
+/// under loom) for two, a node for each pair and a root above them for four.
+fn rows_with_priorities(capacity: usize) -> ReplayBuffer {
     let spec = replaybuf::Spec::builder()
         .field("a", replaybuf::DType::U64, [])
         .field("b", replaybuf::DType::U64, [])
@@ -111,7 +118,7 @@ fn one_row_with_priorities() -> ReplayBuffer {
         .build()
         .unwrap();
     ReplayBuffer::builder(spec)
-        .capacity(1)
+        .capacity(capacity)
         .sampler(Prioritized::new(1.0, 0.5).eps(0.0))
         .priority_key("p")
         .seed(6)
@@ -121,8 +128,13 @@ fn one_row_with_priorities() -> ReplayBuffer {
 
 /// Row `id` of priority `p`, for [`one_row_with_priorities`].
 fn row_of(rb: &ReplayBuffer, id: u64, p: f64) -> replaybuf::Batch {
-    let mut batch = pairs(rb, &[1], id);
-    batch.set("p", &[p]).unwrap();
+    rows_of(rb, id, &[p])
+}
+
+/// Rows `id, id + 1, ...` of priorities `p`, for [`rows_with_priorities`].
+fn rows_of(rb: &ReplayBuffer, id: u64, p: &[f64]) -> replaybuf::Batch {
+    let mut batch = pairs(rb, &[p.len()], id);
+    batch.set("p", p).unwrap();
     batch
 }
 
@@ -179,6 +191,82 @@ fn an_update_racing_a_collector_that_stores_its_leaf_plainly() {
         assert!(replaybuf::internals::masses_current(&rb));
         assert!(replaybuf::internals::priorities_consistent(&rb));
     });
+}
+
+#[test]
+fn an_update_of_a_new_row_racing_a_collector_that_stores_its_node_plainly() {
+    run_model(
+        "update_priority of a new row vs extend (plain node)",
+        || {
+            let rb = rows_with_priorities(2);
+            rb.extend(&rows_of(&rb, 0, &[1.0, 3.0])).unwrap();
+            // The generation row 0 will have once replaced: the same writes to a twin.
+            let twin = rows_with_priorities(2);
+            twin.extend(&rows_of(&twin, 0, &[1.0, 3.0])).unwrap();
+            twin.extend(&rows_of(&twin, 2, &[2.0, 5.0])).unwrap();
+            let new = twin.get(0).unwrap();
+            // The collector sets both leaves of the node and the entries above them with
+            // plain stores, entries first; an update of the new row that found its leaf
+            // set adds its change to the entries after theirs. One that came before the
+            // row was published is refused, and one before its leaf was set is dropped.
+            let learner = {
+                let rb = rb.clone();
+                loom::thread::spawn(move || {
+                    rb.update_priority(new.index(), new.generations(), &[8.0])
+                        .map(|done| done.applied)
+                        .unwrap_or(0)
+                })
+            };
+            rb.writer().extend(&rows_of(&rb, 2, &[2.0, 5.0])).unwrap();
+            let applied = learner.join().unwrap();
+            let p0 = if applied == 1 { 8.0 } else { 2.0 };
+            assert_eq!(rb.priority(0), Some(p0));
+            assert_eq!(rb.priority(1), Some(5.0));
+            assert!(
+                replaybuf::internals::masses_current(&rb),
+                "a leaf is not its row's: {:?}",
+                replaybuf::internals::leaf_and_raw(&rb, 0)
+            );
+            assert!(
+                replaybuf::internals::priorities_consistent(&rb),
+                "an entry disagrees with its leaves (update applied: {applied})"
+            );
+        },
+    );
+}
+
+#[test]
+fn an_update_beside_a_plain_node_meets_it_at_the_root() {
+    run_model(
+        "update_priority vs extend (plain node, shared root)",
+        || {
+            let rb = rows_with_priorities(4);
+            rb.extend(&rows_of(&rb, 0, &[1.0, 3.0, 6.0, 7.0])).unwrap();
+            assert!(replaybuf::internals::priorities_consistent(&rb));
+            let row2 = rb.get(2).unwrap();
+            // The collector replaces rows 0 and 1 (the root's min, 1, goes with them)
+            // while the learner lowers row 2 below the collector's new rows: both carry
+            // their node's change to the root, the collector after storing its node's
+            // entries plainly.
+            let learner = {
+                let rb = rb.clone();
+                loom::thread::spawn(move || {
+                    let done = rb
+                        .update_priority(row2.index(), row2.generations(), &[1.5])
+                        .unwrap();
+                    assert_eq!(done.applied, 1);
+                })
+            };
+            rb.writer().extend(&rows_of(&rb, 4, &[2.0, 5.0])).unwrap();
+            learner.join().unwrap();
+            assert_eq!(rb.priority(2), Some(1.5));
+            assert!(replaybuf::internals::masses_current(&rb));
+            assert!(
+                replaybuf::internals::priorities_consistent(&rb),
+                "an entry disagrees with its children"
+            );
+        },
+    );
 }
 
 /// Leaves of masses 5, 6, 7, 8, one thread setting leaf 0, the minimum, to `first`,

@@ -252,8 +252,16 @@
 //!   claiming, so before this one claimed); an update counted after the read reads
 //!   this collector's raw words (stored before the fence; a store-buffering handshake,
 //!   the count read by read-modify-write under loom) and leaves the older row's leaf
-//!   alone. A `SeqCst` fence after each node's stores stands for the compare-exchanges
-//!   before its min and max entries are refreshed.
+//!   alone. A node whose leaves are all its own it sets whole: its sum, min and max
+//!   entries first, by plain stores (the old leaves' mass is the sum entry's, exact
+//!   while nobody else changes them), then its leaves, `Release`: whoever changes one
+//!   of those leaves next read it, so its own change of the entries comes after. At
+//!   the run's edges, a `SeqCst` fence after a node's leaves stands for the
+//!   compare-exchanges before its entries are refreshed; after the whole nodes, one
+//!   fence before the levels above. An update that arrives while a collector is
+//!   counted marks the count; a collector that set whole nodes and finds the mark
+//!   (after that fence, a second handshake) refreshes their min and max entries, which
+//!   the update may have refreshed from leaves it read before their stores.
 //! - An update acts only on a row whose stamp it read published with the generation
 //!   the caller sampled. It then compare-exchanges the raw word, then the leaf, each
 //!   requiring the row's lap: a row replaced since, however many laps later (up to the

@@ -121,8 +121,9 @@ pub(crate) enum ShardWord {
     LeafTurn = 11,
     /// A prioritized buffer: who is changing the shard's tree leaves now: appenders
     /// from before their rows are published until their leaves are set (high 32
-    /// bits), and priority updates, re-masses and clears (low 32 bits; see
-    /// `sumtree/tree.rs`). Zero in a region that never had one.
+    /// bits), and priority updates, re-masses and clears (low 31 bits); bit 31 marks an
+    /// update that arrived while an appender was counted (see `sumtree/tree.rs`).
+    /// Zero in a region that never had one.
     LeafChangers = 12,
 }
 
