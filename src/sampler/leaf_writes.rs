@@ -314,7 +314,7 @@ impl Priorities {
                 ),
                 None => {
                     let leaf = Leaf::new(lap, heaviest);
-                    tree.set_run(first, n, |_| leaf, turn)
+                    tree.set_run_of(first, n, leaf, turn)
                 }
             }
         }

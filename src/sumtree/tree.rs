@@ -229,6 +229,14 @@ enum NodeChange {
     Whole { delta: i64, extrema: [bool; 2] },
 }
 
+/// A whole node's new leaves and the entries above them: their sum, and their min and
+/// max as stored, in the order of the layout's `extrema()`.
+struct WholeNode {
+    leaves: [Leaf; ARITY],
+    sum: u64,
+    extrema: [u64; 2],
+}
+
 /// A min or max tree's combining rule.
 fn combine(kind: TreeKind, a: u64, b: u64) -> u64 {
     match kind {
@@ -700,8 +708,34 @@ impl<'a> Tree<'a> {
         leaf_of: impl Fn(usize) -> Leaf,
         turn: bool,
     ) {
+        self.set_run_with(first, n, leaf_of, None, turn);
+    }
+
+    /// [`Tree::set_run`] of leaves all `leaf`: new rows of one priority, as rows
+    /// without priorities of their own are. A whole node's entries are worked out
+    /// once for the run.
+    pub(crate) fn set_run_of(&self, first: usize, n: usize, leaf: Leaf, turn: bool) {
+        self.set_run_with(first, n, |_| leaf, Some(leaf), turn);
+    }
+
+    /// [`Tree::set_run`], with `same`, the leaf every slot gets if they all get one.
+    #[inline(always)]
+    fn set_run_with(
+        &self,
+        first: usize,
+        n: usize,
+        leaf_of: impl Fn(usize) -> Leaf,
+        same: Option<Leaf>,
+        turn: bool,
+    ) {
         let plain = turn && self.alone_changing();
+        let same = same
+            .filter(|_| plain)
+            .map(|leaf| self.whole_node([leaf; ARITY]));
         self.change_run(first, n, |node, slots| {
+            if let Some(whole) = same.as_ref().filter(|_| slots.len() == ARITY) {
+                return self.store_node(node, whole);
+            }
             let mut leaves = [Leaf::EMPTY; ARITY];
             for (leaf, i) in leaves.iter_mut().zip(slots.clone()) {
                 *leaf = leaf_of(i - first);
@@ -711,7 +745,7 @@ impl<'a> Tree<'a> {
                 return NodeChange::Leaves(slots.zip(leaves).fold(0i64, give));
             }
             if slots.len() == ARITY {
-                return self.store_node(node, &leaves);
+                return self.store_node(node, &self.whole_node(leaves));
             }
             let store = |d: i64, (i, leaf)| d.wrapping_add(self.store_leaf(i, leaf));
             let delta = slots.zip(leaves).fold(0i64, store);
@@ -853,10 +887,26 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// Sets node `node`'s leaves, all of them new rows' (`leaves`), and the entries
-    /// above them, by an appender alone in changing leaves: the entries first, each
+    /// A whole node of new leaves, `leaves`, with the entries they make.
+    fn whole_node(&self, leaves: [Leaf; ARITY]) -> WholeNode {
+        let mut extrema = [0; 2];
+        for (e, &kind) in extrema.iter_mut().zip(self.layout.extrema()) {
+            *e = Self::encode(
+                kind,
+                leaves_extremum(kind, leaves.map(Leaf::bits).into_iter()),
+            );
+        }
+        WholeNode {
+            leaves,
+            sum: leaves.iter().fold(0u64, |s, l| s.wrapping_add(l.value())),
+            extrema,
+        }
+    }
+
+    /// Sets node `node`'s leaves, all of them new rows', and the entries above them
+    /// (`whole`), by an appender alone in changing leaves: the entries first, each
     /// with a plain store, and then the leaves, each with a `Release` store (see the
-    /// module's "Plain leaves"). Whoever changes a leaf next read its store, so the
+    /// module's "Whole nodes"). Whoever changes a leaf next read its store, so the
     /// entries' too: its own change of an entry comes after this one.
     ///
     /// Reads no leaf: the old leaves' mass is the sum entry's, exact while nobody
@@ -865,25 +915,21 @@ impl<'a> Tree<'a> {
     /// Inlined into [`Tree::set_run`]'s loop: a call per node took 2-7% longer
     /// extends of 1,000 rows, two runs alternating in one process.
     #[inline(always)]
-    fn store_node(&self, node: usize, leaves: &[Leaf; ARITY]) -> NodeChange {
+    fn store_node(&self, node: usize, whole: &WholeNode) -> NodeChange {
         let entry = self.entry(TreeKind::Sum, 1, node);
-        let sum = leaves.iter().fold(0u64, |s, l| s.wrapping_add(l.value()));
         let old = entry.load(Ordering::Relaxed);
-        crate::sync::store_beside_rmw(entry, sum, Ordering::Relaxed);
+        crate::sync::store_beside_rmw(entry, whole.sum, Ordering::Relaxed);
         let mut extrema = [false; 2];
-        for (changed, &kind) in extrema.iter_mut().zip(self.layout.extrema()) {
+        let kinds = self.layout.extrema().iter().zip(whole.extrema);
+        for (changed, (&kind, want)) in extrema.iter_mut().zip(kinds) {
             let entry = self.entry(kind, 1, node);
-            let want = Self::encode(
-                kind,
-                leaves_extremum(kind, leaves.map(Leaf::bits).into_iter()),
-            );
             *changed = entry.load(Ordering::Relaxed) != want;
             if *changed {
                 crate::sync::store_beside_rmw(entry, want, Ordering::Relaxed);
             }
         }
         let at = self.layout.leaf_word(node * ARITY);
-        for (atomic, leaf) in self.words[at..at + ARITY].iter().zip(leaves) {
+        for (atomic, leaf) in self.words[at..at + ARITY].iter().zip(&whole.leaves) {
             debug_assert!(
                 !holds_newer_row(Leaf::from_bits(atomic.load(Ordering::Relaxed)), *leaf),
                 "a newer row's writer set its leaves while this one held the leaf turn"
@@ -891,7 +937,7 @@ impl<'a> Tree<'a> {
             crate::sync::store_beside_rmw(atomic, leaf.bits(), Ordering::Release);
         }
         NodeChange::Whole {
-            delta: sum.wrapping_sub(old) as i64,
+            delta: whole.sum.wrapping_sub(old) as i64,
             extrema,
         }
     }
@@ -1533,8 +1579,9 @@ mod tests {
     }
 
     /// An appender alone stores its leaves plainly, and a whole node's entries with
-    /// them: runs inside a node, across nodes and over whole ones, over leaves of
-    /// other masses, the heaviest and empty ones among them, keep every entry exact.
+    /// them: runs inside a node, across nodes and over whole ones, of one mass or of
+    /// many, over leaves of other masses, the heaviest and empty ones among them, keep
+    /// every entry exact.
     #[test]
     fn an_appender_alone_keeps_every_entry_exact() {
         let n = 100;
@@ -1555,13 +1602,20 @@ mod tests {
                 1 => layout.value_max,
                 k => (i * 7919 % 1000 + k) as u64,
             };
+            // Every other run, rows of one priority ([`Tree::set_run_of`]).
+            let same = lap % 2 == 0;
+            let leaf = |i: usize| Leaf::new(lap, mass(if same { first } else { i }));
             let _appending = tree.appending();
             assert!(tree.alone_changing());
-            tree.set_run(first, len, |k| Leaf::new(lap, mass(first + k)), true);
+            if same {
+                tree.set_run_of(first, len, leaf(first), true);
+            } else {
+                tree.set_run(first, len, |k| leaf(first + k), true);
+            }
             assert!(tree.is_consistent(), "after run {first}..{}", first + len);
             let total = (0..n).fold(0u64, |t, i| t.wrapping_add(tree.leaf(i).value()));
             assert_eq!(tree.total(), total);
-            assert!((first..first + len).all(|i| tree.leaf(i) == Leaf::new(lap, mass(i))));
+            assert!((first..first + len).all(|i| tree.leaf(i) == leaf(i)));
         }
     }
 
