@@ -5,7 +5,8 @@
 //! leaf ends with its raw priority's mass under the last alpha; and collectors storing
 //! their leaves plainly (`sumtree/tree.rs`, "Plain leaves") beside a lapping collector
 //! or an update, and whole nodes with the entries above them beside an update of one
-//! of the new rows or of a row beside them.
+//! of the new rows or of a row beside them, or after a collector looked again and
+//! found an update gone.
 #![cfg(replaybuf_loom)]
 
 mod common;
@@ -267,6 +268,45 @@ fn an_update_beside_a_plain_node_meets_it_at_the_root() {
             );
         },
     );
+}
+
+#[test]
+fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
+    run_model("update_priority vs extend (plain after a look)", || {
+        let rb = rows_with_priorities(4);
+        rb.extend(&rows_of(&rb, 0, &[1.0, 3.0, 6.0, 7.0])).unwrap();
+        let row3 = rb.get(3).unwrap();
+        // The collector replaces all four rows, two nodes. Finding the learner
+        // counted, it compare-exchanges the first node's leaves, and looks again
+        // before the second: the learner gone, it stores that node whole, over the
+        // leaf the learner changed (an update of the old row 3, applied before the
+        // collector's raw word, or dropped after it).
+        let learner = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || {
+                let done = rb
+                    .update_priority(row3.index(), row3.generations(), &[0.5])
+                    .unwrap();
+                assert_eq!(done.applied + done.stale, 1);
+            })
+        };
+        rb.writer()
+            .extend(&rows_of(&rb, 4, &[2.0, 5.0, 4.0, 8.0]))
+            .unwrap();
+        learner.join().unwrap();
+        assert_eq!(
+            rb.priority(3),
+            Some(8.0),
+            "{:?} {:?}",
+            replaybuf::internals::leaf_and_raw(&rb, 3),
+            rb.get(3).unwrap().column::<u64>("a").unwrap()
+        );
+        assert!(replaybuf::internals::masses_current(&rb));
+        assert!(
+            replaybuf::internals::priorities_consistent(&rb),
+            "an entry disagrees with its children"
+        );
+    });
 }
 
 /// Leaves of masses 5, 6, 7, 8, one thread setting leaf 0, the minimum, to `first`,

@@ -247,7 +247,8 @@
 //!   set, updates, re-masses and clears while they run. A collector holding the
 //!   shard's leaf turn (`storage/shard.rs`, "Leaf turns": taken after the claim,
 //!   before W3; a collector of a later lap over the same positions waits for it before
-//!   setting leaves) fences `SeqCst` after W3 and reads the count. Only itself: an
+//!   setting leaves) reads the count after W3 (a `SeqCst` read-modify-write), and
+//!   again every few nodes while it finds others. Only itself: an
 //!   older collector with leaves to set would be counted (it counted itself before
 //!   claiming, so before this one claimed); an update counted after the read reads
 //!   this collector's raw words (stored before the fence; a store-buffering handshake,

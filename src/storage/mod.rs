@@ -1251,8 +1251,10 @@ impl Storage {
                 words[at / 8].store(published, Ordering::Relaxed);
             }
             if let Some(raws) = raws {
+                // Beside an update's compare-exchange of the old row's raw word: see
+                // `sync::store_beside_rmw` for why loom needs it said.
                 let raw = sumtree::raw_bits(start.lap, Some(raws.of(rows[0])));
-                words[at / 8 + RAW_WORD].store(raw, Ordering::Relaxed);
+                crate::sync::store_beside_rmw(&words[at / 8 + RAW_WORD], raw, Ordering::Relaxed);
             }
             copies.write_rows(words, at + self.header_bytes, self.slot_bytes, &rows);
             if !stamp_first {

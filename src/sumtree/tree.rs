@@ -49,8 +49,10 @@
 //!   priority updates, re-masses and clears, while they run. An appender holding its
 //!   shard's leaf turn (`storage/shard.rs`, "Leaf turns"), after publishing, reads
 //!   the count by a `SeqCst` read-modify-write; finding only itself, it loads and
-//!   stores each leaf ([`Tree::set_run`]). Nobody else changes those leaves between
-//!   its load and store:
+//!   stores each leaf ([`Tree::set_run`]). Finding others, it compare-exchanges and
+//!   reads the count again every few nodes, and from a reading that finds only itself
+//!   stores the rest plainly: each reading is the check below, made later. Nobody
+//!   else changes those leaves between its load and store:
 //!   - a changer that left before has its changes read: its decrement is Release, the
 //!     read-modify-write an acquire;
 //!   - an appender of older rows, still to set its leaves, was counted before it
@@ -106,6 +108,10 @@ use smallvec::SmallVec;
 /// An appender's unit in a leaf-changers word: the high half, which a recovery takes
 /// back from a dead appender's process ([`Tree::forget_appenders`]).
 const APPENDER: u64 = 1 << 32;
+/// Nodes an appender that found others changing leaves sets by compare-exchange
+/// before it looks again ([`Tree::set_run`]): a look is a locked instruction, as a
+/// leaf's compare-exchange is.
+const RECHECK_NODES: usize = if cfg!(replaybuf_loom) { 1 } else { 4 };
 /// A priority update's, re-mass's or clear's unit: the low half, below [`TOUCHED`].
 const UPDATER: u64 = 1;
 /// The mark of an updater that arrived while an appender was counted: whole nodes an
@@ -728,12 +734,19 @@ impl<'a> Tree<'a> {
         same: Option<Leaf>,
         turn: bool,
     ) {
-        let plain = turn && self.alone_changing();
+        let mut plain = turn && self.alone_changing();
         let same = same
-            .filter(|_| plain)
+            .filter(|_| turn)
             .map(|leaf| self.whole_node([leaf; ARITY]));
+        let mut nodes = 0;
         self.change_run(first, n, |node, slots| {
-            if let Some(whole) = same.as_ref().filter(|_| slots.len() == ARITY) {
+            // An appender that found others changing leaves looks again every few
+            // nodes: an updater it found is often done before its run is.
+            nodes += 1;
+            if turn && !plain && nodes % RECHECK_NODES == 0 {
+                plain = self.alone_changing();
+            }
+            if let Some(whole) = same.as_ref().filter(|_| plain && slots.len() == ARITY) {
                 return self.store_node(node, whole);
             }
             let mut leaves = [Leaf::EMPTY; ARITY];
