@@ -738,12 +738,11 @@ impl<'a> Tree<'a> {
         let same = same
             .filter(|_| turn)
             .map(|leaf| self.whole_node([leaf; ARITY]));
-        let mut nodes = 0;
+        let first_node = first / ARITY;
         self.change_run(first, n, |node, slots| {
             // An appender that found others changing leaves looks again every few
             // nodes: an updater it found is often done before its run is.
-            nodes += 1;
-            if turn && !plain && nodes % RECHECK_NODES == 0 {
+            if turn && !plain && (node + 1 - first_node).is_multiple_of(RECHECK_NODES) {
                 plain = self.alone_changing();
             }
             if let Some(whole) = same.as_ref().filter(|_| plain && slots.len() == ARITY) {
