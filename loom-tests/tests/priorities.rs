@@ -176,8 +176,9 @@ fn an_update_racing_a_collector_that_stores_its_leaf_plainly() {
         let rb = one_row_with_priorities();
         rb.extend(&row_of(&rb, 0, 1.0)).unwrap();
         let old = rb.get(0).unwrap();
-        // Counted before the collector's check, the update makes it compare-exchange;
-        // counted after, it finds the new row's raw word and is dropped.
+        // Counted before the collector's check, the update marked its leaf's run, the
+        // collector's, and the collector compare-exchanges it; counted after, it finds
+        // the new row's raw word and is dropped.
         let learner = {
             let rb = rb.clone();
             loom::thread::spawn(move || {
@@ -248,7 +249,8 @@ fn an_update_beside_a_plain_node_meets_it_at_the_root() {
             // The collector replaces rows 0 and 1 (the root's min, 1, goes with them)
             // while the learner lowers row 2 below the collector's new rows: both carry
             // their node's change to the root, the collector after storing its node's
-            // entries plainly.
+            // entries plainly, whether it found the learner gone, not yet counted, or
+            // counted with row 2's run marked.
             let learner = {
                 let rb = rb.clone();
                 loom::thread::spawn(move || {
@@ -277,7 +279,9 @@ fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
         rb.extend(&rows_of(&rb, 0, &[1.0, 3.0, 6.0, 7.0])).unwrap();
         let row3 = rb.get(3).unwrap();
         // The collector replaces all four rows, two nodes. Finding the learner
-        // counted, it compare-exchanges the first node's leaves, and looks again
+        // counted and row 3's run marked, it stores the first node whole and
+        // compare-exchanges the second's leaves. Finding it counted before its marks
+        // are set, it compare-exchanges the first node's leaves, and looks again
         // before the second: the learner gone, it stores that node whole, over the
         // leaf the learner changed (an update of the old row 3, applied before the
         // collector's raw word, or dropped after it).

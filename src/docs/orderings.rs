@@ -263,6 +263,21 @@
 //!   counted marks the count; a collector that set whole nodes and finds the mark
 //!   (after that fence, a second handshake) refreshes their min and max entries, which
 //!   the update may have refreshed from leaves it read before their stores.
+//! - Beside one learner's update, most of a collector's leaves can still be plain
+//!   (`sumtree/tree.rs`, "Marked updates"). The first update of a shard's tree to
+//!   come takes the count's marking bit (a `fetch_or`: one at a time; others count
+//!   themselves as before), sets a bit for each run of leaves it will change (256
+//!   leaves a run in a million; the marks follow the tree's levels in its block),
+//!   then the shard's marks-set word, `Release`, and only then changes leaves; when
+//!   done it clears the marks-set word, then the marks, each `Release`, and then the
+//!   bit. A collector whose read of the count finds only itself and the marking
+//!   update, and then the marks-set word 1 (`Acquire`: the marks of this update, not a
+//!   stale 1, since the bit's read-modify-writes carry the last clear to it), stores
+//!   plainly every node whose runs it finds not marked (`Acquire` loads): the update
+//!   changes none of their leaves, or it cleared the mark after it did, and the clear
+//!   carries its changes. Nodes marked it compare-exchanges, as it does every node
+//!   when the marks-set word reads 0 (marks not yet set, or being cleared) or anyone
+//!   else is counted.
 //! - An update acts only on a row whose stamp it read published with the generation
 //!   the caller sampled. It then compare-exchanges the raw word, then the leaf, each
 //!   requiring the row's lap: a row replaced since, however many laps later (up to the

@@ -43,8 +43,11 @@ const SLOTS_ALIGN_WORDS: usize = if cfg!(replaybuf_loom) { 1 } else { 512 };
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPLYBUF\0");
 /// The version of this layout; a region of another version is refused. 2: tree leaves
 /// and raw priority words carry the row's whole 32-bit lap, and masses follow a scale
-/// (`Global::MassScale`).
-pub(crate) const FORMAT_VERSION: u64 = 2;
+/// (`Global::MassScale`). 3: appenders store leaves plainly when no other leaf changer
+/// is counted (`ShardWord::LeafTurn`, `ShardWord::LeafChangers`), or none but an
+/// updater that marked its leaves elsewhere (`ShardWord::MarksSet`, and the marks
+/// after each tree).
+pub(crate) const FORMAT_VERSION: u64 = 3;
 
 /// Header words of a region.
 pub(crate) const HEADER_WORDS: usize = 16;
@@ -76,8 +79,8 @@ pub(crate) enum Header {
 /// [`Header::State`] of a region whose creator finished laying it out.
 pub(crate) const READY: u64 = u64::from_le_bytes(*b"READY\0\0\0");
 
-/// Words of one shard block: two cache lines, or its thirteen words under loom.
-pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 13 } else { 2 * LINE };
+/// Words of one shard block: two cache lines, or its fourteen words under loom.
+pub(crate) const SHARD_WORDS: usize = if cfg!(replaybuf_loom) { 14 } else { 2 * LINE };
 
 /// A shard block's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,10 +124,15 @@ pub(crate) enum ShardWord {
     LeafTurn = 11,
     /// A prioritized buffer: who is changing the shard's tree leaves now: appenders
     /// from before their rows are published until their leaves are set (high 32
-    /// bits), and priority updates, re-masses and clears (low 31 bits); bit 31 marks an
-    /// update that arrived while an appender was counted (see `sumtree/tree.rs`).
-    /// Zero in a region that never had one.
+    /// bits), the one updater whose leaves are marked (bit 30), and other priority
+    /// updates, re-masses and clears (low 30 bits); bit 31 marks an update that
+    /// arrived while an appender was counted (see `sumtree/tree.rs`). Zero in a region
+    /// that never had one.
     LeafChangers = 12,
+    /// A prioritized buffer: 1 while the marks of the updater counted by bit 30 of
+    /// `LeafChangers` are set in the shard's tree block, 0 otherwise (see
+    /// `sumtree/tree.rs`, "Marked updates").
+    MarksSet = 13,
 }
 
 /// The globals' words: each contended one on its own line.

@@ -1831,7 +1831,12 @@ impl StorageParts {
             .trees
             .into_iter()
             .enumerate()
-            .map(|(k, tree)| tree.counted_at(layout.shard_word(k, ShardWord::LeafChangers)))
+            .map(|(k, tree)| {
+                tree.counted_at(
+                    layout.shard_word(k, ShardWord::LeafChangers),
+                    layout.shard_word(k, ShardWord::MarksSet),
+                )
+            })
             .collect();
         Storage {
             procs,

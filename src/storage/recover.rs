@@ -169,6 +169,7 @@ impl Storage {
                 ShardWord::Occupancy,
                 ShardWord::LeafTurn,
                 ShardWord::LeafChangers,
+                ShardWord::MarksSet,
             ] {
                 shard.word(w).store(0, Ordering::Release);
             }

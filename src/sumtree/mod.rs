@@ -79,6 +79,11 @@ pub(crate) const ARITY: usize = if cfg!(replaybuf_loom) { 2 } else { 16 };
 /// never straddles one line more than it must.
 const LINE_WORDS: usize = 8;
 
+/// Words of a tree block's marks, a bit for each run of leaves, which an updater of
+/// many rows sets for the runs it changes (see `tree.rs`, "Marked updates"): eight
+/// lines, 4,096 runs (a million leaves: 256 a run); one word under loom.
+pub(crate) const MARK_WORDS: usize = if cfg!(replaybuf_loom) { 1 } else { 64 };
+
 fn align(words: usize) -> usize {
     words.div_ceil(LINE_WORDS) * LINE_WORDS
 }
@@ -265,6 +270,14 @@ pub(crate) struct TreeLayout {
     /// a storage does, a tree on its own (`OwnedTree`) does not, and its writers always
     /// compare-exchange.
     pub(crate) changers: Option<usize>,
+    /// The word saying whether the marks are set (`ShardWord::MarksSet`), with
+    /// `changers`.
+    pub(crate) marks_set: usize,
+    /// The first of the block's [`MARK_WORDS`] marks, after its trees.
+    pub(crate) marks: usize,
+    /// Leaf `i`'s mark is bit `i >> mark_shift` of the marks: the smallest shift that
+    /// gives every leaf one.
+    pub(crate) mark_shift: u32,
 }
 
 impl TreeLayout {
@@ -300,7 +313,13 @@ impl TreeLayout {
             sum_levels: Vec::new(),
             level_words: Vec::new(),
             changers: None,
+            marks_set: 0,
+            marks: 0,
+            mark_shift: (0..usize::BITS)
+                .find(|&shift| leaves.max(1).div_ceil(1 << shift) <= MARK_WORDS * 64)
+                .unwrap_or(0),
         };
+        layout.marks = layout.base + layout.trees_end();
         let levels_at = layout.base + layout.levels_base();
         layout.level_words = (0..3)
             .flat_map(|tree| {
@@ -321,24 +340,31 @@ impl TreeLayout {
         layout
     }
 
-    /// This block, its leaf changers counted at word `word` of the region.
-    pub(crate) fn counted_at(self, word: usize) -> TreeLayout {
+    /// This block, its leaf changers counted at word `changers` of the region, and
+    /// whether its marks are set said at word `marks_set`.
+    pub(crate) fn counted_at(self, changers: usize, marks_set: usize) -> TreeLayout {
         TreeLayout {
-            changers: Some(word),
+            changers: Some(changers),
+            marks_set,
             ..self
         }
     }
 
     /// Words the block takes from the region offset it was given: up to a line of
-    /// slack to start on a line boundary, then leaves, raw priorities if inside, and
-    /// two or three trees.
+    /// slack to start on a line boundary, then leaves, raw priorities if inside, two or
+    /// three trees, and the marks.
     pub(crate) fn words(&self) -> usize {
-        LINE_WORDS + self.levels_base() + (2 + usize::from(self.with_max)) * self.internal
+        LINE_WORDS + self.trees_end() + MARK_WORDS
     }
 
     /// One past the block's last word.
     pub(crate) fn end(&self) -> usize {
-        self.base + self.levels_base() + (2 + usize::from(self.with_max)) * self.internal
+        self.base + self.trees_end() + MARK_WORDS
+    }
+
+    /// Words from the block's start to the end of its trees.
+    fn trees_end(&self) -> usize {
+        self.levels_base() + (2 + usize::from(self.with_max)) * self.internal
     }
 
     /// Words from the block's start to its first tree level.
@@ -404,6 +430,7 @@ mod tests {
         assert_eq!(TreeLayout::new(1 << 20, 0, false, None).top(), 5);
     }
 
+    /// The levels, then the marks, which end the block.
     #[test]
     fn the_trees_levels_follow_the_leaves_in_order_without_overlap() {
         for (n, with_max, raws) in [
@@ -424,7 +451,10 @@ mod tests {
                     next = align(l.entry_word(kind, level, l.size(level) - 1) + 1);
                 }
             }
-            assert_eq!(next, l.end(), "{n} leaves");
+            assert_eq!(next, l.marks, "{n} leaves");
+            assert_eq!(l.marks + MARK_WORDS, l.end(), "{n} leaves");
+            let runs = n.div_ceil(1 << l.mark_shift);
+            assert!(runs <= MARK_WORDS * 64 && (l.mark_shift == 0 || runs > MARK_WORDS * 32));
         }
     }
 
