@@ -273,6 +273,38 @@ fn an_update_beside_a_plain_node_meets_it_at_the_root() {
 }
 
 #[test]
+fn an_update_of_a_sibling_beside_a_collector_storing_a_leaf_plainly() {
+    run_model("update_priority vs extend (plain leaf, same node)", || {
+        let rb = rows_with_priorities(4);
+        rb.extend(&rows_of(&rb, 0, &[1.0, 3.0, 6.0, 7.0])).unwrap();
+        let row1 = rb.get(1).unwrap();
+        // The collector replaces row 0 alone while the learner lowers row 1, its
+        // sibling under one node, below both. Counted with row 1's run marked, the
+        // learner compare-exchanges its leaf beside the collector's plain load and
+        // store of row 0's (a run not marked), and both carry their change into the
+        // node they share, and up.
+        let learner = {
+            let rb = rb.clone();
+            loom::thread::spawn(move || {
+                let done = rb
+                    .update_priority(row1.index(), row1.generations(), &[0.5])
+                    .unwrap();
+                assert_eq!(done.applied, 1);
+            })
+        };
+        rb.writer().extend(&rows_of(&rb, 4, &[2.0])).unwrap();
+        learner.join().unwrap();
+        assert_eq!(rb.priority(0), Some(2.0));
+        assert_eq!(rb.priority(1), Some(0.5));
+        assert!(replaybuf::internals::masses_current(&rb));
+        assert!(
+            replaybuf::internals::priorities_consistent(&rb),
+            "an entry disagrees with its children"
+        );
+    });
+}
+
+#[test]
 fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
     run_model("update_priority vs extend (plain after a look)", || {
         let rb = rows_with_priorities(4);
