@@ -502,7 +502,7 @@ impl<'a> Tree<'a> {
             let hi = if w == last / 64 { last % 64 } else { 63 };
             let runs = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
             // SYNC POINT: pairs with the marking updater's Release stores, of its
-            // marks and of their clearing (`Marking`'s drop): a run found not marked
+            // marks and of their clearing (`Updating`'s drop): a run found not marked
             // is one it does not change, or changed before.
             self.words[self.layout.marks + w].load(Ordering::Acquire) & runs != 0
         })
