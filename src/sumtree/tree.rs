@@ -118,7 +118,10 @@
 //!   A 0 in the marks-set word (marks not yet set, or being cleared) tells nothing,
 //!   and the appender compare-exchanges, looking again as above. The marked runs'
 //!   nodes hold no leaf of the updater's outside them, so its refreshes of those
-//!   nodes' entries never meet a whole node.
+//!   nodes' entries never meet a whole node. A marking updater whose process dies (a
+//!   shared region) leaves the bit, the word and its marks as they were until the
+//!   region is recovered: appenders compare-exchange its marked runs only, and other
+//!   updaters are counted plainly, as a dead plain updater's unit stays counted.
 //! - **Whole laps.** Leaves and raw words carry the row's full 32-bit lap, compared
 //!   for equality, so an update stalled any number of laps short of 2^32 (the stamps'
 //!   own wrap) finds another lap and is dropped. An update whose raw compare-exchange
