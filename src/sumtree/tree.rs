@@ -189,17 +189,15 @@ pub(crate) struct Updating<'a> {
     tree: Tree<'a>,
     /// The marks it set, word by word, if it holds the tree's marks.
     marks: Option<[u64; MARK_WORDS]>,
+    /// Its unit, [`MARKING`] or [`UPDATER`], given back after the marks are cleared:
+    /// fields drop after `drop` runs.
+    _count: Changing<'a>,
 }
 
 impl Drop for Updating<'_> {
     fn drop(&mut self) {
         let (tree, layout) = (self.tree, self.tree.layout);
-        let Some(w) = layout.changers else {
-            return;
-        };
         let Some(marks) = &self.marks else {
-            // SYNC POINT: as `Changing`'s.
-            tree.words[w].fetch_sub(UPDATER, Ordering::Release);
             return;
         };
         tree.words[layout.marks_set].store(0, Ordering::Relaxed);
@@ -211,7 +209,6 @@ impl Drop for Updating<'_> {
                 tree.words[layout.marks + m].store(0, Ordering::Release);
             }
         }
-        tree.words[w].fetch_and(!MARKING, Ordering::Release);
     }
 }
 
@@ -355,9 +352,16 @@ fn identity(kind: TreeKind) -> u64 {
 #[inline(always)]
 fn fold_node(node: &[AtomicU64], init: u64, f: impl Fn(u64, u64) -> u64) -> u64 {
     let load = crate::sync::handshake_load;
+    over_node(node, |words| words.iter().map(load).fold(init, &f))
+}
+
+/// `f` of `node`'s words: of a full node through its fixed length, so that the
+/// compiler unrolls `f`'s loop over them.
+#[inline(always)]
+fn over_node<R>(node: &[AtomicU64], f: impl Fn(&[AtomicU64]) -> R) -> R {
     match <&[AtomicU64; ARITY]>::try_from(node) {
-        Ok(full) => full.iter().map(load).fold(init, &f),
-        Err(_) => node.iter().map(load).fold(init, f),
+        Ok(full) => f(full),
+        Err(_) => f(node),
     }
 }
 
@@ -435,16 +439,19 @@ impl<'a> Tree<'a> {
     /// updater whose leaves are marked if nobody else is, with its marks set before it
     /// changes any leaf; plainly otherwise (see the module's "Marked updates").
     fn count_updates(&self, items: &[Update]) -> Updating<'a> {
-        let counted = |marks| Updating { tree: *self, marks };
+        let plainly = || Updating {
+            tree: *self,
+            marks: None,
+            _count: self.count(UPDATER),
+        };
         let Some(w) = self.layout.changers else {
-            return counted(None);
+            return plainly();
         };
         let word = &self.words[w];
         // `SeqCst`, as `count`'s increment.
         let before = word.fetch_or(MARKING, Ordering::SeqCst);
         if before & MARKING != 0 {
-            Self::counted(word, word.fetch_add(UPDATER, Ordering::SeqCst), UPDATER);
-            return counted(None);
+            return plainly();
         }
         Self::counted(word, before, MARKING);
         let shift = self.layout.mark_shift;
@@ -461,7 +468,15 @@ impl<'a> Tree<'a> {
         // SYNC POINT: pairs with the Acquire load of an appender that finds the marks
         // set (`Tree::others_changing`): it reads these marks, or later ones.
         self.words[self.layout.marks_set].store(1, Ordering::Release);
-        counted(Some(set))
+        Updating {
+            tree: *self,
+            marks: Some(set),
+            // Its bit is its own: taking it back by subtraction clears it.
+            _count: Changing {
+                word: Some(word),
+                unit: MARKING,
+            },
+        }
     }
 
     /// Who else changes leaves, as the calling appender, counted
@@ -656,13 +671,9 @@ impl<'a> Tree<'a> {
         // Entries are stored encoded, the min tree's negated, so the min of the
         // entries is the negation of the max of their words.
         match (kind, level == 1) {
-            (_, true) => {
-                let load = crate::sync::handshake_load;
-                match <&[AtomicU64; ARITY]>::try_from(node) {
-                    Ok(full) => leaves_extremum(kind, full.iter().map(load)),
-                    Err(_) => leaves_extremum(kind, node.iter().map(load)),
-                }
-            }
+            (_, true) => over_node(node, |leaves| {
+                leaves_extremum(kind, leaves.iter().map(crate::sync::handshake_load))
+            }),
             (TreeKind::Min, false) => !fold_node(node, 0, u64::max),
             (TreeKind::Max, false) => fold_node(node, 0, u64::max),
             (TreeKind::Sum, _) => unreachable!("the sum tree is kept by deltas"),
