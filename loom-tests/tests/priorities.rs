@@ -139,6 +139,25 @@ fn rows_of(rb: &ReplayBuffer, id: u64, p: &[f64]) -> replaybuf::Batch {
     batch
 }
 
+/// `rb.update_priority` of `row` to `p`, on a thread of its own, while this thread
+/// runs `beside`: what the update did.
+fn update_beside(
+    rb: &ReplayBuffer,
+    row: replaybuf::Batch,
+    p: f64,
+    beside: impl FnOnce(),
+) -> replaybuf::PriorityUpdate {
+    let learner = {
+        let rb = rb.clone();
+        loom::thread::spawn(move || {
+            rb.update_priority(row.index(), row.generations(), &[p])
+                .unwrap()
+        })
+    };
+    beside();
+    learner.join().unwrap()
+}
+
 #[test]
 fn collectors_lapping_each_other_on_one_ring_keep_the_sums_exact() {
     run_model("two collectors' leaves on one slot", || {
@@ -179,15 +198,9 @@ fn an_update_racing_a_collector_that_stores_its_leaf_plainly() {
         // Counted before the collector's check, the update marked its leaf's run, the
         // collector's, and the collector compare-exchanges it; counted after, it finds
         // the new row's raw word and is dropped.
-        let learner = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || {
-                rb.update_priority(old.index(), old.generations(), &[8.0])
-                    .unwrap()
-            })
-        };
-        rb.writer().extend(&row_of(&rb, 1, 2.0)).unwrap();
-        let done = learner.join().unwrap();
+        let done = update_beside(&rb, old, 8.0, || {
+            rb.writer().extend(&row_of(&rb, 1, 2.0)).unwrap();
+        });
         assert_eq!(done.applied + done.stale, 1);
         assert_eq!(rb.priority(0), Some(2.0), "{done:?}");
         assert!(replaybuf::internals::masses_current(&rb));
@@ -251,17 +264,10 @@ fn an_update_beside_a_plain_node_meets_it_at_the_root() {
             // their node's change to the root, the collector after storing its node's
             // entries plainly, whether it found the learner gone, not yet counted, or
             // counted with row 2's run marked.
-            let learner = {
-                let rb = rb.clone();
-                loom::thread::spawn(move || {
-                    let done = rb
-                        .update_priority(row2.index(), row2.generations(), &[1.5])
-                        .unwrap();
-                    assert_eq!(done.applied, 1);
-                })
-            };
-            rb.writer().extend(&rows_of(&rb, 4, &[2.0, 5.0])).unwrap();
-            learner.join().unwrap();
+            let done = update_beside(&rb, row2, 1.5, || {
+                rb.writer().extend(&rows_of(&rb, 4, &[2.0, 5.0])).unwrap();
+            });
+            assert_eq!(done.applied, 1);
             assert_eq!(rb.priority(2), Some(1.5));
             assert!(replaybuf::internals::masses_current(&rb));
             assert!(
@@ -283,17 +289,10 @@ fn an_update_of_a_sibling_beside_a_collector_storing_a_leaf_plainly() {
         // learner compare-exchanges its leaf beside the collector's plain load and
         // store of row 0's (a run not marked), and both carry their change into the
         // node they share, and up.
-        let learner = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || {
-                let done = rb
-                    .update_priority(row1.index(), row1.generations(), &[0.5])
-                    .unwrap();
-                assert_eq!(done.applied, 1);
-            })
-        };
-        rb.writer().extend(&rows_of(&rb, 4, &[2.0])).unwrap();
-        learner.join().unwrap();
+        let done = update_beside(&rb, row1, 0.5, || {
+            rb.writer().extend(&rows_of(&rb, 4, &[2.0])).unwrap();
+        });
+        assert_eq!(done.applied, 1);
         assert_eq!(rb.priority(0), Some(2.0));
         assert_eq!(rb.priority(1), Some(0.5));
         assert!(replaybuf::internals::masses_current(&rb));
@@ -317,19 +316,12 @@ fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
         // before the second: the learner gone, it stores that node whole, over the
         // leaf the learner changed (an update of the old row 3, applied before the
         // collector's raw word, or dropped after it).
-        let learner = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || {
-                let done = rb
-                    .update_priority(row3.index(), row3.generations(), &[0.5])
-                    .unwrap();
-                assert_eq!(done.applied + done.stale, 1);
-            })
-        };
-        rb.writer()
-            .extend(&rows_of(&rb, 4, &[2.0, 5.0, 4.0, 8.0]))
-            .unwrap();
-        learner.join().unwrap();
+        let done = update_beside(&rb, row3, 0.5, || {
+            rb.writer()
+                .extend(&rows_of(&rb, 4, &[2.0, 5.0, 4.0, 8.0]))
+                .unwrap();
+        });
+        assert_eq!(done.applied + done.stale, 1);
         assert_eq!(
             rb.priority(3),
             Some(8.0),
@@ -484,17 +476,8 @@ fn an_update_racing_set_alpha_keeps_leaf_and_priority_agreeing() {
         // The same alpha again still re-masses every leaf: a pass that read row 0's
         // leaf after the update set it, but its raw priority before, would leave the
         // old priority's mass beside the new priority.
-        let learner = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || {
-                let done = rb
-                    .update_priority(row0.index(), row0.generations(), &[2.0])
-                    .unwrap();
-                assert_eq!(done.applied, 1);
-            })
-        };
-        rb.set_alpha(1.0).unwrap();
-        learner.join().unwrap();
+        let done = update_beside(&rb, row0, 2.0, || rb.set_alpha(1.0).unwrap());
+        assert_eq!(done.applied, 1);
         assert_eq!(rb.priority(0), Some(2.0));
         assert!(
             replaybuf::internals::masses_current(&rb),
