@@ -304,6 +304,38 @@ fn an_update_of_a_sibling_beside_a_collector_storing_a_leaf_plainly() {
 }
 
 #[test]
+fn two_learners_marking_beside_a_collector_storing_a_node_plainly() {
+    run_model("two update_priority vs extend (two sets of marks)", || {
+        let rb = rows_with_priorities(4);
+        rb.extend(&rows_of(&rb, 0, &[1.0, 3.0, 6.0, 7.0])).unwrap();
+        let (row1, row3) = (rb.get(1).unwrap(), rb.get(3).unwrap());
+        // Each learner holds a set of marks of its own, whichever comes first. The
+        // collector replaces rows 0 and 1, one node: finding both learners counted and
+        // both their sets of marks set, it finds row 1's run marked in one of them and
+        // compare-exchanges the node's leaves beside the first learner's update of
+        // the old row 1 (applied before the collector's raw word, or dropped after
+        // it), while the second lowers row 3, in the other node.
+        let mut second = None;
+        let first = update_beside(&rb, row3, 0.25, || {
+            second = Some(update_beside(&rb, row1, 0.5, || {
+                rb.writer().extend(&rows_of(&rb, 4, &[2.0, 5.0])).unwrap();
+            }));
+        });
+        assert_eq!(first.applied, 1);
+        let second = second.unwrap();
+        assert_eq!(second.applied + second.stale, 1);
+        assert_eq!(rb.priority(0), Some(2.0));
+        assert_eq!(rb.priority(1), Some(5.0));
+        assert_eq!(rb.priority(3), Some(0.25));
+        assert!(replaybuf::internals::masses_current(&rb));
+        assert!(
+            replaybuf::internals::priorities_consistent(&rb),
+            "an entry disagrees with its children"
+        );
+    });
+}
+
+#[test]
 fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
     run_model("update_priority vs extend (plain after a look)", || {
         let rb = rows_with_priorities(4);

@@ -263,21 +263,24 @@
 //!   counted marks the count; a collector that set whole nodes and finds the mark
 //!   (after that fence, a second handshake) refreshes their min and max entries, which
 //!   the update may have refreshed from leaves it read before their stores.
-//! - Beside one learner's update, most of a collector's leaves can still be plain
-//!   (`sumtree/tree.rs`, "Marked updates"). The first update of a shard's tree to
-//!   come takes the count's marking bit (a `fetch_or`: one at a time; others count
-//!   themselves as before), sets a bit for each run of leaves it will change (256
-//!   leaves a run in a million; the marks follow the tree's levels in its block),
-//!   then the shard's marks-set word, `Release`, and only then changes leaves; when
-//!   done it clears the marks-set word, then the marks, each `Release`, and then the
-//!   bit. A collector whose read of the count finds only itself and the marking
-//!   update, and then the marks-set word 1 (`Acquire`: the marks of this update, not a
-//!   stale 1, since the bit's read-modify-writes carry the last clear to it), stores
-//!   plainly every node whose runs it finds not marked (`Acquire` loads): the update
-//!   changes none of their leaves, or it cleared the mark after it did, and the clear
-//!   carries its changes. Nodes marked it compare-exchanges, as it does every node
-//!   when the marks-set word reads 0 (marks not yet set, or being cleared) or anyone
-//!   else is counted.
+//! - Beside learners' updates, most of a collector's leaves can still be plain
+//!   (`sumtree/tree.rs`, "Marked updates"). A shard's tree has four sets of marks, and
+//!   the count a marking bit for each. An update takes the bit of a free set (a
+//!   `fetch_or`: one holder at a time; with none free it counts itself as before),
+//!   sets a bit in that set for each run of leaves it will change (256 leaves a run
+//!   in a million; the sets follow the tree's levels in its block), then its set's
+//!   bit in the shard's marks-set word (a `Release` `fetch_or`), and only then
+//!   changes leaves; when done it clears its bit of the marks-set word, then its
+//!   marks (`Release`), and then its bit of the count. A collector whose read of the
+//!   count finds only itself and marking updates, and then each of their bits set in
+//!   the marks-set word (`Acquire`: the marks of these updates, not a stale bit,
+//!   since each bit's read-modify-writes of the count carry its last clear to it),
+//!   stores plainly every node whose runs it finds marked in none of their sets
+//!   (`Acquire` loads): no such update changes their leaves, or it cleared its mark
+//!   after it did, and the clear carries its changes. Nodes marked it
+//!   compare-exchanges, as it does every node when a marking update's bit of the
+//!   marks-set word reads clear (marks not yet set, or being cleared) or anyone else
+//!   is counted.
 //! - An update acts only on a row whose stamp it read published with the generation
 //!   the caller sampled. It then compare-exchanges the raw word, then the leaf, each
 //!   requiring the row's lap: a row replaced since, however many laps later (up to the

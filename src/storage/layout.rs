@@ -46,8 +46,9 @@ pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPLYBUF\0");
 /// (`Global::MassScale`). 3: appenders store leaves plainly when no other leaf changer
 /// is counted (`ShardWord::LeafTurn`, `ShardWord::LeafChangers`), or none but an
 /// updater that marked its leaves elsewhere (`ShardWord::MarksSet`, and the marks
-/// after each tree).
-pub(crate) const FORMAT_VERSION: u64 = 3;
+/// after each tree). 4: four sets of marks after each tree, for as many marking
+/// updaters at once, each with a bit of `LeafChangers` and of `MarksSet`.
+pub(crate) const FORMAT_VERSION: u64 = 4;
 
 /// Header words of a region.
 pub(crate) const HEADER_WORDS: usize = 16;
@@ -124,14 +125,14 @@ pub(crate) enum ShardWord {
     LeafTurn = 11,
     /// A prioritized buffer: who is changing the shard's tree leaves now: appenders
     /// from before their rows are published until their leaves are set (high 32
-    /// bits), the one updater whose leaves are marked (bit 30), and other priority
-    /// updates, re-masses and clears (low 30 bits); bit 31 marks an update that
-    /// arrived while an appender was counted (see `sumtree/tree.rs`). Zero in a region
-    /// that never had one.
+    /// bits), the updaters whose leaves are marked (bit `30 - s` for set `s` of the
+    /// marks, bits 27 to 30), and other priority updates, re-masses and clears (low 27
+    /// bits); bit 31 marks an update that arrived while an appender was counted (see
+    /// `sumtree/tree.rs`). Zero in a region that never had one.
     LeafChangers = 12,
-    /// A prioritized buffer: 1 while the marks of the updater counted by bit 30 of
-    /// `LeafChangers` are set in the shard's tree block, 0 otherwise (see
-    /// `sumtree/tree.rs`, "Marked updates").
+    /// A prioritized buffer: bit `30 - s` is set while the marks of the updater
+    /// holding set `s` (counted by the same bit of `LeafChangers`) are set in the
+    /// shard's tree block (see `sumtree/tree.rs`, "Marked updates").
     MarksSet = 13,
 }
 

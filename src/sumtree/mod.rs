@@ -79,10 +79,16 @@ pub(crate) const ARITY: usize = if cfg!(replaybuf_loom) { 2 } else { 16 };
 /// never straddles one line more than it must.
 const LINE_WORDS: usize = 8;
 
-/// Words of a tree block's marks, a bit for each run of leaves, which an updater of
-/// many rows sets for the runs it changes (see `tree.rs`, "Marked updates"): eight
-/// lines, 4,096 runs (a million leaves: 256 a run); one word under loom.
+/// Words of one set of a tree block's marks, a bit for each run of leaves, which an
+/// updater of many rows sets for the runs it changes (see `tree.rs`, "Marked
+/// updates"): eight lines, 4,096 runs (a million leaves: 256 a run); one word under
+/// loom.
 pub(crate) const MARK_WORDS: usize = if cfg!(replaybuf_loom) { 1 } else { 64 };
+
+/// Sets of marks in a tree block, one for each updater that may mark at once: four
+/// learners' updates beside collectors; two under loom, whose models race at most two
+/// updaters.
+pub(crate) const MARK_SLOTS: usize = if cfg!(replaybuf_loom) { 2 } else { 4 };
 
 fn align(words: usize) -> usize {
     words.div_ceil(LINE_WORDS) * LINE_WORDS
@@ -270,10 +276,10 @@ pub(crate) struct TreeLayout {
     /// a storage does, a tree on its own (`OwnedTree`) does not, and its writers always
     /// compare-exchange.
     pub(crate) changers: Option<usize>,
-    /// The word saying whether the marks are set (`ShardWord::MarksSet`), with
-    /// `changers`.
+    /// The word saying whose marks are set (`ShardWord::MarksSet`), with `changers`.
     pub(crate) marks_set: usize,
-    /// The first of the block's [`MARK_WORDS`] marks, after its trees.
+    /// The first of the block's [`MARK_SLOTS`] sets of [`MARK_WORDS`] marks, after its
+    /// trees: set `s` from `marks + s * MARK_WORDS`.
     pub(crate) marks: usize,
     /// Leaf `i`'s mark is bit `i >> mark_shift` of the marks: the smallest shift that
     /// gives every leaf one.
@@ -354,12 +360,18 @@ impl TreeLayout {
     /// slack to start on a line boundary, then leaves, raw priorities if inside, two or
     /// three trees, and the marks.
     pub(crate) fn words(&self) -> usize {
-        LINE_WORDS + self.trees_end() + MARK_WORDS
+        LINE_WORDS + self.trees_end() + MARK_SLOTS * MARK_WORDS
     }
 
     /// One past the block's last word.
     pub(crate) fn end(&self) -> usize {
-        self.base + self.trees_end() + MARK_WORDS
+        self.base + self.trees_end() + MARK_SLOTS * MARK_WORDS
+    }
+
+    /// The words of the marks of set `slot`.
+    pub(crate) fn marks_of(&self, slot: usize) -> std::ops::Range<usize> {
+        let first = self.marks + slot * MARK_WORDS;
+        first..first + MARK_WORDS
     }
 
     /// Words from the block's start to the end of its trees.
@@ -452,7 +464,7 @@ mod tests {
                 }
             }
             assert_eq!(next, l.marks, "{n} leaves");
-            assert_eq!(l.marks + MARK_WORDS, l.end(), "{n} leaves");
+            assert_eq!(l.marks_of(MARK_SLOTS - 1).end, l.end(), "{n} leaves");
             let runs = n.div_ceil(1 << l.mark_shift);
             assert!(runs <= MARK_WORDS * 64 && (l.mark_shift == 0 || runs > MARK_WORDS * 32));
         }

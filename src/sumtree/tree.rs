@@ -95,33 +95,35 @@
 //!   its 1,000 leaves: its extends took 1.12 times as long as those of a build that
 //!   never compare-exchanged (unsound; three runs alternating). Yet a batch of 256
 //!   updates over a million leaves rarely changes any of the 1,000 an extend sets.
-//!   So the first updater to come takes the count's [`MARKING`] bit (a `fetch_or`,
-//!   which one updater at a time wins; the others are counted as before), sets the
-//!   marks of the runs of leaves it will change (a bit each in [`MARK_WORDS`] after
-//!   the trees; a million leaves: runs of 256), then the shard's marks-set word
-//!   (`Release`), and only then changes anything ([`Tree::count_updates`]). When done
-//!   it clears the marks-set word, then the marks it set (`Release`), then the bit.
-//!   An appender whose check finds itself and the marking bit alone, and then the
-//!   marks-set word 1 (`Acquire`), stores plainly every node none of whose leaves'
-//!   runs it finds marked (`Acquire` loads, [`Tree::marked`]), and compare-exchanges
-//!   the others:
-//!   - the 1 is this updater's (or a later marker's), never an earlier one's: the
-//!     marker before it cleared the word before clearing the bit, which this
-//!     updater's `fetch_or` and the check carry on (a release sequence), so the
-//!     appender reads that clear or later. This updater's marks are read, stored
-//!     before its 1, or their clearing, stored after;
+//!   So an updater takes one of [`MARK_SLOTS`] sets of marks, each with a bit of the
+//!   count ([`MARKING`]; a `fetch_or`, which one updater at a time wins; with every
+//!   set taken, it is counted as before), sets its marks of the runs of leaves it
+//!   will change (a bit each in [`MARK_WORDS`] of its set, after the trees; a million
+//!   leaves: runs of 256), then its bit of the shard's marks-set word (a `Release`
+//!   `fetch_or`), and only then changes anything ([`Tree::count_updates`]). When done
+//!   it clears its bit of the marks-set word, then the marks it set (`Release`), then
+//!   its bit of the count. An appender whose check finds itself and marking bits
+//!   alone, and then each of those bits set in the marks-set word (`Acquire`), stores
+//!   plainly every node none of whose leaves' runs it finds marked in their sets
+//!   (`Acquire` loads, [`Tree::marked`]), and compare-exchanges the others. For each
+//!   such updater:
+//!   - its bit in the marks-set word is its own (or a later holder's of the set),
+//!     never an earlier holder's: the holder before it cleared that bit before giving
+//!     the count's back, which this updater's `fetch_or` and the check carry on (a
+//!     release sequence), so the appender reads that clear or later. This updater's
+//!     marks are read, stored before its bit, or their clearing, stored after;
 //!   - a run read not marked is one the updater does not change, or a clear stored
 //!     after all its changes, which the `Acquire` load then reads;
-//!   - a later marker takes the bit after this one gave it back, after the check:
-//!     it is an updater counted after it, and reads the appender's raw words.
+//!   - a later holder takes the set after this one gave it back, after the check: it
+//!     is an updater counted after it, and reads the appender's raw words.
 //!
-//!   A 0 in the marks-set word (marks not yet set, or being cleared) tells nothing,
-//!   and the appender compare-exchanges, looking again as above. The marked runs'
-//!   nodes hold no leaf of the updater's outside them, so its refreshes of those
+//!   A clear bit in the marks-set word (marks not yet set, or being cleared) tells
+//!   nothing, and the appender compare-exchanges, looking again as above. The marked
+//!   runs' nodes hold no leaf of the updater's outside them, so its refreshes of those
 //!   nodes' entries never meet a whole node. A marking updater whose process dies (a
-//!   shared region) leaves the bit, the word and its marks as they were until the
-//!   region is recovered: appenders compare-exchange its marked runs only, and other
-//!   updaters are counted plainly, as a dead plain updater's unit stays counted.
+//!   shared region) leaves its bits and marks as they were until the region is
+//!   recovered: appenders compare-exchange its marked runs only, and its set stays
+//!   taken, as a dead plain updater's unit stays counted.
 //! - **Whole laps.** Leaves and raw words carry the row's full 32-bit lap, compared
 //!   for equality, so an update stalled any number of laps short of 2^32 (the stamps'
 //!   own wrap) finds another lap and is dropped. An update whose raw compare-exchange
@@ -135,7 +137,9 @@
 //!
 //! Layer: algos.
 
-use super::{decode_mass, pick, raw_bits, raw_of, Leaf, TreeKind, TreeLayout, ARITY, MARK_WORDS};
+use super::{
+    decode_mass, pick, raw_bits, raw_of, Leaf, TreeKind, TreeLayout, ARITY, MARK_SLOTS, MARK_WORDS,
+};
 use crate::sync::{fence, AtomicU64, Ordering};
 use smallvec::SmallVec;
 
@@ -146,15 +150,22 @@ const APPENDER: u64 = 1 << 32;
 /// before it looks again ([`Tree::set_run`]): a look is a locked instruction, as a
 /// leaf's compare-exchange is.
 const RECHECK_NODES: usize = if cfg!(replaybuf_loom) { 1 } else { 4 };
-/// A priority update's, re-mass's or clear's unit: the low half, below [`MARKING`].
+/// A priority update's, re-mass's or clear's unit: the low bits, below [`MARKING`].
 const UPDATER: u64 = 1;
-/// The unit of the one updater whose leaves are marked in the tree's marks (see the
-/// module's "Marked updates"): taken by a `fetch_or`, and so by one at a time.
-const MARKING: u64 = 1 << 30;
+/// The units of the updaters whose leaves are marked in the tree's marks (see the
+/// module's "Marked updates"), a bit for each set of marks ([`marking`]), each taken
+/// by a `fetch_or`, and so by one updater at a time.
+const MARKING: u64 = ((1 << MARK_SLOTS) - 1) << (31 - MARK_SLOTS);
 /// The mark of an updater that arrived while an appender was counted: whole nodes an
 /// appender stored plainly meanwhile are checked again ([`Tree::change_run`]). Kept
 /// until the next appender that sets leaves plainly checks it is alone.
 const TOUCHED: u64 = 1 << 31;
+
+/// The unit of the updater holding set `slot` of the marks, in the leaf-changers word
+/// and in the marks-set word alike: bit `30 - slot`.
+fn marking(slot: usize) -> u64 {
+    1 << (30 - slot)
+}
 
 /// Whether leaf `cur` belongs to a row newer than `leaf`'s (a writer that lapped the
 /// one about to give `leaf`), which keeps its leaf.
@@ -187,26 +198,27 @@ impl Drop for Changing<'_> {
 #[must_use = "the count ends when the guard drops"]
 pub(crate) struct Updating<'a> {
     tree: Tree<'a>,
-    /// The marks it set, word by word, if it holds the tree's marks.
-    marks: Option<[u64; MARK_WORDS]>,
-    /// Its unit, [`MARKING`] or [`UPDATER`], given back after the marks are cleared:
-    /// fields drop after `drop` runs.
+    /// The set of marks it holds, if it holds one, and the marks it set there, word
+    /// by word.
+    marks: Option<(usize, [u64; MARK_WORDS])>,
+    /// Its unit, its set's [`marking`] bit or [`UPDATER`], given back after the marks
+    /// are cleared: fields drop after `drop` runs.
     _count: Changing<'a>,
 }
 
 impl Drop for Updating<'_> {
     fn drop(&mut self) {
         let (tree, layout) = (self.tree, self.tree.layout);
-        let Some(marks) = &self.marks else {
+        let Some((slot, marks)) = &self.marks else {
             return;
         };
-        tree.words[layout.marks_set].store(0, Ordering::Relaxed);
-        for (m, &bits) in marks.iter().enumerate() {
+        tree.words[layout.marks_set].fetch_and(!marking(*slot), Ordering::Relaxed);
+        for (w, &bits) in layout.marks_of(*slot).zip(marks) {
             if bits != 0 {
                 // SYNC POINT: pairs with an appender's Acquire load of the marks
                 // (`Tree::marked`): an appender that reads a mark cleared reads every
                 // leaf change this updater made.
-                tree.words[layout.marks + m].store(0, Ordering::Release);
+                tree.words[w].store(0, Ordering::Release);
             }
         }
     }
@@ -218,9 +230,9 @@ impl Drop for Updating<'_> {
 enum Others {
     /// Nobody: the appender stores every leaf plainly.
     None,
-    /// Only the updater whose leaves are marked: the appender stores plainly the
-    /// leaves of runs not marked.
-    Marked,
+    /// Only updaters whose leaves are marked, their [`marking`] bits: the appender
+    /// stores plainly the leaves of runs none of them marked.
+    Marked(u64),
     /// Updaters it knows nothing of: the appender compare-exchanges.
     Unknown,
 }
@@ -436,7 +448,7 @@ impl<'a> Tree<'a> {
     }
 
     /// Counts the caller, about to apply `items`, among the leaf changers: as the
-    /// updater whose leaves are marked if nobody else is, with its marks set before it
+    /// holder of a set of marks if one is free, with its marks set there before it
     /// changes any leaf; plainly otherwise (see the module's "Marked updates").
     fn count_updates(&self, items: &[Update]) -> Updating<'a> {
         let plainly = || Updating {
@@ -448,41 +460,54 @@ impl<'a> Tree<'a> {
             return plainly();
         };
         let word = &self.words[w];
-        // `SeqCst`, as `count`'s increment.
-        let before = word.fetch_or(MARKING, Ordering::SeqCst);
-        if before & MARKING != 0 {
-            return plainly();
-        }
-        Self::counted(word, before, MARKING);
+        // The first set free, as last read; one another updater took meanwhile sends
+        // this one to the next, a try for each set at most.
+        let mut seen = word.load(Ordering::Relaxed);
+        let mut tries = MARK_SLOTS;
+        let bit = loop {
+            let free = MARKING & !seen;
+            if free == 0 || tries == 0 {
+                return plainly();
+            }
+            tries -= 1;
+            let bit = 1 << (63 - free.leading_zeros());
+            // `SeqCst`, as `count`'s increment.
+            seen = word.fetch_or(bit, Ordering::SeqCst);
+            if seen & bit == 0 {
+                break bit;
+            }
+        };
+        Self::counted(word, seen, bit);
+        let slot = 30 - bit.trailing_zeros() as usize;
         let shift = self.layout.mark_shift;
         let mut set = [0u64; MARK_WORDS];
         for u in items {
             let run = u.leaf >> shift;
             set[run / 64] |= 1 << (run % 64);
         }
-        for (w, &bits) in set.iter().enumerate() {
+        for (w, &bits) in self.layout.marks_of(slot).zip(&set) {
             if bits != 0 {
-                self.words[self.layout.marks + w].store(bits, Ordering::Relaxed);
+                self.words[w].store(bits, Ordering::Relaxed);
             }
         }
         // SYNC POINT: pairs with the Acquire load of an appender that finds the marks
         // set (`Tree::others_changing`): it reads these marks, or later ones.
-        self.words[self.layout.marks_set].store(1, Ordering::Release);
+        self.words[self.layout.marks_set].fetch_or(bit, Ordering::Release);
         Updating {
             tree: *self,
-            marks: Some(set),
+            marks: Some((slot, set)),
             // Its bit is its own: taking it back by subtraction clears it.
             _count: Changing {
                 word: Some(word),
-                unit: MARKING,
+                unit: bit,
             },
         }
     }
 
     /// Who else changes leaves, as the calling appender, counted
     /// ([`Tree::appending`]) and holding its shard's leaf turn, finds them: alone, it
-    /// may set its new rows' leaves with plain stores, and beside only the updater
-    /// whose leaves are marked, those of runs not marked (see the module's "Plain
+    /// may set its new rows' leaves with plain stores, and beside only updaters whose
+    /// leaves are marked, those of runs none of them marked (see the module's "Plain
     /// leaves" and "Marked updates").
     ///
     /// Clears the word's [`TOUCHED`] mark: an updater that arrives from here on marks
@@ -493,37 +518,45 @@ impl<'a> Tree<'a> {
         };
         // SYNC POINT: a read-modify-write, `SeqCst`: acquires the Release of every
         // changer that left before (their changes happen before this appender's
-        // loads) and of the marking updater's count, and orders this appender's raw
+        // loads) and of the marking updaters' counts, and orders this appender's raw
         // words before the count it reads: an updater counted later reads them.
-        match self.words[w].fetch_and(!TOUCHED, Ordering::SeqCst) & !TOUCHED {
-            APPENDER => Others::None,
-            // SYNC POINT: pairs with the marking updater's Release store: its marks,
-            // set before, are read by `Tree::marked`. A word found 0 is that of an
-            // updater still to set its marks, or done: not known.
-            count
-                if count == APPENDER | MARKING
-                    && self.words[self.layout.marks_set].load(Ordering::Acquire) != 0 =>
+        let count = self.words[w].fetch_and(!TOUCHED, Ordering::SeqCst) & !TOUCHED;
+        let markers = count & MARKING;
+        match count & !MARKING {
+            APPENDER if markers == 0 => Others::None,
+            // SYNC POINT: pairs with each marking updater's Release `fetch_or`: its
+            // marks, set before, are read by `Tree::marked`. A bit found clear is that
+            // of an updater still to set its marks, or done: not known.
+            APPENDER
+                if self.words[self.layout.marks_set].load(Ordering::Acquire) & markers
+                    == markers =>
             {
-                Others::Marked
+                Others::Marked(markers)
             }
             _ => Others::Unknown,
         }
     }
 
-    /// Whether the marking updater marked the run of any of leaves `slots`, as an
-    /// appender that found it so ([`Others::Marked`]) reads its marks.
-    fn marked(&self, slots: std::ops::Range<usize>) -> bool {
+    /// Whether one of the updaters of [`marking`] bits `markers` marked the run of
+    /// any of leaves `slots`, as an appender that found them so ([`Others::Marked`])
+    /// reads their marks.
+    fn marked(&self, markers: u64, slots: std::ops::Range<usize>) -> bool {
         let shift = self.layout.mark_shift;
         let (first, last) = (slots.start >> shift, (slots.end - 1) >> shift);
-        (first / 64..=last / 64).any(|w| {
-            let lo = if w == first / 64 { first % 64 } else { 0 };
-            let hi = if w == last / 64 { last % 64 } else { 63 };
-            let runs = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
-            // SYNC POINT: pairs with the marking updater's Release stores, of its
-            // marks and of their clearing (`Updating`'s drop): a run found not marked
-            // is one it does not change, or changed before.
-            self.words[self.layout.marks + w].load(Ordering::Acquire) & runs != 0
-        })
+        (0..MARK_SLOTS)
+            .filter(|&slot| markers & marking(slot) != 0)
+            .any(|slot| {
+                let marks = self.layout.marks_of(slot).start;
+                (first / 64..=last / 64).any(|w| {
+                    let lo = if w == first / 64 { first % 64 } else { 0 };
+                    let hi = if w == last / 64 { last % 64 } else { 63 };
+                    let runs = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+                    // SYNC POINT: pairs with the marking updater's Release stores, of
+                    // its marks and of their clearing (`Updating`'s drop): a run found
+                    // not marked is one it does not change, or changed before.
+                    self.words[marks + w].load(Ordering::Acquire) & runs != 0
+                })
+            })
     }
 
     /// Whether an updater arrived beside an appender since the last check of an
@@ -918,7 +951,7 @@ impl<'a> Tree<'a> {
             }
             let plain = match others {
                 Others::None => true,
-                Others::Marked => !self.marked(slots.clone()),
+                Others::Marked(markers) => !self.marked(markers, slots.clone()),
                 Others::Unknown => false,
             };
             if let Some(whole) = same.as_ref().filter(|_| plain && slots.len() == ARITY) {
@@ -1659,7 +1692,8 @@ impl<'a> Tree<'a> {
     /// recovered or loaded). Clears the marks, which an updater that died may have
     /// left.
     pub(crate) fn rebuild(&self, mut leaf_of: impl FnMut(usize) -> Leaf) {
-        for mark in &self.words[self.layout.marks..self.layout.marks + MARK_WORDS] {
+        let marks = self.layout.marks..self.layout.end();
+        for mark in &self.words[marks] {
             mark.store(0, Ordering::Relaxed);
         }
         for i in 0..self.layout.leaves {
@@ -1837,11 +1871,13 @@ mod tests {
         assert_eq!(w[0].load(Ordering::Relaxed), 0);
     }
 
-    /// The first of two updaters marks the runs of the leaves it changes, and an
-    /// appender beside it alone finds exactly those runs marked; beside the second,
-    /// counted plainly, it knows nothing. Each leaves the words as it found them.
+    /// An updater marks the runs of the leaves it changes, and an appender beside it
+    /// alone finds exactly those runs marked; a second updater marks its own in the
+    /// next set, and the appender finds both sets'. Beside one updater more than there
+    /// are sets, counted plainly, the appender knows nothing. Each leaves the words as
+    /// it found them.
     #[test]
-    fn an_updater_marks_its_runs_and_an_appender_reads_them() {
+    fn updaters_mark_their_runs_and_an_appender_reads_them() {
         let n = 1 << 20;
         let (w, layout) = counted_words(n);
         let tree = Tree::new(&w, &layout);
@@ -1855,31 +1891,48 @@ mod tests {
         let appending = tree.appending();
         {
             let first = tree.count_updates(&[at(300), at(70_000), at(n - 1)]);
-            assert!(first.marks.is_some());
-            assert_eq!(tree.others_changing(), Others::Marked);
-            assert!(tree.marked(256..512) && tree.marked(300..301));
-            assert!(tree.marked(0..257) && tree.marked(511..1000));
-            assert!(!tree.marked(0..256) && !tree.marked(512..69_888));
-            assert!(tree.marked(69_888..69_889) && !tree.marked(70_144..n - 256));
-            assert!(tree.marked(n - 1..n) && tree.marked(n - 256..n));
+            assert_eq!(first.marks.map(|(slot, _)| slot), Some(0));
+            let one = marking(0);
+            assert_eq!(tree.others_changing(), Others::Marked(one));
+            let marked = |leaves| tree.marked(one, leaves);
+            assert!(marked(256..512) && marked(300..301));
+            assert!(marked(0..257) && marked(511..1000));
+            assert!(!marked(0..256) && !marked(512..69_888));
+            assert!(marked(69_888..69_889) && !marked(70_144..n - 256));
+            assert!(marked(n - 1..n) && marked(n - 256..n));
             let second = tree.count_updates(&[at(5)]);
-            assert!(second.marks.is_none());
+            assert_eq!(second.marks.map(|(slot, _)| slot), Some(1));
+            let both = one | marking(1);
+            assert_eq!(tree.others_changing(), Others::Marked(both));
+            assert!(!tree.marked(one, 0..256), "the first set holds the first's");
+            assert!(tree.marked(both, 0..256) && tree.marked(both, 300..301));
+            assert!(!tree.marked(both, 512..69_888));
+            let rest: Vec<_> = (2..MARK_SLOTS)
+                .map(|slot| tree.count_updates(&[at(slot * 1000)]))
+                .collect();
+            assert!(rest.iter().all(|u| u.marks.is_some()));
+            assert_eq!(tree.others_changing(), Others::Marked(MARKING));
+            let plain = tree.count_updates(&[at(512)]);
+            assert!(plain.marks.is_none());
             assert_eq!(tree.others_changing(), Others::Unknown);
-            assert!(!tree.marked(0..256), "the second updater marks nothing");
+            assert!(
+                !tree.marked(MARKING, 512..768),
+                "a plain updater marks nothing"
+            );
         }
         assert_eq!(tree.others_changing(), Others::None);
-        assert!(!tree.marked(0..n));
+        assert!(!tree.marked(MARKING, 0..n));
         drop(appending);
         assert!(w[..2].iter().all(|w| w.load(Ordering::Relaxed) == 0));
-        let marks = layout.marks..layout.marks + MARK_WORDS;
+        let marks = layout.marks..layout.end();
         assert!(w[marks].iter().all(|w| w.load(Ordering::Relaxed) == 0));
     }
 
-    /// An appender beside an updater whose marks are set stores the leaves of runs
-    /// not marked plainly and compare-exchanges the others: every entry stays exact,
-    /// the updater's leaves among the appender's or not.
+    /// An appender beside two updaters whose marks are set stores the leaves of runs
+    /// neither marked plainly and compare-exchanges the others: every entry stays
+    /// exact, the updaters' leaves among the appender's or not.
     #[test]
-    fn an_appender_beside_a_marking_updater_keeps_every_entry_exact() {
+    fn an_appender_beside_marking_updaters_keeps_every_entry_exact() {
         let n = 4096;
         let (w, layout) = counted_words(n);
         let tree = Tree::new(&w, &layout);
@@ -1892,9 +1945,13 @@ mod tests {
                 mass: 1,
                 raw: raw_bits(1, Some(1.0)),
             });
-            let _updating = tree.count_updates(&items);
+            let _first = tree.count_updates(&items[..1]);
+            let _second = tree.count_updates(&items[1..]);
             let _appending = tree.appending();
-            assert_eq!(tree.others_changing(), Others::Marked);
+            assert_eq!(
+                tree.others_changing(),
+                Others::Marked(marking(0) | marking(1))
+            );
             let (first, len) = (marked[0] / 2, 700);
             tree.set_run(
                 first,
