@@ -262,6 +262,21 @@ pub(crate) fn take_lease(table: &ProcTable, lease: &AtomicU64, me: Holder) -> Op
     }
 }
 
+/// Takes the lease word `lease` for `me` only from a dead holder: `true` if it did,
+/// and the caller repairs what the holder left and gives the word back. A free word,
+/// `me`'s own or a live holder's is left as it is: a reclaim in passing (a dump, a
+/// read or an edit that met a dead writer's row) must not keep a lease nobody asked
+/// for, which [`take_lease`] would take from a free word.
+pub(crate) fn take_from_dead(table: &ProcTable, lease: &AtomicU64, me: Holder) -> bool {
+    let cur = lease.load(Ordering::Acquire);
+    cur != 0
+        && cur != me.0
+        && !table.alive(cur)
+        && lease
+            .compare_exchange(cur, me.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+}
+
 /// Gives the lease back if `me` holds it.
 pub(crate) fn release_lease(lease: &AtomicU64, me: Holder) {
     let _ = lease.compare_exchange(me.0, 0, Ordering::AcqRel, Ordering::Relaxed);

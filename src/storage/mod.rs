@@ -454,9 +454,7 @@ impl Storage {
         #[cfg(not(replaybuf_loom))]
         if let Some(m) = &self.member {
             let lease = self.shards[k].word(ShardWord::Lease);
-            if crate::shared::procs::take_lease(m.table(), lease, m.holder())
-                == Some(crate::shared::procs::Leased::FromDead)
-            {
+            if crate::shared::procs::take_from_dead(m.table(), lease, m.holder()) {
                 self.recover_shard(k);
                 crate::shared::procs::release_lease(lease, m.holder());
             }
