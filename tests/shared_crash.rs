@@ -115,8 +115,9 @@ fn crash_child() {
 
 /// A writer handle, waiting up to `limit` for a shard to come free. The parent holds
 /// one of the two shards (its buffer-level extends), and a process that meets the last
-/// round's killed writer's row holds that writer's lease while it repairs the shard:
-/// under a sanitizer a repair can outlast the half second `writer` waits.
+/// round's killed writer's row holds that writer's lease while it repairs the shard.
+/// (The failures once put down to a slow repair under a sanitizer were a reclaim that
+/// kept a lease it found free: `shared::procs::take_from_dead`.)
 fn writer_within(rb: &ReplayBuffer, limit: Duration) -> replaybuf::Writer {
     let deadline = std::time::Instant::now() + limit;
     loop {
