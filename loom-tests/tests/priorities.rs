@@ -139,6 +139,19 @@ fn rows_of(rb: &ReplayBuffer, id: u64, p: &[f64]) -> replaybuf::Batch {
     batch
 }
 
+/// Every leaf holds the mass of its row's raw priority, and every entry of the trees
+/// agrees with its children.
+fn assert_trees_exact(rb: &ReplayBuffer) {
+    assert!(
+        replaybuf::internals::masses_current(rb),
+        "a leaf is not its raw priority's mass"
+    );
+    assert!(
+        replaybuf::internals::priorities_consistent(rb),
+        "an entry disagrees with its children"
+    );
+}
+
 /// `rb.update_priority` of `row` to `p`, on a thread of its own, while this thread
 /// runs `beside`: what the update did.
 fn update_beside(
@@ -203,8 +216,7 @@ fn an_update_racing_a_collector_that_stores_its_leaf_plainly() {
         });
         assert_eq!(done.applied + done.stale, 1);
         assert_eq!(rb.priority(0), Some(2.0), "{done:?}");
-        assert!(replaybuf::internals::masses_current(&rb));
-        assert!(replaybuf::internals::priorities_consistent(&rb));
+        assert_trees_exact(&rb);
     });
 }
 
@@ -269,11 +281,7 @@ fn an_update_beside_a_plain_node_meets_it_at_the_root() {
             });
             assert_eq!(done.applied, 1);
             assert_eq!(rb.priority(2), Some(1.5));
-            assert!(replaybuf::internals::masses_current(&rb));
-            assert!(
-                replaybuf::internals::priorities_consistent(&rb),
-                "an entry disagrees with its children"
-            );
+            assert_trees_exact(&rb);
         },
     );
 }
@@ -295,11 +303,7 @@ fn an_update_of_a_sibling_beside_a_collector_storing_a_leaf_plainly() {
         assert_eq!(done.applied, 1);
         assert_eq!(rb.priority(0), Some(2.0));
         assert_eq!(rb.priority(1), Some(0.5));
-        assert!(replaybuf::internals::masses_current(&rb));
-        assert!(
-            replaybuf::internals::priorities_consistent(&rb),
-            "an entry disagrees with its children"
-        );
+        assert_trees_exact(&rb);
     });
 }
 
@@ -312,9 +316,9 @@ fn two_learners_marking_beside_a_collector_storing_a_node_plainly() {
         // Each learner holds a set of marks of its own, whichever comes first. The
         // collector replaces rows 0 and 1, one node: finding both learners counted and
         // both their sets of marks set, it finds row 1's run marked in one of them and
-        // compare-exchanges the node's leaves beside the first learner's update of
+        // compare-exchanges the node's leaves beside the second learner's update of
         // the old row 1 (applied before the collector's raw word, or dropped after
-        // it), while the second lowers row 3, in the other node.
+        // it), while the first lowers row 3, in the other node.
         let mut second = None;
         let first = update_beside(&rb, row3, 0.25, || {
             second = Some(update_beside(&rb, row1, 0.5, || {
@@ -327,11 +331,7 @@ fn two_learners_marking_beside_a_collector_storing_a_node_plainly() {
         assert_eq!(rb.priority(0), Some(2.0));
         assert_eq!(rb.priority(1), Some(5.0));
         assert_eq!(rb.priority(3), Some(0.25));
-        assert!(replaybuf::internals::masses_current(&rb));
-        assert!(
-            replaybuf::internals::priorities_consistent(&rb),
-            "an entry disagrees with its children"
-        );
+        assert_trees_exact(&rb);
     });
 }
 
@@ -361,11 +361,7 @@ fn a_collector_that_finds_an_update_gone_stores_the_rest_plainly() {
             replaybuf::internals::leaf_and_raw(&rb, 3),
             rb.get(3).unwrap().column::<u64>("a").unwrap()
         );
-        assert!(replaybuf::internals::masses_current(&rb));
-        assert!(
-            replaybuf::internals::priorities_consistent(&rb),
-            "an entry disagrees with its children"
-        );
+        assert_trees_exact(&rb);
     });
 }
 
