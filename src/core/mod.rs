@@ -15,6 +15,7 @@ use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::Marks;
 use crate::sampler::{read_after_miss, read_draws, uniform_redraw, OnMiss, SamplerEngine};
 use crate::spec::Spec;
+use crate::storage::atomic_copy::prefetch_room;
 use crate::storage::freeze::Retired;
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
@@ -332,6 +333,14 @@ impl Core {
     }
 
     /// Draws up to `n` rows into `scratch.draws`.
+    ///
+    /// A uniform sample's scratch, its draws and where each lies (`Core::gather`), is
+    /// fetched first, all its lines at once (`atomic_copy::prefetch_room`), while the
+    /// draws, which load nothing else, are made. A prioritized sample's is not: its
+    /// descents wait on the trees' lines, and the scratch's lines took their room
+    /// (`sample+update` 256 of a million rows, alternating in one process: 0.96x the
+    /// time with them fetched, 0.94x with only the outputs fetched; after a write over
+    /// 64 MiB, 1.01x-1.03x and 1.00x-1.03x).
     pub(crate) fn draw(
         &self,
         rng: &mut Rng,
@@ -341,6 +350,8 @@ impl Core {
         let storage = &self.storage;
         storage.windows(&mut scratch.windows);
         if self.sampler.prioritized().is_none() {
+            prefetch_room(scratch.draws.as_ptr(), scratch.draws.capacity());
+            prefetch_room(scratch.located.as_ptr(), scratch.located.capacity());
             return self.sampler.draw(
                 storage.shards(),
                 &scratch.windows,
@@ -368,6 +379,8 @@ impl Core {
 
     /// Copies the rows drawn into `scratch.draws` into rows `0..` of `dest`, replacing
     /// draws that miss as the sampler says, with importance weights when prioritized.
+    /// The rows' generations, indices and weights are fetched first, all their lines
+    /// at once (`atomic_copy::prefetch_room`).
     pub(crate) fn gather_sampled(
         &self,
         rng: &mut Rng,
@@ -377,6 +390,12 @@ impl Core {
         index: &mut [u64],
         weight: Option<&mut [f32]>,
     ) -> Result<(), SampleError> {
+        for room in [&*generation, &*index] {
+            prefetch_room(room.as_ptr(), room.len());
+        }
+        if let Some(w) = &weight {
+            prefetch_room(w.as_ptr(), w.len());
+        }
         let shards = self.storage.shards();
         let Scratch {
             windows,

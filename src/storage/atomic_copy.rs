@@ -472,6 +472,39 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
     let _ = (words, offset, intent);
 }
 
+/// Starts loading every cache line of the `len` values from `first` into L1: memory
+/// of this thread's that it is about to overwrite from the start (a sample's scratch,
+/// its batch's indices and generations; a vector's room up to its capacity counts),
+/// and that a learner's passes since its last sample will have pushed out of the
+/// cache. The lines then come in together, not one after another as each store
+/// reaches a missing one; a line no other core holds comes in exclusive, and the store
+/// needs no second trip. (`prefetcht0`: see [`prefetch`] on `prefetchw`.)
+///
+/// Mujoco `sample` 256 of a million rows, in laps alternating in one process on the
+/// Intel host of 2026-11-30, against the plain gather after a write over 64 MiB:
+/// 1.35-1.45x its time with the draws, their locations, indices and generations so
+/// fetched, 1.43-1.56x without (four runs); with no write between samples, 0.67-0.75x
+/// the cold gather's time against 0.74-0.83x.
+///
+/// Never faults and never changes memory, as [`prefetch`].
+#[inline]
+pub(crate) fn prefetch_room<T>(first: *const T, len: usize) {
+    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = first.cast::<i8>();
+        let lead = start as usize % LINE_BYTES;
+        let line = start.wrapping_sub(lead);
+        for offset in (0..lead + len * std::mem::size_of::<T>()).step_by(LINE_BYTES) {
+            // SAFETY: a prefetch of any address, mapped or not, has no architectural
+            // effect besides the cache (as in `prefetch`).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom))))]
+    let _ = (first, len);
+}
+
 /// [`prefetch`] of every cache line holding a byte of `words`' bytes `start..end`.
 #[inline]
 pub(crate) fn prefetch_lines(words: &[AtomicU64], start: usize, end: usize, intent: Intent) {
