@@ -481,10 +481,10 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
 /// needs no second trip. (`prefetcht0`: see [`prefetch`] on `prefetchw`.)
 ///
 /// Mujoco `sample` 256 of a million rows, in laps alternating in one process on the
-/// Intel host of 2026-11-30, against the plain gather after a write over 64 MiB:
-/// 1.35-1.45x its time with the draws, their locations, indices and generations so
-/// fetched, 1.43-1.56x without (four runs); with no write between samples, 0.67-0.75x
-/// the cold gather's time against 0.74-0.83x.
+/// Intel host of 2026-11-30, each after a write over 64 MiB, beside the plain gather
+/// after the same: 1.17-1.35x its time with the draws, their locations, indices and
+/// generations so fetched, 1.29-1.51x without (four runs); with no write between
+/// samples, 0.66-0.74x the cold gather's time against 0.76-0.77x.
 ///
 /// Never faults and never changes memory, as [`prefetch`].
 #[inline]
