@@ -334,13 +334,15 @@ impl Core {
 
     /// Draws up to `n` rows into `scratch.draws`.
     ///
-    /// A uniform sample's scratch, its draws and where each lies (`Core::gather`), is
-    /// fetched first, all its lines at once (`atomic_copy::prefetch_room`), while the
-    /// draws, which load nothing else, are made. A prioritized sample's is not: its
-    /// descents wait on the trees' lines, and the scratch's lines took their room
-    /// (`sample+update` 256 of a million rows, alternating in one process: 0.96x the
-    /// time with them fetched, 0.94x with only the outputs fetched; after a write over
-    /// 64 MiB, 1.01x-1.03x and 1.00x-1.03x).
+    /// A uniform sample's draws are fetched first, all their lines at once
+    /// (`atomic_copy::prefetch_room`), while they are made, which loads nothing else.
+    /// Not where each lies (`scratch.located`, 192 lines to the draws' 128), written
+    /// beside the rows' own prefetches: fetched too, a cold sample took 1.15-1.16x
+    /// the cold gather's time against 1.08-1.16x (three runs alternating in one
+    /// process). Nor a prioritized sample's: its descents wait on the trees' lines, and
+    /// the scratch's took their room (`sample+update` 256 of a million rows: 0.96x
+    /// the time with the scratch fetched, 0.94x with only the outputs; after a write
+    /// over 64 MiB, 1.01x-1.03x and 1.00x-1.03x).
     pub(crate) fn draw(
         &self,
         rng: &mut Rng,
@@ -351,7 +353,6 @@ impl Core {
         storage.windows(&mut scratch.windows);
         if self.sampler.prioritized().is_none() {
             prefetch_room(scratch.draws.as_ptr(), scratch.draws.capacity());
-            prefetch_room(scratch.located.as_ptr(), scratch.located.capacity());
             return self.sampler.draw(
                 storage.shards(),
                 &scratch.windows,

@@ -473,7 +473,7 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
 }
 
 /// Starts loading every cache line of the `len` values from `first` into L1: memory
-/// of this thread's that it is about to overwrite from the start (a sample's scratch,
+/// of this thread's that it is about to overwrite from the start (a sample's draws,
 /// its batch's indices and generations; a vector's room up to its capacity counts),
 /// and that a learner's passes since its last sample will have pushed out of the
 /// cache. The lines then come in together, not one after another as each store
@@ -482,9 +482,11 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
 ///
 /// Mujoco `sample` 256 of a million rows, in laps alternating in one process on the
 /// Intel host of 2026-11-30, each after a write over 64 MiB, beside the plain gather
-/// after the same: 1.17-1.35x its time with the draws, their locations, indices and
-/// generations so fetched, 1.29-1.51x without (four runs); with no write between
-/// samples, 0.66-0.74x the cold gather's time against 0.76-0.77x.
+/// after the same: 1.08-1.16x its time with the draws, indices and generations so
+/// fetched, 1.19-1.21x without (three runs); 16 samples after 8 untimed ones, no
+/// write between, 0.66-0.67x the cold gather's time against 0.77-0.78x; in loops of
+/// 2,000 samples, 1.03-1.20x a loop of the plain gather against 0.98-1.23x (seven
+/// runs; the median 1.07x against 1.16x).
 ///
 /// Never faults and never changes memory, as [`prefetch`].
 #[inline]
