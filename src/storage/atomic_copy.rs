@@ -453,10 +453,17 @@ pub(crate) enum Intent {
 /// where it loads a line for nothing.
 #[inline]
 pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
+    prefetch_address(words.as_ptr().cast::<i8>().wrapping_add(offset), intent);
+}
+
+/// The prefetch of the line holding address `p`, for [`prefetch`] and
+/// [`prefetch_room`]: any address, mapped or not (x86_64; nothing elsewhere or under
+/// loom).
+#[inline(always)]
+fn prefetch_address(p: *const i8, intent: Intent) {
     #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0, _MM_HINT_T1};
-        let p = words.as_ptr().cast::<i8>().wrapping_add(offset);
         // SAFETY: a prefetch of any address, mapped or not, has no architectural
         // effect besides the cache (Intel SDM vol. 2, PREFETCHh: "does not affect
         // program behavior").
@@ -469,7 +476,7 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
         }
     }
     #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom))))]
-    let _ = (words, offset, intent);
+    let _ = (p, intent);
 }
 
 /// Starts loading every cache line of the `len` values from `first` into L1: memory
@@ -491,20 +498,12 @@ pub(crate) fn prefetch(words: &[AtomicU64], offset: usize, intent: Intent) {
 /// Never faults and never changes memory, as [`prefetch`].
 #[inline]
 pub(crate) fn prefetch_room<T>(first: *const T, len: usize) {
-    #[cfg(all(target_arch = "x86_64", not(replaybuf_loom)))]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = first.cast::<i8>();
-        let lead = start as usize % LINE_BYTES;
-        let line = start.wrapping_sub(lead);
-        for offset in (0..lead + len * std::mem::size_of::<T>()).step_by(LINE_BYTES) {
-            // SAFETY: a prefetch of any address, mapped or not, has no architectural
-            // effect besides the cache (as in `prefetch`).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(offset)) };
-        }
+    let start = first.cast::<i8>();
+    let lead = start as usize % LINE_BYTES;
+    let line = start.wrapping_sub(lead);
+    for offset in (0..lead + len * std::mem::size_of::<T>()).step_by(LINE_BYTES) {
+        prefetch_address(line.wrapping_add(offset), Intent::Read);
     }
-    #[cfg(not(all(target_arch = "x86_64", not(replaybuf_loom))))]
-    let _ = (first, len);
 }
 
 /// [`prefetch`] of every cache line holding a byte of `words`' bytes `start..end`.

@@ -10,7 +10,7 @@ use crate::shared::procs::{
 use crate::storage::layout::ShardWord;
 use crate::storage::shard::Shard;
 use crate::storage::Storage;
-use crate::sync::{nap, Backoff, Mutex, Ordering};
+use crate::sync::{nap, AtomicU64, Backoff, Mutex, Ordering};
 
 /// How long [`Member::lease`] waits for a shard to come free before it reports none:
 /// far longer than another process's repair of a dead writer's shard takes
@@ -56,10 +56,6 @@ impl Member {
             editors: shards.iter().map(|_| Mutex::new(0)).collect(),
             shards,
         })
-    }
-
-    pub(crate) fn table(&self) -> &ProcTable {
-        &self.table
     }
 
     pub(crate) fn holder(&self) -> Holder {
@@ -182,6 +178,14 @@ impl Member {
         }
     }
 
+    /// If shard `k`'s lease holder died: takes the lease over, repairs the shard
+    /// (`Storage::recover_shard`) and gives the lease back.
+    pub(crate) fn reclaim_dead_lease(&self, storage: &Storage, k: usize) {
+        self.repair_if_dead(self.shards[k].word(ShardWord::Lease), || {
+            storage.recover_shard(k)
+        });
+    }
+
     /// If shard `k`'s editor process died: takes its `Editor` word over, repairs the
     /// shard (`Storage::recover_editor`) and gives the word back.
     pub(crate) fn reclaim_dead_editor(&self, storage: &Storage, k: usize) {
@@ -190,11 +194,19 @@ impl Member {
             return;
         }
         let inside = self.editors[k].lock();
-        if *inside == 0 && take_from_dead(&self.table, word, self.me) {
-            storage.recover_editor(k);
-            release_lease(word, self.me);
+        if *inside == 0 {
+            self.repair_if_dead(word, || storage.recover_editor(k));
         }
         drop(inside);
+    }
+
+    /// A reclaim in passing: takes `word` (a lease or an `Editor` word) over only if
+    /// its holder died ([`take_from_dead`]), runs `repair`, and gives the word back.
+    fn repair_if_dead(&self, word: &AtomicU64, repair: impl FnOnce()) {
+        if take_from_dead(&self.table, word, self.me) {
+            repair();
+            release_lease(word, self.me);
+        }
     }
 }
 

@@ -453,11 +453,7 @@ impl Storage {
     pub(crate) fn reclaim_dead_lease(&self, k: usize) {
         #[cfg(not(replaybuf_loom))]
         if let Some(m) = &self.member {
-            let lease = self.shards[k].word(ShardWord::Lease);
-            if crate::shared::procs::take_from_dead(m.table(), lease, m.holder()) {
-                self.recover_shard(k);
-                crate::shared::procs::release_lease(lease, m.holder());
-            }
+            m.reclaim_dead_lease(self, k);
         }
         #[cfg(replaybuf_loom)]
         let _ = k;
