@@ -1,7 +1,8 @@
 //! `sample_into` allocates nothing in steady state: a counting global allocator sees
 //! zero allocations across many samples into a reused batch, for a learner handle and
 //! for the buffer itself, with and without collectors writing meanwhile, and for a
-//! prefetching loader (its worker included).
+//! prefetching loader (its worker included). Nor does a prioritized learner's
+//! `update_priority`.
 #![allow(clippy::disallowed_types)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use replaybuf::sampler::{Prioritized, Slice, SlicePriority};
 use replaybuf::typed::{TypedBatch, TypedBuffer};
-use replaybuf::{DType, ReplayBuffer, Spec};
+use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 struct Counting;
 
@@ -51,6 +52,34 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
     after - before
 }
 
+/// A buffer of two shards from `builder`, and the chunk of 1,000 rows it was filled
+/// with, 20 times over.
+fn filled(builder: ReplayBufferBuilder) -> (ReplayBuffer, Batch) {
+    let rb = builder.shards(2).build().unwrap();
+    let chunk = rb.batch([1000]);
+    for _ in 0..20 {
+        rb.extend(&chunk).unwrap();
+    }
+    (rb, chunk)
+}
+
+/// What `f` returns, run while another thread extends `rb` by `chunk` again and again.
+fn beside_a_collector<R>(rb: &ReplayBuffer, chunk: &Batch, f: impl FnOnce() -> R) -> R {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = rb.writer();
+        let stop = &stop;
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                writer.extend(chunk).unwrap();
+            }
+        });
+        let out = f();
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
+}
+
 fn spec() -> Spec {
     Spec::builder()
         .field("obs", DType::F32, [17])
@@ -69,39 +98,21 @@ fn sample_into_allocates_nothing_once_warm() {
         allocations_in(|| drop(std::hint::black_box(vec![1u8; 64]))),
         1
     );
-    let rb = ReplayBuffer::builder(spec())
-        .capacity(10_000)
-        .shards(2)
-        .seed(1)
-        .build()
-        .unwrap();
-    let chunk = rb.batch([1000]);
-    for _ in 0..20 {
-        rb.extend(&chunk).unwrap();
-    }
+    let (rb, chunk) = filled(ReplayBuffer::builder(spec()).capacity(10_000).seed(1));
     let mut learner = rb.learner();
     let mut batch = rb.batch([256]);
     learner.sample_into(&mut batch).unwrap();
     rb.sample_into(&mut batch).unwrap();
 
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let writer = rb.writer();
-        let (stop, chunk) = (&stop, &chunk);
-        s.spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                writer.extend(chunk).unwrap();
-            }
-        });
-        let n = allocations_in(|| {
+    let n = beside_a_collector(&rb, &chunk, || {
+        allocations_in(|| {
             for _ in 0..2000 {
                 learner.sample_into(&mut batch).unwrap();
                 rb.sample_into(&mut batch).unwrap();
             }
-        });
-        stop.store(true, Ordering::Relaxed);
-        assert_eq!(n, 0, "sample_into allocated {n} times");
+        })
     });
+    assert_eq!(n, 0, "sample_into allocated {n} times");
 
     let typed = TypedBuffer::<[u64; 8]>::builder()
         .capacity(1000)
@@ -115,6 +126,68 @@ fn sample_into_allocates_nothing_once_warm() {
     assert_eq!(
         allocations_in(|| (0..500).for_each(|_| typed.sample_into(&mut out).unwrap())),
         0
+    );
+}
+
+/// A prioritized learner's whole step, `sample_into` and then `update_priority` with
+/// fresh priorities, allocates nothing once warm: on two shards, with a collector
+/// writing meanwhile (so that some rows of most batches are replaced, and skipped),
+/// and again after a batch larger than a thread's room keeps.
+#[test]
+fn a_prioritized_step_allocates_nothing_once_warm() {
+    let (rb, chunk) = filled(
+        ReplayBuffer::builder(spec())
+            .capacity(20_000)
+            .sampler(Prioritized::new(0.6, 0.4))
+            .seed(4),
+    );
+    let mut learner = rb.learner();
+    let mut batch = rb.batch([256]);
+    let mut priorities = vec![0.0f64; 256];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut step = |learner: &mut replaybuf::Learner, batch: &mut replaybuf::Batch| {
+        learner.sample_into(batch).unwrap();
+        for p in priorities.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *p = 0.01 + (x >> 40) as f64 / (1u64 << 24) as f64;
+        }
+        rb.update_priority(batch.index(), batch.generations(), &priorities)
+            .unwrap()
+    };
+    step(&mut learner, &mut batch);
+
+    let (mut applied, mut stale) = (0, 0);
+    let n = beside_a_collector(&rb, &chunk, || {
+        allocations_in(|| {
+            for _ in 0..2000 {
+                let done = step(&mut learner, &mut batch);
+                applied += done.applied;
+                stale += done.stale;
+            }
+        })
+    });
+    assert_eq!(n, 0, "a prioritized step allocated {n} times");
+    assert_eq!(applied + stale, 2000 * 256);
+    assert!(applied > 0, "every update was stale");
+
+    // A batch past what a thread's room keeps lets its room go; the next small batch
+    // grows one again (allocating), and then allocates nothing more.
+    let mut big = rb.batch([16_384]);
+    learner.sample_into(&mut big).unwrap();
+    let ones = vec![1.0; 16_384];
+    rb.update_priority(big.index(), big.generations(), &ones)
+        .unwrap();
+    step(&mut learner, &mut batch);
+    let n = allocations_in(|| {
+        for _ in 0..100 {
+            step(&mut learner, &mut batch);
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "a prioritized step after a large one allocated {n} times"
     );
 }
 

@@ -38,6 +38,9 @@ impl ReplayBuffer {
     /// batches are replaced between sample and update. [`update_priority_all`] refuses
     /// instead.
     ///
+    /// A thread that updates batch after batch allocates nothing once warm: its working
+    /// room is kept for the next batch (up to about 8,000 rows' worth).
+    ///
     /// [`update_priority_all`]: ReplayBuffer::update_priority_all
     pub fn update_priority(
         &self,

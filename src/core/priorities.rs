@@ -14,6 +14,7 @@
 //!
 //! Layer: core.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 
 use super::Core;
@@ -21,12 +22,61 @@ use crate::batch::Batch;
 use crate::core::Attempt;
 use crate::dtype::DType;
 use crate::error::{DataError, PriorityError, PriorityUpdate};
+use crate::sampler::leaf_writes;
 use crate::sampler::prioritized::{self, Priorities};
 use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::{Appended, Raws};
 use crate::sumtree::tree::Tree;
+
+/// The working room of a priority update, one for each thread that updates: a learner
+/// updates from one thread, batch after batch, and so allocates nothing once warm (it
+/// made seven allocations a batch before).
+#[derive(Debug, Default)]
+struct UpdateRoom {
+    /// Where each row lies.
+    slots: Vec<(u64, u64, u64)>,
+    /// The rows still live, as `(shard, leaf, lap, priority)`.
+    live: Vec<(usize, usize, u32, f64)>,
+    /// One shard's live rows, as `(leaf, lap, priority)`.
+    rows: Vec<(usize, u32, f64)>,
+    applied: Vec<bool>,
+    leaves: leaf_writes::UpdateRoom,
+}
+
+impl UpdateRoom {
+    /// Empties the room and makes it room for a batch of `rows` rows, however the
+    /// batch splits among the shards.
+    fn clear_for(&mut self, rows: usize) {
+        self.slots.clear();
+        self.live.clear();
+        self.rows.clear();
+        self.applied.clear();
+        self.slots.reserve(rows);
+        self.live.reserve(rows);
+        self.rows.reserve(rows);
+        self.applied.reserve(rows);
+        self.leaves.clear_for(rows);
+    }
+
+    fn bytes(&self) -> usize {
+        self.slots.capacity() * size_of::<(u64, u64, u64)>()
+            + self.live.capacity() * size_of::<(usize, usize, u32, f64)>()
+            + self.rows.capacity() * size_of::<(usize, u32, f64)>()
+            + self.applied.capacity()
+            + self.leaves.bytes()
+    }
+}
+
+/// What a thread's room may keep between updates: about 8,000 rows' worth. A room that
+/// a larger batch grew is let go after it.
+const ROOM_KEPT_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// This thread's room.
+    static ROOM: RefCell<UpdateRoom> = RefCell::new(UpdateRoom::default());
+}
 
 impl Core {
     pub(crate) fn prioritized(&self) -> Result<&Priorities, PriorityError> {
@@ -161,6 +211,44 @@ impl Core {
             }
             .into());
         }
+        let update = |room: &mut UpdateRoom| {
+            self.update_in(room, state, index, generation, priority, replaced)
+        };
+        // A room of its own for an update made within one on this thread (none is
+        // today), or while the thread's locals are torn down.
+        let fresh = || update(&mut UpdateRoom::default());
+        ROOM.try_with(|room| {
+            let Ok(mut room) = room.try_borrow_mut() else {
+                return fresh();
+            };
+            let done = update(&mut room);
+            if room.bytes() > ROOM_KEPT_BYTES {
+                *room = UpdateRoom::default();
+            }
+            done
+        })
+        .unwrap_or_else(|_| fresh())
+    }
+
+    /// [`Core::update_priority`]'s work once its arguments are checked, in `room`
+    /// (any left from an earlier batch).
+    fn update_in(
+        &self,
+        room: &mut UpdateRoom,
+        state: &Priorities,
+        index: &[u64],
+        generation: &[u64],
+        priority: &[f64],
+        replaced: Replaced,
+    ) -> Result<PriorityUpdate, Attempt<PriorityError>> {
+        room.clear_for(index.len());
+        let UpdateRoom {
+            slots,
+            live,
+            rows,
+            applied,
+            leaves,
+        } = room;
         // Where each row lies, found once, and the line of its stamp (and raw word)
         // loading before any is checked: a learner updates after its forward and
         // backward passes have pushed the batch's slots out of the cache, and the
@@ -168,7 +256,6 @@ impl Core {
         // (`replaybuf bench`'s `update-cold-paired`, 256 of a million rows) the update
         // took 1.9 times the plain floor's update; 1.67 with it.
         let geometry = self.storage.geometry();
-        let mut slots = Vec::with_capacity(index.len());
         for &i in index {
             let Some(at) = geometry.locate(i) else {
                 let capacity = geometry.capacity();
@@ -185,17 +272,13 @@ impl Core {
             .iter()
             .map(|s| s.window().positions(s.ring().steps))
             .collect();
-        // Rows still live, by shard, as (leaf, lap, priority): one batch per tree.
-        let mut by_shard: Vec<Vec<(usize, u32, f64)>> = (0..trees.len())
-            .map(|_| Vec::with_capacity(index.len().div_ceil(trees.len())))
-            .collect();
         let mut done = PriorityUpdate::default();
-        for (row, ((&i, &g), &at)) in index.iter().zip(generation).zip(&slots).enumerate() {
+        for (row, ((&i, &g), &at)) in index.iter().zip(generation).zip(slots.iter()).enumerate() {
             let p = state
                 .reduction
                 .reduce(&priority[row * per_row..(row + 1) * per_row]);
             match self.row_is(&positions, at, g) {
-                Row::Live { shard, leaf, lap } => by_shard[shard].push((leaf, lap, p)),
+                Row::Live { shard, leaf, lap } => live.push((shard, leaf, lap, p)),
                 Row::Replaced if replaced == Replaced::Skip => done.stale += 1,
                 Row::Replaced => {
                     return Err(PriorityError::Replaced {
@@ -217,12 +300,20 @@ impl Core {
         // A swap that retired the storage meanwhile: the caller checks the rows again
         // against the new state and updates them there.
         let _inside = self.storage.enter_update()?;
-        for (k, rows) in by_shard.iter().enumerate() {
+        // One batch a tree, each shard's rows in the order given.
+        for k in 0..trees.len() {
+            rows.clear();
+            rows.extend(
+                live.iter()
+                    .filter(|&&(shard, ..)| shard == k)
+                    .map(|&(_, leaf, lap, p)| (leaf, lap, p)),
+            );
             if rows.is_empty() {
                 continue;
             }
-            let mut applied = vec![false; rows.len()];
-            state.update(&trees, k, rows, &mut applied);
+            applied.clear();
+            applied.resize(rows.len(), false);
+            state.update(&trees, k, rows, applied, leaves);
             let n = applied.iter().filter(|&&a| a).count();
             done.applied += n;
             done.stale += rows.len() - n;

@@ -29,12 +29,37 @@ use super::mass_scale::{MassFn, Scale, TooHeavy};
 use super::prioritized::{valid_alpha, Priorities};
 use crate::error::PriorityError;
 use crate::storage::layout::Global;
-use crate::sumtree::tree::{Tree, Update};
+use crate::sumtree::tree::{DeltaRoom, Tree, Update};
 use crate::sumtree::{priority_in, quantize, raw_bits, Leaf};
 use crate::sync::{fence, Ordering};
 
 /// Leaves re-massed at once by a pass over a tree: one check of the scale word each.
 const REMASS_CHUNK_LEAVES: usize = 4096;
+
+/// The working room of [`Priorities::update`]: kept by its caller from one batch to
+/// the next, so that a learner's updates allocate nothing once warm.
+#[derive(Debug, Default)]
+pub(crate) struct UpdateRoom {
+    /// The batch's updates, their masses worked out.
+    items: Vec<Update>,
+    deltas: DeltaRoom,
+}
+
+impl UpdateRoom {
+    /// Empties the room and makes it room for batches of up to `rows` rows: a caller
+    /// that splits a batch among trees makes room for the whole batch first, so that
+    /// another split of a batch as large never grows it.
+    pub(crate) fn clear_for(&mut self, rows: usize) {
+        self.items.clear();
+        self.items.reserve(rows);
+        self.deltas.clear_for(rows);
+    }
+
+    /// The room's capacity in bytes, for a caller that keeps rooms to bound.
+    pub(crate) fn bytes(&self) -> usize {
+        self.items.capacity() * size_of::<Update>() + self.deltas.bytes()
+    }
+}
 
 impl Priorities {
     /// The scale word (see the module's ordering notes).
@@ -230,20 +255,22 @@ impl Priorities {
     /// and raw words still belong to rows of those laps; `applied` receives which did.
     /// Each raw word is set before its leaf; a leaf whose raw word another writer
     /// changed meanwhile follows that word, and all of them follow a mass function
-    /// that changed meanwhile (see the module's ordering notes).
+    /// that changed meanwhile (see the module's ordering notes). `room` is the
+    /// caller's, any left from an earlier batch.
     pub(crate) fn update(
         &self,
         trees: &[Tree<'_>],
         k: usize,
         rows: &[(usize, u32, f64)],
         applied: &mut [bool],
+        room: &mut UpdateRoom,
     ) {
         if let Some(top) = rows.iter().map(|&(_, _, p)| p).reduce(f64::max) {
             self.saw(top);
         }
         let tree = &trees[k];
         let mut owed = false;
-        let mut items: Vec<Update> = Vec::with_capacity(rows.len());
+        let UpdateRoom { items, deltas } = room;
         let mut heaviest = 0;
         let f = loop {
             let f = self.mass_fn(tree);
@@ -266,7 +293,7 @@ impl Priorities {
                 Some(h) => owed |= self.lower_for(&f, h),
             }
         };
-        for leaf in tree.update_many(&items, applied) {
+        for leaf in tree.update_many(items, applied, deltas) {
             // Another writer's raw word: this leaf follows it.
             tree.remass_run(leaf, 1, |p| f.mass(p).ok());
         }

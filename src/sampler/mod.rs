@@ -15,7 +15,7 @@
 //! Layer: algos.
 
 pub(crate) mod fifo;
-mod leaf_writes;
+pub(crate) mod leaf_writes;
 pub(crate) mod mass_scale;
 pub(crate) mod prioritized;
 pub(crate) mod slice;

@@ -599,7 +599,9 @@ impl OwnedTree {
             .collect();
         let mut applied = vec![false; items.len()];
         // No other writer: no raw word moves under an update.
-        let _moved = self.tree().update_many(&items, &mut applied);
+        let _moved = self
+            .tree()
+            .update_many(&items, &mut applied, &mut tree::DeltaRoom::default());
         applied
     }
 

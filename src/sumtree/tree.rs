@@ -318,6 +318,30 @@ pub(crate) struct Update {
     pub(crate) raw: u64,
 }
 
+/// The working room of [`Tree::update_many`], where it gathers the upper levels'
+/// deltas: kept by its caller from one batch to the next, so that a learner's updates
+/// allocate nothing once warm.
+#[derive(Debug, Default)]
+pub(crate) struct DeltaRoom {
+    /// The deltas of the lowest level that gathers them densely, one an entry.
+    dense: Vec<i64>,
+    /// The entries of `dense` that updates reached, in the order they did.
+    touched: Vec<usize>,
+}
+
+impl DeltaRoom {
+    /// Empties the room and makes it room for batches of up to `updates` updates.
+    pub(crate) fn clear_for(&mut self, updates: usize) {
+        self.touched.clear();
+        self.touched.reserve(updates);
+    }
+
+    /// The room's capacity in bytes, for a caller that keeps rooms to bound.
+    pub(crate) fn bytes(&self) -> usize {
+        self.dense.capacity() * size_of::<i64>() + self.touched.capacity() * size_of::<usize>()
+    }
+}
+
 /// What a change of one node's leaves did (see [`Tree::change_run`]).
 enum NodeChange {
     /// The leaves changed in mass by this much, modulo 2^64; the entries above them
@@ -1254,6 +1278,7 @@ impl<'a> Tree<'a> {
         &self,
         items: &[Update],
         applied: &mut [bool],
+        room: &mut DeltaRoom,
     ) -> SmallVec<[usize; 4]> {
         /// Levels of at most this many entries gather their deltas densely.
         const DENSE_ENTRIES: usize = 1024;
@@ -1268,12 +1293,15 @@ impl<'a> Tree<'a> {
         let dense_from = (1..=top)
             .find(|&l| self.layout.size(l) <= DENSE_ENTRIES)
             .unwrap_or(top);
-        let mut dense = vec![0i64; self.layout.size(dense_from)];
-        // The entries of `dense` that updates reached, in the order they did (one
-        // may come twice, if its deltas summed to nothing and then did not): the
-        // flush visits these rather than every entry, each of which it would branch
-        // on at random.
-        let mut touched: Vec<usize> = Vec::with_capacity(items.len());
+        // Zeroed whole each batch, not trusted to be left so: a batch that unwound
+        // midway would leave its deltas for the next to add.
+        let DeltaRoom { dense, touched } = room;
+        dense.clear();
+        dense.resize(self.layout.size(dense_from), 0);
+        // One entry may come twice in `touched` (if its deltas summed to nothing and
+        // then did not): the flush visits these rather than every entry, each of which
+        // it would branch on at random.
+        touched.clear();
         // The first words of the levels an update touches, looked up once: a lookup
         // is a bounds-checked read of the layout, and an update made eleven of them.
         // The sum levels' are the layout's own `sum_levels`.
@@ -1354,10 +1382,10 @@ impl<'a> Tree<'a> {
         // Their lines first, all at once: they are few (at most `DENSE_ENTRIES`
         // entries, 128 lines), and each add below would otherwise wait out its miss.
         let dense_word = self.layout.entry_word(TreeKind::Sum, dense_from, 0);
-        for &j in &touched {
+        for &j in touched.iter() {
             line(dense_word + j);
         }
-        for &j in &touched {
+        for &j in touched.iter() {
             // Taken, so that an entry listed twice is added once.
             let d = std::mem::take(&mut dense[j]);
             if d != 0 {
@@ -1781,7 +1809,7 @@ mod tests {
             mass,
             raw: raw_bits(lap, Some(raw)),
         };
-        let _moved = tree.update_many(&[u], &mut applied);
+        let _moved = tree.update_many(&[u], &mut applied, &mut DeltaRoom::default());
         applied[0]
     }
 
@@ -1995,12 +2023,14 @@ mod tests {
 
     /// A batch of updates, some of one leaf twice and some at `value_max`, leaves
     /// every sum entry exact: on trees whose levels all gather their deltas densely,
-    /// and on trees with one and with two levels added to update by update below them.
+    /// and on trees with one and with two levels added to update by update below them;
+    /// one room serving every batch, whatever the tree.
     #[test]
     fn a_batch_of_updates_keeps_every_level_exact() {
         let mut rng = crate::rng::stream(0x6a09_e667_f3bc_c909u64, crate::rng::Stream::Call(0));
         let mut next = move || rand::Rng::next_u64(&mut rng);
-        for n in [1, 17, 4_097, 70_001, 300_000] {
+        let mut room = DeltaRoom::default();
+        for n in [1, 17, 4_097, 70_001, 300_000, 4_097] {
             let (w, layout) = words(n);
             let tree = Tree::new(&w, &layout);
             let leaves: Vec<(Leaf, f64)> =
@@ -2025,7 +2055,7 @@ mod tests {
                     })
                     .collect();
                 let mut applied = vec![false; items.len()];
-                tree.update_many(&items, &mut applied);
+                tree.update_many(&items, &mut applied, &mut room);
                 assert!(applied.iter().all(|&a| a), "{n} leaves");
                 let total = (0..n)
                     .map(|i| tree.leaf(i).value())
@@ -2056,7 +2086,7 @@ mod tests {
             // nothing), then leaf 1 up by 7 more.
             let items = [update(1, 15), update(2, 5), update(1, 22)];
             let mut applied = [false; 3];
-            tree.update_many(&items, &mut applied);
+            tree.update_many(&items, &mut applied, &mut DeltaRoom::default());
             assert_eq!(applied, [true; 3]);
             assert_eq!(tree.total(), 10 * n as u64 + 7, "{n} leaves");
             assert!(tree.is_consistent(), "{n} leaves");
