@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{pair_spec, pairs, run_model, whole_rows};
+use common::{pair_spec, pairs, run_model, run_model_at_most, whole_rows};
 use loom::thread::JoinHandle;
 use replaybuf::ReplayBuffer;
 
@@ -98,19 +98,47 @@ fn sampling_one_row_while_a_collector_streams_over_it() {
 #[test]
 fn an_append_after_a_stream_waits_for_it() {
     run_model("one-row extend behind a streaming extend", || {
-        let (rb, streamer) = lapped_by_a_collector(&[2]);
-        let plain = {
-            let rb = rb.clone();
-            loom::thread::spawn(move || rb.extend(&pairs(&rb, &[1], 10)).unwrap())
-        };
+        let (rb, streamer, plain) = behind_a_stream();
+        streamer.join().unwrap();
+        plain.join().unwrap();
+        last_claims_whole(&rb);
+    });
+}
+
+/// As [`an_append_after_a_stream_waits_for_it`], with a read of position 0 racing
+/// both appends: a whole row. The reader and the one-row appender may both wait for
+/// the stream, which loom explores only up to preemption bound 2
+/// (`common::run_model_at_most`); each waits alone on a stream in the models above
+/// at any bound.
+#[test]
+fn a_read_beside_an_append_behind_a_stream_is_whole() {
+    run_model_at_most(2, "get vs one-row extend behind a streaming extend", || {
+        let (rb, streamer, plain) = behind_a_stream();
         let row = rb.get(0).expect("position 0 holds a row");
         whole_rows(&row);
         streamer.join().unwrap();
         plain.join().unwrap();
-        // The last two claims' rows: the stream's second and the single row, or,
-        // if the single row claimed first, the stream's two.
-        let mut ids = whole_rows(&rb.read_all_in_order(None));
-        ids.sort_unstable();
-        assert!(ids == [3, 10] || ids == [2, 3], "the ring holds {ids:?}");
+        last_claims_whole(&rb);
     });
+}
+
+/// The two-slot buffer of [`lapped_by_a_collector`], lapped by a streaming two-row
+/// extend (ids 2 and 3) and a one-row extend (id 10) from threads of their own.
+fn behind_a_stream() -> (ReplayBuffer, JoinHandle<()>, JoinHandle<()>) {
+    let (rb, streamer) = lapped_by_a_collector(&[2]);
+    let plain = {
+        let rb = rb.clone();
+        loom::thread::spawn(move || {
+            rb.extend(&pairs(&rb, &[1], 10)).unwrap();
+        })
+    };
+    (rb, streamer, plain)
+}
+
+/// The ring holds the last two claims' rows, whole: the stream's second and the
+/// single row, or, if the single row claimed first, the stream's two.
+fn last_claims_whole(rb: &ReplayBuffer) {
+    let mut ids = whole_rows(&rb.read_all_in_order(None));
+    ids.sort_unstable();
+    assert!(ids == [3, 10] || ids == [2, 3], "the ring holds {ids:?}");
 }
