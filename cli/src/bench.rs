@@ -1025,3 +1025,50 @@ fn report_as(system: &str, name: &str, w: Workload, writers: usize, learners: us
         emit_as(system, name, op, mean, w.batch, extra);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Paired laps give each side's median lap and the median of the laps' ratios,
+    /// which in a spell that changes between laps is not the ratio of the medians: the
+    /// two sides' laps slow together, lap by lap.
+    #[test]
+    fn paired_laps_give_the_median_of_each_laps_ratio() {
+        // Ours twice the floor's time in every lap; the first 11 laps in a slow spell
+        // (ten times as long), the other 10 in a fast one.
+        let spell = |lap: usize| if lap < 11 { 10.0 } else { 1.0 };
+        let (mut ours_lap, mut floor_lap) = (0, 0);
+        let mut ours = |_calls: usize| {
+            ours_lap += 1;
+            2.0 * spell(ours_lap - 1)
+        };
+        let mut floor = |_calls: usize| {
+            floor_lap += 1;
+            spell(floor_lap - 1)
+        };
+        let (ours_median, [(floor_median, ratio)]) = paired_laps(1, &mut ours, [&mut floor]);
+        assert_eq!((ours_lap, floor_lap), (PAIRED_LAPS, PAIRED_LAPS));
+        assert_eq!((ours_median, floor_median), (20.0, 10.0));
+        assert_eq!(ratio, 2.0);
+
+        // The spell turning between a lap of ours and the floor's lap after it, in the
+        // middle lap: the medians fall in different spells, the ratios do not.
+        let (mut ours_lap, mut floor_lap) = (0, 0);
+        let mut ours = |_calls: usize| {
+            ours_lap += 1;
+            2.0 * if ours_lap <= 11 { 10.0 } else { 1.0 }
+        };
+        let mut floor = |_calls: usize| {
+            floor_lap += 1;
+            if floor_lap <= 10 {
+                10.0
+            } else {
+                1.0
+            }
+        };
+        let (ours_median, [(floor_median, ratio)]) = paired_laps(1, &mut ours, [&mut floor]);
+        assert_eq!(ours_median / floor_median, 20.0);
+        assert_eq!(ratio, 2.0);
+    }
+}
