@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use replaybuf::sampler::{Prioritized, Slice, SlicePriority};
 use replaybuf::typed::{TypedBatch, TypedBuffer};
-use replaybuf::{Batch, DType, ReplayBuffer, ReplayBufferBuilder, Spec};
+use replaybuf::{Batch, DType, Learner, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 struct Counting;
 
@@ -145,7 +145,7 @@ fn a_prioritized_step_allocates_nothing_once_warm() {
     let mut batch = rb.batch([256]);
     let mut priorities = vec![0.0f64; 256];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut step = |learner: &mut replaybuf::Learner, batch: &mut replaybuf::Batch| {
+    let mut step = |learner: &mut Learner, batch: &mut Batch| {
         learner.sample_into(batch).unwrap();
         for p in priorities.iter_mut() {
             x ^= x << 13;

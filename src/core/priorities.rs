@@ -28,7 +28,7 @@ use crate::storage::plan::Source;
 use crate::storage::shard;
 use crate::storage::stamp::{self, Stamp};
 use crate::storage::{Appended, Raws};
-use crate::sumtree::tree::Tree;
+use crate::sumtree::tree::{room_bytes, Tree};
 
 /// The working room of a priority update, one for each thread that updates: a learner
 /// updates from one thread, batch after batch, and so allocates nothing once warm (it
@@ -61,10 +61,10 @@ impl UpdateRoom {
     }
 
     fn bytes(&self) -> usize {
-        self.slots.capacity() * size_of::<(u64, u64, u64)>()
-            + self.live.capacity() * size_of::<(usize, usize, u32, f64)>()
-            + self.rows.capacity() * size_of::<(usize, u32, f64)>()
-            + self.applied.capacity()
+        room_bytes(&self.slots)
+            + room_bytes(&self.live)
+            + room_bytes(&self.rows)
+            + room_bytes(&self.applied)
             + self.leaves.bytes()
     }
 }

@@ -29,7 +29,7 @@ use super::mass_scale::{MassFn, Scale, TooHeavy};
 use super::prioritized::{valid_alpha, Priorities};
 use crate::error::PriorityError;
 use crate::storage::layout::Global;
-use crate::sumtree::tree::{DeltaRoom, Tree, Update};
+use crate::sumtree::tree::{room_bytes, DeltaRoom, Tree, Update};
 use crate::sumtree::{priority_in, quantize, raw_bits, Leaf};
 use crate::sync::{fence, Ordering};
 
@@ -57,7 +57,7 @@ impl UpdateRoom {
 
     /// The room's capacity in bytes, for a caller that keeps rooms to bound.
     pub(crate) fn bytes(&self) -> usize {
-        self.items.capacity() * size_of::<Update>() + self.deltas.bytes()
+        room_bytes(&self.items) + self.deltas.bytes()
     }
 }
 

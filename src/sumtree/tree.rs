@@ -338,8 +338,13 @@ impl DeltaRoom {
 
     /// The room's capacity in bytes, for a caller that keeps rooms to bound.
     pub(crate) fn bytes(&self) -> usize {
-        self.dense.capacity() * size_of::<i64>() + self.touched.capacity() * size_of::<usize>()
+        room_bytes(&self.dense) + room_bytes(&self.touched)
     }
+}
+
+/// The bytes `v` holds room for: a working room's part, which its keeper bounds.
+pub(crate) fn room_bytes<T>(v: &Vec<T>) -> usize {
+    v.capacity() * size_of::<T>()
 }
 
 /// What a change of one node's leaves did (see [`Tree::change_run`]).
