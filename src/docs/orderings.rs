@@ -196,6 +196,16 @@
 //!   stream's stamp store happens before R3, which differs from `s1`. A row refused
 //!   at R1' or R2' is busy, as a slot marked being written is: a sample redraws, a
 //!   read by position waits.
+//! - A block of rows read together (`Storage::read_block`) takes every row's R1, then
+//!   loads each shard's stream words once and checks all of its rows against them
+//!   (R1'), copies, fences once (R2), loads the words once more (R2') and takes every
+//!   R3. The bullets above ask only that a row's R1' load come after its R1 and
+//!   before its row loads, and its R2' load after R2 and before its R3: one load
+//!   after all of a block's R1s is such a load for each of them. A load shared with a
+//!   row whose R1 came after it would not be, so none is (the loom models of
+//!   `torn_reads.rs` fail if the first load moves before the R1s, or if R2' reuses
+//!   it). While no stream is announced the words hold an empty range, and the block
+//!   skips the per-row checks.
 //! - A stream never writes a slot whose previous row is still being written, which
 //!   is what W0 gives an appender that marks slots. It is alone after its claim, and
 //!   claims are AcqRel: every appender that claimed before it entered the shard before

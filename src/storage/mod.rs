@@ -326,6 +326,80 @@ pub(crate) enum Miss {
 /// whose last rows were prefetched only just before.
 pub(crate) const READ_BLOCK: usize = 8;
 
+/// The stream words (`docs/orderings.rs` §6, "Streams") of the shard that a block's
+/// last checked row is in, loaded once for that row and kept for the rows after it in
+/// the same shard. A row checked against words loaded before its own R1 could miss a
+/// stream, so a block loads these only after every row's R1 (for R1') or after the
+/// fence R2 (for R2'); each row's check is then one against words loaded at the point
+/// the protocol asks for, and a block of one shard's rows loads them once, not per row.
+struct StreamWords<'s> {
+    shards: &'s [Shard],
+    /// Whether appends may stream here at all ([`Storage::may_stream`]).
+    on: bool,
+    /// The shard whose words are loaded (`u32::MAX` before the first load), its
+    /// ring's steps, and the rows its stream words announced.
+    shard: u32,
+    steps: u64,
+    rows: std::ops::Range<u64>,
+}
+
+impl<'s> StreamWords<'s> {
+    fn new(storage: &'s Storage) -> Self {
+        StreamWords {
+            shards: &storage.shards,
+            on: storage.may_stream(),
+            shard: u32::MAX,
+            steps: 0,
+            rows: 0..0,
+        }
+    }
+
+    /// Shard `k`'s words, loaded unless they are the ones held.
+    #[inline(always)]
+    fn of(&mut self, k: u32) {
+        if k != self.shard {
+            let shard = &self.shards[k as usize];
+            self.shard = k;
+            self.steps = shard.ring().steps;
+            self.rows = shard.stream();
+        }
+    }
+
+    /// Whether no stream is announced in the shards of the rows `at` (or none may
+    /// stream here): then R1' and R2' refuse none of them.
+    #[inline(always)]
+    fn quiet(&mut self, at: &[Located]) -> bool {
+        !self.on
+            || at.iter().all(|a| {
+                self.of(a.shard);
+                self.rows.is_empty()
+            })
+    }
+
+    /// The sequence number of the row whose stamp `seen` a read of `at` found
+    /// ([`Storage::seq_seen`]), with `at`'s shard's words loaded.
+    #[inline(always)]
+    fn seq_seen(&mut self, at: &Located, seen: Stamp) -> u64 {
+        self.of(at.shard);
+        at.seq + u64::from(seen.lap().wrapping_sub(at.lap)) * self.steps
+    }
+
+    /// R1': whether a streaming append is writing the row whose stamp `seen` a read
+    /// of `at` found readable.
+    #[inline(always)]
+    fn writing(&mut self, at: &Located, seen: Stamp) -> bool {
+        let seq = self.seq_seen(at, seen);
+        self.on && self.rows.contains(&seq)
+    }
+
+    /// R2': whether a streaming append is writing the next lap of that row.
+    #[inline(always)]
+    fn writing_next_lap(&mut self, at: &Located, seen: Stamp) -> bool {
+        let seq = self.seq_seen(at, seen);
+        self.on && self.rows.contains(&(seq + self.steps))
+    }
+}
+
 /// Whether a read that began from stamp `seen` may copy the row of lap `lap` (R1's
 /// check): published, and the lap `want` accepts.
 #[inline(always)]
@@ -1490,8 +1564,10 @@ impl Storage {
     /// of them together, each row's R1 before any copy and its R3 after them all, and
     /// the rows copied a field at a time, each field's moves chosen once for the block
     /// (`Dest::read_rows`). Each row is still read as the protocol reads one row: its
-    /// R1, then its bytes, then the fence (R2) and its R3. `out[j]` is row `j`'s stamp,
-    /// or the miss that [`Storage::read`] would have given.
+    /// R1, then its check against the stream words (R1'), then its bytes, then the
+    /// fence (R2), its second check (R2') and its R3; the block loads a shard's stream
+    /// words once for each check (see [`StreamWords`]). `out[j]` is row `j`'s stamp, or
+    /// the miss that [`Storage::read`] would have given.
     ///
     /// Only where [`Storage::reads_in_blocks`].
     pub(crate) fn read_block(
@@ -1505,26 +1581,41 @@ impl Storage {
         debug_assert!(self.reads_in_blocks() && at.len() <= READ_BLOCK && out.len() == at.len());
         let words = self.words();
         let stamp = |a: &Located| &words[a.offset / 8];
-        let mut rows: SmallVec<[(usize, usize); READ_BLOCK]> = SmallVec::new();
-        let mut seqs = [0u64; READ_BLOCK];
+        let header = self.header_bytes;
+        // The rows to copy: byte offset in the region, row of `dst`.
+        let mut rows = [(0, 0); READ_BLOCK];
+        let mut n = 0;
+        // R1 for every row, before any row's check against the stream words (R1').
         for (j, (a, o)) in at.iter().zip(out.iter_mut()).enumerate() {
             let seen = stamp::begin_read(stamp(a));
-            *o = readable(seen, a.lap, want)
-                .and_then(|()| self.streamed(a, seen))
-                .map(|seq| {
-                    seqs[j] = seq;
-                    seen
-                });
+            *o = readable(seen, a.lap, want).map(|()| seen);
             if o.is_ok() {
-                rows.push((a.offset + self.header_bytes, k + j));
+                rows[n] = (a.offset + header, k + j);
+                n += 1;
             }
         }
-        dst.read_rows(words, &rows);
-        // R2 once for the block, after every copy.
+        let mut streams = StreamWords::new(self);
+        if !streams.quiet(at) {
+            n = 0;
+            for (j, (a, o)) in at.iter().zip(out.iter_mut()).enumerate() {
+                if let Ok(seen) = *o {
+                    if streams.writing(a, seen) {
+                        *o = Err(Miss::Busy);
+                    } else {
+                        rows[n] = (a.offset + header, k + j);
+                        n += 1;
+                    }
+                }
+            }
+        }
+        dst.read_rows(words, &rows[..n]);
+        // R2 once for the block, after every copy; R2' from stream words loaded after it.
         stamp::copied();
-        for (j, (a, o)) in at.iter().zip(out.iter_mut()).enumerate() {
+        let mut streams = StreamWords::new(self);
+        let quiet = streams.quiet(at);
+        for (a, o) in at.iter().zip(out.iter_mut()) {
             if let Ok(seen) = *o {
-                if !self.not_streamed_over(a, seqs[j]) {
+                if !quiet && streams.writing_next_lap(a, seen) {
                     *o = Err(Miss::Busy);
                 } else if !stamp::still(stamp(a), seen) {
                     *o = Err(Miss::Torn);
