@@ -71,11 +71,28 @@ pub(super) fn draw(
     // The generator's state in registers for the loop, not stored back at each draw
     // through `rng` (which the compiler cannot tell from `out`'s memory).
     let mut local = rng.clone();
-    out.reserve(n);
-    for _ in 0..n {
-        match pick(shards, windows, total, &mut local) {
-            Some(d) => out.push(d),
-            None => break,
+    if let ([shard], [w]) = (shards, windows) {
+        // One shard, the default: no walk across shards, and the draws written by an
+        // `extend` of known length, with no capacity check each. Mujoco `sample` 256 by
+        // callgrind, 57 -> 44 instructions a draw; laps alternating in one process
+        // (Intel Xeon, family 6 model 207), 0.962x and 0.963x the time on 10,000 rows,
+        // 0.974x and 0.977x on a million.
+        let ring = shard.ring();
+        out.extend((0..n).map(|_| {
+            let (step, lane) = ring.step_lane(local.random_range(0..total));
+            Draw {
+                lane: lane as u32,
+                seq: w.lo + step,
+                ..Draw::default()
+            }
+        }));
+    } else {
+        out.reserve(n);
+        for _ in 0..n {
+            match pick(shards, windows, total, &mut local) {
+                Some(d) => out.push(d),
+                None => break,
+            }
         }
     }
     *rng = local;
