@@ -119,7 +119,7 @@
 //!
 //! **Fixed-length field copies.** An append copies a field of one length into many
 //! rows (`atomic_copy::FieldCopy`): the moves for that length are chosen once (two
-//! 1-, 2-, 4-, 8- or 16-byte moves, four 16-byte moves at fixed offsets, 64-byte
+//! 1-, 2-, 4-, 8- or 16-byte moves, four or six 16-byte moves at fixed offsets, 64-byte
 //! blocks of 16-byte moves then up to three 16-byte moves ending at the field's end,
 //! or `rep movsb`), and each row's copy is those moves and no branch; on a CPU with
 //! AVX, a field of 32 bytes up to the `rep movsb` threshold moves by 32-byte `vmovdqu`

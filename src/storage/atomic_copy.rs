@@ -206,8 +206,13 @@ pub(crate) enum Moves {
     Pair(usize),
     /// Four 16-byte moves, at 0, 16, `len - 32` and `len - 16`: lengths 33 to 63.
     Quad,
+    /// Six 16-byte moves, at 0, 16, 32, 48, `len - 32` and `len - 16`: lengths 64 to
+    /// 96, with no loop (mujoco's 68-byte observations: `sample` 256 laps alternating
+    /// with `Blocks` in one process, Intel Xeon family 6 model 207, 0.96-0.99x the
+    /// time on 10,000 rows, 0.98-1.00x on a million).
+    Hexa,
     /// 64-byte blocks from the start, then up to three 16-byte moves, the last
-    /// ending at the range's end: lengths 64 and up to the `rep movsb` threshold.
+    /// ending at the range's end: lengths 97 and up to the `rep movsb` threshold.
     Blocks,
     /// `rep movsb`.
     String,
@@ -234,6 +239,7 @@ macro_rules! each_by_moves {
             Moves::Pair(4) => $each!(|from, to| x86::pair(from, to, 4, len - 4)),
             Moves::Pair(bytes) => $each!(|from, to| x86::pair(from, to, bytes, len - bytes)),
             Moves::Quad => $each!(|from, to| x86::quad(from, to, len - 32, len - 16)),
+            Moves::Hexa => $each!(|from, to| x86::hexa(from, to, len - 32, len - 16)),
             Moves::Blocks => $each!(|from, to| x86::blocks(from, to, len)),
             Moves::String => $each!(|from, to| x86::rep_movsb(from, to, len)),
         }
@@ -252,6 +258,7 @@ impl Moves {
             8..=15 => Moves::Pair(8),
             16..=32 => Moves::Pair(16),
             33..=63 => Moves::Quad,
+            64..=96 => Moves::Hexa,
             _ if len < REP_MOVSB_BYTES => Moves::Blocks,
             _ => Moves::String,
         }
@@ -649,6 +656,24 @@ mod x86 {
         }
     }
 
+    /// Six 16-byte moves, at 0, 16, 32, 48, `o4` and `o5`: a length of 64 to 96, with
+    /// `o5` the length less 16 and `o4` the length less 32. A [`quad`] of the first 64
+    /// bytes, then a [`pair`] of the last 32.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy`], with `len` `o5 + 16`, from 64 to 96, and `o4` `o5 - 16`.
+    #[inline(always)]
+    pub(super) unsafe fn hexa(src: *const u8, dst: *mut u8, o4: usize, o5: usize) {
+        debug_assert!(o5 == o4 + 16 && (48..=80).contains(&o5));
+        // SAFETY: the caller's obligations are `copy`'s for these bytes: the quad's
+        // 64 from the start, inside since `o5 + 16 >= 64`, and the pair's 32 from `o4`.
+        unsafe {
+            quad(src, dst, 32, 48);
+            pair(src.add(o4), dst.add(o4), 16, 16);
+        }
+    }
+
     /// `$n` (at least one) 64-byte blocks from `$src` to `$dst`, each four 16-byte
     /// loads and four 16-byte stores by `$store` (`movdqu`, or `movntdq` to a 16-byte
     /// aligned destination).
@@ -885,6 +910,7 @@ mod x86 {
                 Moves::Byte => byte(src, dst),
                 Moves::Pair(bytes) => pair(src, dst, bytes, len - bytes),
                 Moves::Quad => quad(src, dst, len - 32, len - 16),
+                Moves::Hexa => hexa(src, dst, len - 32, len - 16),
                 Moves::Blocks => blocks(src, dst, len),
                 Moves::String => rep_movsb(src, dst, len),
             }
