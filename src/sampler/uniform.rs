@@ -75,7 +75,7 @@ pub(super) fn draw(
         // One shard, the default: no walk across shards, and the draws written by an
         // `extend` of known length, with no capacity check each. Mujoco `sample` 256 by
         // callgrind, 57 -> 44 instructions a draw; laps alternating in one process
-        // (Intel Xeon, family 6 model 207), 0.962x and 0.963x the time on 10,000 rows,
+        // (Intel Xeon, family 6 model 207), 0.961x and 0.963x the time on 10,000 rows,
         // 0.974x and 0.977x on a million.
         let ring = shard.ring();
         out.extend((0..n).map(|_| {
