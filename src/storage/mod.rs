@@ -1596,6 +1596,8 @@ impl Storage {
         }
         let mut streams = StreamWords::new(self);
         if !streams.quiet(at) {
+            // A stream is announced in a shard of the block: the rows it is writing
+            // are busy (R1'), and only the others are copied.
             n = 0;
             for (j, (a, o)) in at.iter().zip(out.iter_mut()).enumerate() {
                 if let Ok(seen) = *o {
