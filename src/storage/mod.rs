@@ -416,7 +416,6 @@ fn readable(seen: Stamp, lap: u32, want: Want) -> Result<(), Miss> {
     }
 }
 
-/// The storage of one buffer.
 /// The raw priorities an append records in its rows' slots.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Raws<'a> {
@@ -437,6 +436,7 @@ impl Raws<'_> {
     }
 }
 
+/// The storage of one buffer.
 #[derive(Debug)]
 pub(crate) struct Storage {
     /// A shared region's process table, and this process's place in it (`shared/`).
