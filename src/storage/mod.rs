@@ -404,6 +404,12 @@ impl<'s> StreamWords<'s> {
 /// check): published, and the lap `want` accepts.
 #[inline(always)]
 fn readable(seen: Stamp, lap: u32, want: Want) -> Result<(), Miss> {
+    if seen.is_published() && seen.lap() == lap {
+        // The common case first, one compare of each: the row drawn, published. Mujoco
+        // `sample` 256 by callgrind 8 instructions a row fewer than the match below
+        // alone; alternating in one process, 0.98x the time in L2, 0.99x on a million.
+        return Ok(());
+    }
     if !seen.is_published() {
         // A dropped row (its editor died) will never be published: gone, not busy.
         let dropped = seen.is_dropped() && lap_cmp(seen.lap(), lap) != Cmp::Less;
