@@ -26,7 +26,7 @@
 //!
 //! An append whose first row is `s` first waits for each of its lanes' `tail == s`
 //! (with one collector per shard, as the API arranges, it never waits), and takes
-//! the lane's state into registers (a [`Turn`]). For each row it decides from the last
+//! the lane's state into registers (a [`Turn`](crate::storage::lanes::Turn)). For each row it decides from the last
 //! id and flags whether the row starts a trajectory, records the start in the table if
 //! so, and writes the trajectory word into the header with the row before publishing
 //! it. When all its rows are published it stores the state back, `count` with
@@ -201,7 +201,7 @@ impl Slice {
 
     /// Draws slices by priority (TorchRL `PrioritizedSliceSampler`), on the concurrent
     /// sum-trees of a prioritized buffer: every row has a priority, set, updated and
-    /// weighted as with [`Prioritized`](crate::sampler::Prioritized), and `over` says which rows
+    /// weighted as with [`Prioritized`], and `over` says which rows
     /// of a slice count. A draw that lands on a row no slice can start at (with
     /// `strict_length`, too near its trajectory's end) is drawn again: the trees are
     /// never changed by sampling. Every row of a slice carries the slice's importance
