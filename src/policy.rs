@@ -2,12 +2,15 @@
 //! the storage.
 //!
 //! [`WritePolicy`] is what a user chooses; [`PolicyEngine`] is that choice with its running
-//! state, kept in the buffer's shared `State`. Every write path asks [`State::admit`](crate::state::State::admit)
-//! (appends: `add`, `extend`, a [`Writer`](crate::Writer)'s) or
+//! state, kept in the buffer's shared `State`. Every write path asks
+//! [`State::admit`](crate::state::State::admit) (appends: `add`, `extend`, a
+//! [`Writer`](crate::Writer)'s) or
 //! [`State::admit_rewrite`](crate::state::State::admit_rewrite) (`write_all`) first:
 //!
 //! - round robin lets the rows through to the ordinary append at the shard's cursor;
-//! - immutable refuses them with [`DataError::Immutable`](crate::error::DataError::Immutable) before anything changes;
+//! - immutable refuses them with
+//!   [`DataError::Immutable`](crate::error::DataError::Immutable) before anything
+//!   changes;
 //! - max value places them itself (`max_value.rs`), or reports them rejected;
 //!
 //! and on the way the buffer's inverse transforms run on a copy of the rows

@@ -448,9 +448,10 @@ impl ReplayBuffer {
         }
     }
 
-    /// Runs `op` on the current state until it is not refused as [`Retired`](crate::storage::freeze::Retired): a write
-    /// that raced a swap and found its storage retired is redone, whole, on the state
-    /// the swap published. It wrote nothing the first time.
+    /// Runs `op` on the current state until it is not refused as
+    /// [`Retired`](crate::storage::freeze::Retired): a write that raced a swap and
+    /// found its storage retired is redone, whole, on the state the swap published.
+    /// It wrote nothing the first time.
     #[inline]
     pub(crate) fn retrying<T, E>(
         &self,

@@ -26,10 +26,10 @@
 //!
 //! An append whose first row is `s` first waits for each of its lanes' `tail == s`
 //! (with one collector per shard, as the API arranges, it never waits), and takes
-//! the lane's state into registers (a [`Turn`](crate::storage::lanes::Turn)). For each row it decides from the last
-//! id and flags whether the row starts a trajectory, records the start in the table if
-//! so, and writes the trajectory word into the header with the row before publishing
-//! it. When all its rows are published it stores the state back, `count` with
+//! the lane's state into registers (a [`Turn`](crate::storage::lanes::Turn)). For each
+//! row it decides from the last id and flags whether the row starts a trajectory,
+//! records the start in the table if so, and writes the trajectory word into the
+//! header with the row before publishing it. When all its rows are published it stores the state back, `count` with
 //! Release, and last `tail = s + steps` with Release. The next append's Acquire load
 //! of `tail` orders all of that before its own decisions; a sample sees the append's
 //! rows from then on.

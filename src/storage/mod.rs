@@ -277,7 +277,7 @@ pub(crate) struct Located {
     /// prefetches and the read.
     pub(crate) offset: usize,
     /// The draw's shard and sequence number, for the checks against streaming
-    /// appends ([`Storage::streamed`]).
+    /// appends ([`StreamWords`]).
     pub(crate) shard: u32,
     pub(crate) seq: u64,
 }
@@ -414,28 +414,37 @@ impl<'s> StreamWords<'s> {
             })
     }
 
-    /// The sequence number of the row whose stamp `seen` a read of `at` found
-    /// ([`Storage::seq_seen`]), with `at`'s shard's words loaded.
-    #[inline(always)]
-    fn seq_seen(&mut self, at: &Located, seen: Stamp) -> u64 {
-        self.of(at.shard);
-        at.seq + u64::from(seen.lap().wrapping_sub(at.lap)) * self.steps
-    }
-
     /// R1': whether a streaming append is writing the row whose stamp `seen` a read
     /// of `at` found readable.
     #[inline(always)]
     fn writing(&mut self, at: &Located, seen: Stamp) -> bool {
-        let seq = self.seq_seen(at, seen);
-        self.on && self.rows.contains(&seq)
+        self.writing_lap(at, seen, 0)
     }
 
     /// R2': whether a streaming append is writing the next lap of that row.
     #[inline(always)]
     fn writing_next_lap(&mut self, at: &Located, seen: Stamp) -> bool {
-        let seq = self.seq_seen(at, seen);
-        self.on && self.rows.contains(&(seq + self.steps))
+        self.writing_lap(at, seen, 1)
     }
+
+    /// Whether a streaming append is writing the row `laps` laps after the one whose
+    /// stamp `seen` a read of `at` found; loads nothing where no append may stream.
+    #[inline(always)]
+    fn writing_lap(&mut self, at: &Located, seen: Stamp, laps: u64) -> bool {
+        if !self.on {
+            return false;
+        }
+        self.of(at.shard);
+        let seq = seq_seen(at, seen, self.steps) + laps * self.steps;
+        self.rows.contains(&seq)
+    }
+}
+
+/// The sequence number of the row whose stamp `seen` a read of `at` found, in a ring
+/// of `steps` steps: the drawn one, or with `Want::AtLeast` a later lap's.
+#[inline(always)]
+fn seq_seen(at: &Located, seen: Stamp, steps: u64) -> u64 {
+    at.seq + u64::from(seen.lap().wrapping_sub(at.lap)) * steps
 }
 
 /// Whether a read that began from stamp `seen` may copy the row of lap `lap` (R1's
@@ -1539,11 +1548,15 @@ impl Storage {
         let stamp = self.stamp(at.slot);
         let seen = stamp::begin_read(stamp);
         readable(seen, at.lap, want)?;
-        let seq = self.streamed(&at, seen)?;
+        // R1': a stream's stamp may be visible before its bytes.
+        if StreamWords::new(self).writing(&at, seen) {
+            return Err(Miss::Busy);
+        }
         copy(at.slot);
-        // R2, then the stream words before R3 (see `not_streamed_over`).
+        // R2, then the stream words before R3 (R2': a stream marks no slot, so a copy
+        // it raced may show the old stamp at R3, but then its words show it).
         stamp::copied();
-        if !self.not_streamed_over(&at, seq) {
+        if StreamWords::new(self).writing_next_lap(&at, seen) {
             // Being replaced: wait for the stream, as for a slot being written.
             Err(Miss::Busy)
         } else if stamp::still(stamp, seen) {
@@ -1553,28 +1566,11 @@ impl Storage {
         }
     }
 
-    /// R1's check against streaming appends, after the stamp `seen` of the row at
-    /// `at` was found readable: the sequence number of the row `seen` names, unless a
-    /// streaming append is writing it (its stamp may be visible before its bytes:
-    /// `docs/orderings.rs` §6).
-    #[inline(always)]
-    fn streamed(&self, at: &Located, seen: Stamp) -> Result<u64, Miss> {
-        if !self.may_stream() {
-            return Ok(at.seq);
-        }
-        let seq = self.seq_seen(at, seen);
-        if self.shards[at.shard as usize].stream().contains(&seq) {
-            return Err(Miss::Busy);
-        }
-        Ok(seq)
-    }
-
     /// The sequence number of the row whose stamp `seen` a read of `at` found: the
     /// drawn one, or with `Want::AtLeast` a later lap's.
     #[inline(always)]
     fn seq_seen(&self, at: &Located, seen: Stamp) -> u64 {
-        let laps = u64::from(seen.lap().wrapping_sub(at.lap));
-        at.seq + laps * self.shards[at.shard as usize].ring().steps
+        seq_seen(at, seen, self.shards[at.shard as usize].ring().steps)
     }
 
     /// Whether a streaming append is writing row `seq` of shard `k` (an appender of
@@ -1582,16 +1578,6 @@ impl Storage {
     #[inline(always)]
     fn streaming(&self, k: usize, seq: u64) -> bool {
         self.may_stream() && self.shards[k].stream().contains(&seq)
-    }
-
-    /// The check against streaming appends between R2 and R3: no stream is writing
-    /// the next lap of row `seq`. A stream marks no slot, so a copy it raced may show
-    /// the old stamp at R3; but then the stream's words show it (or its end, and R3
-    /// its stamp): `docs/orderings.rs` §6.
-    #[inline(always)]
-    fn not_streamed_over(&self, at: &Located, seq: u64) -> bool {
-        let shard = &self.shards[at.shard as usize];
-        !self.may_stream() || !shard.stream().contains(&(seq + shard.ring().steps))
     }
 
     /// Whether appends may stream here: rows with no frame or trajectory word.
