@@ -24,6 +24,9 @@ pub struct BenchArgs {
     pub configs: Vec<(usize, usize)>,
     /// Where the persist workload writes (default: the temporary directory).
     pub scratch: Option<std::path::PathBuf>,
+    /// Rows a second each collector of a concurrent workload extends at most (`None`:
+    /// as fast as it can, as WORKLOADS.md's workload does).
+    pub pace: Option<f64>,
 }
 
 const SYSTEM: &str = "replaybuf";
@@ -679,6 +682,8 @@ pub struct Setup {
     rb: ReplayBuffer,
     handles: Vec<Writer>,
     chunk: Batch,
+    /// Each collector's time per chunk at the least (`--pace`).
+    period: Option<Duration>,
 }
 
 impl Setup {
@@ -717,6 +722,15 @@ impl Setup {
             rb,
             handles,
             chunk,
+            period: None,
+        }
+    }
+
+    /// The same configuration, each collector extending at most `pace` rows a second.
+    pub fn paced(self, pace: Option<f64>) -> Setup {
+        Setup {
+            period: period(self.w, pace),
+            ..self
         }
     }
 
@@ -728,14 +742,15 @@ impl Setup {
     /// Runs this configuration's collectors for `secs` beside `learning`'s learners,
     /// which sample `learning`'s buffer: the same buffer, or another.
     fn run_beside(&self, learning: &Setup, secs: f64) -> Run {
-        let (handles, chunk) = (&self.handles, &self.chunk);
+        let (handles, chunk, period) = (&self.handles, &self.chunk, self.period);
         timed(
             self.w,
             (self.writers, learning.learners),
             secs,
             |k, stop| {
-                let mut n = 0usize;
+                let (mut n, mut pacer) = (0usize, Pacer::new(period));
                 while !stop.load(Ordering::Relaxed) {
+                    pacer.wait();
                     handles[k].extend(chunk).expect("extend");
                     n += 1;
                 }
@@ -743,6 +758,46 @@ impl Setup {
             },
             |l, stop| learner_loop(&learning.rb, learning.w, l, stop),
         )
+    }
+}
+
+/// The time a collector of workload `w` takes per chunk at the least, to extend at
+/// most `pace` rows a second (`None`: no least).
+fn period(w: Workload, pace: Option<f64>) -> Option<Duration> {
+    pace.map(|rows| Duration::from_secs_f64(w.chunk as f64 / rows))
+}
+
+/// Holds a collector to one chunk a `period` at most: each [`Pacer::wait`] returns at
+/// the chunk's turn, busy until then, as a collector stepping its simulators is. A
+/// collector that fell behind is not let catch up in a burst: its turns count on from
+/// when it came back.
+struct Pacer {
+    period: Option<Duration>,
+    next: Instant,
+}
+
+impl Pacer {
+    fn new(period: Option<Duration>) -> Pacer {
+        Pacer {
+            period,
+            next: Instant::now(),
+        }
+    }
+
+    /// Returns at the next chunk's turn.
+    fn wait(&mut self) {
+        let Some(period) = self.period else {
+            return;
+        };
+        let now = Instant::now();
+        if now >= self.next {
+            self.next = now + period;
+            return;
+        }
+        while Instant::now() < self.next {
+            std::hint::spin_loop();
+        }
+        self.next += period;
     }
 }
 
@@ -829,9 +884,10 @@ pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
     let mut configs: Vec<Config> = configs(args)
         .into_iter()
         .map(|(writers, learners)| Config {
-            setup: Setup::new(w, writers, learners, None),
-            apart: (writers > 0 && learners > 0).then(|| Setup::new(w, writers, 0, None)),
-            floor: (!w.prioritized()).then(|| Floor::new(w, writers, learners)),
+            setup: Setup::new(w, writers, learners, None).paced(args.pace),
+            apart: (writers > 0 && learners > 0)
+                .then(|| Setup::new(w, writers, 0, None).paced(args.pace)),
+            floor: (!w.prioritized()).then(|| Floor::new(w, writers, learners, args.pace)),
             totals: Default::default(),
         })
         .collect();
@@ -850,12 +906,13 @@ pub fn concurrent(args: &BenchArgs, w: Workload, name: &str) {
     for c in configs {
         let (writers, learners) = (c.setup.writers, c.setup.learners);
         let [run, apart, floor] = c.totals;
-        report(name, w, writers, learners, run);
+        let pace = args.pace;
+        report_as(SYSTEM, name, w, (writers, learners, pace), run);
         if c.apart.is_some() {
-            report_as(APART, name, w, writers, learners, apart);
+            report_as(APART, name, w, (writers, learners, pace), apart);
         }
         if c.floor.is_some() {
-            report_as(FLOOR, name, w, writers, learners, floor);
+            report_as(FLOOR, name, w, (writers, learners, pace), floor);
         }
     }
 }
@@ -888,11 +945,14 @@ pub struct Floor {
     learners: usize,
     ring: Vec<std::sync::atomic::AtomicU64>,
     chunk: Vec<u64>,
+    /// Each writer's time per chunk at the least, as [`Setup::paced`].
+    period: Option<Duration>,
 }
 
 impl Floor {
-    /// The configuration's ring, every word written, and the chunk its writers copy.
-    pub fn new(w: Workload, writers: usize, learners: usize) -> Floor {
+    /// The configuration's ring, every word written, and the chunk its writers copy,
+    /// each writer at most `pace` rows a second.
+    pub fn new(w: Workload, writers: usize, learners: usize, pace: Option<f64>) -> Floor {
         use std::sync::atomic::AtomicU64;
         let row = w.payload_bytes.div_ceil(8);
         Floor {
@@ -903,6 +963,7 @@ impl Floor {
                 .map(|i| AtomicU64::new(i as u64))
                 .collect(),
             chunk: (0..w.chunk * row).map(|i| i as u64 * 3).collect(),
+            period: period(w, pace),
         }
     }
 
@@ -912,15 +973,16 @@ impl Floor {
         let row = w.payload_bytes.div_ceil(8);
         let capacity = w.capacity;
         let part = capacity / self.writers.max(1);
-        let (ring, chunk) = (&self.ring, &self.chunk);
+        let (ring, chunk, period) = (&self.ring, &self.chunk, self.period);
         timed(
             w,
             (self.writers, self.learners),
             secs,
             |k, stop| {
                 let ring = &ring[k * part * row..][..part * row];
-                let (mut n, mut at) = (0usize, 0usize);
+                let (mut n, mut at, mut pacer) = (0usize, 0usize, Pacer::new(period));
                 while !stop.load(Ordering::Relaxed) {
+                    pacer.wait();
                     for r in chunk.chunks_exact(row) {
                         for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
                             dst.store(v, Ordering::Relaxed);
@@ -989,13 +1051,23 @@ fn prefetch_line<const NEXT: bool>(word: &std::sync::atomic::AtomicU64) {
 
 /// The JSON lines of one concurrent run.
 pub fn report(name: &str, w: Workload, writers: usize, learners: usize, run: Run) {
-    report_as(SYSTEM, name, w, writers, learners, run);
+    report_as(SYSTEM, name, w, (writers, learners, None), run);
 }
 
-/// [`report`] for `system`.
-fn report_as(system: &str, name: &str, w: Workload, writers: usize, learners: usize, mut run: Run) {
+/// [`report`] for `system`, of a run whose collectors extended at most `pace` rows a
+/// second each (tagged `pace_rows_per_s`).
+fn report_as(
+    system: &str,
+    name: &str,
+    w: Workload,
+    (writers, learners, pace): (usize, usize, Option<f64>),
+    mut run: Run,
+) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let tags = json!({"writers": writers, "learners": learners, "cores": cores});
+    let mut tags = json!({"writers": writers, "learners": learners, "cores": cores});
+    if let Some(rows) = pace {
+        tags["pace_rows_per_s"] = json!(rows);
+    }
     if writers > 0 {
         let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
         let mut extra = tags.clone();

@@ -66,6 +66,11 @@ enum Command {
         /// Concurrent configurations as WRITERSxLEARNERS (e.g. 1x1,8x8).
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
         configs: Vec<(usize, usize)>,
+        /// Rows a second each collector of the concurrent and concurrent-prioritized
+        /// workloads extends at most, as a collector stepping simulators at that rate
+        /// would (default: as fast as it can). Its lines are tagged `pace_rows_per_s`.
+        #[arg(long, value_parser = parse_pace)]
+        pace: Option<f64>,
     },
     /// A collector process of `bench --workload concurrent-shared` (internal).
     #[command(hide = true)]
@@ -200,6 +205,17 @@ fn parse_config(s: &str) -> Result<(usize, usize), String> {
     Ok((n(w)?, n(l)?))
 }
 
+/// A pace in rows a second: a finite number above zero (`1e6` and `1000000` alike).
+fn parse_pace(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(rows) if rows.is_finite() && rows > 0.0 => Ok(rows),
+        Ok(_) => Err(format!(
+            "`{s}`: a pace is a number of rows a second above zero"
+        )),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     match cli.command {
@@ -235,6 +251,7 @@ fn main() {
             rounds,
             configs,
             scratch,
+            pace,
         }) => bench(&BenchArgs {
             quick,
             workload,
@@ -242,6 +259,7 @@ fn main() {
             rounds: rounds as usize,
             configs,
             scratch,
+            pace,
         }),
     }
 }

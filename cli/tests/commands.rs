@@ -1,8 +1,8 @@
 //! The `replaybuf` command's subcommands on real checkpoints and regions: `inspect`,
 //! `shm list` and `shm remove`; the lines of a concurrent bench run in rounds, with
-//! its controls; and a single workload's lines, its paired extends and sample too.
-//! The library's side of each (what `inspect` and `shared::list` find) is tested in
-//! the library's own tests.
+//! its controls, and of one whose collectors keep a pace; and a single workload's
+//! lines, its paired extends and sample too. The library's side of each (what
+//! `inspect` and `shared::list` find) is tested in the library's own tests.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -196,6 +196,43 @@ fn a_concurrent_bench_reports_each_configuration_once_over_its_rounds() {
     let refused = replaybuf(&["bench", "--workload", "concurrent", "--rounds", "0"]);
     assert!(!refused.status.success());
     assert!(refused.stdout.is_empty());
+}
+
+#[test]
+fn a_paced_concurrent_bench_holds_each_collector_to_its_pace() {
+    let pace = 200_000.0;
+    let lines = bench_lines(&[
+        "--quick",
+        "--workload",
+        "concurrent-prioritized",
+        "--configs",
+        "1x0,1x1",
+        "--rounds",
+        "2",
+        "--seconds",
+        "0.6",
+        "--pace",
+        "2e5",
+    ]);
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    for j in &lines {
+        assert_eq!(j["pace_rows_per_s"].as_f64(), Some(pace), "{j}");
+        let rate = j["items_per_s"].as_f64().unwrap();
+        if j["op"] == "extend" {
+            // One chunk at each turn: a slice's first comes at once, the rest a
+            // period apart, so a little over the pace at most, and far from the
+            // millions of rows a second an unpaced collector writes.
+            assert!(rate <= pace * 1.1, "{j}");
+            assert!(rate >= pace * 0.5, "{j}");
+        } else {
+            assert!(rate > 0.0, "{j}");
+        }
+    }
+    for refused in ["0", "-5", "nan", "fast"] {
+        let out = replaybuf(&["bench", "--workload", "concurrent", "--pace", refused]);
+        assert!(!out.status.success(), "--pace {refused}");
+        assert!(out.stdout.is_empty(), "--pace {refused}");
+    }
 }
 
 #[test]
