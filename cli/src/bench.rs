@@ -749,8 +749,7 @@ impl Setup {
             secs,
             |k, stop| {
                 let (mut n, mut pacer) = (0usize, Pacer::new(period));
-                while !stop.load(Ordering::Relaxed) {
-                    pacer.wait();
+                while !stop.load(Ordering::Relaxed) && pacer.wait(stop) {
                     handles[k].extend(chunk).expect("extend");
                     n += 1;
                 }
@@ -768,36 +767,42 @@ fn period(w: Workload, pace: Option<f64>) -> Option<Duration> {
 }
 
 /// Holds a collector to one chunk a `period` at most: each [`Pacer::wait`] returns at
-/// the chunk's turn, busy until then, as a collector stepping its simulators is. A
-/// collector that fell behind is not let catch up in a burst: its turns count on from
-/// when it came back.
+/// the chunk's turn, busy until then, as a collector stepping its simulators is, or
+/// when the run stops. A collector that fell behind is not let catch up in a burst:
+/// its turns count on from when it came back.
 struct Pacer {
     period: Option<Duration>,
     next: Instant,
 }
 
 impl Pacer {
+    /// A pacer whose first turn comes a `period` from now: two turns never come
+    /// closer, so a run never passes the pace, however short.
     fn new(period: Option<Duration>) -> Pacer {
         Pacer {
             period,
-            next: Instant::now(),
+            next: Instant::now() + period.unwrap_or_default(),
         }
     }
 
-    /// Returns at the next chunk's turn.
-    fn wait(&mut self) {
+    /// Returns at the next chunk's turn (`true`), or once `stop` is set (`false`).
+    fn wait(&mut self, stop: &AtomicBool) -> bool {
         let Some(period) = self.period else {
-            return;
+            return true;
         };
         let now = Instant::now();
         if now >= self.next {
             self.next = now + period;
-            return;
+            return true;
         }
         while Instant::now() < self.next {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
             std::hint::spin_loop();
         }
         self.next += period;
+        true
     }
 }
 
@@ -981,8 +986,7 @@ impl Floor {
             |k, stop| {
                 let ring = &ring[k * part * row..][..part * row];
                 let (mut n, mut at, mut pacer) = (0usize, 0usize, Pacer::new(period));
-                while !stop.load(Ordering::Relaxed) {
-                    pacer.wait();
+                while !stop.load(Ordering::Relaxed) && pacer.wait(stop) {
                     for r in chunk.chunks_exact(row) {
                         for (dst, &v) in ring[at * row..][..row].iter().zip(r) {
                             dst.store(v, Ordering::Relaxed);
@@ -1072,6 +1076,10 @@ fn report_as(
         let per_op = run.secs * writers as f64 / run.extends.max(1) as f64;
         let mut extra = tags.clone();
         extra["items_per_s"] = json!((run.rows_written as f64 / run.secs).round() as u64);
+        if run.extends == 0 {
+            // A collector paced slower than the run is long: no extend to time.
+            extra["us_per_op"] = serde_json::Value::Null;
+        }
         emit_as(system, name, "extend", per_op, w.chunk, extra);
     }
     if learners > 0 {

@@ -205,12 +205,13 @@ fn parse_config(s: &str) -> Result<(usize, usize), String> {
     Ok((n(w)?, n(l)?))
 }
 
-/// A pace in rows a second: a finite number above zero (`1e6` and `1000000` alike).
+/// A pace in rows a second: a finite number, one or more (`1e6` and `1000000`
+/// alike). At one, a chunk's turn comes every 1,000 seconds at most.
 fn parse_pace(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(rows) if rows.is_finite() && rows > 0.0 => Ok(rows),
+        Ok(rows) if rows.is_finite() && rows >= 1.0 => Ok(rows),
         Ok(_) => Err(format!(
-            "`{s}`: a pace is a number of rows a second above zero"
+            "`{s}`: a pace is a number of rows a second, 1 or more"
         )),
         Err(e) => Err(format!("`{s}`: {e}")),
     }
