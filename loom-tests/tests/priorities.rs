@@ -17,11 +17,21 @@ use replaybuf::internals::sumtree::{Leaf, OwnedTree};
 use replaybuf::sampler::Prioritized;
 use replaybuf::ReplayBuffer;
 
-/// A 4-leaf tree (arity 2 under loom: level-1 entries over leaves 0-1 and 2-3)
-/// holding `masses`, all of lap 0, each with its mass as its priority.
+/// A 4-leaf tree (arity 2 under loom: sum entries over leaves 0-1 and 2-3 at level 1,
+/// the min and max trees' lowest level the root, over all four) holding `masses`, all
+/// of lap 0, each with its mass as its priority.
 fn four_leaves(masses: [u64; 4]) -> Arc<OwnedTree> {
-    let tree = OwnedTree::new(4);
-    let leaves: Vec<(Leaf, f64)> = masses.map(|m| (Leaf::new(0, m), m as f64)).to_vec();
+    leaves_of(&masses)
+}
+
+/// A tree of `masses.len()` leaves, as [`four_leaves`]. Of eight, the min and max
+/// trees have two levels: entries over leaves 0-3 and 4-7, and the root.
+fn leaves_of(masses: &[u64]) -> Arc<OwnedTree> {
+    let tree = OwnedTree::new(masses.len());
+    let leaves: Vec<(Leaf, f64)> = masses
+        .iter()
+        .map(|&m| (Leaf::new(0, m), m as f64))
+        .collect();
     tree.set_run(0, &leaves);
     Arc::new(tree)
 }
@@ -375,7 +385,12 @@ fn two_updates_race(first: u64, other: usize, to: u64) {
 
 /// [`two_updates_race`] from leaves of `masses`.
 fn two_updates_race_from(masses: [u64; 4], first: u64, other: usize, to: u64) {
-    let tree = four_leaves(masses);
+    two_updates_race_over(&masses, first, other, to);
+}
+
+/// [`two_updates_race`] from any number of leaves.
+fn two_updates_race_over(masses: &[u64], first: u64, other: usize, to: u64) {
+    let tree = leaves_of(masses);
     let setter = {
         let tree = tree.clone();
         loom::thread::spawn(move || assert!(tree.update(0, 0, first, 1.0)))
@@ -386,7 +401,7 @@ fn two_updates_race_from(masses: [u64; 4], first: u64, other: usize, to: u64) {
         tree.is_consistent(),
         "a min or max entry disagrees with its children"
     );
-    let mut masses = masses;
+    let mut masses = masses.to_vec();
     (masses[0], masses[other]) = (first, to);
     let (min, max) = (masses.iter().min(), masses.iter().max());
     assert_eq!((tree.min(), tree.max()), (*min.unwrap(), *max.unwrap()));
@@ -431,6 +446,24 @@ fn a_refresh_that_a_climb_overtook_still_carries_its_change_up() {
 #[test]
 fn two_climbs_to_the_root_keep_the_better() {
     run_model("climb vs climb", || two_updates_race(2, 3, 1));
+}
+
+/// The races above where the min and max trees have two levels (eight leaves): the
+/// raise of leaf 0, the minimum, refreshes the entry over leaves 0-3 and then the
+/// root, while leaf 4 climbs from the entry over 4-7 to the root.
+#[test]
+fn a_cousin_climbing_past_a_refresh_of_two_levels_keeps_the_min_tree_exact() {
+    run_model("climb vs refresh, two levels", || {
+        two_updates_race_over(&[5, 6, 7, 8, 9, 10, 11, 12], 13, 4, 1)
+    });
+}
+
+/// Two lowerings under different entries of the lowest level, meeting at the root.
+#[test]
+fn two_climbs_of_two_levels_keep_the_better() {
+    run_model("climb vs climb, two levels", || {
+        two_updates_race_over(&[5, 6, 7, 8, 9, 10, 11, 12], 2, 4, 1)
+    });
 }
 
 /// Two updates of one leaf: one lowers it from 5 to 2, below the entries above (a

@@ -263,16 +263,17 @@
 //!   claiming, so before this one claimed); an update counted after the read reads
 //!   this collector's raw words (stored before the fence; a store-buffering handshake,
 //!   the count read by read-modify-write under loom) and leaves the older row's leaf
-//!   alone. A node whose leaves are all its own it sets whole: its sum, min and max
-//!   entries first, by plain stores (the old leaves' mass is the sum entry's, exact
-//!   while nobody else changes them), then its leaves, `Release`: whoever changes one
-//!   of those leaves next read it, so its own change of the entries comes after. At
-//!   the run's edges, a `SeqCst` fence after a node's leaves stands for the
-//!   compare-exchanges before its entries are refreshed; after the whole nodes, one
-//!   fence before the levels above. An update that arrives while a collector is
-//!   counted marks the count; a collector that set whole nodes and finds the mark
-//!   (after that fence, a second handshake) refreshes their min and max entries, which
-//!   the update may have refreshed from leaves it read before their stores.
+//!   alone. A node whose leaves are all its own it sets whole: its sum entry first, by
+//!   a plain store (the old leaves' mass is the entry's, exact while nobody else
+//!   changes them), then its leaves, `Release`: whoever changes one of those leaves
+//!   next read it, so its own change of the entry comes after. At the run's edges, a
+//!   `SeqCst` fence after a node's leaves stands for the compare-exchanges before the
+//!   entries over them are refreshed; after the whole nodes, one fence. Then the
+//!   collector refreshes the min and max entries over its run's leaves (the trees'
+//!   lowest level covers 256 leaves, `sumtree/tree.rs`, "Min and max trees") and the
+//!   levels above: an update of a new row that refreshed one of those entries from
+//!   siblings it read before their stores meets that refresh as any two refreshes
+//!   meet, and the last to store has read every leaf the other stored before.
 //! - Beside learners' updates, most of a collector's leaves can still be plain
 //!   (`sumtree/tree.rs`, "Marked updates"). A shard's tree has four sets of marks, and
 //!   the count a marking bit for each. An update takes the bit of a free set (a

@@ -47,8 +47,10 @@ pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPLYBUF\0");
 /// is counted (`ShardWord::LeafTurn`, `ShardWord::LeafChangers`), or none but an
 /// updater that marked its leaves elsewhere (`ShardWord::MarksSet`, and the marks
 /// after each tree). 4: four sets of marks after each tree, for as many marking
-/// updaters at once, each with a bit of `LeafChangers` and of `MarksSet`.
-pub(crate) const FORMAT_VERSION: u64 = 4;
+/// updaters at once, each with a bit of `LeafChangers` and of `MarksSet`. 5: the min
+/// and max trees start at level 2, each entry there over `ARITY * ARITY` leaves, and
+/// their level-1 words are left unused (`sumtree/tree.rs`, "Min and max trees").
+pub(crate) const FORMAT_VERSION: u64 = 5;
 
 /// Header words of a region.
 pub(crate) const HEADER_WORDS: usize = 16;
@@ -127,8 +129,7 @@ pub(crate) enum ShardWord {
     /// from before their rows are published until their leaves are set (high 32
     /// bits), the updaters whose leaves are marked (bit `30 - s` for set `s` of the
     /// marks, bits 27 to 30), and other priority updates, re-masses and clears (low 27
-    /// bits); bit 31 marks an update that arrived while an appender was counted (see
-    /// `sumtree/tree.rs`). Zero in a region that never had one.
+    /// bits; see `sumtree/tree.rs`). Zero in a region that never had one.
     LeafChangers = 12,
     /// A prioritized buffer: bit `30 - s` is set while the marks of the updater
     /// holding set `s` (counted by the same bit of `LeafChangers`) are set in the

@@ -55,7 +55,9 @@
 //!   rows with `max_priority_within_buffer`) cannot be kept by deltas; their entries
 //!   are recomputed from their children and verified (`tree.rs`). They hold the
 //!   leaves' mass codes, which order as the masses do (the mantissa is normalised above
-//!   2^26), so that a refresh compares words without decoding them.
+//!   2^26), so that a refresh compares words without decoding them. They start at
+//!   level 2, each entry there over `ARITY * ARITY` leaves; their level-1 words are
+//!   laid out but unused (`tree.rs`, "Min and max trees").
 //! - Nodes are `ARITY` entries, two adjacent cache lines: a million leaves sit five
 //!   levels deep, and the top three stay cached. A sample reads the running totals of
 //!   one level near the top once (a *summit*, `tree.rs`), and each of its descents

@@ -25,6 +25,17 @@
 //!   which found the entry not yet improved and carried nothing) may leave the entry
 //!   better than its children, and the climber refreshes it as above. Once updates
 //!   settle, every entry equals its children's min or max.
+//!
+//!   The two trees start at level 2 (in a tree of two levels or more), each entry
+//!   there over `ARITY * ARITY` leaves; their level-1 words are unused. A collector's
+//!   new rows come in at the largest priority, so a learner's update of one lowers a
+//!   leaf among fresh ones: over sixteen leaves its entry was the fresh rows' and
+//!   the update climbed, a locked `fetch_max`, where over 256 the entry is most often
+//!   lower already (a learner beside an unpaced collector kept 93% of its rate alone
+//!   against 87%, `replaybuf bench --workload concurrent-prioritized`, MEASURED.md's
+//!   thirty-first session). A refresh at level 2 folds 256 leaves, 32 lines: one
+//!   update in 256 gives up its entry's extremum, where at level 1 one in 16 did,
+//!   over 2 lines.
 //! - **Raw priorities, then leaves.** The raw word is the truth and the leaf follows
 //!   it. A row's writer stores its raw word with a plain store while it holds the slot;
 //!   the next lap's writer waits for this row's publish, and an updater acts only on a
@@ -74,22 +85,17 @@
 //!   ordered, once a node.
 //! - **Whole nodes.** A node whose leaves are all the alone appender's new rows' it
 //!   sets whole ([`Tree::store_node`]), with no locked instruction and no load of a
-//!   leaf: its sum entry (the old leaves' mass is the entry's, exact while nobody else
-//!   changes them), min and max entries first, by plain stores, then the leaves, each
-//!   `Release`. Until a leaf is stored nobody else changes it or the entries above it
-//!   (an update of the new row finds its leaf not yet of its lap and is dropped);
-//!   whoever changes it after read it, and so the entries' stores: its own change of
-//!   an entry comes after them. After the run's nodes, one `SeqCst` fence orders the
-//!   entries before the refreshes of the levels above, this appender's and others'.
-//!   One thing the fence does not cover: an update of one of the node's new rows may
-//!   refresh the node's min or max from siblings whose stores it has not yet seen,
-//!   and store that. So an updater that arrives while an appender is counted marks
-//!   the count ([`TOUCHED`]) before changing anything, and the appender, after the
-//!   fence, reads the count again: marked, it refreshes each whole node's min and max
-//!   (the two refreshes meet as any two do); not marked, every updater that marks it
-//!   later reads all of this appender's stores (a second store-buffering handshake).
-//!   The check that the appender is alone clears the mark, by the read-modify-write
-//!   that reads the count.
+//!   leaf: its sum entry first (the old leaves' mass is the entry's, exact while
+//!   nobody else changes them), by a plain store, then the leaves, each `Release`.
+//!   Until a leaf is stored nobody else changes it or the entry above it (an update
+//!   of the new row finds its leaf not yet of its lap and is dropped); whoever changes
+//!   it after read it, and so the entry's store: its own change of the entry comes
+//!   after it. After the run's nodes, one `SeqCst` fence orders the leaves and entries
+//!   before the refreshes of the min and max entries over them and of the levels
+//!   above, this appender's and others'. An update of one of the node's new rows may
+//!   refresh an entry from siblings whose stores it has not yet seen, and store that:
+//!   the appender's own refresh, after its fence, then meets it as any two refreshes
+//!   meet, and the last to store has read every leaf the other stored before.
 //! - **Marked updates.** A learner's batch of updates holds the count for as long as
 //!   it runs, and a collector beside it often found it there and compare-exchanged
 //!   its 1,000 leaves: its extends took 1.12 times as long as those of a build that
@@ -156,10 +162,6 @@ const UPDATER: u64 = 1;
 /// module's "Marked updates"), a bit for each set of marks ([`marking`]), each taken
 /// by a `fetch_or`, and so by one updater at a time.
 const MARKING: u64 = ((1 << MARK_SLOTS) - 1) << (31 - MARK_SLOTS);
-/// The mark of an updater that arrived while an appender was counted: whole nodes an
-/// appender stored plainly meanwhile are checked again ([`Tree::change_run`]). Kept
-/// until the next appender that sets leaves plainly checks it is alone.
-const TOUCHED: u64 = 1 << 31;
 
 /// The unit of the updater holding set `slot` of the marks, in the leaf-changers word
 /// and in the marks-set word alike: bit `30 - slot`.
@@ -352,17 +354,15 @@ enum NodeChange {
     /// The leaves changed in mass by this much, modulo 2^64; the entries above them
     /// are still to follow.
     Leaves(i64),
-    /// The leaves and the entries above them were set ([`Tree::store_node`]): the sum
-    /// entry changed by `delta`, and each of the min and max entries changed or not.
-    Whole { delta: i64, extrema: [bool; 2] },
+    /// The leaves and the sum entry above them were set ([`Tree::store_node`]): the
+    /// entry changed by `delta`. The min and max entries are still to follow.
+    Whole { delta: i64 },
 }
 
-/// A whole node's new leaves and the entries above them: their sum, and their min and
-/// max as stored, in the order of the layout's `extrema()`.
+/// A whole node's new leaves and their sum.
 struct WholeNode {
     leaves: [Leaf; ARITY],
     sum: u64,
-    extrema: [u64; 2],
 }
 
 /// A min or max tree's combining rule.
@@ -438,27 +438,16 @@ impl<'a> Tree<'a> {
         self.layout
     }
 
-    /// Counts the caller among the leaf changers as `unit` until the guard drops; an
-    /// updater finding an appender counted marks the word [`TOUCHED`] before it
-    /// changes anything.
+    /// Counts the caller among the leaf changers as `unit` until the guard drops.
     ///
     /// `SeqCst`: see the module's "Plain leaves": an updater counted after an
-    /// appender's check reads that appender's raw words, and one that marks the word
-    /// after an appender's last check, its leaves.
+    /// appender's check reads that appender's raw words.
     fn count(&self, unit: u64) -> Changing<'a> {
         let word = self.layout.changers.map(|w| &self.words[w]);
         if let Some(word) = word {
-            Self::counted(word, word.fetch_add(unit, Ordering::SeqCst), unit);
+            word.fetch_add(unit, Ordering::SeqCst);
         }
         Changing { word, unit }
-    }
-
-    /// After the caller's unit `unit` was added to `word`, which held `before`: marks
-    /// the word [`TOUCHED`] if the caller is an updater and an appender is counted.
-    fn counted(word: &AtomicU64, before: u64, unit: u64) {
-        if before >= APPENDER && unit != APPENDER {
-            word.fetch_or(TOUCHED, Ordering::SeqCst);
-        }
     }
 
     /// Counts an appender among the leaf changers, from before its rows are published
@@ -506,7 +495,6 @@ impl<'a> Tree<'a> {
                 break bit;
             }
         };
-        Self::counted(word, seen, bit);
         let slot = 30 - bit.trailing_zeros() as usize;
         let shift = self.layout.mark_shift;
         let mut set = [0u64; MARK_WORDS];
@@ -538,9 +526,6 @@ impl<'a> Tree<'a> {
     /// may set its new rows' leaves with plain stores, and beside only updaters whose
     /// leaves are marked, those of runs none of them marked (see the module's "Plain
     /// leaves" and "Marked updates").
-    ///
-    /// Clears the word's [`TOUCHED`] mark: an updater that arrives from here on marks
-    /// it again.
     fn others_changing(&self) -> Others {
         let Some(w) = self.layout.changers else {
             return Others::Unknown;
@@ -549,7 +534,7 @@ impl<'a> Tree<'a> {
         // changer that left before (their changes happen before this appender's
         // loads) and of the marking updaters' counts, and orders this appender's raw
         // words before the count it reads: an updater counted later reads them.
-        let count = self.words[w].fetch_and(!TOUCHED, Ordering::SeqCst) & !TOUCHED;
+        let count = self.words[w].fetch_add(0, Ordering::SeqCst);
         let markers = count & MARKING;
         match count & !MARKING {
             APPENDER if markers == 0 => Others::None,
@@ -592,12 +577,6 @@ impl<'a> Tree<'a> {
     /// appender alone ([`Tree::others_changing`]). Called by that appender after a
     /// `SeqCst` fence that follows its plain stores: an updater that marks the word
     /// later reads them (see the module's "Plain leaves").
-    fn touched(&self) -> bool {
-        self.layout
-            .changers
-            .is_some_and(|w| crate::sync::handshake_load(&self.words[w]) & TOUCHED != 0)
-    }
-
     fn leaf_atomic(&self, i: usize) -> &AtomicU64 {
         &self.words[self.layout.leaf_word(i)]
     }
@@ -704,6 +683,20 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// The lowest level of the min and max trees: level 2, whose entries each cover
+    /// `ARITY * ARITY` leaves, in a tree of two levels or more; level 1 otherwise.
+    /// The min and max trees keep no level 1 under it.
+    #[inline(always)]
+    fn bottom(&self) -> usize {
+        self.layout.top().min(2)
+    }
+
+    /// The leaves under each entry of the min and max trees' lowest level.
+    #[inline(always)]
+    fn bottom_leaves(&self) -> usize {
+        ARITY.pow(self.bottom() as u32)
+    }
+
     fn extremum(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
         Self::encode(kind, self.entry(kind, level, j).load(Ordering::SeqCst))
     }
@@ -721,6 +714,20 @@ impl<'a> Tree<'a> {
     /// One pass over the node's words, the rule chosen once: what every refresh of an
     /// update runs two or three times.
     fn recompute(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
+        if level == self.bottom() && level > 1 {
+            let f = self.bottom_leaves();
+            let first = self.layout.leaf_word(0);
+            let (lo, hi) = (j * f, ((j + 1) * f).min(self.layout.leaves));
+            let leaves = &self.words[first + lo..first + hi];
+            return leaves
+                .chunks(ARITY)
+                .map(|node| {
+                    over_node(node, |leaves| {
+                        leaves_extremum(kind, leaves.iter().map(crate::sync::handshake_load))
+                    })
+                })
+                .fold(identity(kind), |a, b| combine(kind, a, b));
+        }
         let (word, size) = if level == 1 {
             (self.layout.leaf_word(0), self.layout.leaves)
         } else {
@@ -769,6 +776,20 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// Carries a change of leaves `lo..hi` up tree `kind`, from its lowest level to
+    /// the root, stopping at a level where nothing changed.
+    fn refresh_leaves(&self, kind: TreeKind, lo: usize, hi: usize) {
+        let (bottom, f) = (self.bottom(), self.bottom_leaves());
+        let (lo, hi) = (lo / f, (hi - 1) / f + 1);
+        let mut changed = false;
+        for j in lo..hi {
+            changed |= self.refresh(kind, bottom, j);
+        }
+        if changed && bottom < self.layout.top() {
+            self.refresh_above(kind, bottom + 1, lo, hi);
+        }
+    }
+
     /// Carries a change of entries `lo..hi` of level `level - 1` up tree `kind`,
     /// from `level` to the root, stopping at a level where nothing changed.
     #[inline(never)]
@@ -800,7 +821,9 @@ impl<'a> Tree<'a> {
     ///   refreshed from their children, up while they change.
     fn refresh_extrema_after(&self, leaf: usize, old: u64, new: u64) {
         for &kind in self.layout.extrema() {
-            let above = self.layout.entry_word(kind, 1, leaf / ARITY);
+            let above = self
+                .layout
+                .entry_word(kind, self.bottom(), leaf / self.bottom_leaves());
             self.refresh_extremum_after(kind, above, leaf, old, new);
         }
     }
@@ -824,12 +847,12 @@ impl<'a> Tree<'a> {
         if combine(kind, entry, new) != entry {
             self.climb(kind, leaf, new);
         } else if old == entry {
-            self.refresh_above(kind, 1, leaf, leaf + 1);
+            self.refresh_leaves(kind, leaf, leaf + 1);
         }
     }
 
     /// Improves the entries of tree `kind` above leaf `leaf` to its code `code`, from
-    /// level 1 up while `code` beats them.
+    /// the tree's lowest level up while `code` beats them.
     ///
     /// Each entry is improved by a `fetch_max` of its stored word (the min tree's are
     /// negated, so both trees improve upwards), and then the child it was improved
@@ -850,10 +873,15 @@ impl<'a> Tree<'a> {
     fn climb(&self, kind: TreeKind, leaf: usize, code: u64) {
         debug_assert_ne!(code, identity(kind), "an empty leaf beats no entry");
         let stored = Self::encode(kind, code);
+        let bottom = self.bottom();
         let mut j = leaf;
-        for level in 1..=self.layout.top() {
+        for level in bottom..=self.layout.top() {
             let child = j;
-            j /= ARITY;
+            j = if level == bottom {
+                leaf / self.bottom_leaves()
+            } else {
+                j / ARITY
+            };
             let entry = self.entry(kind, level, j);
             if entry.load(Ordering::SeqCst) >= stored
                 || entry.fetch_max(stored, Ordering::SeqCst) >= stored
@@ -861,7 +889,7 @@ impl<'a> Tree<'a> {
                 // As good already: whatever made it so carries itself up.
                 return;
             }
-            let holds = if level == 1 {
+            let holds = if level == bottom {
                 self.leaf(child).code() == code
             } else {
                 self.extremum(kind, level - 1, child) == code
@@ -944,7 +972,7 @@ impl<'a> Tree<'a> {
     }
 
     /// [`Tree::set_run`] of leaves all `leaf`: new rows of one priority, as rows
-    /// without priorities of their own are. A whole node's entries are worked out
+    /// without priorities of their own are. A whole node's sum is worked out
     /// once for the run.
     pub(crate) fn set_run_of(&self, first: usize, n: usize, leaf: Leaf, turn: bool) {
         self.set_run_with(first, n, |_| leaf, Some(leaf), turn);
@@ -1056,9 +1084,10 @@ impl<'a> Tree<'a> {
     /// with each node and its slots among them in turn, and carries the changes up the
     /// trees.
     ///
-    /// One pass, a node at a time: its leaves, then the sum entry and extrema above
-    /// them (unless `change` set them too), while the leaves are in cache; then the
-    /// levels above, aggregated.
+    /// One pass, a node at a time: its leaves, then the sum entry above them (unless
+    /// `change` set it too), while the leaves are in cache; then the sum levels above,
+    /// aggregated, and the min and max entries over the run's leaves, from the trees'
+    /// lowest level up.
     fn change_run(
         &self,
         first: usize,
@@ -1070,7 +1099,7 @@ impl<'a> Tree<'a> {
         }
         let end = first + n;
         let (lo, hi) = (first / ARITY, (end - 1) / ARITY + 1);
-        // The leaves' lines, and those of the entries above them at level 1, loading
+        // The leaves' lines, and those of the entries above them, loading
         // at once: a locked instruction on a line that misses waits out the miss
         // alone. New rows over rows whose priorities a learner spread change every
         // node's sum, min and max, 24 lines of entries over 1,000 rows (over rows of
@@ -1079,16 +1108,20 @@ impl<'a> Tree<'a> {
         // them loading, three runs alternating.
         let layout = &self.layout;
         self.prefetch_to_write(layout.leaf_word(first), layout.leaf_word(end - 1));
-        for &kind in std::iter::once(&TreeKind::Sum).chain(layout.extrema()) {
+        self.prefetch_to_write(
+            layout.entry_word(TreeKind::Sum, 1, lo),
+            layout.entry_word(TreeKind::Sum, 1, hi - 1),
+        );
+        let (bottom, f) = (self.bottom(), self.bottom_leaves());
+        for &kind in layout.extrema() {
             self.prefetch_to_write(
-                layout.entry_word(kind, 1, lo),
-                layout.entry_word(kind, 1, hi - 1),
+                layout.entry_word(kind, bottom, first / f),
+                layout.entry_word(kind, bottom, (end - 1) / f),
             );
         }
         let mut deltas: SmallVec<[i64; 64]> = SmallVec::with_capacity(hi - lo);
-        let mut changed = [false; 2];
-        // The nodes `change` set whole, with their entries: consecutive ones.
-        let mut whole = hi..lo;
+        // Whether `change` set any node whole, with its sum.
+        let mut whole = false;
         for node in lo..hi {
             let slots = (node * ARITY).max(first)..((node + 1) * ARITY).min(end);
             let delta = match change(node, slots) {
@@ -1098,66 +1131,41 @@ impl<'a> Tree<'a> {
                         self.entry(TreeKind::Sum, 1, node)
                             .fetch_add(delta as u64, Ordering::Relaxed);
                     }
-                    for (c, &kind) in changed.iter_mut().zip(self.layout.extrema()) {
-                        *c |= self.refresh(kind, 1, node);
-                    }
                     delta
                 }
-                NodeChange::Whole { delta, extrema } => {
-                    whole = whole.start.min(node)..node + 1;
-                    for (c, e) in changed.iter_mut().zip(extrema) {
-                        *c |= e;
-                    }
+                NodeChange::Whole { delta } => {
+                    whole = true;
                     delta
                 }
             };
             deltas.push(delta);
         }
-        if !whole.is_empty() {
+        if whole {
             // SYNC POINT: the leaves and entries stored plainly before the loads of
             // the refreshes below, and of the levels' above (see the module's "Plain
             // leaves"): what a compare-exchange of each would order, once.
             fence(Ordering::SeqCst);
-            // An updater of a new row, come after the appender's check, may have
-            // refreshed its node's min or max from siblings whose stores it had not
-            // yet seen: if one came, each node is checked again.
-            if self.touched() {
-                for node in whole {
-                    for (c, &kind) in changed.iter_mut().zip(self.layout.extrema()) {
-                        *c |= self.refresh(kind, 1, node);
-                    }
-                }
-            }
         }
         self.add_deltas(2, lo, &deltas);
-        for (&c, &kind) in changed.iter().zip(self.layout.extrema()) {
-            if c {
-                self.refresh_above(kind, 2, lo, hi);
-            }
+        for &kind in self.layout.extrema() {
+            self.refresh_leaves(kind, first, end);
         }
     }
 
-    /// A whole node of new leaves, `leaves`, with the entries they make.
+    /// A whole node of new leaves, `leaves`, with the sum they make.
     fn whole_node(&self, leaves: [Leaf; ARITY]) -> WholeNode {
-        let mut extrema = [0; 2];
-        for (e, &kind) in extrema.iter_mut().zip(self.layout.extrema()) {
-            *e = Self::encode(
-                kind,
-                leaves_extremum(kind, leaves.map(Leaf::bits).into_iter()),
-            );
-        }
         WholeNode {
             leaves,
             sum: leaves.iter().fold(0u64, |s, l| s.wrapping_add(l.value())),
-            extrema,
         }
     }
 
-    /// Sets node `node`'s leaves, all of them new rows', and the entries above them
-    /// (`whole`), by an appender alone in changing leaves: the entries first, each
-    /// with a plain store, and then the leaves, each with a `Release` store (see the
-    /// module's "Whole nodes"). Whoever changes a leaf next read its store, so the
-    /// entries' too: its own change of an entry comes after this one.
+    /// Sets node `node`'s leaves, all of them new rows', and the sum entry above them
+    /// (`whole`), by an appender alone in changing leaves: the entry first, with a
+    /// plain store, and then the leaves, each with a `Release` store (see the module's
+    /// "Whole nodes"). Whoever changes a leaf next read its store, so the entry's too:
+    /// its own change of the entry comes after this one. The min and max entries over
+    /// the node are its caller's to refresh ([`Tree::change_run`]).
     ///
     /// Reads no leaf: the old leaves' mass is the sum entry's, exact while nobody
     /// else changes them.
@@ -1169,15 +1177,6 @@ impl<'a> Tree<'a> {
         let entry = self.entry(TreeKind::Sum, 1, node);
         let old = entry.load(Ordering::Relaxed);
         crate::sync::store_beside_rmw(entry, whole.sum, Ordering::Relaxed);
-        let mut extrema = [false; 2];
-        let kinds = self.layout.extrema().iter().zip(whole.extrema);
-        for (changed, (&kind, want)) in extrema.iter_mut().zip(kinds) {
-            let entry = self.entry(kind, 1, node);
-            *changed = entry.load(Ordering::Relaxed) != want;
-            if *changed {
-                crate::sync::store_beside_rmw(entry, want, Ordering::Relaxed);
-            }
-        }
         let at = self.layout.leaf_word(node * ARITY);
         for (atomic, leaf) in self.words[at..at + ARITY].iter().zip(&whole.leaves) {
             debug_assert!(
@@ -1188,7 +1187,6 @@ impl<'a> Tree<'a> {
         }
         NodeChange::Whole {
             delta: whole.sum.wrapping_sub(old) as i64,
-            extrema,
         }
     }
 
@@ -1315,8 +1313,9 @@ impl<'a> Tree<'a> {
             .layout
             .extrema()
             .iter()
-            .map(|&kind| self.layout.entry_word(kind, 1, 0))
+            .map(|&kind| self.layout.entry_word(kind, self.bottom(), 0))
             .collect();
+        let f = self.bottom_leaves();
         // What an update writes: its leaf, its raw word, its sum entry on each level
         // below `dense`'s, and the min and max entries above the leaf. Each locked
         // instruction then finds its line ready instead of waiting out a miss, one
@@ -1341,7 +1340,7 @@ impl<'a> Tree<'a> {
                 j /= ARITY;
             }
             for &e in &extrema {
-                line(e + parent);
+                line(e + i / f);
             }
         };
         items.iter().take(UPDATES_AHEAD).for_each(prefetch);
@@ -1374,7 +1373,7 @@ impl<'a> Tree<'a> {
                 dense[j] = dense[j].wrapping_add(delta);
             }
             for (&kind, &first) in self.layout.extrema().iter().zip(&extrema) {
-                let above = first + u.leaf / ARITY;
+                let above = first + u.leaf / f;
                 self.refresh_extremum_after(kind, above, u.leaf, old.code(), new.code());
             }
         }
@@ -1702,13 +1701,18 @@ impl<'a> Tree<'a> {
         if max == 0 {
             return None;
         }
+        let (bottom, f) = (self.bottom(), self.bottom_leaves());
         let mut j = 0;
-        for level in (1..=self.layout.top()).rev() {
-            let children = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1));
+        for level in (bottom..=self.layout.top()).rev() {
+            let children = if level == bottom {
+                f * j..(f * (j + 1)).min(self.layout.leaves)
+            } else {
+                ARITY * j..(ARITY * (j + 1)).min(self.layout.size(level - 1))
+            };
             j = children
                 .clone()
                 .find(|&c| {
-                    let v = if level == 1 {
+                    let v = if level == bottom {
                         self.leaf(c).code()
                     } else {
                         self.extremum(TreeKind::Max, level - 1, c)
@@ -1748,7 +1752,12 @@ impl<'a> Tree<'a> {
                     .fold(0u64, u64::wrapping_add);
                 self.entry(TreeKind::Sum, level, j)
                     .store(sum, Ordering::Relaxed);
-                for &kind in self.layout.extrema() {
+                for &kind in self
+                    .layout
+                    .extrema()
+                    .iter()
+                    .filter(|_| level >= self.bottom())
+                {
                     let v = self.recompute(kind, level, j);
                     self.entry(kind, level, j)
                         .store(Self::encode(kind, v), Ordering::Relaxed);
@@ -1774,9 +1783,10 @@ impl<'a> Tree<'a> {
                     })
                     .fold(0u64, u64::wrapping_add);
                 sum == self.entry(TreeKind::Sum, level, j).load(Ordering::SeqCst)
-                    && self.layout.extrema().iter().all(|&kind| {
-                        self.recompute(kind, level, j) == self.extremum(kind, level, j)
-                    })
+                    && (level < self.bottom()
+                        || self.layout.extrema().iter().all(|&kind| {
+                            self.recompute(kind, level, j) == self.extremum(kind, level, j)
+                        }))
             })
         })
     }
