@@ -409,8 +409,8 @@ fn two_updates_race_over(masses: &[u64], first: u64, other: usize, to: u64) {
 
 #[test]
 fn sibling_updates_keep_the_min_tree_exact() {
-    // Leaves 0 and 1 share their level-1 entry, whose min is 5. One raises the old
-    // minimum; the other lowers its sibling to that same value, finds the entry
+    // Leaves 0 and 1 share their min entry (the root), whose min is 5. One raises the
+    // old minimum; the other lowers its sibling to that same value, finds the entry
     // already right, and stops. If the first could store the entry it computed before
     // the second's change without checking again, the entry would stay 6 above
     // children 9 and 5.
