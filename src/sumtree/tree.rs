@@ -573,10 +573,6 @@ impl<'a> Tree<'a> {
             })
     }
 
-    /// Whether an updater arrived beside an appender since the last check of an
-    /// appender alone ([`Tree::others_changing`]). Called by that appender after a
-    /// `SeqCst` fence that follows its plain stores: an updater that marks the word
-    /// later reads them (see the module's "Plain leaves").
     fn leaf_atomic(&self, i: usize) -> &AtomicU64 {
         &self.words[self.layout.leaf_word(i)]
     }
@@ -714,18 +710,11 @@ impl<'a> Tree<'a> {
     /// One pass over the node's words, the rule chosen once: what every refresh of an
     /// update runs two or three times.
     fn recompute(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
-        if level == self.bottom() && level > 1 {
-            let f = self.bottom_leaves();
-            let first = self.layout.leaf_word(0);
-            let (lo, hi) = (j * f, ((j + 1) * f).min(self.layout.leaves));
-            let leaves = &self.words[first + lo..first + hi];
-            return leaves
-                .chunks(ARITY)
-                .map(|node| {
-                    over_node(node, |leaves| {
-                        leaves_extremum(kind, leaves.iter().map(crate::sync::handshake_load))
-                    })
-                })
+        if level == 2 && self.bottom() == 2 {
+            // The lowest level, over `ARITY` nodes of leaves: level 1's fold of each.
+            let nodes = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(1));
+            return nodes
+                .map(|node| self.recompute(kind, 1, node))
                 .fold(identity(kind), |a, b| combine(kind, a, b));
         }
         let (word, size) = if level == 1 {
@@ -831,7 +820,7 @@ impl<'a> Tree<'a> {
     /// [`Tree::refresh_extrema_after`] in tree `kind`, whose entry above the leaf is
     /// word `above`: inlined into an update's loop, which looks up the word's level
     /// once for a batch, and most updates need no more than its one load. A climb or a
-    /// refresh (each about one update in sixteen, at random priorities) is a call.
+    /// refresh (each about one update in 256, at random priorities) is a call.
     #[inline(always)]
     fn refresh_extremum_after(
         &self,
@@ -1752,12 +1741,10 @@ impl<'a> Tree<'a> {
                     .fold(0u64, u64::wrapping_add);
                 self.entry(TreeKind::Sum, level, j)
                     .store(sum, Ordering::Relaxed);
-                for &kind in self
-                    .layout
-                    .extrema()
-                    .iter()
-                    .filter(|_| level >= self.bottom())
-                {
+                if level < self.bottom() {
+                    continue;
+                }
+                for &kind in self.layout.extrema() {
                     let v = self.recompute(kind, level, j);
                     self.entry(kind, level, j)
                         .store(Self::encode(kind, v), Ordering::Relaxed);
