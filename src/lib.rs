@@ -49,6 +49,7 @@ mod cpu;
 mod dtype;
 pub mod error;
 mod key;
+mod powers;
 mod rng;
 mod spec;
 mod sync;

@@ -19,6 +19,11 @@
 pub mod rows;
 pub mod tree;
 
+/// The buffer's powers (`src/powers.rs`), built here too: the plain step raises its
+/// weights and masses as the buffer does.
+#[path = "../../src/powers.rs"]
+mod powers;
+
 use std::time::{Duration, Instant};
 
 pub use rows::{PlainRows, PlainUniform, Shape};

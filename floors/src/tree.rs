@@ -12,10 +12,11 @@
 //!   (taken once a batch), then goes down a level at a time for the whole batch, each
 //!   next node prefetched, a node's children counted with AVX2 where the CPU has it;
 //! - copies the drawn rows' fields into the batch's columns, prefetching as the
-//!   buffer's reads do ([`PlainRows::gather`]), and weighs each row `(min / m)^beta`;
+//!   buffer's reads do ([`PlainRows::gather`]), and weighs each row `(min / m)^beta`,
+//!   the batch's powers taken together as the buffer takes them (`powers.rs`);
 //! - gives each drawn row a fresh priority, with the lines of the updates
-//!   [`UPDATES_AHEAD`] on prefetched: its raw priority, its mass `(p + eps)^alpha` as an
-//!   `f32` power, its leaf, the sums above it, and the minimums above it while they
+//!   [`UPDATES_AHEAD`] on prefetched: its raw priority, its mass `(p + eps)^alpha` (the
+//!   batch's powers taken together), its leaf, the sums above it, and the minimums above it while they
 //!   change (a lower child lowers an entry; only a child that rose from the entry's
 //!   value makes it look at all its children again).
 //!
@@ -23,7 +24,7 @@
 //! machine, in the same process and the same spells.
 
 use crate::rows::{prefetch_lines, Level, PlainRows, Shape};
-use crate::{huge_pages, xorshift, FreshPriorities};
+use crate::{huge_pages, powers, xorshift, FreshPriorities};
 
 /// Children of a node, as in the buffer's trees.
 pub const ARITY: usize = 16;
@@ -65,6 +66,8 @@ pub struct PlainPrioritized {
     /// Whether the CPU has AVX2 and POPCNT, for the picks.
     avx2: bool,
     weights: Vec<f32>,
+    /// The powers of an update's priorities, taken together.
+    powers: Vec<f64>,
 }
 
 impl PlainPrioritized {
@@ -101,6 +104,7 @@ impl PlainPrioritized {
             #[cfg(not(target_arch = "x86_64"))]
             avx2: false,
             weights: vec![0.0; shape.batch],
+            powers: Vec::with_capacity(shape.batch),
         };
         let mut level = vec![plain.mass(1.0); shape.capacity];
         let mut mins = level.clone();
@@ -121,7 +125,8 @@ impl PlainPrioritized {
 
     /// The mass of priority `p`.
     fn mass(&self, p: f64) -> u64 {
-        mass_of(p, self.alpha, self.eps, self.unit)
+        let x = powers::power(p + self.eps, f64::from(self.alpha));
+        mass_in_units(x, self.unit)
     }
 
     /// One learner step: a prioritized sample of the batch, then fresh priorities for
@@ -197,8 +202,9 @@ impl PlainPrioritized {
         self.rows.gather(&self.drawn);
         let min = self.mins.last().map_or(0, |m| m[0]);
         for (weight, &row) in self.weights.iter_mut().zip(&self.drawn) {
-            *weight = (min as f32 / self.sums[0][row] as f32).powf(self.beta);
+            *weight = (min as f64 / self.sums[0][row] as f64) as f32;
         }
+        powers::powers_f32(&mut self.weights, f64::from(self.beta));
         std::hint::black_box((self.rows.columns(), &self.weights));
     }
 
@@ -213,17 +219,22 @@ impl PlainPrioritized {
             sums,
             mins,
             raws,
+            powers,
             ..
         } = self;
         for &row in drawn.iter().take(UPDATES_AHEAD) {
             prefetch_update(sums, mins, raws, row);
         }
-        for (k, (&row, &p)) in drawn.iter().zip(fresh.next_batch()).enumerate() {
+        let priorities = fresh.next_batch();
+        powers.clear();
+        powers.extend(priorities.iter().map(|&p| p + eps));
+        powers::powers(powers, f64::from(alpha));
+        for (k, ((&row, &p), &x)) in drawn.iter().zip(priorities).zip(&*powers).enumerate() {
             if let Some(&ahead) = drawn.get(k + UPDATES_AHEAD) {
                 prefetch_update(sums, mins, raws, ahead);
             }
             raws[row] = p.to_bits();
-            let mass = mass_of(p, alpha, eps, unit);
+            let mass = mass_in_units(x, unit);
             let old = std::mem::replace(&mut sums[0][row], mass);
             let delta = mass.wrapping_sub(old);
             let mut node = row;
@@ -341,10 +352,9 @@ fn prefetch_update(sums: &[Words], mins: &[Words], raws: &[u64], row: usize) {
     }
 }
 
-/// The mass of priority `p`: `(p + eps)^alpha` as an `f32` power, in `unit`s, at least
-/// one.
-fn mass_of(p: f64, alpha: f32, eps: f64, unit: f64) -> u64 {
-    let x = f64::from(((p + eps) as f32).powf(alpha));
+/// The mass of a priority whose power `(p + eps)^alpha` is `x`: `x` in `unit`s, at
+/// least one.
+fn mass_in_units(x: f64, unit: f64) -> u64 {
     ((x * unit + 0.5) as u64).max(1)
 }
 

@@ -418,9 +418,8 @@ impl Core {
                     prioritized::redraw(&trees, shards, windows, &masses, rng)
                 };
                 let weigh = Weigh {
-                    state,
                     min,
-                    out: weight,
+                    out: &mut *weight,
                 };
                 self.gather(
                     draws,
@@ -431,7 +430,11 @@ impl Core {
                     generation,
                     index,
                     Some(weigh),
-                )
+                )?;
+                // The rows' ratios in, their weights out: the powers of the batch at
+                // once.
+                state.weigh(weight);
+                Ok(())
             }
             _ => {
                 let mut redraw = uniform_redraw(shards, windows, rng);
@@ -451,7 +454,7 @@ impl Core {
 
     /// Copies the drawn rows into rows `0..draws.len()` of `dest`. With `weigh`, the
     /// draws are prioritized: a draw must name the row its leaf belongs to, and each
-    /// row read gets its importance weight. `located` is room for where each draw's
+    /// row read gets its weight ratio (`prioritized::ratio`). `located` is room for where each draw's
     /// row lies, worked out once (prefetching and reading it used to split its sequence
     /// number three times: mujoco `sample` 256 in L2 6.6 -> 6.3 us).
     #[allow(clippy::too_many_arguments)]
@@ -625,15 +628,16 @@ pub(crate) struct Prepared<'a> {
 
 /// What a prioritized gather needs to weigh the rows it reads.
 pub(crate) struct Weigh<'a> {
-    state: &'a prioritized::Priorities,
     /// The smallest mass of any stored row, read before the draws.
     min: u64,
+    /// Each row's weight ratio (`prioritized::ratio`), which the gather's caller
+    /// raises to the weights.
     out: &'a mut [f32],
 }
 
 /// A prioritized read's check and weight for draw `d`, read with `stamp`, as output
 /// row `k`: a draw of no mass, or whose leaf's lap is not the row's, is not this row's
-/// (`Miss::Gone`); otherwise its importance weight lands in row `k`. Nothing without
+/// (`Miss::Gone`); otherwise its weight ratio lands in row `k`. Nothing without
 /// weights.
 #[inline(always)]
 fn weigh_row(weigh: &mut Option<Weigh<'_>>, d: Draw, stamp: Stamp, k: usize) -> Result<(), Miss> {
@@ -642,7 +646,7 @@ fn weigh_row(weigh: &mut Option<Weigh<'_>>, d: Draw, stamp: Stamp, k: usize) -> 
         if d.mass == 0 || stamp.lap() != d.lap {
             return Err(Miss::Gone);
         }
-        w.out[k] = w.state.weight(d.mass, w.min.min(d.mass));
+        w.out[k] = prioritized::ratio(d.mass, w.min.min(d.mass));
     }
     Ok(())
 }

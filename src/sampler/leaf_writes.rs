@@ -42,6 +42,8 @@ const REMASS_CHUNK_LEAVES: usize = 4096;
 pub(crate) struct UpdateRoom {
     /// The batch's updates, their masses worked out.
     items: Vec<Update>,
+    /// Their masses' powers, taken together (`MassFn::masses`).
+    powers: Vec<f64>,
     deltas: DeltaRoom,
 }
 
@@ -52,12 +54,14 @@ impl UpdateRoom {
     pub(crate) fn clear_for(&mut self, rows: usize) {
         self.items.clear();
         self.items.reserve(rows);
+        self.powers.clear();
+        self.powers.reserve(rows);
         self.deltas.clear_for(rows);
     }
 
     /// The room's capacity in bytes, for a caller that keeps rooms to bound.
     pub(crate) fn bytes(&self) -> usize {
-        room_bytes(&self.items) + self.deltas.bytes()
+        room_bytes(&self.items) + room_bytes(&self.powers) + self.deltas.bytes()
     }
 }
 
@@ -172,7 +176,7 @@ impl Priorities {
                     let mut f = self.mass_fn(tree);
                     loop {
                         let mut heavy = None;
-                        tree.remass_run(first, n, |p| keep_heavy(&f, p, &mut heavy));
+                        tree.remass_run(first, n, |p| keep_heavy(f.mass(p), &mut heavy));
                         if let Some(h) = heavy {
                             again |= self.lower_for(&f, h);
                         } else if self.word_after_writes() == f.scale() {
@@ -207,7 +211,7 @@ impl Priorities {
         while self.word_after_writes() != f.scale() {
             f = self.mass_fn(tree);
             let mut heavy = None;
-            redo(&mut |p| keep_heavy(&f, p, &mut heavy));
+            redo(&mut |p| keep_heavy(f.mass(p), &mut heavy));
             if let Some(h) = heavy {
                 owed |= self.lower_for(&f, h);
             }
@@ -238,7 +242,9 @@ impl Priorities {
             let mut heavy = None;
             for (k, tree) in trees.iter().enumerate() {
                 tree.rebuild(|i| match row(k, i) {
-                    Some((lap, p)) => Leaf::new(lap, keep_heavy(&f, p, &mut heavy).unwrap_or(0)),
+                    Some((lap, p)) => {
+                        Leaf::new(lap, keep_heavy(f.mass(p), &mut heavy).unwrap_or(0))
+                    }
                     None => Leaf::EMPTY,
                 });
             }
@@ -270,24 +276,31 @@ impl Priorities {
         }
         let tree = &trees[k];
         let mut owed = false;
-        let UpdateRoom { items, deltas } = room;
+        let UpdateRoom {
+            items,
+            powers,
+            deltas,
+        } = room;
         let mut heaviest = 0;
         let f = loop {
             let f = self.mass_fn(tree);
             let mut heavy = None;
             items.clear();
-            items.extend(rows.iter().map(|&(leaf, lap, p)| {
-                // The mass of the priority as the raw word keeps it.
-                let raw = raw_bits(lap, Some(p));
-                let mass = keep_heavy(&f, priority_in(raw), &mut heavy).unwrap_or(0);
+            // The masses of the priorities as the raw words keep them.
+            let raw = |&(_, lap, p): &(usize, u32, f64)| raw_bits(lap, Some(p));
+            let priorities = rows.iter().map(|row| priority_in(raw(row)));
+            f.masses(priorities, powers, |i, mass| {
+                let (leaf, lap, _) = rows[i];
+                let raw = raw(&rows[i]);
+                let mass = keep_heavy(mass, &mut heavy).unwrap_or(0);
                 heaviest = heaviest.max(mass);
-                Update {
+                items.push(Update {
                     leaf,
                     lap,
                     mass,
                     raw,
-                }
-            }));
+                });
+            });
             match heavy {
                 None => break f,
                 Some(h) => owed |= self.lower_for(&f, h),
@@ -353,10 +366,10 @@ impl Priorities {
     }
 }
 
-/// The mass of `p` under `f`, or `None` (and the heaviest such priority kept in
-/// `heavy`) if it is too heavy for `f`'s scale.
-fn keep_heavy(f: &MassFn, p: f64, heavy: &mut Option<TooHeavy>) -> Option<u64> {
-    match f.mass(p) {
+/// The mass `mass` gave, or `None` (and the heaviest such priority kept in `heavy`)
+/// if it is too heavy for its scale.
+fn keep_heavy(mass: Result<u64, TooHeavy>, heavy: &mut Option<TooHeavy>) -> Option<u64> {
+    match mass {
         Ok(m) => Some(m),
         Err(h) => {
             if heavy.is_none_or(|k| k.0 < h.0) {

@@ -39,7 +39,7 @@
 //! Once writes have returned, the total is at least `2^(top - 9)` units (unless the
 //! buffer is empty), so a row whose probability is at least `64 / 2^(top - 9)` has at
 //! least 64 units and is drawn within 0.8% of `x / sum` (the rounding's half unit; the
-//! 26-bit leaves and the `f32` power add under 1e-5): every row with a probability of
+//! 26-bit leaves add under 1e-8, the power under 1e-10): every row with a probability of
 //! at least `2^-(top - 15)`, about 3.7e-9 with a million leaves per shard and 1.8e-12
 //! with a thousand. Where the new rows' priority capped a raise, that priority's mass
 //! is about `2^(top - 3)` units and the same holds relative to it: a row whose `x` is
@@ -157,15 +157,14 @@ pub(crate) struct MassFn {
     exponent: i64,
     /// `2^exponent` as two factors, each a normal float.
     factors: (f64, f64),
-    /// `alpha` as an `f32`, for [`MassFn::mass`]'s fast path (`alpha` in `(0, 1)`, but
-    /// 0.5, whose powers are square roots).
-    alpha_f32: Option<f32>,
+    /// Whether bases within [`POWER_BASES`] take `powers.rs`'s power (`alpha` in
+    /// `(0, 1)`, but 0.5, whose powers are square roots).
+    takes_powers: bool,
 }
 
-/// Bases `p + eps` within `[F32_BASE_MIN, F32_BASE_MAX]` (`2^±100`) take the `f32`
-/// power (see [`MassFn::mass`]).
-const F32_BASE_MIN: f64 = pow2(-100);
-const F32_BASE_MAX: f64 = pow2(100);
+/// Bases `p + eps` that take `powers.rs`'s power (see [`MassFn::mass`]): `2^±100`, whose
+/// powers under `alpha` below 1 are normal and within that range too.
+const POWER_BASES: std::ops::RangeInclusive<f64> = pow2(-100)..=pow2(100);
 
 impl MassFn {
     pub(crate) fn new(scale: Scale, alpha: f64, eps: f64, value_max: u64) -> MassFn {
@@ -181,7 +180,7 @@ impl MassFn {
             value_max_f: value_max as f64,
             exponent,
             factors: (pow2(half), pow2(rest)),
-            alpha_f32: (alpha > 0.0 && alpha < 1.0 && alpha != 0.5).then_some(alpha as f32),
+            takes_powers: alpha > 0.0 && alpha < 1.0 && alpha != 0.5,
         }
     }
 
@@ -221,27 +220,72 @@ impl MassFn {
     /// The mass of priority `p` (finite, not negative, as a raw word keeps it) in
     /// leaf units; [`TooHeavy`] if it would pass the leaves' bound.
     ///
-    /// `(p + eps)^alpha` is exact for `alpha` 1 and 0.5, and otherwise an `f32` power
-    /// where both its base and result are far inside the `f32` range (a relative error
-    /// under 1e-5: `alpha` rounded to 24 bits moves `x^alpha` by at most
-    /// `|ln x| * 2^-24`), as fast as the old fixed point's; an `f64` power elsewhere, and
-    /// logarithms past the `f64` range: a positive priority never rounds to nothing
-    /// and a large one never overflows.
+    /// `(p + eps)^alpha` is exact for `alpha` 1 and 0.5, and otherwise `powers.rs`'s
+    /// power where its base is within `2^±100` (a relative error under 1e-10, the same
+    /// bits on every CPU and in [`MassFn::masses`]' batches); an `f64` power
+    /// elsewhere, and logarithms past the `f64` range: a positive priority never rounds
+    /// to nothing and a large one never overflows.
     #[inline]
     pub(crate) fn mass(&self, p: f64) -> Result<u64, TooHeavy> {
         let base = p + self.eps;
-        let f32_alpha = self
-            .alpha_f32
-            .filter(|_| (F32_BASE_MIN..=F32_BASE_MAX).contains(&base));
-        let x = match f32_alpha {
-            Some(alpha) => f64::from((base as f32).powf(alpha)),
+        let power = self
+            .takes_power(base)
+            .then(|| crate::powers::power(base, self.alpha));
+        self.mass_with(p, base, power)
+    }
+
+    /// The masses of priorities `ps`, each to `each` with its position, as
+    /// [`MassFn::mass`] gives it (the same bits), their powers taken together
+    /// (`powers.rs`: a vector of them at once). `room` holds the powers meanwhile.
+    pub(crate) fn masses<I>(
+        &self,
+        ps: I,
+        room: &mut Vec<f64>,
+        mut each: impl FnMut(usize, Result<u64, TooHeavy>),
+    ) where
+        I: Iterator<Item = f64> + Clone,
+    {
+        room.clear();
+        if self.takes_powers {
+            // The bases outside the power's range take one of 1 meanwhile, unused.
+            room.extend(ps.clone().map(|p| {
+                let base = p + self.eps;
+                if POWER_BASES.contains(&base) {
+                    base
+                } else {
+                    1.0
+                }
+            }));
+            crate::powers::powers(room, self.alpha);
+        }
+        for (i, p) in ps.enumerate() {
+            let base = p + self.eps;
+            each(
+                i,
+                self.mass_with(p, base, self.takes_power(base).then(|| room[i])),
+            );
+        }
+    }
+
+    /// Whether base `p + eps` takes `powers.rs`'s power.
+    #[inline(always)]
+    fn takes_power(&self, base: f64) -> bool {
+        self.takes_powers && POWER_BASES.contains(&base)
+    }
+
+    /// [`MassFn::mass`] of `p`, whose base `p + eps` is `base`, and whose power is
+    /// `power` where it takes `powers.rs`'s.
+    #[inline(always)]
+    fn mass_with(&self, p: f64, base: f64, power: Option<f64>) -> Result<u64, TooHeavy> {
+        let x = match power {
+            Some(x) => x,
             None if self.alpha == 1.0 => base,
             None if self.alpha == 0.5 => base.sqrt(),
             None => base.powf(self.alpha),
         };
-        // An `f32` power is normal: its base is within `2^±100` and `alpha` in
+        // `powers.rs`'s power is normal: its base is within `2^±100` and `alpha` in
         // `(0, 1)`.
-        let y = if f32_alpha.is_some() || x.is_normal() || base == 0.0 {
+        let y = if power.is_some() || x.is_normal() || base == 0.0 {
             x * self.factors.0 * self.factors.1
         } else {
             // Past the float range unscaled (alpha above 1, or p + eps overflowing):
@@ -350,7 +394,7 @@ mod tests {
     }
 
     #[test]
-    fn the_f32_power_is_within_1e_minus_5_of_the_f64_one() {
+    fn the_batched_power_is_within_1e_minus_10_of_the_f64_one() {
         for alpha in [0.6, 0.3, 0.9999, 1e-3] {
             for k in -400..=400 {
                 let base = 10f64.powf(f64::from(k) * 0.075);
@@ -366,9 +410,28 @@ mod tests {
                 let exact = base.powf(alpha) * 2f64.powi(g.exponent as i32);
                 let got = g.mass(base).unwrap() as f64;
                 assert!(
-                    (got - exact).abs() <= exact * 1e-5,
+                    (got - exact).abs() <= exact * 1e-10,
                     "{base:e}^{alpha}: {got} vs {exact}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_masses_is_each_mass() {
+        // Priorities in and out of the power's range, zero, and too heavy ones, under
+        // alphas that take the power and ones that do not.
+        let ps: Vec<f64> = (-700..700)
+            .map(|k| 10f64.powf(f64::from(k) * 0.43))
+            .chain([0.0, 1.0, 3.5, f64::MAX])
+            .collect();
+        for alpha in [0.6, 0.5, 1.0, 2.0, 1e-3] {
+            for (offset, eps) in [(0, 0.0), (-30, 1e-8), (40, 1e3)] {
+                let f = MassFn::new(Scale(0).next(offset), alpha, eps, value_max(1000));
+                let mut got = Vec::new();
+                f.masses(ps.iter().copied(), &mut Vec::new(), |_, m| got.push(m));
+                let each: Vec<_> = ps.iter().map(|&p| f.mass(p)).collect();
+                assert_eq!(got, each, "alpha {alpha}, eps {eps}");
             }
         }
     }

@@ -257,10 +257,24 @@ impl Priorities {
     }
 
     /// The importance weight of a row of mass `m`, given the smallest mass `min`:
-    /// `(min / m)^beta`, in `f32` (the weight's own precision).
+    /// `(min / m)^beta`, in `f32` (the weight's own precision), as
+    /// [`Priorities::weigh`] gives it from the row's [`ratio`].
     pub(crate) fn weight(&self, m: u64, min: u64) -> f32 {
-        (min as f32 / m as f32).powf(self.beta() as f32)
+        crate::powers::power(f64::from(ratio(m, min)), self.beta()) as f32
     }
+
+    /// Turns each [`ratio`] of `out` into its weight, `ratio^beta`: a batch's ratios
+    /// are taken as its rows are read, their powers together after (`powers.rs`).
+    pub(crate) fn weigh(&self, out: &mut [f32]) {
+        crate::powers::powers_f32(out, self.beta())
+    }
+}
+
+/// `min / m`, of a row of mass `m` given the smallest mass `min` (at most `m`): what
+/// its importance weight is a power of (see [`Priorities::weigh`]). Normal, as
+/// `powers.rs` wants: masses are at most 2^63.
+pub(crate) fn ratio(m: u64, min: u64) -> f32 {
+    (min as f64 / m as f64) as f32
 }
 
 /// The draws of one sample: a snapshot of the shard totals.
