@@ -1025,15 +1025,16 @@ impl<'a> Tree<'a> {
     }
 
     /// Brings the leaves of slots `first..first + n` to the masses of their raw words:
-    /// `mass_of(p)` for a priority `p`, none for a row without one. A leaf whose raw word
-    /// names another row (a new row's writer between publishing and setting its leaf,
-    /// which then sets it) is left alone, and so is one whose priority `mass_of` refuses
-    /// (`None`: too heavy for the caller's scale, which the caller then changes).
+    /// `mass_of(i, p)` for slot `i`'s priority `p`, none for a row without one. A leaf
+    /// whose raw word names another row (a new row's writer between publishing and
+    /// setting its leaf, which then sets it) is left alone, and so is one whose priority
+    /// `mass_of` refuses (`None`: too heavy for the caller's scale, which the caller
+    /// then changes).
     pub(crate) fn remass_run(
         &self,
         first: usize,
         n: usize,
-        mut mass_of: impl FnMut(f64) -> Option<u64>,
+        mut mass_of: impl FnMut(usize, f64) -> Option<u64>,
     ) {
         /// Raw words loading ahead: each sits in its own slot, a miss apart.
         const RAWS_AHEAD: usize = 8;
@@ -1213,7 +1214,7 @@ impl<'a> Tree<'a> {
 
     /// Brings slot `i`'s leaf to the mass of its raw word, if both name one row (see
     /// [`Tree::remass_run`]); the change in mass.
-    fn follow_raw(&self, i: usize, mass_of: &mut impl FnMut(f64) -> Option<u64>) -> i64 {
+    fn follow_raw(&self, i: usize, mass_of: &mut impl FnMut(usize, f64) -> Option<u64>) -> i64 {
         let (leaf, raw) = (self.leaf_atomic(i), self.raw_atomic(i));
         let mut delta = 0i64;
         loop {
@@ -1227,7 +1228,7 @@ impl<'a> Tree<'a> {
             }
             let mass = match p {
                 None => 0,
-                Some(p) => match mass_of(p) {
+                Some(p) => match mass_of(i, p) {
                     Some(m) => m,
                     None => return delta,
                 },
@@ -1713,10 +1714,10 @@ impl<'a> Tree<'a> {
         Some(j)
     }
 
-    /// Sets every leaf to `leaf_of(i)` and recomputes every entry of the three trees
-    /// from them, with plain stores: for a tree nobody else touches (a region being
-    /// recovered or loaded). Clears the marks, which an updater that died may have
-    /// left.
+    /// Sets every leaf to `leaf_of(i)`, asked of the slots in order, and recomputes
+    /// every entry of the three trees from them, with plain stores: for a tree nobody
+    /// else touches (a region being recovered or loaded). Clears the marks, which an
+    /// updater that died may have left.
     pub(crate) fn rebuild(&self, mut leaf_of: impl FnMut(usize) -> Leaf) {
         let marks = self.layout.marks..self.layout.end();
         for mark in &self.words[marks] {
@@ -2145,7 +2146,10 @@ mod tests {
         w[layout.raw_word(7)].store(raw_bits(2, Some(100.0)), Ordering::SeqCst);
         tree.clear(8, 1);
         // Masses of ten times the priority; priority 30 and up is "too heavy".
-        tree.remass_run(0, 40, |p| (p < 30.0).then_some((10.0 * p) as u64));
+        tree.remass_run(0, 40, |i, p| {
+            assert_eq!(p, i as f64, "slot {i}'s priority");
+            (p < 30.0).then_some((10.0 * p) as u64)
+        });
         for i in 0..40 {
             let want = match i {
                 7 => 1,
