@@ -33,13 +33,14 @@
 //! algos      sampler/ -> storage/ (+ lanes, member) -> sumtree/, region/,
 //!            shared/procs + liveness; batch
 //!            |
-//! base       sync, rng, dtype, key, spec, error/ (+ persist), docs
+//! base       sync, rng, cpu, powers, dtype, key, spec, error/ (+ persist), docs
 //! ```
 //!
 //! # Where a type lives, and why
 //!
 //! - **base** holds what every layer names and that names nothing of the crate above
 //!   it: the loom facade of atomics and locks (`sync.rs`), random streams (`rng.rs`),
+//!   what the CPU offers the vector paths (`cpu.rs`), a batch's powers (`powers.rs`),
 //!   dtypes, field [`Key`](crate::Key)s, the [`Spec`](crate::Spec) and its row
 //!   layout, every error type ([`PersistError`](crate::error::PersistError) in
 //!   `error/persist.rs`).
