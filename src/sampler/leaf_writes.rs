@@ -42,7 +42,9 @@ const REMASS_CHUNK_LEAVES: usize = 4096;
 pub(crate) struct UpdateRoom {
     /// The batch's updates, their masses worked out.
     items: Vec<Update>,
-    /// Their masses' powers, taken together (`MassFn::masses`).
+    /// Their priorities as the raw words keep them, and their masses' powers, taken
+    /// together (`MassFn::masses`).
+    priorities: Vec<f64>,
     powers: Vec<f64>,
     deltas: DeltaRoom,
 }
@@ -54,14 +56,19 @@ impl UpdateRoom {
     pub(crate) fn clear_for(&mut self, rows: usize) {
         self.items.clear();
         self.items.reserve(rows);
-        self.powers.clear();
-        self.powers.reserve(rows);
+        for room in [&mut self.priorities, &mut self.powers] {
+            room.clear();
+            room.reserve(rows);
+        }
         self.deltas.clear_for(rows);
     }
 
     /// The room's capacity in bytes, for a caller that keeps rooms to bound.
     pub(crate) fn bytes(&self) -> usize {
-        room_bytes(&self.items) + room_bytes(&self.powers) + self.deltas.bytes()
+        room_bytes(&self.items)
+            + room_bytes(&self.priorities)
+            + room_bytes(&self.powers)
+            + self.deltas.bytes()
     }
 }
 
@@ -295,6 +302,7 @@ impl Priorities {
         let mut owed = false;
         let UpdateRoom {
             items,
+            priorities,
             powers,
             deltas,
         } = room;
@@ -303,20 +311,19 @@ impl Priorities {
             let f = self.mass_fn(tree);
             let mut heavy = None;
             items.clear();
+            items.extend(rows.iter().map(|&(leaf, lap, p)| Update {
+                leaf,
+                lap,
+                mass: 0,
+                raw: raw_bits(lap, Some(p)),
+            }));
             // The masses of the priorities as the raw words keep them.
-            let raw = |&(_, lap, p): &(usize, u32, f64)| raw_bits(lap, Some(p));
-            let priorities = rows.iter().map(|row| priority_in(raw(row)));
+            priorities.clear();
+            priorities.extend(items.iter().map(|u| priority_in(u.raw)));
             f.masses(priorities, powers, |i, mass| {
-                let (leaf, lap, _) = rows[i];
-                let raw = raw(&rows[i]);
                 let mass = keep_heavy(mass, &mut heavy).unwrap_or(0);
                 heaviest = heaviest.max(mass);
-                items.push(Update {
-                    leaf,
-                    lap,
-                    mass,
-                    raw,
-                });
+                items[i].mass = mass;
             });
             match heavy {
                 None => break f,
@@ -358,13 +365,14 @@ impl Priorities {
             }
         };
         // A run's masses, their powers taken together, when its rows each have one.
-        let (mut masses, mut powers) = (Vec::new(), Vec::new());
+        let (mut priorities, mut masses, mut powers) = (Vec::new(), Vec::new(), Vec::new());
         for (r, &(first, n, lap)) in runs.iter().enumerate() {
             match &each {
                 Some(each) => {
+                    priorities.clear();
+                    priorities.extend((0..n).map(|j| quantize(each(r, j))));
                     masses.clear();
-                    let priorities = (0..n).map(|j| quantize(each(r, j)));
-                    f.masses(priorities, &mut powers, |_, m| {
+                    f.masses(&priorities, &mut powers, |_, m| {
                         // Masses grow with priorities: none passes the heaviest's.
                         masses.push(m.map_or(heaviest, |m| m.min(heaviest)));
                     });
@@ -410,7 +418,7 @@ impl ChunkMasses {
         read.clear();
         read.extend(priorities);
         masses.clear();
-        f.masses(read.iter().copied(), powers, |_, m| masses.push(m));
+        f.masses(read, powers, |_, m| masses.push(m));
     }
 
     /// The mass under `f` of priority `p`, that of the chunk's `k`-th slot: the one

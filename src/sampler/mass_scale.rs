@@ -237,18 +237,16 @@ impl MassFn {
     /// The masses of priorities `ps`, each to `each` with its position, as
     /// [`MassFn::mass`] gives it (the same bits), their powers taken together
     /// (`powers.rs`: a vector of them at once). `room` holds the powers meanwhile.
-    pub(crate) fn masses<I>(
+    pub(crate) fn masses(
         &self,
-        ps: I,
+        ps: &[f64],
         room: &mut Vec<f64>,
         mut each: impl FnMut(usize, Result<u64, TooHeavy>),
-    ) where
-        I: Iterator<Item = f64> + Clone,
-    {
+    ) {
         room.clear();
         if self.takes_powers {
             // The bases outside the power's range take one of 1 meanwhile, unused.
-            room.extend(ps.clone().map(|p| {
+            room.extend(ps.iter().map(|&p| {
                 let base = p + self.eps;
                 if POWER_BASES.contains(&base) {
                     base
@@ -258,7 +256,7 @@ impl MassFn {
             }));
             crate::powers::powers(room, self.alpha);
         }
-        for (i, p) in ps.enumerate() {
+        for (i, &p) in ps.iter().enumerate() {
             let base = p + self.eps;
             each(
                 i,
@@ -429,7 +427,7 @@ mod tests {
             for (offset, eps) in [(0, 0.0), (-30, 1e-8), (40, 1e3)] {
                 let f = MassFn::new(Scale(0).next(offset), alpha, eps, value_max(1000));
                 let mut got = Vec::new();
-                f.masses(ps.iter().copied(), &mut Vec::new(), |_, m| got.push(m));
+                f.masses(&ps, &mut Vec::new(), |_, m| got.push(m));
                 let each: Vec<_> = ps.iter().map(|&p| f.mass(p)).collect();
                 assert_eq!(got, each, "alpha {alpha}, eps {eps}");
             }
