@@ -10,7 +10,9 @@
 //! - An update for a row replaced since is dropped however many laps later it comes
 //!   (the leaves carry the full 32-bit lap, not 16 bits of it).
 //! - `set_alpha` racing appends and updates leaves every leaf with the mass its raw
-//!   priority has under the final alpha.
+//!   priority has under the final alpha, including a leaf whose priority an update
+//!   changed after the pass worked out its chunk's masses (which a pass that kept
+//!   the masses it worked out fails at once).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use replaybuf::internals::sumtree::{quantize, Leaf, OwnedTree};
@@ -394,4 +396,39 @@ fn an_update_racing_set_alpha_is_never_lost() {
         replaybuf::internals::masses_current(&rb),
         "a leaf disagrees with its row's priority"
     );
+}
+
+#[test]
+fn a_pass_racing_an_updates_last_batch_leaves_its_masses() {
+    // A pass (`set_alpha`) reads a chunk's raw priorities, works out their masses
+    // together, then brings each leaf to its row's: an update that lands between the
+    // two has set a new priority, and the pass must give that leaf the new priority's
+    // mass, not the one it worked out. Episode after episode, the pass in progress
+    // when the learner's last batch lands is the last to touch the leaves.
+    let rb = buffer(8, Prioritized::new(0.6, 1.0).eps(0.0));
+    rb.extend(&rows(&rb, 8)).unwrap();
+    let all = rb.get_many(&[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    for episode in 0..100u64 {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for k in 0..10u64 {
+                    let p: Vec<f64> = (0..8)
+                        .map(|j| ((episode * 80 + k * 8 + j) % 997) as f64 * 0.01 + 0.01)
+                        .collect();
+                    rb.update_priority(all.index(), all.generations(), &p)
+                        .unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                rb.set_alpha(0.6).unwrap();
+            }
+        });
+        assert!(
+            replaybuf::internals::masses_current(&rb),
+            "episode {episode}: a leaf keeps a mass its raw priority no longer has"
+        );
+    }
+    assert!(replaybuf::internals::priorities_consistent(&rb));
 }
