@@ -6,7 +6,8 @@
 //!   span less than its resolution (see `sampler/mass_scale.rs`): checked by draw
 //!   frequencies under a fixed seed, and exactly through the importance weights
 //!   (`beta = 1` makes a weight the ratio of two masses).
-//! - A positive priority never gets zero mass, whatever its size.
+//! - A positive priority never gets zero mass, whatever its size; an extend's rows,
+//!   each with a priority of its own, each get their own priority's mass.
 //! - An update for a row replaced since is dropped however many laps later it comes
 //!   (the leaves carry the full 32-bit lap, not 16 bits of it).
 //! - `set_alpha` racing appends and updates leaves every leaf with the mass its raw
@@ -428,6 +429,40 @@ fn a_pass_racing_an_updates_last_batch_leaves_its_masses() {
         assert!(
             replaybuf::internals::masses_current(&rb),
             "episode {episode}: a leaf keeps a mass its raw priority no longer has"
+        );
+    }
+    assert!(replaybuf::internals::priorities_consistent(&rb));
+}
+
+#[test]
+fn an_extends_rows_each_get_the_mass_of_their_own_priority() {
+    // New rows' masses are worked out a run at a time: an extend that wraps the ring
+    // (two runs) into a buffer of two shards, every row a priority of its own.
+    let spec = Spec::builder()
+        .field("id", DType::U32, [])
+        .field("td", DType::F32, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(24)
+        .shards(2)
+        .sampler(Prioritized::new(0.6, 0.4))
+        .priority_key("td")
+        .seed(5)
+        .build()
+        .unwrap();
+    let writer = rb.writer();
+    for round in 0..5u32 {
+        let mut b = rb.batch([10]);
+        b.set("id", &[round; 10]).unwrap();
+        let td: Vec<f32> = (0..10)
+            .map(|j| 0.05 + (round * 10 + j) as f32 * 0.11)
+            .collect();
+        b.set("td", &td).unwrap();
+        writer.extend(&b).unwrap();
+        assert!(
+            replaybuf::internals::masses_current(&rb),
+            "round {round}: a new row's leaf holds another row's mass"
         );
     }
     assert!(replaybuf::internals::priorities_consistent(&rb));
