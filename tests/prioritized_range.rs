@@ -33,6 +33,24 @@ fn buffer(capacity: usize, sampler: Prioritized) -> ReplayBuffer {
         .unwrap()
 }
 
+/// A buffer of two shards whose rows carry their priorities in field `td` (alpha 0.6,
+/// beta 0.4).
+fn with_td(capacity: usize, seed: u64) -> ReplayBuffer {
+    let spec = Spec::builder()
+        .field("id", DType::U32, [])
+        .field("td", DType::F32, [])
+        .build()
+        .unwrap();
+    ReplayBuffer::builder(spec)
+        .capacity(capacity)
+        .shards(2)
+        .sampler(Prioritized::new(0.6, 0.4))
+        .priority_key("td")
+        .seed(seed)
+        .build()
+        .unwrap()
+}
+
 fn rows(rb: &ReplayBuffer, n: usize) -> Batch {
     let mut b = rb.batch([n]);
     let ids: Vec<u32> = (0..n as u32).collect();
@@ -297,19 +315,7 @@ fn set_alpha_racing_appends_and_updates_leaves_every_mass_current() {
     // Collectors and a learner keep writing while alpha changes back and forth
     // (sometimes to the value it has): once all stop, every leaf holds the mass of its
     // row's raw priority under the last alpha, and the trees are exact.
-    let spec = Spec::builder()
-        .field("id", DType::U32, [])
-        .field("td", DType::F32, [])
-        .build()
-        .unwrap();
-    let rb = ReplayBuffer::builder(spec)
-        .capacity(256)
-        .shards(2)
-        .sampler(Prioritized::new(0.6, 0.4))
-        .priority_key("td")
-        .seed(3)
-        .build()
-        .unwrap();
+    let rb = with_td(256, 3);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         for w in 0..2u32 {
@@ -438,19 +444,7 @@ fn a_pass_racing_an_updates_last_batch_leaves_its_masses() {
 fn an_extends_rows_each_get_the_mass_of_their_own_priority() {
     // New rows' masses are worked out a run at a time: an extend that wraps the ring
     // (two runs) into a buffer of two shards, every row a priority of its own.
-    let spec = Spec::builder()
-        .field("id", DType::U32, [])
-        .field("td", DType::F32, [])
-        .build()
-        .unwrap();
-    let rb = ReplayBuffer::builder(spec)
-        .capacity(24)
-        .shards(2)
-        .sampler(Prioritized::new(0.6, 0.4))
-        .priority_key("td")
-        .seed(5)
-        .build()
-        .unwrap();
+    let rb = with_td(24, 5);
     let writer = rb.writer();
     for round in 0..5u32 {
         let mut b = rb.batch([10]);

@@ -16,9 +16,9 @@
 //!   the batch's powers taken together as the buffer takes them (`powers.rs`);
 //! - gives each drawn row a fresh priority, with the lines of the updates
 //!   [`UPDATES_AHEAD`] on prefetched: its raw priority, its mass `(p + eps)^alpha` (the
-//!   batch's powers taken together), its leaf, the sums above it, and the minimums above it while they
-//!   change (a lower child lowers an entry; only a child that rose from the entry's
-//!   value makes it look at all its children again).
+//!   batch's powers taken together), its leaf, the sums above it, and the minimums
+//!   above it while they change (a lower child lowers an entry; only a child that rose
+//!   from the entry's value makes it look at all its children again).
 //!
 //! No stamps, laps, atomics, retries or checks: the floor of the buffer's step on this
 //! machine, in the same process and the same spells.

@@ -454,9 +454,9 @@ impl Core {
 
     /// Copies the drawn rows into rows `0..draws.len()` of `dest`. With `weigh`, the
     /// draws are prioritized: a draw must name the row its leaf belongs to, and each
-    /// row read gets its weight ratio (`prioritized::ratio`). `located` is room for where each draw's
-    /// row lies, worked out once (prefetching and reading it used to split its sequence
-    /// number three times: mujoco `sample` 256 in L2 6.6 -> 6.3 us).
+    /// row read gets its weight ratio (`prioritized::ratio`). `located` is room for
+    /// where each draw's row lies, worked out once (prefetching and reading it used to
+    /// split its sequence number three times: mujoco `sample` 256 in L2 6.6 -> 6.3 us).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gather(
         &self,

@@ -393,12 +393,13 @@ impl Priorities {
 }
 
 /// The masses of a chunk of leaves, worked out before a pass brings the leaves to
-/// them ([`Priorities::remass`], [`Priorities::rebuild`]): the priorities the chunk's raw words held when read,
-/// and their masses under one function, their powers taken together
-/// ([`MassFn::masses`]). A slot whose raw word still holds the priority read takes its
-/// mass from here, one whose word moved since has its own worked out alone. (A pass
-/// over a million leaves, `set_alpha`: 27.7-29.3 ms with an `f32` `powf` a leaf,
-/// 35.2-35.8 with `powers.rs`'s one at a time, 27.2-28.1 with a chunk's together.)
+/// them ([`Priorities::remass`], [`Priorities::rebuild`]): the priorities the chunk's
+/// raw words held when read, and their masses under one function, their powers taken
+/// together ([`MassFn::masses`]). A slot whose raw word still holds the priority read
+/// takes its mass from here, one whose word moved since has its own worked out alone.
+/// (A pass over a million leaves, `set_alpha`: 27.7-29.3 ms with an `f32` `powf` a
+/// leaf, 35.2-35.8 with `powers.rs`'s one at a time, 27.2-28.1 with a chunk's
+/// together.)
 #[derive(Debug, Default)]
 struct ChunkMasses {
     priorities: Vec<f64>,
