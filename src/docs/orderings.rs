@@ -322,6 +322,20 @@
 //!   child again after each: a climb carries a value, not the children, so a child
 //!   that moved on meanwhile (the same leaf updated again by someone who found nothing
 //!   to carry yet) makes the climber refresh that entry from its children.
+//! - The refresh of an entry of the min and max trees' lowest level reads the 256
+//!   leaves below it, as `SeqCst` loads, and where the CPU has AVX2 four at a time,
+//!   one 32-byte load inside an `asm!` block (`sumtree/extremum.rs`). What the refresh
+//!   needs of each load is a `SeqCst` load's: that it reads the leaf after the
+//!   compare-exchange of the entry (or the fence) before it, so that of a leaf stored
+//!   before the other side's `SeqCst` fence or read-modify-write and this side's
+//!   compare-exchange, at least one side sees the other's write. On x86-64 a `SeqCst`
+//!   load is an ordinary load (the stores and read-modify-writes carry the order), and
+//!   so is the vector load: the block reads memory, so the compiler moves no access
+//!   across it; each aligned word of it is read whole; and x86 orders a vector load
+//!   after every locked instruction and fence before it, as it orders any load. The
+//!   order among the four words of one load is not fixed, and no argument here needs
+//!   one: each is about one leaf at a time. Loom and the sanitizer build
+//!   (`replaybuf_atomic_copy`) take the scalar loads.
 //! - A descent reads `Relaxed` and may see a parent and its children disagree; it
 //!   clamps to a child with mass, and the sample keeps a draw only if the leaf it
 //!   landed on has mass and its lap is the lap of the row the stamp shows. Otherwise it

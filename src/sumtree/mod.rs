@@ -69,6 +69,7 @@
 //!
 //! Layer: algos.
 
+mod extremum;
 mod pick;
 pub mod reference;
 pub(crate) mod tree;

@@ -111,6 +111,15 @@ pub(super) fn count_partial<const LEAVES: bool>(node: &[AtomicU64], t: u64) -> (
     (c, before)
 }
 
+/// Four words in one 32-byte load, for the other vector reads of the trees' words
+/// (`extremum.rs`).
+#[cfg(all(
+    target_arch = "x86_64",
+    not(replaybuf_loom),
+    not(replaybuf_atomic_copy)
+))]
+pub(super) use avx2::load as load_avx2;
+
 #[cfg(all(
     target_arch = "x86_64",
     not(replaybuf_loom),
@@ -132,7 +141,7 @@ mod avx2 {
     /// `p..p + 4` is inside one live slice of words; the CPU has AVX2.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn load(p: *const AtomicU64) -> __m256i {
+    pub(in crate::sumtree) unsafe fn load(p: *const AtomicU64) -> __m256i {
         let v: __m256i;
         // SAFETY: the caller's range is readable.
         unsafe {

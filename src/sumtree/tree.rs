@@ -406,28 +406,6 @@ fn over_node<R>(node: &[AtomicU64], f: impl Fn(&[AtomicU64]) -> R) -> R {
     }
 }
 
-/// The entry of min or max tree `kind` above a node of leaves whose words are
-/// `leaves`: a mass code, not yet encoded for storage.
-///
-/// A leaf's code is its low half; one without mass is empty, which for the min tree is
-/// `u64::MAX`: the min of the codes less one, wrapping, skips them (a code is below
-/// 2^32 - 1).
-#[inline(always)]
-fn leaves_extremum(kind: TreeKind, leaves: impl Iterator<Item = u64>) -> u64 {
-    let code = |w: u64| Leaf::from_bits(w).code();
-    match kind {
-        TreeKind::Min => {
-            let below = |w: u64| u64::from((code(w) as u32).wrapping_sub(1));
-            match leaves.fold(u64::from(u32::MAX), |acc, w| acc.min(below(w))) {
-                m if m == u64::from(u32::MAX) => u64::MAX,
-                m => m + 1,
-            }
-        }
-        TreeKind::Max => leaves.fold(0, |acc, w| acc.max(code(w))),
-        TreeKind::Sum => unreachable!("the sum tree is kept by deltas"),
-    }
-}
-
 impl<'a> Tree<'a> {
     pub(crate) fn new(words: &'a [AtomicU64], layout: &'a TreeLayout) -> Tree<'a> {
         debug_assert!(layout.end() <= words.len());
@@ -710,31 +688,26 @@ impl<'a> Tree<'a> {
     /// One pass over the node's words, the rule chosen once: what every refresh of an
     /// update runs two or three times.
     fn recompute(&self, kind: TreeKind, level: usize, j: usize) -> u64 {
-        if level == 2 && self.bottom() == 2 {
-            // The lowest level, over `ARITY` nodes of leaves: level 1's fold of each.
-            let nodes = ARITY * j..(ARITY * (j + 1)).min(self.layout.size(1));
-            return nodes
-                .map(|node| self.recompute(kind, 1, node))
-                .fold(identity(kind), |a, b| combine(kind, a, b));
+        if level == 1 || (level == 2 && self.bottom() == 2) {
+            // The leaves below: `ARITY` of them under level 1, `ARITY * ARITY` (level
+            // 1's nodes, folded as one run) under the lowest level of two.
+            let under = ARITY.pow(level as u32);
+            let first = (under * j).min(self.layout.leaves);
+            let end = (first + under).min(self.layout.leaves);
+            let word = self.layout.leaf_word(0);
+            return super::extremum::of_leaves(kind, &self.words[word + first..word + end]);
         }
-        let (word, size) = if level == 1 {
-            (self.layout.leaf_word(0), self.layout.leaves)
-        } else {
-            (
-                self.layout.entry_word(kind, level - 1, 0),
-                self.layout.size(level - 1),
-            )
-        };
-        let node = self.node(word, size, j);
+        let node = self.node(
+            self.layout.entry_word(kind, level - 1, 0),
+            self.layout.size(level - 1),
+            j,
+        );
         // Entries are stored encoded, the min tree's negated, so the min of the
         // entries is the negation of the max of their words.
-        match (kind, level == 1) {
-            (_, true) => over_node(node, |leaves| {
-                leaves_extremum(kind, leaves.iter().map(crate::sync::handshake_load))
-            }),
-            (TreeKind::Min, false) => !fold_node(node, 0, u64::max),
-            (TreeKind::Max, false) => fold_node(node, 0, u64::max),
-            (TreeKind::Sum, _) => unreachable!("the sum tree is kept by deltas"),
+        match kind {
+            TreeKind::Min => !fold_node(node, 0, u64::max),
+            TreeKind::Max => fold_node(node, 0, u64::max),
+            TreeKind::Sum => unreachable!("the sum tree is kept by deltas"),
         }
     }
 
