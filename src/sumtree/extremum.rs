@@ -47,7 +47,7 @@ pub(super) fn of_leaves(kind: TreeKind, leaves: &[AtomicU64]) -> u64 {
 /// `u64::MAX`: the min of the codes less one, wrapping, skips them (a code is below
 /// 2^32 - 1).
 #[inline(always)]
-pub(super) fn of_codes(kind: TreeKind, leaves: impl Iterator<Item = u64>) -> u64 {
+fn of_codes(kind: TreeKind, leaves: impl Iterator<Item = u64>) -> u64 {
     let code = |w: u64| Leaf::from_bits(w).code();
     match kind {
         TreeKind::Min => {
@@ -91,7 +91,6 @@ mod avx2 {
     /// The CPU has AVX2; `leaves.len()` is a multiple of [`LANES`].
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn of_leaves(kind: TreeKind, leaves: &[AtomicU64]) -> u64 {
-        let low = _mm256_set1_epi64x(0xFFFF_FFFF);
         let words = leaves.chunks_exact(LANES).map(|four| {
             // SAFETY: four words of a live slice; the caller's CPU has AVX2.
             unsafe { crate::sumtree::pick::load_avx2(four.as_ptr()) }
@@ -104,28 +103,28 @@ mod avx2 {
                     let below = _mm256_or_si256(_mm256_sub_epi32(v, one), high);
                     _mm256_min_epu32(acc, below)
                 });
-                let v = _mm_min_epu32(
-                    _mm256_castsi256_si128(least),
-                    _mm256_extracti128_si256::<1>(least),
-                );
-                let v = _mm_min_epu32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
-                let v = _mm_min_epu32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
-                super::from_below(u64::from(_mm_cvtsi128_si32(v) as u32))
+                super::from_below(u64::from(across(least, |a, b| _mm_min_epu32(a, b))))
             }
             TreeKind::Max => {
+                let low = _mm256_set1_epi64x(0xFFFF_FFFF);
                 let most = words.fold(_mm256_setzero_si256(), |acc, v| {
                     _mm256_max_epu32(acc, _mm256_and_si256(v, low))
                 });
-                let v = _mm_max_epu32(
-                    _mm256_castsi256_si128(most),
-                    _mm256_extracti128_si256::<1>(most),
-                );
-                let v = _mm_max_epu32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
-                let v = _mm_max_epu32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
-                u64::from(_mm_cvtsi128_si32(v) as u32)
+                u64::from(across(most, |a, b| _mm_max_epu32(a, b)))
             }
             TreeKind::Sum => unreachable!("the sum tree is kept by deltas"),
         }
+    }
+
+    /// The eight 32-bit lanes of `v` folded into one by `f` (an unsigned min or max),
+    /// halves against halves.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn across(v: __m256i, f: impl Fn(__m128i, __m128i) -> __m128i) -> u32 {
+        let v = f(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let v = f(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        let v = f(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+        _mm_cvtsi128_si32(v) as u32
     }
 }
 
