@@ -25,9 +25,14 @@ const ROWS: u64 = 640_000;
 const SMALL_ROWS: u64 = 64_000;
 
 fn spec() -> Spec {
+    spec_of(99)
+}
+
+/// [`spec`] with a payload of `bytes`.
+fn spec_of(bytes: usize) -> Spec {
     Spec::builder()
         .field("id", DType::U64, [])
-        .field("payload", DType::U8, [99])
+        .field("payload", DType::U8, [bytes])
         .field("flag", DType::Bool, [])
         .field("prio", DType::F32, [])
         .build()
@@ -37,9 +42,10 @@ fn spec() -> Spec {
 /// Fills `batch` with rows `ids`, every byte derived from the row's id.
 fn fill(batch: &mut Batch, ids: &[u64]) {
     batch.set("id", ids).unwrap();
+    let len = batch.spec().field("payload").unwrap().1.bytes() as u64;
     let payload: Vec<u8> = ids
         .iter()
-        .flat_map(|&i| (0..99u64).map(move |k| (i.wrapping_mul(131) + k) as u8))
+        .flat_map(|&i| (0..len).map(move |k| (i.wrapping_mul(131) + k) as u8))
         .collect();
     batch.set("payload", &payload).unwrap();
     let flag: Vec<bool> = ids.iter().map(|&i| i % 3 == 0).collect();
@@ -116,11 +122,16 @@ fn lapped_of(builder: replaybuf::ReplayBufferBuilder, rows: u64) -> ReplayBuffer
 /// Rows `rows..rows + more` appended to a lapped ring of `rows`, 777 at a time,
 /// which stream as `streamed` says (`internals::stream_of`), read back exactly.
 fn streamed_rows_read_back(rows: u64, more: u64, streamed: bool) {
-    let rb = lapped_of(ReplayBuffer::builder(spec()), rows);
-    assert_eq!(replaybuf::internals::stream_of(&rb, 777), Some(streamed));
     // Chunks that start and end inside lines: the stages' partial lines at either end.
+    streamed_rows_of_read_back(spec(), rows, more, 777, streamed);
+}
+
+/// [`streamed_rows_read_back`] of rows of `spec`, `chunk` at a time.
+fn streamed_rows_of_read_back(spec: Spec, rows: u64, more: u64, chunk: u64, streamed: bool) {
+    let rb = lapped_of(ReplayBuffer::builder(spec), rows);
+    assert_eq!(replaybuf::internals::stream_of(&rb, chunk), Some(streamed));
     let next = rows + more;
-    extend(&rb, rows..next, 777);
+    extend(&rb, rows..next, chunk);
     let ids = whole(&rb.read_all_in_order(None));
     assert_eq!(ids.len() as u64, rows);
     for (pos, &id) in ids.iter().enumerate() {
@@ -141,6 +152,17 @@ fn streamed_rows_read_back_exactly() {
 #[test]
 fn rows_streamed_through_the_cache_read_back_exactly() {
     streamed_rows_read_back(SMALL_ROWS, 30_001, false);
+}
+
+/// Rows of 992 bytes (a payload of 979), in slots of 1,000: a slot starts a line once
+/// in 8, and a stage holds 5. A stream gathers first the slots up to the next one
+/// that starts a line, 1 to 7 of them, no more than the stage holds (more were once
+/// an internal-error panic). Appends of 9 rows start at each offset from a line's
+/// start in turn, into a ring past the caches (40 MB) and one inside them.
+#[test]
+fn streams_starting_at_every_offset_in_a_line_read_back_exactly() {
+    streamed_rows_of_read_back(spec_of(979), 40_000, 9 * 24, 9, true);
+    streamed_rows_of_read_back(spec_of(979), 1_024, 9 * 24, 9, false);
 }
 
 /// Which appends stream: into the small ring, those it holds 64 of and no larger

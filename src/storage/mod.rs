@@ -1288,10 +1288,12 @@ impl Storage {
         let end = at + (len * ring.width) as usize * slot_bytes;
         let mut s = 0;
         while at < end {
-            // The first chunk ends where a slot starts a line, if one does soon.
+            // The first chunk ends where a slot starts a line, if one does soon, or
+            // where the stage is full: slots of 648 to 1,016 bytes that are odd
+            // multiples of 8 start a line once in 8, and a stage holds 5 to 7 of them.
             let to_line = (0..period).find(|&j| (at + j * slot_bytes).is_multiple_of(LINE_BYTES));
             let n = match to_line {
-                Some(j) if j > 0 => j,
+                Some(j) if j > 0 => j.min(chunk),
                 _ => chunk,
             };
             let n = n.min((end - at) / slot_bytes);
