@@ -4,7 +4,7 @@
 //! stream words, gathers them into a stage in L1 and stores the stage: into the large
 //! ring by non-temporal stores of its whole lines, which read nothing first, into the
 //! small one through the cache. These tests use such rings (640,000 rows of 120-byte
-//! slots, 77 MB; and 64,000, 7.7 MB) and check that what the stream writes reads back
+//! slots, 77 MB; and 64,000, 7.7 MB; and rows of 1 and 3 KB) and check that what the stream writes reads back
 //! exactly, priorities included; that readers racing it on the rows it overwrites get
 //! whole rows; and that an appender marking its slots behind it waits for it.
 //! `scripts/sanitize` runs this file under ThreadSanitizer and AddressSanitizer.
@@ -163,6 +163,20 @@ fn rows_streamed_through_the_cache_read_back_exactly() {
 fn streams_starting_at_every_offset_in_a_line_read_back_exactly() {
     streamed_rows_of_read_back(spec_of(979), 40_000, 9 * 24, 9, true);
     streamed_rows_of_read_back(spec_of(979), 1_024, 9 * 24, 9, false);
+}
+
+/// Rows of 3 KB (a payload of 3,059; slots of 3,080 bytes) stream too, a stage of 8
+/// of them at a time (the first lines up with the next slot to start a line), and so
+/// do slots of 4 KiB; longer ones do not. Appends of 3 rows, past the caches (37 MB)
+/// and inside them.
+#[test]
+fn streamed_rows_of_3_kb_read_back_exactly() {
+    streamed_rows_of_read_back(spec_of(3059), 12_000, 3 * 40, 3, true);
+    streamed_rows_of_read_back(spec_of(3059), 256, 3 * 40, 3, false);
+    let longest = lapped_of(ReplayBuffer::builder(spec_of(4075)), 256);
+    assert_eq!(replaybuf::internals::stream_of(&longest, 3), Some(false));
+    let longer = lapped_of(ReplayBuffer::builder(spec_of(4076)), 256);
+    assert_eq!(replaybuf::internals::stream_of(&longer, 3), None);
 }
 
 /// Which appends stream: into the small ring, those it holds 64 of and no larger

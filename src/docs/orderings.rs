@@ -159,7 +159,7 @@
 //! **Streams: appends that mark no slot.** Marking a slot (W1) reads its line, and a
 //! small row's slot is a line or three: for small rows those reads were half of an
 //! append's time. So the only appender in a shard, writing at least 4 KiB of rows of
-//! at most 1 KiB into a ring of at least 32 MiB, or into a smaller ring that holds at
+//! at most 4 KiB into a ring of at least 32 MiB, or into a smaller ring that holds at
 //! least 64 such appends, streams instead (`Storage::stream_rows`): it announces its
 //! rows in the shard's two stream words, sets each slot out whole in a stage in L1
 //! (stamp already published, raw priority, row), and stores the stage: into a ring of

@@ -106,21 +106,35 @@ const GROUP_BYTES: usize = 2048;
 const STAGE_BYTES: usize = 5120;
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 const STAGE_SLOTS: usize = 64;
-/// The staging buffer's bytes: [`STAGE_BYTES`], and a line for the first slot's offset
-/// in its line (the staged rows keep the slots' offsets in their lines, so that staged
-/// and stored lines coincide).
+/// The stack's room for a stream's two stages: a line period of slots of up to 1 KiB
+/// each ([`Storage::stage_slots`]), and a line for the first slot's offset in its line
+/// (the staged rows keep the slots' offsets in their lines, so that staged and stored
+/// lines coincide). Stages of longer slots take room on the heap (`stream_rows`): two
+/// stages of 4 KiB slots on the stack, 65 KiB, took every stream's 256 rows of 100
+/// bytes 2.31-2.54 us where 10 KiB took 2.13-2.19 (three runs alternating), whether
+/// the used stages lay together or apart.
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
-const STAGE_SPAN: usize = STAGE_BYTES + LINE_BYTES;
+const STACK_STAGE_SPAN: usize = LINE_SLOTS_MAX * 1024 + LINE_BYTES;
+/// The most slots after which a run of slots starts a line again: slots are whole
+/// words, and a line is 8 of them.
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+const LINE_SLOTS_MAX: usize = LINE_BYTES / 8;
 /// Appends of fewer bytes than this are not streamed: two fences and the staging
 /// buffer cost more than a few lines read for ownership. Under loom, whose rings are
 /// a few rows, appends of two rows or more stream and single rows do not, so that the
 /// models cover both protocols.
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 const STREAM_MIN_BYTES: usize = 4096;
-/// Slots longer than this are not streamed: a few of them fill the staging buffer, and
-/// their appends already run at the raw copy's speed or better (`append_rows`' own
-/// non-temporal stores take the largest fields).
-const STREAM_SLOT_BYTES: usize = 1024;
+/// Slots longer than this are not streamed: their fields are long enough for
+/// `append_rows`' own non-temporal stores ([`plan::STREAMING_FIELD_BYTES`]), and a
+/// stage of 8 of them is already 32 KiB. Measured (AMD EPYC family 25 model 17,
+/// 2026-12-02; 256-row appends into 512 MB rings, one process alternating half-second
+/// spells of the two builds with spells of the raw copy of the columns, medians):
+/// rows of 3 KB (slots of 3,080 bytes) 0.90x the raw copy streamed against 1.27x
+/// through the cache, 1 KB 0.77x against 0.98x; in an earlier build, 2 KB 0.90x
+/// against 1.13x and 1.5 KB 0.84x against 1.09x. (Stages of one such slot, each
+/// stored with partial lines at both ends, took 1.57x to 1.67x.)
+const STREAM_SLOT_BYTES: usize = 4096;
 
 /// Ends a streaming append that unwinds ([`Storage::stream_rows`]), dropping its rows.
 struct EndOnUnwind<'a> {
@@ -134,6 +148,12 @@ impl Drop for EndOnUnwind<'_> {
     }
 }
 
+/// How many slots of `slot_bytes` after one that starts a line the next one does.
+#[cfg(not(replaybuf_loom))]
+fn line_slots(slot_bytes: usize) -> usize {
+    LINE_BYTES / gcd(slot_bytes, LINE_BYTES)
+}
+
 /// The greatest common divisor of `a` and `b`.
 #[cfg(not(replaybuf_loom))]
 fn gcd(mut a: usize, mut b: usize) -> usize {
@@ -143,28 +163,27 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
     a
 }
 
-/// A streaming append's rows, gathered before they go to memory: lines aligned as
-/// the region's. Only its first bytes, as many as one run's stages take, are zeroed
-/// and used (`Stage::zeroed`).
+/// The stack's room for a streaming append's two stages ([`stages_in`]).
 #[cfg(not(replaybuf_loom))]
 #[repr(C, align(64))]
-struct Stage(std::mem::MaybeUninit<[u8; STAGE_SPAN]>);
+struct StackStages([std::mem::MaybeUninit<u8>; 2 * STACK_STAGE_SPAN]);
 
+/// A streaming append's two stages of `len` bytes in `room` (whose first byte starts
+/// a line, with room for both), the second from the line after the first's end,
+/// zeroed, the second empty unless `second`: every byte a stage stores is then
+/// initialised, padding included, and holds nothing from any other buffer's rows.
 #[cfg(not(replaybuf_loom))]
-impl Stage {
-    /// The stage's first `len` bytes (at most [`STAGE_SPAN`]), zeroed: every byte a
-    /// stage stores is then initialised, padding included, and holds nothing from
-    /// any other buffer's rows.
-    fn zeroed(&mut self, len: usize) -> &mut [u8] {
-        let len = len.min(STAGE_SPAN);
-        let at = self.0.as_mut_ptr().cast::<u8>();
-        // SAFETY: `len` bytes of the stage's own memory, written before the slice
-        // over them is made.
-        unsafe {
-            at.write_bytes(0, len);
-            std::slice::from_raw_parts_mut(at, len)
-        }
-    }
+fn stages_in(room: &mut [std::mem::MaybeUninit<u8>], len: usize, second: bool) -> [&mut [u8]; 2] {
+    let apart = len.next_multiple_of(LINE_BYTES);
+    let total = if second { apart + len } else { len };
+    let room = &mut room[..total];
+    room.fill(std::mem::MaybeUninit::new(0));
+    // SAFETY: every byte of `room` was just written; `MaybeUninit<u8>` has the layout
+    // of `u8`.
+    let all = unsafe { &mut *(std::ptr::from_mut(room) as *mut [u8]) };
+    let (first, rest) = all.split_at_mut(len);
+    let second = rest.get_mut(apart - len..).unwrap_or_default();
+    [first, second]
 }
 
 /// A streaming append's stage on its way to the region while the next is gathered
@@ -1151,16 +1170,22 @@ impl Storage {
         self.may_stream() && steps <= ring.steps && self.slot_bytes <= STREAM_SLOT_BYTES && large
     }
 
-    /// Slots a stage of a streaming append holds.
+    /// Slots a stage of a streaming append holds: [`STAGE_BYTES`] of them, and never
+    /// fewer than a line period, so that a stage's slots can end where a line starts
+    /// (slots of 648 to 1,016 bytes that are odd multiples of 8 start a line once in
+    /// 8, and 5,120 bytes held 5 to 7 of them; an append that began 6 or 7 slots short
+    /// of a line's start overran the stage).
     #[cfg(not(replaybuf_loom))]
     fn stage_slots(&self) -> usize {
-        (STAGE_BYTES / self.slot_bytes).clamp(1, STAGE_SLOTS)
+        (STAGE_BYTES / self.slot_bytes)
+            .max(line_slots(self.slot_bytes))
+            .min(STAGE_SLOTS)
     }
 
     /// [`Storage::append_rows`] for an appender alone in shard `k`, writing its slots
     /// without marking them: the shard's stream words announce the rows instead
     /// (`docs/orderings.rs` §6, "Streams"). Each slot's stamp, raw priority
-    /// and row are gathered in L1 ([`Stage`]), a stage's rows at a time, and the stage
+    /// and row are gathered in L1 ([`stages_in`]), a stage's rows at a time, and the stage
     /// stored whole: into a ring larger than the caches by non-temporal stores, which
     /// do not read the lines first, where marking the slot would have read every line
     /// of it; into a smaller ring through the cache, where the learners that sample
@@ -1192,16 +1217,23 @@ impl Storage {
         #[cfg(not(replaybuf_loom))]
         let past_caches = self.past_caches(&ring);
         #[cfg(not(replaybuf_loom))]
-        let mut stages = [
-            Stage(std::mem::MaybeUninit::uninit()),
-            Stage(std::mem::MaybeUninit::uninit()),
-        ];
+        let (mut stack, mut heap) = (
+            StackStages([std::mem::MaybeUninit::uninit(); 2 * STACK_STAGE_SPAN]),
+            Vec::new(),
+        );
         #[cfg(not(replaybuf_loom))]
         let mut stages = {
             let span = LINE_BYTES + self.stage_slots() * self.slot_bytes;
-            let [a, b] = &mut stages;
+            let room = if span <= STACK_STAGE_SPAN {
+                &mut stack.0[..]
+            } else {
+                heap.reserve_exact(2 * span + 2 * LINE_BYTES);
+                let spare = heap.spare_capacity_mut();
+                let lead = spare.as_ptr().align_offset(LINE_BYTES);
+                &mut spare[lead..]
+            };
             // The second stage only where one goes out while the next is gathered.
-            [a.zeroed(span), b.zeroed(if past_caches { span } else { 0 })]
+            stages_in(room, span, past_caches)
         };
         for (start, len) in shard::runs_of(&ring, first, steps) {
             if start.prev.is_none() {
@@ -1270,13 +1302,9 @@ impl Storage {
         // Slots a whole number of lines long together: chunks of them start and end on
         // line boundaries once one does, so that only a run's first and last lines
         // are stored in part (by ordinary stores, each of which reads its line).
-        let period = LINE_BYTES / gcd(slot_bytes, LINE_BYTES);
+        let period = line_slots(slot_bytes);
         let chunk = self.stage_slots();
-        let chunk = if chunk >= period {
-            chunk - chunk % period
-        } else {
-            chunk
-        };
+        let chunk = chunk - chunk % period;
         // A flat source's rows, a lane a step: consecutive.
         let flat = matches!(src.order, plan::RowOrder::Flat) && ring.width == 1;
         let mut rows = [0usize; STAGE_SLOTS];
@@ -1288,12 +1316,11 @@ impl Storage {
         let end = at + (len * ring.width) as usize * slot_bytes;
         let mut s = 0;
         while at < end {
-            // The first chunk ends where a slot starts a line, if one does soon, or
-            // where the stage is full: slots of 648 to 1,016 bytes that are odd
-            // multiples of 8 start a line once in 8, and a stage holds 5 to 7 of them.
+            // The first chunk ends where a slot starts a line, if one does soon: fewer
+            // slots than a stage holds (`stage_slots`, a line period at least).
             let to_line = (0..period).find(|&j| (at + j * slot_bytes).is_multiple_of(LINE_BYTES));
             let n = match to_line {
-                Some(j) if j > 0 => j.min(chunk),
+                Some(j) if j > 0 => j,
                 _ => chunk,
             };
             let n = n.min((end - at) / slot_bytes);
