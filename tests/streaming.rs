@@ -4,9 +4,10 @@
 //! stream words, gathers them into a stage in L1 and stores the stage: into the large
 //! ring by non-temporal stores of its whole lines, which read nothing first, into the
 //! small one through the cache. These tests use such rings (640,000 rows of 120-byte
-//! slots, 77 MB; and 64,000, 7.7 MB; and rows of 1 and 3 KB) and check that what the stream writes reads back
-//! exactly, priorities included; that readers racing it on the rows it overwrites get
-//! whole rows; and that an appender marking its slots behind it waits for it.
+//! slots, 77 MB; and 64,000, 7.7 MB; and rows of 1 and 3 KB) and check that what the
+//! stream writes reads back exactly, priorities included; that readers racing it on
+//! the rows it overwrites get whole rows; and that an appender marking its slots
+//! behind it waits for it.
 //! `scripts/sanitize` runs this file under ThreadSanitizer and AddressSanitizer.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
@@ -155,9 +156,9 @@ fn rows_streamed_through_the_cache_read_back_exactly() {
 }
 
 /// Rows of 992 bytes (a payload of 979), in slots of 1,000: a slot starts a line once
-/// in 8, and a stage holds 5. A stream gathers first the slots up to the next one
-/// that starts a line, 1 to 7 of them, no more than the stage holds (more were once
-/// an internal-error panic). Appends of 9 rows start at each offset from a line's
+/// in 8. A stream gathers first the slots up to the next one that starts a line, 1 to
+/// 7 of them, and its stage holds 8 (it held 5, and an append 6 or 7 slots short of a
+/// line's start overran it: an internal-error panic). Appends of 9 rows start at each offset from a line's
 /// start in turn, into a ring past the caches (40 MB) and one inside them.
 #[test]
 fn streams_starting_at_every_offset_in_a_line_read_back_exactly() {

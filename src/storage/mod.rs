@@ -106,15 +106,18 @@ const GROUP_BYTES: usize = 2048;
 const STAGE_BYTES: usize = 5120;
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
 const STAGE_SLOTS: usize = 64;
-/// The stack's room for a stream's two stages: a line period of slots of up to 1 KiB
-/// each ([`Storage::stage_slots`]), and a line for the first slot's offset in its line
+/// The stack's room for a stream's two stages: a line period of slots of up to
+/// [`STACK_STAGE_SLOT_BYTES`] each ([`Storage::stage_slots`]), and a line for the first slot's offset in its line
 /// (the staged rows keep the slots' offsets in their lines, so that staged and stored
 /// lines coincide). Stages of longer slots take room on the heap (`stream_rows`): two
 /// stages of 4 KiB slots on the stack, 65 KiB, took every stream's 256 rows of 100
 /// bytes 2.31-2.54 us where 10 KiB took 2.13-2.19 (three runs alternating), whether
 /// the used stages lay together or apart.
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
-const STACK_STAGE_SPAN: usize = LINE_SLOTS_MAX * 1024 + LINE_BYTES;
+const STACK_STAGE_SPAN: usize = LINE_SLOTS_MAX * STACK_STAGE_SLOT_BYTES + LINE_BYTES;
+/// The longest slots whose stages fit in [`STACK_STAGE_SPAN`].
+#[cfg_attr(replaybuf_loom, allow(dead_code))]
+const STACK_STAGE_SLOT_BYTES: usize = 1024;
 /// The most slots after which a run of slots starts a line again: slots are whole
 /// words, and a line is 8 of them.
 #[cfg_attr(replaybuf_loom, allow(dead_code))]
