@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use replaybuf::sampler::Prioritized;
-use replaybuf::{Batch, DType, ReplayBuffer, Spec};
+use replaybuf::{Batch, ReplayBuffer, Spec};
 
 mod common;
 
@@ -31,13 +31,7 @@ fn spec() -> Spec {
 
 /// [`spec`] with a payload of `bytes`.
 fn spec_of(bytes: usize) -> Spec {
-    Spec::builder()
-        .field("id", DType::U64, [])
-        .field("payload", DType::U8, [bytes])
-        .field("flag", DType::Bool, [])
-        .field("prio", DType::F32, [])
-        .build()
-        .unwrap()
+    common::payload_spec(bytes)
 }
 
 /// Fills `batch` with rows `ids`, every byte derived from the row's id.

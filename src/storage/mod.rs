@@ -1308,6 +1308,13 @@ impl Storage {
         let period = line_slots(slot_bytes);
         let chunk = self.stage_slots();
         let chunk = chunk - chunk % period;
+        // A stage of less than a line period would give chunks of no slots, and the
+        // loop below would never end (a stage of 5 slots of 1,000 bytes, before
+        // `stage_slots` held a period: tests/stream_sizes.rs then spun).
+        assert!(
+            chunk > 0,
+            "replaybuf internal error: a stage of no line period"
+        );
         // A flat source's rows, a lane a step: consecutive.
         let flat = matches!(src.order, plan::RowOrder::Flat) && ring.width == 1;
         let mut rows = [0usize; STAGE_SLOTS];

@@ -170,3 +170,16 @@ pub mod rewards {
         b
     }
 }
+
+/// Rows of an id, a payload of `bytes`, a flag and a priority (`prio`): rows of
+/// `bytes + 13` bytes, for the streaming tests' rows of any size.
+pub fn payload_spec(bytes: usize) -> replaybuf::Spec {
+    use replaybuf::DType;
+    replaybuf::Spec::builder()
+        .field("id", DType::U64, [])
+        .field("payload", DType::U8, [bytes])
+        .field("flag", DType::Bool, [])
+        .field("prio", DType::F32, [])
+        .build()
+        .unwrap()
+}
