@@ -159,6 +159,27 @@ fn new_rows_enter_with_the_max_priority() {
     assert_eq!(within.priority(2), Some(2.0), "the largest stored now");
 }
 
+/// `clear` forgets the largest priority seen: new rows after it enter at 1 again, as
+/// TorchRL's sampler starts over when its buffer is emptied.
+#[test]
+fn new_rows_after_a_clear_enter_with_the_initial_priority() {
+    let rb = buffer(8, Prioritized::new(1.0, 0.5));
+    rb.extend(&rows(&rb, 4, 0)).unwrap();
+    set(&rb, 3, 100.0);
+    rb.clear();
+    let written = rb.extend(&rows(&rb, 3, 4)).unwrap();
+    for i in written.iter() {
+        assert_eq!(rb.priority(i), Some(1.0), "row at {i}");
+    }
+    set(&rb, written.index(0), 7.0);
+    let next = rb.extend(&rows(&rb, 1, 7)).unwrap().index(0);
+    assert_eq!(
+        rb.priority(next),
+        Some(7.0),
+        "the largest seen since the clear"
+    );
+}
+
 /// A negative zero is a priority of zero: it must not become the largest seen (its
 /// bits, sign set, order above every positive priority's).
 #[test]

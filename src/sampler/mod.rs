@@ -171,8 +171,12 @@ impl SamplerEngine {
     }
 
     /// Forgets the running state that refers to stored rows (after `empty`): the open
-    /// without-replacement epoch ends.
+    /// without-replacement epoch ends, and new rows' priority is the initial one again,
+    /// not the largest seen before (TorchRL's `PrioritizedSampler._empty`).
     pub(crate) fn reset(&self) {
+        if let Some(state) = self.prioritized() {
+            state.forget_seen();
+        }
         match self {
             SamplerEngine::WithoutReplacement(epochs) => epochs.close(),
             SamplerEngine::Slice(slice::SliceState {

@@ -198,8 +198,7 @@ impl Priorities {
             .store(self.config.alpha.to_bits(), Ordering::SeqCst);
         self.word(Global::Beta)
             .store(self.config.beta.to_bits(), Ordering::Relaxed);
-        self.word(Global::MaxSeen)
-            .store(INITIAL_PRIORITY.to_bits(), Ordering::Relaxed);
+        self.forget_seen();
     }
 
     #[inline]
@@ -225,6 +224,13 @@ impl Priorities {
         self.word(Global::Beta)
             .store(beta.to_bits(), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Forgets every priority seen: new rows get the initial priority again (after
+    /// the buffer is emptied).
+    pub(crate) fn forget_seen(&self) {
+        self.word(Global::MaxSeen)
+            .store(INITIAL_PRIORITY.to_bits(), Ordering::Relaxed);
     }
 
     /// Records `p` as seen (for the priority of later new rows).
