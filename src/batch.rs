@@ -29,7 +29,9 @@ macro_rules! draw_accessors {
         $($crate::batch::draw_accessors!(@ $name);)*
     };
     (@ index) => {
-        /// The storage index of every row (sampled batches; empty otherwise).
+        /// The storage index of every row (sampled batches; empty otherwise):
+        /// [`PADDING_INDEX`](crate::batch::PADDING_INDEX) for a padding row after a
+        /// short slice, which a priority update skips.
         pub fn index(&self) -> &[u64] {
             &self.index
         }
@@ -52,6 +54,11 @@ macro_rules! draw_accessors {
 }
 
 pub(crate) use draw_accessors;
+
+/// The storage index of a padding row (after a short slice, `strict_length(false)`):
+/// no row's. A priority update skips rows of this index, so that a padded batch's
+/// indices, generations and priorities go back whole.
+pub const PADDING_INDEX: u64 = u64::MAX;
 
 /// One field's values for every row of a batch, 8-byte aligned so that any element
 /// type can be viewed in place; or, inside [`Batch::borrowing`], the caller's bytes.

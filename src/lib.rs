@@ -95,7 +95,7 @@ mod trainer;
 pub mod trajectories;
 pub mod typed;
 
-pub use batch::{Batch, Destination, View};
+pub use batch::{Batch, Destination, View, PADDING_INDEX};
 pub use buffer::{PriorityMass, ReplayBuffer, RowBytes};
 pub use builder::{ReplayBufferBuilder, MAX_SHARDS};
 pub use core::Written;

@@ -640,6 +640,61 @@ fn prioritized_windows_hold_the_heavy_row() {
     assert_eq!(firsts, (15..=18).collect());
 }
 
+/// A padded batch of a prioritized slice sampler (`strict_length(false)`) goes back
+/// to `update_priority` whole: its padding rows (index `PADDING_INDEX`) are skipped,
+/// its rows updated; through the priority field too, as a trainer's hook does.
+#[test]
+fn a_padded_slice_batch_updates_its_rows_and_skips_its_padding() {
+    use replaybuf::sampler::{Prioritized, SlicePriority};
+    let spec = Spec::builder()
+        .field("traj", DType::I64, [])
+        .field("td", DType::F32, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(32)
+        .seed(7)
+        .priority_key("td")
+        .sampler(
+            Slice::slice_len(4)
+                .traj_key("traj")
+                .strict_length(false)
+                .prioritized(Prioritized::new(1.0, 1.0), SlicePriority::Start),
+        )
+        .build()
+        .unwrap();
+    let mut b = rb.batch([3]);
+    b.set("traj", &[1i64, 1, 2]).unwrap();
+    b.set("td", &[1f32; 3]).unwrap();
+    rb.extend(&b).unwrap();
+    let mut sampled = rb.sample(8).unwrap();
+    let marks = sampled.marks().unwrap().to_vec();
+    let padding = marks.iter().filter(|m| !m.is_valid()).count();
+    assert!(padding > 0, "short trajectories give padded slices");
+    for (&i, m) in sampled.index().iter().zip(&marks) {
+        assert_eq!(i == replaybuf::PADDING_INDEX, !m.is_valid());
+    }
+    let done = rb
+        .update_priority(sampled.index(), sampled.generations(), &[5.0; 8])
+        .unwrap();
+    assert_eq!((done.applied, done.stale), (8 - padding, 0));
+    let rows: BTreeSet<u64> = sampled
+        .index()
+        .iter()
+        .copied()
+        .filter(|&i| i != replaybuf::PADDING_INDEX)
+        .collect();
+    for &i in &rows {
+        assert_eq!(rb.priority(i), Some(5.0), "row {i}");
+    }
+    sampled.column_mut::<f32>("td").unwrap().fill(2.0);
+    let done = rb.update_priority_from(&sampled).unwrap();
+    assert_eq!(done.applied, 8 - padding);
+    for &i in &rows {
+        assert_eq!(rb.priority(i), Some(2.0), "row {i}");
+    }
+}
+
 #[test]
 fn prioritized_and_without_replacement_do_not_mix() {
     use replaybuf::sampler::{Prioritized, SlicePriority, WithoutReplacement};

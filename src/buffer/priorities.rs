@@ -28,10 +28,11 @@ impl ReplayBuffer {
     /// [`Batch::generations`]); `priority` holds one value per row, or `k` per row
     /// (reduced by the sampler's reduction). A row that a collector has replaced (or
     /// that was emptied) since it was sampled is skipped and counted as stale: its
-    /// priority would belong to another row. NaN, infinite or negative priorities,
-    /// slices that do not line up, indices out of range, and rows this buffer never
-    /// held (an unwritten slot, or a generation ahead of the slot's) are refused, and
-    /// then nothing is changed.
+    /// priority would belong to another row. A padding row after a short slice (index
+    /// [`PADDING_INDEX`](crate::PADDING_INDEX)) is skipped and counted nowhere. NaN,
+    /// infinite or negative priorities, slices that do not line up, indices out of
+    /// range, and rows this buffer never held (an unwritten slot, or a generation
+    /// ahead of the slot's) are refused, and then nothing is changed.
     ///
     /// Skipping replaced rows, rather than refusing the update, is what a learner
     /// racing collectors needs: with a writer lapping a full ring, some rows of most

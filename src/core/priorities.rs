@@ -257,6 +257,12 @@ impl Core {
         // took 1.9 times the plain floor's update; 1.67 with it.
         let geometry = self.storage.geometry();
         for &i in index {
+            if i == crate::batch::PADDING_INDEX {
+                // Padding after a short slice: no row. Its place in `slots` is kept
+                // (the loop below walks them beside `index`) and never read.
+                slots.push((0, 0, 0));
+                continue;
+            }
             let Some(at) = geometry.locate(i) else {
                 let capacity = geometry.capacity();
                 return Err(PriorityError::OutOfRange { index: i, capacity }.into());
@@ -274,6 +280,9 @@ impl Core {
             .collect();
         let mut done = PriorityUpdate::default();
         for (row, ((&i, &g), &at)) in index.iter().zip(generation).zip(slots.iter()).enumerate() {
+            if i == crate::batch::PADDING_INDEX {
+                continue;
+            }
             let p = state
                 .reduction
                 .reduce(&priority[row * per_row..(row + 1) * per_row]);

@@ -218,7 +218,7 @@ impl Core {
         }
         for k in first + rows..first + len {
             out.dest.zero_row(k);
-            out.index[k] = u64::MAX;
+            out.index[k] = crate::batch::PADDING_INDEX;
             out.generation[k] = 0;
         }
         if let Some(marks) = out.marks.as_deref_mut() {
