@@ -640,6 +640,55 @@ fn prioritized_windows_hold_the_heavy_row() {
     assert_eq!(firsts, (15..=18).collect());
 }
 
+/// A row whose truncation flag is set ends its trajectory, and its marks say so (end
+/// and truncated) at once: not only once a later row of its lane is written. Slices
+/// never run past it.
+#[test]
+fn a_truncated_row_ends_its_trajectory_in_the_marks_before_and_after_later_rows() {
+    let spec = Spec::builder()
+        .field("step", DType::I64, [])
+        .field("done", DType::Bool, [])
+        .field("trunc", DType::Bool, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(16)
+        .seed(1)
+        .sampler(Slice::slice_len(3).end_key("done").truncated_key("trunc"))
+        .build()
+        .unwrap();
+    let append = |steps: &[i64], trunc: &[bool]| {
+        let mut b = rb.batch([steps.len()]);
+        b.set("step", steps).unwrap();
+        b.set("trunc", trunc).unwrap();
+        rb.extend(&b).unwrap();
+    };
+    // Steps 0..=2 of a trajectory cut off by a time limit at step 2.
+    append(&[0, 1, 2], &[false, false, true]);
+    let check = |when: &str| {
+        for _ in 0..20 {
+            let batch = rb.sample(3).unwrap();
+            let (step, marks) = (batch.column::<i64>("step").unwrap(), batch.marks().unwrap());
+            if step[0] != 0 {
+                continue; // a slice of the later trajectory
+            }
+            assert_eq!(
+                step,
+                &[0, 1, 2],
+                "{when}: the slice of the first trajectory"
+            );
+            let last = marks[2];
+            assert!(last.is_end() && last.is_truncated(), "{when}: {last:?}");
+            assert!(!marks[1].is_end() && !marks[1].is_truncated(), "{when}");
+            return;
+        }
+        panic!("{when}: the first trajectory was never drawn");
+    };
+    check("alone");
+    append(&[10, 11, 12], &[false; 3]);
+    check("after a later trajectory");
+}
+
 /// A padded batch of a prioritized slice sampler (`strict_length(false)`) goes back
 /// to `update_priority` whole: its padding rows (index `PADDING_INDEX`) are skipped,
 /// its rows updated; through the priority field too, as a trainer's hook does.

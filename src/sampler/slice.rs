@@ -475,8 +475,8 @@ impl Marks {
         self.0 & Self::START != 0
     }
 
-    /// The row is its trajectory's last step: its end flag was set, or the next row of
-    /// its lane begins another trajectory.
+    /// The row is its trajectory's last step: its end or truncation flag was set, or the
+    /// next row of its lane begins another trajectory.
     pub fn is_end(self) -> bool {
         self.0 & Self::END != 0
     }
@@ -493,7 +493,9 @@ impl Marks {
         if seq == w.start {
             m |= Self::START;
         }
-        let end = word & FLAG_DONE != 0 || w.next == Some(seq + 1);
+        // A truncation flag ends the trajectory as a done flag does: the row is its
+        // last step whether or not a row of the lane has come after it yet.
+        let end = word & (FLAG_DONE | FLAG_TRUNCATED) != 0 || w.next == Some(seq + 1);
         if end {
             m |= Self::END;
         }
