@@ -157,10 +157,14 @@ impl EnsembleBuilder {
             if p.iter().any(|&x| !x.is_finite() || x < 0.0) {
                 return err("probabilities must be finite and at least 0");
             }
-            let total: f64 = p.iter().sum();
-            if !(total > 0.0 && total.is_finite()) {
+            // Weights, scaled by the largest first: finite ones whose sum is not (two
+            // of `f64::MAX`) still split the draws as they say.
+            let top = p.iter().copied().fold(0.0, f64::max);
+            if top == 0.0 {
                 return err("probabilities must not all be 0");
             }
+            let p: Vec<f64> = p.iter().map(|x| x / top).collect();
+            let total: f64 = p.iter().sum();
             let draws = self.num_buffer_sampled.unwrap_or(1);
             if draws == 0 {
                 return err("`num_buffer_sampled` must be at least 1");

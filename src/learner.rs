@@ -9,13 +9,21 @@ use crate::rng::Rng;
 
 /// A learner's handle (see [`ReplayBuffer::learner`]): samples with its own random
 /// stream, so learners never contend for a generator, and one learner's sequence of
-/// samples is reproducible under a seed whatever the others do.
-#[derive(Clone, Debug)]
+/// samples is reproducible under a seed whatever the others do. A clone is a new
+/// handle with a stream of its own, as [`ReplayBuffer::learner`] gives: a copy of
+/// this one's stream would draw the very rows this one draws.
+#[derive(Debug)]
 pub struct Learner {
     buffer: ReplayBuffer,
     rng: Rng,
     /// The working room of [`sample_to`](Self::sample_to) (a batch keeps its own).
     scratch: Scratch,
+}
+
+impl Clone for Learner {
+    fn clone(&self) -> Learner {
+        self.buffer.learner()
+    }
 }
 
 impl Learner {

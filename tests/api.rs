@@ -415,6 +415,21 @@ fn same_seed_same_samples() {
     assert_ne!(run(42).0, run(43).0);
     assert_ne!(run(42).0, run(42).1, "a learner has a stream of its own");
 
+    // A learner's clone too: handed to another thread, it draws other rows.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(1000)
+        .seed(42)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, &[1000], 0)).unwrap();
+    let mut learner = rb.learner();
+    let mut clone = learner.clone();
+    assert_ne!(
+        learner.sample(16).unwrap().index(),
+        clone.sample(16).unwrap().index(),
+        "a clone has a stream of its own"
+    );
+
     let shuffled = |seed: u64| {
         let rb = ReplayBuffer::builder(spec())
             .capacity(64)

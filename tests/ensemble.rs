@@ -84,6 +84,21 @@ fn buffers_are_drawn_by_p() {
     // 2000 draws at 0.8: mean 1600, sd 17.9; four sd either way.
     assert!((1528..=1672).contains(&from[0]), "{from:?}");
 
+    // Weights whose sum overflows split the draws as they say: half and half.
+    let e = ReplayBufferEnsemble::builder([uniform(0), uniform(1)])
+        .p([f64::MAX, f64::MAX])
+        .batch_size(4)
+        .seed(2)
+        .build()
+        .unwrap();
+    let (mut from, mut out) = ([0usize; 2], e.batch());
+    for _ in 0..2000 {
+        e.sample_into(&mut out).unwrap();
+        from[out.buffer_ids()[0]] += 1;
+    }
+    // Mean 1000, sd 22.4; four sd either way.
+    assert!((910..=1090).contains(&from[0]), "{from:?}");
+
     // Several draws per sample, with replacement: shares add up.
     let e = ReplayBufferEnsemble::builder([uniform(0), uniform(1)])
         .num_buffer_sampled(3)
