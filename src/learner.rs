@@ -9,21 +9,16 @@ use crate::rng::Rng;
 
 /// A learner's handle (see [`ReplayBuffer::learner`]): samples with its own random
 /// stream, so learners never contend for a generator, and one learner's sequence of
-/// samples is reproducible under a seed whatever the others do. A clone is a new
-/// handle with a stream of its own, as [`ReplayBuffer::learner`] gives: a copy of
-/// this one's stream would draw the very rows this one draws.
-#[derive(Debug)]
+/// samples is reproducible under a seed whatever the others do. A clone, like a
+/// clone of a random generator, goes on with a copy of this one's stream and draws
+/// the very rows this one draws next (two paths compared on one sequence); a learner
+/// for another thread takes a handle of its own from [`ReplayBuffer::learner`].
+#[derive(Clone, Debug)]
 pub struct Learner {
     buffer: ReplayBuffer,
     rng: Rng,
     /// The working room of [`sample_to`](Self::sample_to) (a batch keeps its own).
     scratch: Scratch,
-}
-
-impl Clone for Learner {
-    fn clone(&self) -> Learner {
-        self.buffer.learner()
-    }
 }
 
 impl Learner {
