@@ -366,6 +366,39 @@ fn save_and_load_hooks_see_the_rows() {
     assert_eq!(ReplayBuffer::from_checkpoint(dir.path()).unwrap().len(), 30);
 }
 
+/// A file-backed buffer's restore runs its load hooks too (it skipped them, reading
+/// the rows straight into its file).
+#[test]
+fn load_hooks_see_the_rows_of_a_file_backed_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec()).capacity(40).build().unwrap();
+    fill(&rb, 30);
+    let before = rb.read_all_in_order(None);
+    rb.save(dir.path().join("ck")).unwrap();
+    let mut backed = ReplayBuffer::builder(spec())
+        .capacity(40)
+        .memmap(dir.path().join("store"))
+        .build()
+        .unwrap();
+    backed.register_load_hook(|b| {
+        for x in b.column_mut::<f32>("obs")? {
+            *x += 1000.0;
+        }
+        Ok(())
+    });
+    backed.restore(dir.path().join("ck")).unwrap();
+    let shifted: Vec<f32> = before
+        .column::<f32>("obs")
+        .unwrap()
+        .iter()
+        .map(|x| x + 1000.0)
+        .collect();
+    assert_eq!(
+        backed.read_all_in_order(None).column::<f32>("obs").unwrap(),
+        &shifted[..]
+    );
+}
+
 #[test]
 fn a_max_value_buffer_keeps_ranking_after_a_load() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,7 +53,12 @@ impl ReplayBuffer {
     /// buffer, another live process attached to it: they would see their rows
     /// replaced under them.
     ///
-    /// On any error the buffer is left as it was.
+    /// On any error the buffer is left as it was, but for one: a file-backed or shared
+    /// buffer's region is its file or its memory, and the checkpoint's rows go straight
+    /// into it (every file checked first), so a load hook that fails on them, or a
+    /// compact or epochs part that fails to decode, leaves the region holding the
+    /// checkpoint's rows, some hooked and some not. Such a buffer's hooks should not
+    /// fail on rows its checkpoints hold.
     pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         let (meta, checkpoint) = read_meta(dir)?;
@@ -95,13 +100,17 @@ impl ReplayBuffer {
             // file checked before anything is written.
             let checked = builder.check().map_err(|e| refused(e.to_string()))?;
             let config = builder.config(meta.config.seed);
-            let new = builder.assemble(
+            let mut new = builder.assemble(
                 checked,
                 config,
                 old.core.storage.view(),
                 meta.config.seed,
                 Origin::Reused,
             );
+            // The hooks belong to this buffer: the rows read pass through them here too
+            // (they were set only after the read, and a file-backed or shared buffer's
+            // restore skipped them).
+            new.hooks = Arc::clone(&old.hooks);
             read_into(&new, dir, &checkpoint, true)?;
             new
         } else {
