@@ -14,6 +14,7 @@ use crate::config::{
     WriterMeta,
 };
 use crate::dtype::DType;
+use crate::error::persist::{PersistError, PersistKind};
 use crate::error::{BuildError, BuildErrorKind};
 use crate::frames::Frames;
 use crate::key::Key;
@@ -398,6 +399,19 @@ impl ReplayBufferBuilder {
                 )
             }
         };
+        if origin != Origin::Fresh {
+            let engine = SamplerEngine::new(self.settings.sampler.clone(), seed, storage.globals());
+            if let Some(why) = engine.damage() {
+                let region = match (&self.memmap, &self.shared) {
+                    (Some(dir), _) => dir.clone(),
+                    #[cfg(not(replaybuf_loom))]
+                    (_, Some(name)) => crate::backing::shm::shown(name),
+                    _ => PathBuf::new(),
+                };
+                let why = PersistKind::Corrupt(format!("its sampler's state: {why}"));
+                return err(BuildErrorKind::Persist(PersistError::new(region, why)));
+            }
+        }
         Ok(self.assemble(checked, config, storage, seed, origin))
     }
 

@@ -174,3 +174,49 @@ fn prioritized_state_survives_a_reopen() {
     assert!(close(rb.priority(0), 63.1));
     drop(next);
 }
+
+/// A region whose alpha was damaged (set to NaN, or past its range, in the file) is
+/// refused on reopening with an error that says so: it was trusted, and the reopen's
+/// rebuild of the trees never returned. Each reopen runs on a thread of its own, so
+/// that a hang fails the test rather than stalling it.
+#[test]
+#[allow(clippy::disallowed_methods)] // the loom facade rule is for the library
+fn a_damaged_alpha_is_refused_on_reopening() {
+    use std::time::Duration;
+    const ALPHA: f64 = 0.637;
+    for damage in [f64::NAN, -1.0, 1e9] {
+        let dir = tempfile::tempdir().unwrap();
+        let build = |path: std::path::PathBuf| {
+            ReplayBuffer::builder(spec())
+                .capacity(64)
+                .sampler(Prioritized::new(ALPHA, 0.4))
+                .memmap(path)
+                .existsok(true)
+                .build()
+        };
+        let rb = build(dir.path().to_path_buf()).unwrap();
+        rb.extend(&chunk(&rb, 0..40)).unwrap();
+        drop(rb);
+        let file = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "bin"))
+            .expect("the storage file");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let word = bytes
+            .chunks(8)
+            .position(|w| w == ALPHA.to_bits().to_le_bytes())
+            .expect("alpha's word");
+        bytes[word * 8..word * 8 + 8].copy_from_slice(&damage.to_bits().to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || tx.send(build(path).map(drop).map_err(|e| e.to_string())));
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the reopen of a damaged region returns");
+        let e = got.expect_err("a damaged alpha is refused");
+        assert!(e.contains("alpha is"), "{damage}: {e}");
+    }
+}

@@ -341,6 +341,37 @@ fn the_region_is_owner_only_listed_and_removed_with_its_creator() {
     );
 }
 
+/// A region whose alpha was damaged (NaN in the shared memory) is refused by an
+/// attach with an error that says so: it was trusted, and writes through it hung.
+#[test]
+fn an_attach_refuses_a_damaged_alpha() {
+    use std::io::{Read, Seek, SeekFrom};
+    const ALPHA: f64 = 0.637;
+    let name = name("alpha");
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(Prioritized::new(ALPHA, 0.4))
+        .shared(&name)
+        .build()
+        .unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path_of(&name))
+        .unwrap();
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).unwrap();
+    let word = bytes
+        .chunks(8)
+        .position(|w| w == ALPHA.to_bits().to_le_bytes())
+        .expect("alpha's word");
+    file.seek(SeekFrom::Start(word as u64 * 8)).unwrap();
+    file.write_all(&f64::NAN.to_bits().to_le_bytes()).unwrap();
+    let e = ReplayBuffer::attach(&name).map(drop).unwrap_err();
+    assert!(e.to_string().contains("alpha is NaN"), "{e}");
+    drop(rb);
+}
+
 #[test]
 fn a_bad_region_is_refused_with_a_reason() {
     // A region whose creator is still laying it out (or died doing so): its header

@@ -121,6 +121,12 @@ impl SamplerEngine {
         }
     }
 
+    /// What is wrong with the engine's shared state in a region made before (opened
+    /// again or attached to), if anything.
+    pub(crate) fn damage(&self) -> Option<String> {
+        self.prioritized().and_then(prioritized::Priorities::damage)
+    }
+
     /// Writes the engine's initial shared state into a new region.
     pub(crate) fn initialize(&self) {
         if let Some(state) = self.prioritized() {

@@ -226,6 +226,24 @@ impl Priorities {
         Ok(())
     }
 
+    /// What is wrong with the region's alpha, beta and largest priority seen, if
+    /// anything: words of a region opened again or attached to, which only damage
+    /// (or another program) can have set out of range. An alpha of NaN turned every
+    /// mass into a loop that never ended.
+    pub(crate) fn damage(&self) -> Option<String> {
+        let (alpha, beta) = (self.alpha(), self.beta());
+        let seen = f64::from_bits(self.word(Global::MaxSeen).load(Ordering::Relaxed));
+        if !valid_alpha(alpha) {
+            Some(format!("alpha is {alpha}"))
+        } else if !valid(beta) {
+            Some(format!("beta is {beta}"))
+        } else if !valid(seen) {
+            Some(format!("the largest priority seen is {seen}"))
+        } else {
+            None
+        }
+    }
+
     /// Forgets every priority seen: new rows get the initial priority again (after
     /// the buffer is emptied).
     pub(crate) fn forget_seen(&self) {
