@@ -451,6 +451,13 @@ impl Config {
         if self.priority_key != other.priority_key {
             diffs.push("the priority key".to_owned());
         }
+        if self.frames != other.frames {
+            let has = |f: &Option<FramesMeta>| if f.is_some() { "frames" } else { "no frames" };
+            diffs.push(match (&self.frames, &other.frames) {
+                (Some(_), Some(_)) => "the frames".to_owned(),
+                (a, b) => format!("{} vs {}", has(a), has(b)),
+            });
+        }
         Some(diffs.join(", "))
     }
 }

@@ -545,12 +545,13 @@ fn a_checkpoint_keeps_the_compact_rows() {
             (a, b) => panic!("index {i}: {:?} vs {:?}", a.is_ok(), b.is_ok()),
         }
     }
-    // A buffer without frames is another layout: refused.
+    // A buffer without frames is another layout: refused, saying so.
     let mut plain = ReplayBuffer::builder(spec.clone())
         .capacity(100)
         .build()
         .unwrap();
-    assert!(plain.restore(dir.path()).is_err());
+    let e = plain.restore(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("(no frames vs frames)"), "{e}");
 }
 
 #[test]
