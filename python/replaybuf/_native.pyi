@@ -127,7 +127,10 @@ class ReplayBuffer:
     @property
     def spec(self) -> List[Tuple[Key, Any, Tuple[int, ...]]]: ...
     def extend(self, data: Mapping[Key, Any]) -> npt.NDArray[np.uint64]:
-        """Appends a batch and returns each row's storage index."""
+        """Appends a batch and returns each row's storage index. Arrays must have
+        the fields' dtypes; lists, scalars and tensors are converted where no value
+        changes (a float into an integer field, or an integer outside the field's
+        range, raises ``ReplayBufferTypeError``)."""
     def add(self, data: Mapping[Key, Any]) -> int:
         """Adds one transition and returns its index."""
     def sample(self, n: Optional[int] = None) -> Batch:

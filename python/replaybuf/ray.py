@@ -11,7 +11,12 @@ servers: each ``extend`` goes to the next actor in turn, a ``sample`` is drawn f
 actors in proportion to the rows they hold (to their priority mass, for a prioritized
 sampler, with the weights brought to one scale: as one buffer of all the rows would
 draw and weigh them), and ``update_priority`` routes each index back to the actor that
-holds it (indices are ``local_index * num_actors + actor``).
+holds it (indices are ``local_index * num_actors + actor``). A FIFO sampler takes each
+actor as a queue of its own (see :meth:`RayReplayBuffer.sample`). A without-replacement
+sampler (:class:`replaybuf.WithoutReplacement`, or a :class:`replaybuf.Slice` with
+``without_replacement``) is refused over several actors: each actor keeps an epoch of
+its own, and a batch split by rows held may ask one actor for more rows than its epoch
+has left, after the others have already used theirs up; one actor keeps one epoch.
 
 A collector that writes many small chunks takes a :meth:`RayReplayBuffer.writer`
 (Reverb's writers work this way): it gathers the chunks into shipments (8 MiB by
@@ -212,6 +217,13 @@ class RayReplayBuffer:
             raise replaybuf.ReplayBufferValueError("num_actors must be at least 1")
         if capacity < num_actors:
             raise replaybuf.ReplayBufferValueError("capacity must be at least num_actors")
+        sampler = _described(kwargs.get("sampler"))
+        if num_actors > 1 and _without_replacement(sampler):
+            raise replaybuf.ReplayBufferValueError(
+                "a without-replacement sampler needs num_actors=1: each actor would keep "
+                "an epoch of its own, and a batch split over them may ask one actor for "
+                "more rows than its epoch has left, after the others have used theirs"
+            )
         if "shared" in kwargs or "memmap" in kwargs:
             raise replaybuf.ReplayBufferValueError(
                 "a Ray buffer keeps its rows in its actors: use checkpoint_dir for "
@@ -245,7 +257,7 @@ class RayReplayBuffer:
         self._get([a.ready.remote() for a in self._actors])
         self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
-        self._fifo = isinstance(kwargs.get("sampler"), replaybuf.Fifo)
+        self._fifo = sampler.get("kind") == "fifo"
         # The same-node actors' buffers: made at the first extend (each copy its own).
         self._here: Optional[_InPlace] = None
 
@@ -349,7 +361,10 @@ class RayReplayBuffer:
         if weights.sum() == 0:
             raise replaybuf.ReplayBufferValueError("the buffer is empty")
         counts = self._rng.multinomial(batch_size, weights / weights.sum())
-        parts = [(k, self._actors[k].sample.remote(int(c))) for k, c in enumerate(counts) if c]
+        # An actor drawn for no row is not asked, but one always is: a batch of no rows
+        # carries every key, with its dtype, as one buffer's does.
+        asked = [k for k, c in enumerate(counts) if c] or [int(np.argmax(weights))]
+        parts = [(k, self._actors[k].sample.remote(int(counts[k]))) for k in asked]
         got = self._get([ref for _, ref in parts])
         if prioritized:
             lowest = min(m[1] for _, m, _ in shares if m[1] > 0)
@@ -435,6 +450,23 @@ class RayReplayBuffer:
     def actors(self) -> list:
         """The actor handles (to kill one in a test, or to place collectors near it)."""
         return list(self._actors)
+
+
+def _described(sampler: Any) -> dict:
+    """A sampler as the engine reads it: its description dict (``{}`` for none)."""
+    if sampler is None:
+        return {}
+    if isinstance(sampler, dict):
+        return sampler
+    return sampler._describe() if hasattr(sampler, "_describe") else {}
+
+
+def _without_replacement(sampler: dict) -> bool:
+    """Whether a described sampler draws in epochs (every row once before any twice)."""
+    kind = sampler.get("kind")
+    return kind == "without_replacement" or (
+        kind == "slice" and sampler.get("without_replacement") is not None
+    )
 
 
 def _leaves(data: Dict[Any, Any], prefix: tuple = ()):

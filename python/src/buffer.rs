@@ -22,6 +22,7 @@ use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
 use crate::arrays::{dict_of_batch, span, with_borrowed, Spans};
 use crate::config;
+use crate::convert::field_array;
 use crate::errors::{key_error, py_err, type_error, value_error};
 use crate::fields::{
     dtype_from_py, dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
@@ -95,7 +96,8 @@ struct FieldOut {
 )]
 pub(crate) struct Buffer {
     /// Write-locked only by `loads`, which needs the buffer's only handle, and by a
-    /// forked child's first call on a shared buffer (see [`Buffer::handle`]).
+    /// forked child's first call on a shared buffer (see [`Buffer::handle`]). Never
+    /// waited for with the GIL held: its holders may need the GIL to let go.
     rb: RwLock<ReplayBuffer>,
     /// The fork count ([`FORKS`]) `rb` belongs to.
     forks: AtomicU64,
@@ -172,9 +174,13 @@ impl Buffer {
             let f = &self.fields[i];
             let array = match value.cast::<PyUntypedArray>() {
                 Ok(a) => a.clone(),
-                // Lists, scalars, tensors: converted to the field's dtype.
+                // Lists, scalars, tensors: converted to the field's dtype where no
+                // value changes (`convert.rs`); a scalar becomes one row.
                 Err(_) => np
-                    .call_method1("ascontiguousarray", (value, f.descr.bind(py)))?
+                    .call_method1(
+                        "ascontiguousarray",
+                        (field_array(&value, f.py_key.bind(py), f.descr.bind(py))?,),
+                    )?
                     .cast_into::<PyUntypedArray>()?,
             };
             let found = dtype_of_descr(&array.dtype())?;
@@ -241,12 +247,23 @@ impl Buffer {
     /// parent lives. So the first call in a forked child attaches afresh, as itself,
     /// and forgets the inherited handle without dropping it (dropping would detach the
     /// parent).
-    fn handle(&self) -> PyResult<RwLockReadGuard<'_, ReplayBuffer>> {
+    ///
+    /// The lock is waited for with the GIL released: `loads` waits for the write side
+    /// (without the GIL), and once it waits parking_lot queues new readers behind it.
+    /// A reader that queued holding the GIL would wait for readers that, to finish,
+    /// need the GIL it holds: the whole interpreter would hang.
+    fn handle(&self, py: Python<'_>) -> PyResult<RwLockReadGuard<'_, ReplayBuffer>> {
         let forks = FORKS.load(Ordering::Relaxed);
         if self.forks.load(Ordering::Relaxed) == forks {
-            return Ok(self.rb.read());
+            return Ok(self
+                .rb
+                .try_read()
+                .unwrap_or_else(|| gil::detach(py, || self.rb.read())));
         }
-        let mut rb = self.rb.write();
+        let mut rb = self
+            .rb
+            .try_write()
+            .unwrap_or_else(|| gil::detach(py, || self.rb.write()));
         if self.forks.load(Ordering::Relaxed) != forks {
             if let Some(name) = &self.shared {
                 let fresh = ReplayBuffer::attach(name).map_err(py_err)?;
@@ -302,7 +319,7 @@ impl Buffer {
     /// Samples into `arrays` (one per field, then index, generation, and weight and
     /// marks when this sampler writes them), `rows` rows of room: returns rows drawn.
     fn sample_spans(&self, py: Python<'_>, rows: usize, spans: Spans) -> PyResult<usize> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         let spec: &Spec = rb.spec();
         let fields = self.fields.len();
         let (prioritized, slices) = (self.prioritized, self.slices);
@@ -463,7 +480,7 @@ impl Buffer {
     /// `sample_waited`, `closed`, `diff`, and the limit in force), or None without a
     /// rate limit.
     fn rate_limit_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(s) = self.handle()?.rate_limit_stats() else {
+        let Some(s) = self.handle(py)?.rate_limit_stats() else {
             return Ok(None);
         };
         let d = PyDict::new(py);
@@ -488,76 +505,79 @@ impl Buffer {
 
     /// Puts a new rate limit in force, counts kept; waiting calls judge themselves by
     /// it at once.
-    fn set_rate_limit(&self, limit: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn set_rate_limit(&self, py: Python<'_>, limit: &Bound<'_, PyAny>) -> PyResult<()> {
         let limit = config::rate_limit(limit)?;
-        self.handle()?.set_rate_limit(limit).map_err(py_err)
+        self.handle(py)?.set_rate_limit(limit).map_err(py_err)
     }
 
     /// Closes the rate limit: waiting calls, and later calls that would wait, raise
     /// `RateLimitClosed` (for shutting collectors and learners down).
-    fn close_rate_limit(&self) -> PyResult<()> {
-        self.handle()?.close_rate_limit().map_err(py_err)
+    fn close_rate_limit(&self, py: Python<'_>) -> PyResult<()> {
+        self.handle(py)?.close_rate_limit().map_err(py_err)
     }
 
     /// Opens a closed rate limit again.
-    fn reopen_rate_limit(&self) -> PyResult<()> {
-        self.handle()?.reopen_rate_limit().map_err(py_err)
+    fn reopen_rate_limit(&self, py: Python<'_>) -> PyResult<()> {
+        self.handle(py)?.reopen_rate_limit().map_err(py_err)
     }
 
     /// Rows the storage holds.
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.handle()?.len())
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.handle(py)?.len())
     }
 
     /// Rows the storage can hold.
     #[getter]
-    fn capacity(&self) -> PyResult<usize> {
-        Ok(self.handle()?.capacity())
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.handle(py)?.capacity())
     }
 
     /// What a row takes, in bytes: `logical` (a row as extended and sampled), `slot`
     /// (one storage slot: its header and the row as stored; with frames, a stack's
     /// newest frame only) and `side` (a frames buffer's side slots, all together).
     #[getter]
-    fn row_bytes(&self) -> PyResult<std::collections::HashMap<&'static str, usize>> {
-        let b = self.handle()?.row_bytes();
+    fn row_bytes(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<std::collections::HashMap<&'static str, usize>> {
+        let b = self.handle(py)?.row_bytes();
         Ok([("logical", b.logical), ("slot", b.slot), ("side", b.side)].into())
     }
 
     /// Rows ever written (TorchRL's `write_count`).
     #[getter]
-    fn write_count(&self) -> PyResult<u64> {
-        Ok(self.handle()?.write_count())
+    fn write_count(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.handle(py)?.write_count())
     }
 
     /// 1, or 2 for a storage of `[steps, envs]`.
     #[getter]
-    fn ndim(&self) -> PyResult<usize> {
-        Ok(self.handle()?.ndim())
+    fn ndim(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.handle(py)?.ndim())
     }
 
     /// Environments of an ndim-2 storage (1 for ndim 1).
     #[getter]
-    fn envs(&self) -> PyResult<usize> {
-        Ok(self.handle()?.envs())
+    fn envs(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.handle(py)?.envs())
     }
 
     /// Independent rings the rows are spread over.
     #[getter]
-    fn shards(&self) -> PyResult<usize> {
-        Ok(self.handle()?.shards())
+    fn shards(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.handle(py)?.shards())
     }
 
     /// The seed of every draw.
     #[getter]
-    fn seed(&self) -> PyResult<u64> {
-        Ok(self.handle()?.seed())
+    fn seed(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.handle(py)?.seed())
     }
 
     /// The rows `sample()` draws when given no count, if set.
     #[getter]
-    fn batch_size(&self) -> PyResult<Option<usize>> {
-        Ok(self.handle()?.batch_size())
+    fn batch_size(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self.handle(py)?.batch_size())
     }
 
     /// The numpy dtype of a sample's `index`: uint64, or int64 once set so (what torch
@@ -602,33 +622,33 @@ impl Buffer {
 
     /// The priority exponent, for a prioritized sampler.
     #[getter]
-    fn alpha(&self) -> PyResult<Option<f64>> {
-        Ok(self.handle()?.alpha())
+    fn alpha(&self, py: Python<'_>) -> PyResult<Option<f64>> {
+        Ok(self.handle(py)?.alpha())
     }
 
     #[setter(alpha)]
     fn set_alpha(&self, py: Python<'_>, alpha: f64) -> PyResult<()> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         gil::detach(py, || rb.set_alpha(alpha)).map_err(py_err)
     }
 
     /// The importance-correction exponent, for a prioritized sampler.
     #[getter]
-    fn beta(&self) -> PyResult<Option<f64>> {
-        Ok(self.handle()?.beta())
+    fn beta(&self, py: Python<'_>) -> PyResult<Option<f64>> {
+        Ok(self.handle(py)?.beta())
     }
 
     #[setter(beta)]
-    fn set_beta(&self, beta: f64) -> PyResult<()> {
-        self.handle()?.set_beta(beta).map_err(py_err)
+    fn set_beta(&self, py: Python<'_>, beta: f64) -> PyResult<()> {
+        self.handle(py)?.set_beta(beta).map_err(py_err)
     }
 
     /// For a prioritized sampler, `(total, min)`: the sum over the stored rows of
     /// `(priority + eps) ** alpha`, which a row's chance of being drawn is its share
     /// of, and the smallest non-zero one, which weights are taken against
     /// (`(min / mass) ** beta`); `(0.0, 0.0)` when empty. None otherwise.
-    fn priority_mass(&self) -> PyResult<Option<(f64, f64)>> {
-        Ok(self.handle()?.priority_mass().map(|m| (m.total, m.min)))
+    fn priority_mass(&self, py: Python<'_>) -> PyResult<Option<(f64, f64)>> {
+        Ok(self.handle(py)?.priority_mass().map(|m| (m.total, m.min)))
     }
 
     /// The fields: a list of `(key, numpy dtype, shape)`.
@@ -659,13 +679,15 @@ impl Buffer {
     /// Appends a batch (a dict of arrays, nested dicts or tuple keys for nested
     /// fields, each of shape `(n, *field shape)`, or `(t, envs, *field shape)` for
     /// ndim 2) and returns the storage index of every row (`2**64 - 1` for a row a
-    /// max-value writer rejected).
+    /// max-value writer rejected). Arrays must have the fields' dtypes; lists, scalars
+    /// and tensors are converted where no value changes (a float into an integer
+    /// field, or an integer outside the field's range, is refused).
     fn extend<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         let (written, shape) =
             self.with_batch(py, &rb, data, |b| (rb.extend(b), b.shape().to_vec()))?;
         let written = written.map_err(py_err)?;
@@ -677,7 +699,7 @@ impl Buffer {
     /// Adds one transition (a dict of arrays of the field shapes) and returns its
     /// index. ndim-1 storages only.
     fn add(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         if rb.ndim() != 1 {
             return Err(value_error(format!(
                 "add writes one row, on an ndim-1 buffer only; this one has ndim={}: extend \
@@ -691,7 +713,9 @@ impl Buffer {
             let field = self.fields.iter().find(|f| f.key == key);
             let array = match (value.cast::<PyUntypedArray>(), field) {
                 (Ok(a), _) => a.clone().into_any(),
-                (Err(_), Some(f)) => np.call_method1("asarray", (value, f.descr.bind(py)))?,
+                (Err(_), Some(f)) => {
+                    field_array(&value, f.py_key.bind(py), f.descr.bind(py))?.into_any()
+                }
                 (Err(_), None) => value,
             };
             one.set_item(
@@ -709,7 +733,7 @@ impl Buffer {
     /// for a slice sampler. Fewer rows only when a without-replacement epoch ends short.
     #[pyo3(signature = (n = None))]
     fn sample<'py>(&self, py: Python<'py>, n: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
-        let n = match n.or(self.handle()?.batch_size()) {
+        let n = match n.or(self.handle(py)?.batch_size()) {
             Some(n) => n,
             None => {
                 return Err(value_error(
@@ -823,7 +847,7 @@ impl Buffer {
                 )));
             }
         }
-        let n = self.handle()?.batch_size().unwrap_or(rows).min(rows);
+        let n = self.handle(py)?.batch_size().unwrap_or(rows).min(rows);
         self.sample_spans(py, n, spans)
     }
 
@@ -842,7 +866,7 @@ impl Buffer {
     ) -> PyResult<(usize, usize)> {
         let index_a = flat_array::<u64>(index)?;
         let priority_a = flat_array::<f64>(priority)?;
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         let index_r = index_a.readonly();
         let priority_r = priority_a.readonly();
         let (index_s, priority_s) = (index_r.as_slice()?, priority_r.as_slice()?);
@@ -866,8 +890,8 @@ impl Buffer {
 
     /// The priority of the row at `index`, as last set (None if not prioritized, or no
     /// row is there).
-    fn priority(&self, index: u64) -> PyResult<Option<f64>> {
-        Ok(self.handle()?.priority(index))
+    fn priority(&self, py: Python<'_>, index: u64) -> PyResult<Option<f64>> {
+        Ok(self.handle(py)?.priority(index))
     }
 
     /// The rows at `index` (an int, or an array of ints), in that order, as a dict.
@@ -881,7 +905,7 @@ impl Buffer {
                 .call_method0("tolist")?
                 .extract()?,
         };
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         let batch = gil::detach(py, || rb.get_many(&indices)).map_err(py_err)?;
         self.dict_of_batch(py, &batch)
     }
@@ -894,7 +918,7 @@ impl Buffer {
         py: Python<'py>,
         end: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         let batch = gil::detach(py, || rb.read_all_in_order(end));
         self.dict_of_batch(py, &batch)
     }
@@ -908,14 +932,14 @@ impl Buffer {
         data: &Bound<'_, PyAny>,
         end: Option<usize>,
     ) -> PyResult<()> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         self.with_batch(py, &rb, data, |b| rb.write_all(b, end))?
             .map_err(py_err)
     }
 
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         gil::detach(py, || rb.clear());
         Ok(())
     }
@@ -923,7 +947,7 @@ impl Buffer {
     /// Saves the whole state (rows, priorities, sampler state, random streams) under
     /// the directory `path` (TorchRL's `dumps`).
     fn dumps(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         gil::detach(py, || rb.save(&path)).map_err(py_err)
     }
 
@@ -940,7 +964,7 @@ impl Buffer {
 
     /// Writes a file-backed storage through to its file and the disk.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        let rb = self.handle()?;
+        let rb = self.handle(py)?;
         gil::detach(py, || rb.flush()).map_err(py_err)
     }
 
@@ -964,8 +988,8 @@ impl Buffer {
         }
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        let rb = self.handle()?;
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let rb = self.handle(py)?;
         Ok(format!(
             "ReplayBuffer(len={}, capacity={}, fields={}, shards={}{})",
             rb.len(),

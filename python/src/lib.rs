@@ -5,6 +5,7 @@
 mod arrays;
 mod buffer;
 mod config;
+mod convert;
 mod errors;
 mod fields;
 mod gil;

@@ -458,6 +458,55 @@ def test_a_bad_extend_changes_nothing(what, builtin, batch):
     assert rb.extend(data([6, 7])).tolist() == [6, 7]
 
 
+CONVERTED = {"i": ("int64", ()), "u": ("uint8", ()), "f": ("float32", ())}
+FITS = {"i": [1, -2], "u": [0, 255], "f": [0.1, 2]}
+# Values numpy's own cast would change without a word: floats truncated into an
+# integer field, integers wrapped around the field's range, a float made infinite.
+CHANGED = [
+    ("floats into int64", {"i": [0.7, 1.9]}, "got float64 values"),
+    ("ints outside uint8", {"u": [300, -1]}, "outside its range"),
+    ("float beyond float32", {"f": [1e300, 0.0]}, "outside its range"),
+]
+
+
+def assert_converted_only_where_values_survive(to_value):
+    """``to_value`` turns a list into what the caller passes (the list itself, a
+    tensor): values that fit go in as they are, others are refused as an ndarray of
+    the wrong dtype is, with nothing written."""
+    rb = ReplayBuffer(8, spec=CONVERTED)
+    for _, bad, match in CHANGED:
+        batch = {key: to_value(v) for key, v in {**FITS, **bad}.items()}
+        with raises(TypeError, match):
+            rb.extend(batch)
+        with raises(TypeError, match):
+            rb.add({key: v[0] for key, v in batch.items()})
+    assert len(rb) == 0
+    rb.extend({key: to_value(v) for key, v in FITS.items()})
+    rb.add({key: to_value(v)[0] for key, v in FITS.items()})
+    rows = rb.read_all_in_order()
+    assert rows["i"].tolist() == [1, -2, 1] and rows["u"].tolist() == [0, 255, 0]
+    np.testing.assert_array_equal(rows["f"], np.float32([0.1, 2, 0.1]))
+
+
+def test_lists_are_converted_only_where_every_value_survives():
+    assert_converted_only_where_values_survive(list)
+    flags = ReplayBuffer(4, spec={"done": ("bool", ())})
+    with raises(TypeError, "got int64 values"):
+        flags.extend({"done": [0, 2]})
+    flags.extend({"done": [True, False]})
+    assert flags.read_all_in_order()["done"].tolist() == [True, False]
+
+
+def test_tensors_are_converted_only_where_every_value_survives():
+    torch = pytest.importorskip("torch")
+    assert_converted_only_where_values_survive(lambda v: torch.from_numpy(np.asarray(v)))
+    # The tester's case: a float32 tensor into an int64 field, truncated before.
+    rb = ReplayBuffer(4, spec={"i": ("int64", ())})
+    with raises(TypeError, "got float32 values"):
+        rb.extend({"i": torch.tensor([2.7, -0.9])})
+    assert len(rb) == 0
+
+
 @pytest.mark.parametrize(
     "priority",
     [[float("nan")], [-1.0], [float("inf")], [1.0, float("nan")]],

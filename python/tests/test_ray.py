@@ -161,6 +161,44 @@ def test_bad_arguments_are_refused():
         RayReplayBuffer(10, spec=SPEC, shared="x")
 
 
+@pytest.mark.parametrize(
+    "sampler",
+    [None, replaybuf.Prioritized(alpha=0.7, beta=0.5)],
+    ids=["uniform", "prioritized"],
+)
+def test_a_sample_of_no_rows_over_two_actors_is_empty_like_one_buffers(sampler):
+    rb = RayReplayBuffer(20, spec=SPEC, num_actors=2, sampler=sampler, local_writes=False)
+    rb.extend(rows(range(5)))
+    rb.extend(rows(range(5, 10)))
+    one = replaybuf.ReplayBuffer(20, spec=SPEC, sampler=sampler)
+    one.extend(rows(range(10)))
+    got, expected = rb.sample(0), one.sample(0)
+    assert got.keys() == expected.keys()
+    for key, array in expected.items():
+        assert got[key].dtype == array.dtype and got[key].shape == array.shape, key
+
+
+def test_a_without_replacement_sampler_is_refused_over_several_actors():
+    """Each actor would keep an epoch of its own, and a batch split by rows held can
+    ask one for more than its epoch has left: refused when built, not at random."""
+    epochs = [
+        replaybuf.WithoutReplacement(),
+        replaybuf.Slice(
+            slice_len=2, traj_key="id", without_replacement=replaybuf.WithoutReplacement()
+        ),
+    ]
+    for sampler in epochs:
+        with pytest.raises(replaybuf.ReplayBufferValueError, match="num_actors=1"):
+            RayReplayBuffer(20, spec=SPEC, num_actors=2, sampler=sampler, local_writes=False)
+    # One actor keeps one epoch: every row once, then the epoch's end.
+    rb = RayReplayBuffer(20, spec=SPEC, num_actors=1, sampler=epochs[0], local_writes=False, seed=4)
+    rb.extend(rows(range(10)))
+    ids = np.concatenate([whole(rb.sample(4)) for _ in range(3)])
+    assert sorted(ids.tolist()) == list(range(10))
+    with pytest.raises(replaybuf.EpochEnd):
+        rb.sample(4)
+
+
 def test_writers_on_remote_collectors_store_every_row_once_flushed():
     # Shipped through the object store, as from collectors on other nodes.
     rb = RayReplayBuffer(10_000, spec=SPEC, num_actors=2, seed=2, local_writes=False)

@@ -1,6 +1,9 @@
 """Python threads extending and sampling one buffer at once: every sampled row is whole
 and was written by a collector. (Throughput beside each other: python/bench/threads.py.)"""
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -215,3 +218,53 @@ def test_a_prefetching_tmrl_memory_beside_a_collector_thread():
 
     run_threads([collector, learner])
     assert len(memory) == 2048
+
+
+# Run in a child: a deadlocked interpreter holds the GIL in a parked thread, so no
+# thread of this process could even notice a timeout.
+LOADS_BESIDE_SAMPLERS = textwrap.dedent(
+    """
+    import tempfile, threading
+    import numpy as np, replaybuf
+
+    rb = replaybuf.ReplayBuffer(4096, spec={"obs": ("float32", (64,))}, seed=1)
+    rb.extend({"obs": np.ones((4096, 64), np.float32)})
+    path = tempfile.mkdtemp()
+    rb.dumps(path)
+    samples = [0, 0, 0]
+    stop = threading.Event()
+
+    def sampler(k):
+        while not stop.is_set():
+            rb.sample(1024)
+            samples[k] += 1
+
+    threads = [threading.Thread(target=sampler, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for _ in range(50):
+        rb.loads(path)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert len(rb) == 4096
+    print("loads", 50, "samples", sum(samples), flush=True)
+    """
+)
+
+
+def test_loads_beside_sampling_threads_does_not_deadlock():
+    """``loads`` waits for the lock's write side without the GIL, and so must every
+    sampler that finds a waiting writer ahead of it: a sampler that waited with the GIL
+    held would stall the readers it waits for, which need the GIL to finish."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", LOADS_BESIDE_SAMPLERS],
+            capture_output=True,
+            text=True,
+            timeout=JOIN_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("loads beside three sampling threads hung")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("loads 50 samples"), done.stdout

@@ -869,6 +869,30 @@ def test_replaybuf_refuses_new_keys_after_the_first_write():
     assert len(rb) == 6
 
 
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_replaybuf_a_refused_loads_leaves_an_unwritten_buffer_unwritten(storage, tmp_path):
+    """The checkpoint's fields make an engine buffer before the engine can refuse the
+    checkpoint (here: its capacity); once refused, that buffer and its files go, and
+    the next write fixes the fields as if there had been no load."""
+    rl = replaybuf.torchrl
+
+    def storage_of(capacity, name):
+        if storage == "LazyTensorStorage":
+            return rl.LazyTensorStorage(capacity)
+        return rl.LazyMemmapStorage(capacity, scratch_dir=tmp_path / name)
+
+    src = rl.TensorDictReplayBuffer(storage=storage_of(10, "src"))
+    src.extend(TensorDict({"obs": torch.zeros(3, 2)}, [3]))
+    src.dumps(tmp_path / "ckpt")
+    rb = rl.TensorDictReplayBuffer(storage=storage_of(20, "rb"))
+    with pytest.raises(replaybuf.ReplayBufferError, match="capacity 20 vs 10"):
+        rb.loads(tmp_path / "ckpt")
+    if storage == "LazyMemmapStorage":
+        assert list((tmp_path / "rb").iterdir()) == []
+    rb.extend(TensorDict({"x": torch.arange(3.0)}, [3]))
+    assert rb[:]["x"].tolist() == [0.0, 1.0, 2.0] and "obs" not in rb[:].keys()
+
+
 def test_replaybuf_components_must_come_from_replaybuf():
     with pytest.raises(TypeError, match="replaybuf.torchrl"):
         replaybuf.torchrl.ReplayBuffer(sampler=torchrl.data.RandomSampler())

@@ -63,8 +63,15 @@ def dump(rb: Any, path: Any) -> None:
 def load(rb: Any, path: Any) -> None:
     path = Path(path).absolute()
     face = json.loads((path / FACE_FILE).read_text())
-    rb._ensure_native_for(layout_from_json(json.dumps(face["layout"])), face["envs"])
-    rb._native.loads(path)
+    made = rb._ensure_native_for(layout_from_json(json.dumps(face["layout"])), face["envs"])
+    try:
+        rb._native.loads(path)
+    except BaseException:
+        # The engine leaves its own buffer as it was; the one made here for the
+        # checkpoint's fields goes too, so a buffer never written stays unwritten.
+        if made:
+            rb._unmake_native()
+        raise
     if (path / TRANSFORM_FILE).exists():
         rb._transform.load_state_dict(torch.load(path / TRANSFORM_FILE))
     rb._batch_size = face["batch_size"]

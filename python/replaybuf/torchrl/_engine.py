@@ -98,12 +98,26 @@ class LazyEngine:
             native = self._native
         return native
 
-    def _ensure_native_for(self, layout: Layout, envs: int) -> None:
-        """Makes the engine buffer for a known layout (a checkpoint's), if none yet."""
+    def _ensure_native_for(self, layout: Layout, envs: int) -> bool:
+        """Makes the engine buffer for a known layout (a checkpoint's), if none yet;
+        returns whether it made one, for :meth:`_unmake_native` to undo should the
+        checkpoint be refused."""
         with self._build_lock:
-            if self._native is None:
-                native = self._make_native(layout, envs)
-                self._install(native, layout, envs, self._storage._output_device(None))
+            if self._native is not None:
+                return False
+            native = self._make_native(layout, envs)
+            self._install(native, layout, envs, self._storage._output_device(None))
+            return True
+
+    def _unmake_native(self) -> None:
+        """Back to no engine buffer and no fields, as before the first write: a
+        checkpoint that fixed the fields and was then refused must not leave them
+        fixed for the data written next."""
+        with self._build_lock:
+            # Dropping the only references closes the engine buffer (and its files).
+            self._native = self._sampler._native = None
+            self._storage._release()
+            self._layout, self._plan, self._envs, self._device = None, None, 1, None
 
     def _make_native(
         self, layout: Layout, envs: int, write_policy: Any = None, files: bool = True

@@ -1,0 +1,70 @@
+//! Values that are not numpy arrays (lists, scalars, torch tensors) as arrays of a
+//! field's dtype.
+//!
+//! An ndarray of another dtype is refused outright: its dtype was the caller's choice.
+//! Other values are converted, but numpy's own cast (`asarray(value, dtype)`) is
+//! unsafe: it truncates floats into an integer field (`[2.7, -0.9]` stored as
+//! `[2, 0]`) and wraps integers outside the field's range (`[300, -1]` into uint8
+//! stored as `[44, 255]`), silently. So a value becomes numpy's array of it first, in
+//! the dtype numpy picks, and is cast to the field's dtype only where the cast keeps
+//! what it says: one numpy calls "same_kind" (no float into an integer, no integer
+//! into a bool), or one between signed and unsigned integers (numpy keeps those
+//! apart; a list of ints is int64 to numpy, and must still fill a uint8 field), that
+//! leaves every value as it was (an integer in the field's range; a float rounded to
+//! the field's precision, as any float field rounds, but not made infinite).
+
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::IntoPyDict;
+
+use crate::errors::type_error;
+
+/// `value` (anything but an ndarray) as an array of `descr`, the dtype of the field
+/// `key`; refused with a type error where the conversion would change a value.
+pub(crate) fn field_array<'py>(
+    value: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let np = value.py().import("numpy")?;
+    let array = np
+        .call_method1("asarray", (value,))?
+        .cast_into::<PyUntypedArray>()?;
+    let found = array.dtype();
+    if found.is_equiv_to(descr) {
+        return Ok(array);
+    }
+    let integer = |d: &Bound<'py, PyArrayDescr>| matches!(d.kind(), b'i' | b'u');
+    let same_kind = (integer(&found) && integer(descr))
+        || np
+            .call_method1("can_cast", (&found, descr, "same_kind"))?
+            .is_truthy()?;
+    if !same_kind {
+        return Err(type_error(format!(
+            "`{key}` must be {descr}, got {found} values, which it cannot hold as they are: \
+             pass them as {descr}"
+        )));
+    }
+    // A float too large for the field is refused below, not warned about by numpy.
+    let quiet = np.call_method(
+        "errstate",
+        (),
+        Some(&[("over", "ignore")].into_py_dict(value.py())?),
+    )?;
+    quiet.call_method0("__enter__")?;
+    let cast = array.call_method1("astype", (descr,));
+    quiet.call_method1("__exit__", (None::<()>, None::<()>, None::<()>))?;
+    let cast = cast?;
+    let kept = if descr.kind() == b'f' {
+        let finite = |a: &Bound<'py, PyAny>| np.call_method1("isfinite", (a,));
+        np.call_method1("array_equal", (finite(array.as_any())?, finite(&cast)?))?
+    } else {
+        np.call_method1("array_equal", (&cast, &array))?
+    };
+    if !kept.is_truthy()? {
+        return Err(type_error(format!(
+            "`{key}` must be {descr}, got {found} values outside its range"
+        )));
+    }
+    Ok(cast.cast_into::<PyUntypedArray>()?)
+}
