@@ -229,8 +229,20 @@ fn sample_errors() {
         .unwrap();
     assert_eq!(wor.sample(1).unwrap_err(), SampleError::Empty);
     wor.extend(&rows(&wor, &[3], 0)).unwrap();
+    // More rows than are stored: the epoch's one batch is all of them, as TorchRL's
+    // sampler gives them; with drop_last, no batch could be whole.
+    let mut all = wor.sample(4).unwrap().index().to_vec();
+    all.sort_unstable();
+    assert_eq!(all, [0, 1, 2]);
+    assert_eq!(wor.sample(4).unwrap_err(), SampleError::EpochEnd);
+    let dropping = ReplayBuffer::builder(spec())
+        .capacity(8)
+        .sampler(WithoutReplacement::new().drop_last(true))
+        .build()
+        .unwrap();
+    dropping.extend(&rows(&dropping, &[3], 0)).unwrap();
     assert_eq!(
-        wor.sample(4).unwrap_err(),
+        dropping.sample(4).unwrap_err(),
         SampleError::NotEnough {
             requested: 4,
             available: 3

@@ -423,7 +423,7 @@ impl Epochs {
             Ok(batch) => {
                 let epoch = epoch.get_or_insert_with(|| {
                     assert!(
-                        live > 0 && n <= live,
+                        live > 0 && (n <= live || !drop_last),
                         "sample({n}) began an epoch over {live} rows"
                     );
                     Epoch {
@@ -434,7 +434,11 @@ impl Epochs {
                     }
                 });
                 let left = epoch.rows.saturating_sub(epoch.taken);
-                assert!(n <= epoch.rows, "sample({n}) of an epoch of {}", epoch.rows);
+                assert!(
+                    n <= epoch.rows || !drop_last,
+                    "sample({n}) of an epoch of {} with drop_last",
+                    epoch.rows
+                );
                 assert!(left > 0, "sample({n}) past the end of the epoch");
                 assert!(
                     !drop_last || left >= n,
@@ -480,7 +484,10 @@ impl Epochs {
             }) => {
                 assert_eq!(requested, n);
                 let rows = epoch.as_ref().map_or(live, |e| e.rows);
-                assert!(rows > 0 && n > rows, "NotEnough for sample({n}) of {rows}");
+                assert!(
+                    drop_last && rows > 0 && n > rows,
+                    "NotEnough for sample({n}) of {rows}"
+                );
                 assert_eq!(available, rows);
             }
             Err(SampleError::Empty) => {

@@ -304,6 +304,17 @@ def test_without_replacement_drop_last_needs_a_full_batch(rl):
         rb.sample()
 
 
+def test_without_replacement_short_of_a_batch_gives_every_row(rl):
+    # Fewer rows than a batch, without drop_last: each sample is the epoch's one
+    # batch, every stored row (it was refused as too few).
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10), sampler=rl.SamplerWithoutReplacement(), batch_size=4
+    )
+    rb.extend(transitions(3))
+    for _ in range(3):
+        assert sorted(rb.sample()["step"].tolist()) == [0, 1, 2]
+
+
 def test_without_replacement_in_storage_order(rl):
     rb = rl.TensorDictReplayBuffer(
         storage=rl.LazyTensorStorage(10),

@@ -498,7 +498,9 @@ pub enum SampleError {
     /// The buffer holds no rows.
     #[error("the buffer is empty")]
     Empty,
-    /// Sampling without replacement asked for more rows than are stored.
+    /// Sampling without replacement with `drop_last` asked for more rows than are
+    /// stored: no batch of an epoch could be whole. (Without `drop_last` the epoch's
+    /// one batch is every stored row.)
     #[error("asked for {requested} rows without replacement but only {available} are stored")]
     NotEnough {
         /// Rows asked for.

@@ -168,7 +168,9 @@ impl<T: Clone> Epochs<T> {
             _ => self.start(collect, n)?,
         };
         let rows = epoch.items.len() as u64;
-        if n > rows {
+        // More than an epoch holds: without `drop_last`, the epoch's one batch is all
+        // of it (TorchRL's `SamplerWithoutReplacement`); with it, no batch ever is.
+        if n > rows && self.config.drop_last {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
                 available: rows as usize,
@@ -277,7 +279,7 @@ impl<T: Clone> Epochs<T> {
         if items.is_empty() {
             return Err(SampleError::Empty);
         }
-        if n > items.len() as u64 {
+        if n > items.len() as u64 && self.config.drop_last {
             return Err(SampleError::NotEnough {
                 requested: n as usize,
                 available: items.len(),

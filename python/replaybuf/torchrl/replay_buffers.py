@@ -45,8 +45,9 @@ CPU = torch.device("cpu")
 
 class SampleRefusedError(ReplayBufferValueError, RuntimeError):
     """The engine cannot draw the batch asked for (no trajectory long enough for a
-    slice, fewer rows than a batch without replacement): a ``ValueError`` as replaybuf
-    raises it, and a ``RuntimeError`` as TorchRL's samplers mostly do."""
+    slice; fewer rows than a batch without replacement and ``drop_last``): a
+    ``ValueError`` as replaybuf raises it, and a ``RuntimeError`` as TorchRL's samplers
+    mostly do."""
 
 
 def component(value: Any, default: Callable[[], Any], base: type, what: str) -> Any:
