@@ -304,6 +304,16 @@ def test_without_replacement_drop_last_needs_a_full_batch(rl):
         rb.sample()
 
 
+def test_indices_before_the_first_row_are_index_errors(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(5))
+    assert rb[-1]["step"].item() == 4
+    assert rb[[-5, -1]]["step"].tolist() == [0, 4]
+    for index in (-6, [-6], torch.tensor([0, -6])):
+        with pytest.raises(IndexError):
+            rb[index]
+
+
 def test_without_replacement_short_of_a_batch_gives_every_row(rl):
     # Fewer rows than a batch, without drop_last: each sample is the epoch's one
     # batch, every stored row (it was refused as too few).

@@ -43,6 +43,15 @@ _NOT_WRITTEN = 2**64 - 1
 CPU = torch.device("cpu")
 
 
+def _from_end(i: int, rows: int) -> int:
+    """Position ``i`` of ``rows`` stored rows, counted from the end when negative, as
+    a tensor's index is; one before the first row is an ``IndexError``, as TorchRL's
+    storages raise it (not an ``OverflowError`` from the unsigned index below)."""
+    if i < -rows:
+        raise IndexError(f"index {i} is out of bounds for {rows} rows")
+    return i + rows if i < 0 else i
+
+
 class SampleRefusedError(ReplayBufferValueError, RuntimeError):
     """The engine cannot draw the batch asked for (no trajectory long enough for a
     slice; fewer rows than a batch without replacement and ``drop_last``): a
@@ -458,12 +467,15 @@ class ReplayBuffer(LazyEngine):
             isinstance(index, torch.Tensor) and index.ndim == 0
         ):
             i = int(index)
-            out = native.get(i + len(native) if i < 0 else i)
+            out = native.get(_from_end(i, len(native)))
             return rows({k: v[0, ...] for k, v in out.items()}, (), CPU)
         a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
         if a.dtype == bool:
             a = np.nonzero(a)[0]
-        a = np.where(a < 0, a + len(native), a).reshape(-1)
+        a = a.reshape(-1)
+        if len(a) and a.min() < -len(native):
+            _from_end(int(a.min()), len(native))
+        a = np.where(a < 0, a + len(native), a)
         return rows(native.get(a), (len(a),), CPU)
 
     def __getitem__(self, index: Any) -> Any:
