@@ -23,11 +23,12 @@
 //! correctness: the GIL itself is taken the usual way.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use pyo3::Python;
+use pyo3::prelude::*;
 
 /// Threads tracked; a thread beyond these shares a slot with an earlier one, which at
 /// worst makes a spin end early or start needlessly.
@@ -71,23 +72,97 @@ fn my_slot() -> usize {
     })
 }
 
+/// Set by an `atexit` handler ([`exiting`]): the interpreter is shutting down, and
+/// the threads left are daemon threads, which CPython (before 3.14) ends by
+/// `pthread_exit` when they take the GIL back. That exit unwinds through this
+/// module's frames, and the unwind aborts the process: a script whose daemon thread
+/// was sampling when its main thread returned died with SIGABRT (exit status 134)
+/// every time. (PyO3 parks such threads in `PyGILState_Ensure`, but not in the
+/// `PyEval_RestoreThread` that ends `Python::detach`.)
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Threads between releasing the GIL in [`detach`] and having it back: those the
+/// `atexit` handler waits for, so that none is still taking the GIL back once the
+/// interpreter is finalizing.
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread that ran the `atexit` handlers: it finalizes the interpreter, and may
+/// call in here while it does (a buffer dropped at exit); it must not park.
+static FINALIZER: OnceLock<ThreadId> = OnceLock::new();
+
+/// The longest the `atexit` handler waits for threads inside a native call to park
+/// or take the GIL back: a call that waits longer (a rate-limited wait with no
+/// timeout) is left where it is, as before.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Registered with `atexit` when the module loads. Marks the interpreter as exiting,
+/// and then, the GIL released, waits (at most [`EXIT_WAIT`]) until every thread that
+/// released it in [`detach`] has parked or has it back: its native part ends in a
+/// park from now on, and a thread already taking the GIL back gets it before the
+/// interpreter begins finalizing (Python runs `atexit` handlers after joining the
+/// non-daemon threads and before it marks itself finalizing).
+#[pyfunction]
+pub(crate) fn exiting(py: Python<'_>) {
+    let _ = FINALIZER.set(std::thread::current().id());
+    EXITING.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    while RELEASED.load(Ordering::SeqCst) > 0 && start.elapsed() < EXIT_WAIT {
+        py.detach(|| std::thread::sleep(Duration::from_micros(200)));
+    }
+}
+
+/// Registers [`exiting`] with `atexit`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let handler = wrap_pyfunction!(exiting, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (handler,))?;
+    Ok(())
+}
+
+/// Whether this thread is a daemon thread the exiting interpreter would end.
+fn ended() -> bool {
+    EXITING.load(Ordering::SeqCst) && FINALIZER.get() != Some(&std::thread::current().id())
+}
+
+/// Parks this thread until the process ends.
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
 /// Runs `f` with the GIL released (as `Python::detach`), and before taking the GIL
 /// back waits, briefly, for a thread that is likely to release it within
-/// microseconds (see the module docs).
+/// microseconds (see the module docs). Once the interpreter is exiting, a daemon
+/// thread that calls in, or whose native part ends, never takes the GIL back: it
+/// parks until the process ends (as Python 3.14 parks it), rather than be ended by
+/// `pthread_exit` through these frames.
 pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
 where
     F: Send + FnOnce() -> T,
     T: Send,
 {
+    if ended() {
+        py.detach(|| park_forever());
+    }
     let me = my_slot();
+    RELEASED.fetch_add(1, Ordering::SeqCst);
     let out = py.detach(|| {
         // Only once the GIL is released: a thread that sees this and takes the GIL
         // must find it free, or it sleeps after all.
         BACK_IN_PYTHON[me].store(0, Ordering::Release);
         let out = f();
+        // After the count went up: the handler waits for this thread, or this
+        // thread sees the flag (both sequentially consistent).
+        if ended() {
+            RELEASED.fetch_sub(1, Ordering::SeqCst);
+            park_forever();
+        }
         await_release(me);
         out
     });
+    RELEASED.fetch_sub(1, Ordering::SeqCst);
     BACK_IN_PYTHON[me].store(now_ns() + 1, Ordering::Release);
     out
 }

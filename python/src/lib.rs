@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    gil::register(m)?;
     m.add_class::<buffer::Buffer>()?;
     m.add_function(wrap_pyfunction!(buffer::_forked, m)?)?;
     m.add_class::<tmrl::Memory>()?;

@@ -268,3 +268,35 @@ def test_loads_beside_sampling_threads_does_not_deadlock():
         pytest.fail("loads beside three sampling threads hung")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("loads 50 samples"), done.stdout
+
+
+EXIT_WHILE_SAMPLING = textwrap.dedent(
+    """
+    import threading, time
+    import numpy as np, replaybuf
+    rb = replaybuf.ReplayBuffer(20000, spec={"obs": ("float32", (64,))}, seed=1)
+    rb.extend({"obs": np.ones((20000, 64), np.float32)})
+    def sample():
+        while True:
+            rb.sample(4096)
+    for _ in range(2):
+        threading.Thread(target=sample, daemon=True).start()
+    time.sleep(0.3)
+    print("exiting")
+    """
+)
+
+
+def test_exiting_while_daemon_threads_sample_ends_the_process_cleanly():
+    """A daemon thread inside a sample when the interpreter exits parks rather than
+    take the GIL back: CPython before 3.14 ends it with ``pthread_exit``, whose unwind
+    through the extension's frames aborted the process (exit status 134) every time."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_WHILE_SAMPLING],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (done.returncode, done.stderr)
+        assert done.stdout == "exiting\n"
