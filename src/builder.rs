@@ -399,6 +399,9 @@ impl ReplayBufferBuilder {
                 )
             }
         };
+        // A region made before (opened again, attached to) holds the sampler's words
+        // as it was left: damaged ones are refused here, before a reopen's recovery
+        // computes masses from them (from an alpha of NaN it never returned).
         if origin != Origin::Fresh {
             let engine = SamplerEngine::new(self.settings.sampler.clone(), seed, storage.globals());
             if let Some(why) = engine.damage() {
