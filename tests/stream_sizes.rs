@@ -23,15 +23,11 @@ use replaybuf::sampler::Prioritized;
 use replaybuf::{Batch, ReplayBuffer};
 
 mod common;
+use common::{fill_payload_rows as fill, payload_priority as priority};
 
 /// The bytes of a ring past the caches: past the 32 MiB from which appends stream by
 /// non-temporal stores.
 const PAST_CACHES_BYTES: u64 = 34 << 20;
-
-/// The priority row `id` is written with.
-fn priority(id: u64) -> f64 {
-    (id % 89 + 1) as f64 / 4.0
-}
 
 /// Steps `steps` of `rb`'s `width` environments (one where `width` is 1, a flat
 /// buffer's rows): the row of step `t` and environment `e` is row `t * width + e`,
@@ -49,21 +45,6 @@ fn batch_of(rb: &ReplayBuffer, width: u64, steps: std::ops::Range<u64>) -> Batch
     };
     fill(&mut batch, &ids);
     batch
-}
-
-/// Fills `batch`'s columns with rows `ids`, every byte derived from its row's id.
-fn fill(batch: &mut Batch, ids: &[u64]) {
-    let len = batch.spec().field("payload").unwrap().1.bytes() as u64;
-    let payload: Vec<u8> = ids
-        .iter()
-        .flat_map(|&i| (0..len).map(move |k| (i.wrapping_mul(167) + k * 7) as u8))
-        .collect();
-    batch.set("id", ids).unwrap();
-    batch.set("payload", &payload).unwrap();
-    let flag: Vec<bool> = ids.iter().map(|&i| i % 5 == 0).collect();
-    batch.set("flag", &flag).unwrap();
-    let prio: Vec<f32> = ids.iter().map(|&i| priority(i) as f32).collect();
-    batch.set("prio", &prio).unwrap();
 }
 
 /// The slots of the sweep, 24 to 4,096 bytes, one of each size, and the payload

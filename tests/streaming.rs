@@ -17,6 +17,7 @@ use replaybuf::sampler::Prioritized;
 use replaybuf::{Batch, ReplayBuffer, Spec};
 
 mod common;
+use common::{fill_payload_rows as fill, payload_priority as priority};
 
 /// Rows of the rings: their slots (an 8-byte stamp and 108 bytes of row, rounded to
 /// words) take 77 MB, past the 32 MiB from which appends stream.
@@ -32,26 +33,6 @@ fn spec() -> Spec {
 /// [`spec`] with a payload of `bytes`.
 fn spec_of(bytes: usize) -> Spec {
     common::payload_spec(bytes)
-}
-
-/// Fills `batch` with rows `ids`, every byte derived from the row's id.
-fn fill(batch: &mut Batch, ids: &[u64]) {
-    batch.set("id", ids).unwrap();
-    let len = batch.spec().field("payload").unwrap().1.bytes() as u64;
-    let payload: Vec<u8> = ids
-        .iter()
-        .flat_map(|&i| (0..len).map(move |k| (i.wrapping_mul(131) + k) as u8))
-        .collect();
-    batch.set("payload", &payload).unwrap();
-    let flag: Vec<bool> = ids.iter().map(|&i| i % 3 == 0).collect();
-    batch.set("flag", &flag).unwrap();
-    let prio: Vec<f32> = ids.iter().map(|&i| priority(i) as f32).collect();
-    batch.set("prio", &prio).unwrap();
-}
-
-/// The priority row `id` is written with.
-fn priority(id: u64) -> f64 {
-    (id % 97 + 1) as f64 / 8.0
 }
 
 /// Asserts every row of `batch` is the whole row its id names; returns the ids.

@@ -183,3 +183,24 @@ pub fn payload_spec(bytes: usize) -> replaybuf::Spec {
         .build()
         .unwrap()
 }
+
+/// Fills `batch` (of a [`payload_spec`]) with rows `ids`, every byte derived from the
+/// row's id, its priority [`payload_priority`].
+pub fn fill_payload_rows(batch: &mut replaybuf::Batch, ids: &[u64]) {
+    batch.set("id", ids).unwrap();
+    let len = batch.spec().field("payload").unwrap().1.bytes() as u64;
+    let payload: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| (0..len).map(move |k| (i.wrapping_mul(131) + k) as u8))
+        .collect();
+    batch.set("payload", &payload).unwrap();
+    let flag: Vec<bool> = ids.iter().map(|&i| i % 3 == 0).collect();
+    batch.set("flag", &flag).unwrap();
+    let prio: Vec<f32> = ids.iter().map(|&i| payload_priority(i) as f32).collect();
+    batch.set("prio", &prio).unwrap();
+}
+
+/// The priority [`fill_payload_rows`] writes row `id` with.
+pub fn payload_priority(id: u64) -> f64 {
+    (id % 97 + 1) as f64 / 8.0
+}
