@@ -95,32 +95,26 @@ impl ReplayBuffer {
         let builder = ReplayBufferBuilder::from_config(&old.config)
             .map_err(|e| refused(format!("{e:?}")))?
             .seed(meta.config.seed);
-        let mut new = if old.core.storage.is_file_backed() || old.core.storage.is_shared() {
-            // The region is the file or the shared memory: a state over it, and every
-            // file checked before anything is written.
+        // A file-backed or shared buffer's region is the file or the shared memory: a
+        // state over it, and every file checked before anything is written.
+        let region = old.core.storage.is_file_backed() || old.core.storage.is_shared();
+        let mut new = if region {
             let checked = builder.check().map_err(|e| refused(e.to_string()))?;
             let config = builder.config(meta.config.seed);
-            let mut new = builder.assemble(
+            builder.assemble(
                 checked,
                 config,
                 old.core.storage.view(),
                 meta.config.seed,
                 Origin::Reused,
-            );
-            // The hooks belong to this buffer: the rows read pass through them here too
-            // (they were set only after the read, and a file-backed or shared buffer's
-            // restore skipped them).
-            new.hooks = Arc::clone(&old.hooks);
-            read_into(&new, dir, &checkpoint, true)?;
-            new
+            )
         } else {
-            let mut fresh = builder.build_inner().map_err(|e| refused(e.to_string()))?;
-            // The hooks belong to this buffer: the fresh state reads with them.
-            fresh.hooks = Arc::clone(&old.hooks);
-            read_into(&fresh, dir, &checkpoint, false)?;
-            fresh
+            builder.build_inner().map_err(|e| refused(e.to_string()))?
         };
+        // The hooks belong to this buffer: the rows read pass through them (a
+        // file-backed or shared buffer's restore skipped them, set after the read).
         new.hooks = Arc::clone(&old.hooks);
+        read_into(&new, dir, &checkpoint, region)?;
         new.transforms = Arc::clone(&old.transforms);
         new.memmap = old.memmap.clone();
         new.policy.reload(&new.core);
