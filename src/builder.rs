@@ -404,14 +404,24 @@ impl ReplayBufferBuilder {
         // computes masses from them (from an alpha of NaN it never returned).
         if origin != Origin::Fresh {
             let engine = SamplerEngine::new(self.settings.sampler.clone(), seed, storage.globals());
-            if let Some(why) = engine.damage() {
+            let why = engine
+                .damage()
+                .map(|why| format!("its sampler's state: {why}"));
+            // A reopened region's rows too (an attached one's are in use: other
+            // processes' appends claim and write them as this looks).
+            let why = why.or_else(|| {
+                (origin == Origin::Reopened)
+                    .then(|| storage.unclaimed_row())
+                    .flatten()
+            });
+            if let Some(why) = why {
                 let region = match (&self.memmap, &self.shared) {
                     (Some(dir), _) => dir.clone(),
                     #[cfg(not(replaybuf_loom))]
                     (_, Some(name)) => crate::backing::shm::shown(name),
                     _ => PathBuf::new(),
                 };
-                let why = PersistKind::Corrupt(format!("its sampler's state: {why}"));
+                let why = PersistKind::Corrupt(why);
                 return err(BuildErrorKind::Persist(PersistError::new(region, why)));
             }
         }

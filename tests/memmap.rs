@@ -220,3 +220,79 @@ fn a_damaged_alpha_is_refused_on_reopening() {
         assert!(e.contains("alpha is"), "{damage}: {e}");
     }
 }
+
+/// A region whose rows past its cursor were damaged (a slot of the ring's first lap
+/// the cursor never reached shows a row: its stamp damaged, or the cursor moved back
+/// over written rows) is refused on reopening, with an error that says where: it was
+/// reopened, and the next append to that slot waited forever for it to be empty.
+/// A row below the cursor damaged the same way is taken over as before.
+#[test]
+#[allow(clippy::disallowed_methods)] // the loom facade rule is for the library
+fn a_row_past_the_cursor_is_refused_on_reopening() {
+    use std::time::Duration;
+    const BASE: u64 = 0x5eed_0000_0000;
+    let dir = tempfile::tempdir().unwrap();
+    let build = |path: std::path::PathBuf| {
+        ReplayBuffer::builder(spec())
+            .capacity(64)
+            .memmap(path)
+            .existsok(true)
+            .build()
+    };
+    let rb = build(dir.path().to_path_buf()).unwrap();
+    rb.extend(&chunk(&rb, BASE..BASE + 40)).unwrap();
+    drop(rb);
+    let file = dir.path().join("storage.bin");
+    let bytes = std::fs::read(&file).unwrap();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let id_at = |i: u64| {
+        bytes
+            .chunks(8)
+            .position(|w| w == (BASE + i).to_le_bytes())
+            .expect("a row's id")
+            * 8
+    };
+    let stride = id_at(1) - id_at(0);
+    assert_eq!(id_at(39) - id_at(0), 39 * stride, "slots in ring order");
+    // The stamp: the word before the id that every written row has published (lap
+    // 0, no edit: 2) and the rest of the ring's slots empty.
+    let stamp = (8..=id_at(0))
+        .step_by(8)
+        .find(|&back| {
+            (0..40).all(|i| word(id_at(0) + i * stride - back) == 2)
+                && (40..64).all(|i| word(id_at(0) + i * stride - back) == 0)
+        })
+        .expect("the stamps' word");
+    let stamp_of = |i: usize| id_at(0) + i * stride - stamp;
+
+    let reopen = |bytes: &[u8]| {
+        std::fs::write(&file, bytes).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let got = build(path).map_err(|e| e.to_string()).and_then(|rb| {
+                rb.extend(&chunk(&rb, 0..30)).map_err(|e| e.to_string())?;
+                Ok(rb.len())
+            });
+            tx.send(got)
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the reopen and an append return")
+    };
+    for damaged in [40, 50, 63] {
+        let mut copy = bytes.clone();
+        copy[stamp_of(damaged)..stamp_of(damaged) + 8].copy_from_slice(&2u64.to_le_bytes());
+        let e = reopen(&copy).expect_err("a row past the cursor is refused");
+        assert!(
+            e.contains(&format!("ring position {damaged}")) && e.contains("cursor, 40"),
+            "{e}"
+        );
+        // Refused, and left as it was.
+        assert_eq!(std::fs::read(&file).unwrap(), copy);
+    }
+    // Below the cursor: a stamp of another lap is the abandoned mark's to take over.
+    let mut copy = bytes.clone();
+    copy[stamp_of(10)..stamp_of(10) + 8].copy_from_slice(&(7u64 << 32 | 2).to_le_bytes());
+    assert_eq!(reopen(&copy), Ok(64));
+    assert_eq!(reopen(&bytes), Ok(64));
+}

@@ -212,6 +212,32 @@ impl Storage {
         found
     }
 
+    /// The first slot of a region made before that holds a row its shard never
+    /// claimed, described, if any: a slot of a ring's first lap at or past its
+    /// shard's cursor must be empty, and the first append to it waits until it is
+    /// ([`Prev::Empty`](super::stamp::Prev)). Only a damaged stamp or cursor (a
+    /// cursor moved back over written rows) makes one otherwise, and nobody would
+    /// ever empty it. Slots the cursor has passed need no such check: the next lap's
+    /// appender takes them over whatever they hold (the abandoned mark).
+    pub(crate) fn unclaimed_row(&self) -> Option<String> {
+        self.shards().iter().enumerate().find_map(|(k, shard)| {
+            let ring = *shard.ring();
+            let cursor = shard.window().hi;
+            (cursor..ring.steps).find_map(|pos| {
+                (0..ring.width).find_map(|lane| {
+                    let stamp =
+                        Stamp::from_bits(self.stamp(ring.slot(pos, lane)).load(Ordering::Acquire));
+                    (stamp != Stamp::EMPTY).then(|| {
+                        format!(
+                            "shard {k} holds a row at ring position {pos} (stamp {stamp:?}) \
+                             though its cursor, {cursor}, never reached it"
+                        )
+                    })
+                })
+            })
+        })
+    }
+
     /// The raw priority of every live, published row, by tree and leaf: `(lap,
     /// priority)`, or `None` for a leaf that holds no such row. For rebuilding the
     /// trees after a recovery or a load.
