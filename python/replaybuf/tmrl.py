@@ -278,7 +278,13 @@ class Memory:
         terminated, truncated, info)``, arrays in their stored dtypes, ``info`` empty."""
         if self._native is None:
             raise IndexError(f"transition {item}: the memory is empty")
-        t = self._native.get_transition(int(item))
+        item = int(item)
+        if item < 0:
+            # From the end, as a list's index (tmrl's memories index lists).
+            if item < -len(self):
+                raise IndexError(f"transition {item} is out of bounds for {len(self)}")
+            item += len(self)
+        t = self._native.get_transition(item)
         return (
             t["obs"][0],
             t["act"][0],

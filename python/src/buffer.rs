@@ -23,7 +23,7 @@ use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 use crate::arrays::{dict_of_batch, span, with_borrowed, Spans};
 use crate::config;
 use crate::convert::field_array;
-use crate::errors::{key_error, py_err, type_error, value_error};
+use crate::errors::{index_error, key_error, py_err, type_error, value_error};
 use crate::fields::{
     dtype_from_py, dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
     spec_from_py,
@@ -894,18 +894,50 @@ impl Buffer {
         Ok(self.handle(py)?.priority(index))
     }
 
-    /// The rows at `index` (an int, or an array of ints), in that order, as a dict.
+    /// The rows at `index` (an int, or an array of ints), in that order, as a dict. A
+    /// negative index counts back from the number of rows stored, as a list's does;
+    /// one before the first row is an `IndexError`.
     fn get<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
-        let indices: Vec<u64> = match index.extract::<u64>() {
-            Ok(i) => vec![i],
-            Err(_) => py
-                .import("numpy")?
-                .call_method1("asarray", (index, "uint64"))?
-                .call_method1("reshape", (-1,))?
-                .call_method0("tolist")?
-                .extract()?,
-        };
         let rb = self.handle(py)?;
+        let rows = rb.len() as u64;
+        let from_end = |i: i64| -> PyResult<u64> {
+            match u64::try_from(i) {
+                Ok(i) => Ok(i),
+                Err(_) => rows.checked_sub(i.unsigned_abs()).ok_or_else(|| {
+                    index_error(format!("index {i} is out of bounds for {rows} rows"))
+                }),
+            }
+        };
+        let indices: Vec<u64> = match index.extract::<i64>() {
+            Ok(i) => vec![from_end(i)?],
+            Err(_) => {
+                let numpy = py.import("numpy")?;
+                let array = numpy.call_method1("asarray", (index,))?;
+                let kind = array
+                    .getattr("dtype")?
+                    .getattr("kind")?
+                    .extract::<String>()?;
+                let empty = array.getattr("size")?.extract::<usize>()? == 0;
+                if !(empty || matches!(kind.as_str(), "b" | "i" | "u")) {
+                    return Err(type_error(format!(
+                        "indices must be integers, not {}",
+                        array.getattr("dtype")?
+                    )));
+                }
+                let unsigned = kind == "u";
+                let dtype = if unsigned { "uint64" } else { "int64" };
+                let list = array
+                    .call_method1("astype", (dtype,))?
+                    .call_method1("reshape", (-1,))?
+                    .call_method0("tolist")?;
+                if unsigned {
+                    list.extract()?
+                } else {
+                    let signed: Vec<i64> = list.extract()?;
+                    signed.into_iter().map(from_end).collect::<PyResult<_>>()?
+                }
+            }
+        };
         let batch = gil::detach(py, || rb.get_many(&indices)).map_err(py_err)?;
         self.dict_of_batch(py, &batch)
     }

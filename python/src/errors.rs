@@ -265,3 +265,8 @@ pub(crate) fn type_error(message: impl Into<String>) -> PyErr {
 pub(crate) fn key_error(message: impl Into<String>) -> PyErr {
     raise(Kind::Key, message)
 }
+
+/// An `IndexError` of ours.
+pub(crate) fn index_error(message: impl Into<String>) -> PyErr {
+    raise(Kind::Index, message)
+}

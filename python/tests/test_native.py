@@ -521,6 +521,21 @@ def test_bad_priorities_change_nothing(priority):
     assert state(rb) == before
 
 
+def test_negative_indices_count_from_the_end():
+    rb = buffer(capacity=32, n=10)
+    assert check(rb.get(-1)).tolist() == [9]
+    assert check(rb.get([-10, 0, -2])).tolist() == [0, 0, 8]
+    assert check(rb.get(np.array([-1], np.int8))).tolist() == [9]
+    assert check(rb.get(np.array([3], np.uint64))).tolist() == [3]
+    assert check(rb.get([])).tolist() == []
+    # One before the first row, as a list's index (it was an OverflowError).
+    for index in (-11, [0, -11], np.array([-(2**40)])):
+        with raises(IndexError, "out of bounds"):
+            rb.get(index)
+    with raises(TypeError, "integers"):
+        rb.get([1.5])
+
+
 def test_bad_updates_change_nothing():
     rb = buffer(capacity=8, n=6, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
     before = state(rb)

@@ -133,6 +133,12 @@ def test_samples_become_transitions_within_episodes_and_across_buffers():
     torch.testing.assert_close(c[5], torch.tensor([0.0, 0.0, 1.0]))
     with pytest.raises(IndexError):
         memory.get_transition(1000)
+    # From the end, as tmrl's lists index (it raised OverflowError).
+    assert ids_of(memory.get_transition(-1)) == expected[-1]
+    assert ids_of(memory[-7]) == expected[0]
+    for item in (-8, -1000):
+        with pytest.raises(IndexError):
+            memory[item]
 
 
 def check_batch(batch, n, ends):
