@@ -14,6 +14,8 @@ fn spec() -> Spec {
     Spec::builder().field("id", DType::U64, []).build().unwrap()
 }
 
+mod common;
+
 fn builder(capacity: usize) -> ReplayBufferBuilder {
     ReplayBuffer::builder(spec()).capacity(capacity).seed(3)
 }
@@ -204,4 +206,13 @@ fn a_buffer_without_a_limit_refuses_the_controls() {
         Err(RateLimitError::NoLimit)
     );
     assert_eq!(rb.close_rate_limit(), Err(RateLimitError::NoLimit));
+}
+
+#[test]
+fn a_wait_ends_when_its_check_says_so() {
+    let rb = builder(4096)
+        .rate_limit(RateLimit::min_size(1000))
+        .build()
+        .unwrap();
+    common::check_interruptible_waits(&rb);
 }

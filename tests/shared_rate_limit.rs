@@ -261,3 +261,14 @@ fn a_shared_buffer_without_a_limit_lets_everything_through_and_refuses_the_contr
     assert!(matches!(rb.sample(8), Ok(b) if b.len() == 8));
     assert!(!matches!(rb.sample(8), Err(SampleError::RateLimited(_))));
 }
+
+#[test]
+fn a_wait_ends_when_its_check_says_so() {
+    let name = name("interrupt");
+    let _cleanup = common::shm::Cleanup(common::shm::path_of(&name));
+    let rb = builder(&name)
+        .rate_limit(RateLimit::min_size(1000))
+        .build()
+        .unwrap();
+    common::check_interruptible_waits(&rb);
+}

@@ -169,6 +169,10 @@ pub(crate) trait IntoPy {
 
 /// `result.map_err(py_err)`: an engine error as its exception, message unchanged.
 pub(crate) fn py_err<E: IntoPy + std::fmt::Display>(e: E) -> PyErr {
+    // A wait a signal handler ended (`RateLimitError::Interrupted`): its exception.
+    if let Some(raised) = crate::gil::take_raised() {
+        return raised;
+    }
     raise(e.kind(), e.to_string())
 }
 

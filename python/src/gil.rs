@@ -22,13 +22,14 @@
 //! called in here. A wrong guess costs at most [`SPIN`] of spinning, and never
 //! correctness: the GIL itself is taken the usual way.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use replaybuf::RateLimit;
 
 /// Threads tracked; a thread beyond these shares a slot with an earlier one, which at
 /// worst makes a spin end early or start needlessly.
@@ -91,8 +92,8 @@ static RELEASED: AtomicUsize = AtomicUsize::new(0);
 static FINALIZER: OnceLock<ThreadId> = OnceLock::new();
 
 /// The longest the `atexit` handler waits for threads inside a native call to park
-/// or take the GIL back: a call that waits longer (a rate-limited wait with no
-/// timeout) is left where it is, as before.
+/// or take the GIL back (a rate-limited wait ends within `RateLimit::INTERRUPT_EVERY`
+/// of the mark: [`signal_raised`]); a call that takes longer is left where it is.
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// Registered with `atexit` when the module loads. Marks the interpreter as exiting,
@@ -111,8 +112,53 @@ pub(crate) fn exiting(py: Python<'_>) {
     }
 }
 
-/// Registers [`exiting`] with `atexit`.
+/// The interpreter's main thread, the one that runs signal handlers: known when the
+/// module was imported on it (as it nearly always is).
+static MAIN: OnceLock<ThreadId> = OnceLock::new();
+
+thread_local! {
+    /// The exception a signal handler raised while this thread waited inside
+    /// [`detach`] (a Ctrl-C's `KeyboardInterrupt`), for the call to raise instead of
+    /// the engine's error (see [`take_raised`]).
+    static RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The check a rate-limited wait inside [`detach`] makes every
+/// `RateLimit::INTERRUPT_EVERY` (`RateLimit::interruptible`): on the main thread, runs
+/// the signal handlers Python has pending (they run nowhere else, and never while
+/// the thread waits in native code), and ends the wait if one raised. An exiting
+/// interpreter's daemon thread ends its wait too, and then parks ([`detach`]), where
+/// it would have kept the `atexit` handler waiting.
+fn signal_raised() -> bool {
+    if ended() {
+        return true;
+    }
+    if MAIN.get() != Some(&std::thread::current().id()) {
+        return false;
+    }
+    match Python::attach(|py| py.check_signals()) {
+        Ok(()) => false,
+        Err(e) => {
+            RAISED.with(|r| *r.borrow_mut() = Some(e));
+            true
+        }
+    }
+}
+
+/// The exception a signal handler raised while this thread's last [`detach`] waited,
+/// if any: the error that call returned (`RateLimitError::Interrupted`) is to be
+/// raised as it.
+pub(crate) fn take_raised() -> Option<PyErr> {
+    RAISED.with(|r| r.borrow_mut().take())
+}
+
+/// Registers [`exiting`] with `atexit`, and notes the main thread if this is it.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let threading = m.py().import("threading")?;
+    let main = threading.call_method0("main_thread")?;
+    if threading.call_method0("current_thread")?.is(&main) {
+        let _ = MAIN.set(std::thread::current().id());
+    }
     let handler = wrap_pyfunction!(exiting, m)?;
     m.py()
         .import("atexit")?
@@ -134,7 +180,9 @@ fn park_forever() -> ! {
 
 /// Runs `f` with the GIL released (as `Python::detach`), and before taking the GIL
 /// back waits, briefly, for a thread that is likely to release it within
-/// microseconds (see the module docs). Once the interpreter is exiting, a daemon
+/// microseconds (see the module docs). A rate-limited wait inside `f` ends when a
+/// signal handler raises (a Ctrl-C; [`signal_raised`]), with the exception kept for
+/// the call's error ([`take_raised`]). Once the interpreter is exiting, a daemon
 /// thread that calls in, or whose native part ends, never takes the GIL back: it
 /// parks until the process ends (as Python 3.14 parks it), rather than be ended by
 /// `pthread_exit` through these frames.
@@ -147,12 +195,13 @@ where
         py.detach(|| park_forever());
     }
     let me = my_slot();
+    RAISED.with(|r| r.borrow_mut().take());
     RELEASED.fetch_add(1, Ordering::SeqCst);
     let out = py.detach(|| {
         // Only once the GIL is released: a thread that sees this and takes the GIL
         // must find it free, or it sleeps after all.
         BACK_IN_PYTHON[me].store(0, Ordering::Release);
-        let out = f();
+        let out = RateLimit::interruptible(signal_raised, f);
         // After the count went up: the handler waits for this thread, or this
         // thread sees the flag (both sequentially consistent).
         if ended() {

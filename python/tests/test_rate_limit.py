@@ -171,3 +171,63 @@ def test_collector_and_learner_threads_share_a_bounded_fifo_queue():
     assert sorted(got[0] + got[1]) == list(range(chunks * chunk))
     assert all(out == sorted(out) for out in got)
     assert rb.rate_limit_stats()["insert_waits"] > 0  # the queue held the collector
+
+
+WAIT_FOREVER = """
+import numpy as np, replaybuf
+limit = replaybuf.RateLimit.{limit}
+rb = replaybuf.ReplayBuffer(64, spec={{"id": ("int64", ())}}, rate_limit=limit)
+{before}
+print("waiting", flush=True)
+try:
+    {call}
+except KeyboardInterrupt:
+    s = rb.rate_limit_stats()
+    print("interrupted", s["inserts"], s["samples"], flush=True)
+    {after}
+    print("went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "limit,before,call,after,counts",
+    [
+        # A sample before the min size; then the rows come.
+        (
+            "min_size(10)",
+            "",
+            "rb.sample(1)",
+            "rb.extend({'id': np.arange(10)}); rb.sample(4)",
+            "0 0",
+        ),
+        # An insert into a full queue; then a sample makes room.
+        (
+            "queue(5)",
+            "rb.extend({'id': np.arange(5)})",
+            "rb.extend({'id': [5]})",
+            "rb.sample(1); rb.extend({'id': [5]})",
+            "5 0",
+        ),
+    ],
+)
+def test_ctrl_c_ends_a_wait_with_no_timeout(limit, before, call, after, counts):
+    # A real SIGINT to a process whose main thread waits in the engine with no
+    # timeout: it was ignored, and the wait went on forever. Now the wait ends (within
+    # a check's period) as a KeyboardInterrupt, nothing counted, and the buffer goes on.
+    import signal
+    import subprocess
+    import sys
+
+    script = WAIT_FOREVER.format(limit=limit, before=before, call=call, after=after)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline() == "waiting\n"
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert out.splitlines() == [f"interrupted {counts}", "went on"], (out, err)
+    assert child.returncode == 0, err

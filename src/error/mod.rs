@@ -595,6 +595,11 @@ pub enum RateLimitError {
         "this buffer has no rate limit: build it with one (`ReplayBufferBuilder::rate_limit`)"
     )]
     NoLimit,
+    /// The wait was ended by the check in force on its thread
+    /// ([`RateLimit::interruptible`](crate::RateLimit::interruptible)): nothing was
+    /// counted, written or drawn.
+    #[error("the rate-limited wait was interrupted; nothing was written or drawn")]
+    Interrupted,
     /// A shared buffer's limit could not be set: another process kept setting one
     /// for seconds (it is stopped, or it is not setting one and its pid was reused).
     #[error(

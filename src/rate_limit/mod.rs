@@ -17,7 +17,8 @@
 //! below `max_diff + (rows of one insert) * samples_per_insert`.
 //!
 //! Waits sleep on a condition variable, using no CPU, and end when the other side
-//! moves, the limit changes, the limiter is closed, or the side's timeout passes.
+//! moves, the limit changes, the limiter is closed, the side's timeout passes, or the
+//! check the caller put in force on its thread says so ([`RateLimit::interruptible`]).
 //! The counts live behind one mutex, held for a few instructions per call: the rows
 //! themselves still move without a lock.
 //!
@@ -28,6 +29,7 @@
 //!
 //! Layer: api.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crate::error::RateLimitError;
@@ -35,6 +37,57 @@ use crate::sync::{Condvar, Mutex};
 
 #[cfg(target_os = "linux")]
 pub(crate) mod shared;
+
+thread_local! {
+    /// The check [`RateLimit::interruptible`] put in force on this thread.
+    static INTERRUPT: Cell<Option<fn() -> bool>> = const { Cell::new(None) };
+}
+
+/// A waiting call's turns with the check in force on its thread, if any
+/// ([`RateLimit::interruptible`]): every [`RateLimit::INTERRUPT_EVERY`] of its wait,
+/// however often it wakes meanwhile.
+struct Interrupt {
+    check: Option<fn() -> bool>,
+    /// When the check is next due.
+    due: Instant,
+}
+
+impl Interrupt {
+    /// The check in force on this thread, first due a period from `start`.
+    fn new(start: Instant) -> Interrupt {
+        Interrupt {
+            check: INTERRUPT.with(Cell::get),
+            due: start + RateLimit::INTERRUPT_EVERY,
+        }
+    }
+
+    /// When to stop sleeping: at `deadline` (`None`: never), or earlier, when the
+    /// check is due.
+    fn wake_at(&self, deadline: Option<Instant>) -> Option<Instant> {
+        match self.check {
+            None => deadline,
+            Some(_) => Some(deadline.map_or(self.due, |d| d.min(self.due))),
+        }
+    }
+
+    /// Whether there is a check and it is due.
+    fn due(&self) -> bool {
+        self.check.is_some() && Instant::now() >= self.due
+    }
+
+    /// Whether the check, if due, says to stop waiting.
+    fn stops(&mut self) -> bool {
+        let Some(check) = self.check else {
+            return false;
+        };
+        let now = Instant::now();
+        if now < self.due {
+            return false;
+        }
+        self.due = now + RateLimit::INTERRUPT_EVERY;
+        check()
+    }
+}
 
 /// The rule a rate-limited buffer keeps (see [`ReplayBufferBuilder::rate_limit`]).
 ///
@@ -66,6 +119,43 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// How often a rate-limited wait consults the check in force on its thread
+    /// ([`RateLimit::interruptible`]).
+    pub const INTERRUPT_EVERY: Duration = Duration::from_millis(50);
+
+    /// Runs `f` with `check` in force on this thread: each rate-limited wait `f`
+    /// makes calls it every [`INTERRUPT_EVERY`](Self::INTERRUPT_EVERY), and ends with
+    /// [`RateLimitError::Interrupted`], nothing counted, once it returns `true`. For
+    /// a host whose thread must come back while it waits: Python runs a Ctrl-C's
+    /// handler only once its main thread is back in the interpreter, and a wait with
+    /// no timeout would keep it out for good. The check in force before is put back
+    /// after, whether `f` returns or unwinds.
+    ///
+    /// ```
+    /// use replaybuf::error::{RateLimitError, SampleError};
+    /// use replaybuf::{DType, RateLimit, ReplayBuffer, Spec};
+    ///
+    /// let spec = Spec::builder().field("obs", DType::F32, [4]).build()?;
+    /// // Samples wait for 10 rows, with no timeout.
+    /// let rb = ReplayBuffer::builder(spec)
+    ///     .capacity(100)
+    ///     .rate_limit(RateLimit::min_size(10))
+    ///     .build()?;
+    /// let got = RateLimit::interruptible(|| true, || rb.sample(1));
+    /// assert!(matches!(got, Err(SampleError::RateLimited(RateLimitError::Interrupted))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn interruptible<T>(check: fn() -> bool, f: impl FnOnce() -> T) -> T {
+        struct Restore(Option<fn() -> bool>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                INTERRUPT.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(INTERRUPT.with(|c| c.replace(Some(check))));
+        f()
+    }
+
     /// The general form: samples wait for `min_size_to_sample` inserted rows and while
     /// `diff <= min_diff`; inserts wait while `diff >= max_diff` (see the module's
     /// docs). `samples_per_insert` must be finite and positive, and `min_diff <
@@ -408,6 +498,7 @@ impl RateLimiter {
     fn admit(&self, side: Side, rows: u64) -> Result<(), RateLimitError> {
         let mut c = self.counts.lock();
         let mut since: Option<Instant> = None;
+        let mut interrupt: Option<Interrupt> = None;
         loop {
             if may_go(&c.limit, c.inserts, c.samples, side) {
                 match side {
@@ -439,15 +530,26 @@ impl RateLimiter {
                 Side::Sample => sample_timeout,
             };
             let deadline = timeout.map(|t| start + t);
-            let timed_out;
-            (c, timed_out) = self.queue(side).wait_until(c, deadline);
-            if timed_out && !may_go(&c.limit, c.inserts, c.samples, side) && !c.closed {
+            let interrupt = interrupt.get_or_insert_with(|| Interrupt::new(start));
+            (c, _) = self.queue(side).wait_until(c, interrupt.wake_at(deadline));
+            if may_go(&c.limit, c.inserts, c.samples, side) || c.closed {
+                continue;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(timeout_error(
                     &c.limit,
                     c.inserts,
                     c.samples,
                     start.elapsed(),
                 ));
+            }
+            if interrupt.due() {
+                // The check runs without the counts' lock (it may take another).
+                drop(c);
+                if interrupt.stops() {
+                    return Err(RateLimitError::Interrupted);
+                }
+                c = self.counts.lock();
             }
         }
     }

@@ -61,7 +61,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{may_go, timeout_error, RateLimit, RateLimitStats, Side};
+use super::{may_go, timeout_error, Interrupt, RateLimit, RateLimitStats, Side};
 use crate::error::RateLimitError;
 use crate::region::Block;
 use crate::shared::procs::runs;
@@ -239,6 +239,7 @@ impl SharedLimiter {
         };
         let futex = self.futex();
         let mut since: Option<Instant> = None;
+        let mut interrupt: Option<Interrupt> = None;
         loop {
             let (inserts, samples) = self.counts();
             if may_go(&limit, inserts, samples, side) {
@@ -270,6 +271,14 @@ impl SharedLimiter {
                 },
                 None => None,
             };
+            let interrupt = interrupt.get_or_insert_with(|| Interrupt::new(start));
+            if interrupt.stops() {
+                return Err(RateLimitError::Interrupted);
+            }
+            let now = Instant::now();
+            let left = interrupt
+                .wake_at(left.map(|left| now + left))
+                .map(|at| at.saturating_duration_since(now));
             let waiters = self.word(WAITERS);
             waiters.fetch_add(1, Ordering::SeqCst);
             let seen = futex.load();

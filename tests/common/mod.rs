@@ -204,3 +204,74 @@ pub fn fill_payload_rows(batch: &mut replaybuf::Batch, ids: &[u64]) {
 pub fn payload_priority(id: u64) -> f64 {
     (id % 97 + 1) as f64 / 8.0
 }
+
+/// `RateLimit::interruptible`, checked on `rb`, a buffer of one `id` column built with
+/// `RateLimit::min_size(1000)` and nothing in it: a sample waits, with no timeout.
+/// The wait consults the check every period, also while inserts wake it more often
+/// than that without letting it go; it ends once the check says so, nothing counted;
+/// and with a check that says to go on, it ends as ever, once enough rows are in.
+#[allow(clippy::disallowed_types)] // the loom facade rule is for the library
+pub fn check_interruptible_waits(rb: &replaybuf::ReplayBuffer) {
+    use replaybuf::error::{RateLimitError, SampleError};
+    use replaybuf::RateLimit;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::time::Instant;
+
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static CHECKS: AtomicUsize = AtomicUsize::new(0);
+    fn check() -> bool {
+        CHECKS.fetch_add(1, SeqCst);
+        STOP.load(SeqCst)
+    }
+    let insert = |first: u64, n: usize| {
+        let mut b = rb.batch([n]);
+        b.set("id", &(first..first + n as u64).collect::<Vec<_>>())
+            .unwrap();
+        rb.extend(&b).unwrap();
+    };
+    let period = RateLimit::INTERRUPT_EVERY;
+    std::thread::scope(|s| {
+        // The check is this thread's: one in force on the waiter's thread does not
+        // reach the inserter's, nor the other way round.
+        let waiter = s.spawn(|| RateLimit::interruptible(check, || rb.sample(1)));
+        let mut inserted = 0;
+        let start = Instant::now();
+        // Woken every 5 ms by an insert that does not let it go.
+        while CHECKS.load(SeqCst) < 3 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no check in 30 s"
+            );
+            insert(inserted, 1);
+            inserted += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            !waiter.is_finished(),
+            "a check that says to go on ends no wait"
+        );
+        assert!(
+            start.elapsed() >= 2 * period,
+            "checked more often than each period"
+        );
+        STOP.store(true, SeqCst);
+        let got = waiter.join().unwrap();
+        assert!(
+            matches!(
+                got,
+                Err(SampleError::RateLimited(RateLimitError::Interrupted))
+            ),
+            "{got:?}"
+        );
+        let stats = rb.rate_limit_stats().unwrap();
+        assert_eq!((stats.inserts, stats.samples), (inserted, 0));
+
+        // Going on: it ends when the rows are in.
+        STOP.store(false, SeqCst);
+        let waiter = s.spawn(|| RateLimit::interruptible(check, || rb.sample(1)));
+        std::thread::sleep(2 * period);
+        insert(inserted, 1000);
+        assert_eq!(waiter.join().unwrap().unwrap().len(), 1);
+        assert_eq!(rb.rate_limit_stats().unwrap().samples, 1);
+    });
+}
