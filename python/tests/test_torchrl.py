@@ -304,6 +304,28 @@ def test_without_replacement_drop_last_needs_a_full_batch(rl):
         rb.sample()
 
 
+def test_a_pytree_of_dicts_is_taken_key_by_key(rl):
+    # A later extend's dict with its keys in another order goes by key, as TorchRL's
+    # storages take it (replaybuf refused it as another structure); a key more or
+    # fewer is a ValueError in both.
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend({"a": torch.arange(3), "b": {"c": torch.arange(3.0)[:, None].expand(3, 2)}})
+    rb.extend({"b": {"c": torch.full((2, 2), 9.0)}, "a": torch.tensor([7, 8])})
+    got = rb[:]
+    assert got["a"].tolist() == [0, 1, 2, 7, 8]
+    assert got["b"]["c"][:, 0].tolist() == [0.0, 1.0, 2.0, 9.0, 9.0]
+    for bad in (
+        {"a": torch.tensor([1]), "b": {"c": torch.zeros(1, 2)}, "d": torch.zeros(1)},
+        {"a": torch.tensor([1])},
+        {"b": {"c": torch.zeros(1, 2), "e": torch.zeros(1)}, "a": torch.tensor([1])},
+    ):
+        with pytest.raises(ValueError):
+            rb.extend(bad)
+    if rl is replaybuf.torchrl:
+        # TorchRL's writer has moved its cursor past each refused row (8 rows).
+        assert len(rb) == 5
+
+
 def test_indices_before_the_first_row_are_index_errors(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(5))

@@ -300,10 +300,18 @@ class TreeLayout:
             return {"0": to_array(data)}
         leaves, treespec = _pytree.tree_flatten(data)
         if treespec != self.treespec:
-            raise ValueError(
-                f"the data's structure {treespec} is not the structure first written to "
-                f"this buffer ({self.treespec})"
-            )
+            # The same structure with a dict's keys in another order, which TorchRL's
+            # storages take key by key (pytree's `flatten_up_to`): its leaves in the
+            # first structure's order.
+            try:
+                leaves = self.treespec.flatten_up_to(data)
+            except (ValueError, TypeError):
+                leaves = None
+            if leaves is None or not all(_pytree.tree_flatten(x)[1].is_leaf() for x in leaves):
+                raise ValueError(
+                    f"the data's structure {treespec} is not the structure first written "
+                    f"to this buffer ({self.treespec})"
+                )
         return {f.native: to_array(leaf) for f, leaf in zip(self.fields, leaves)}
 
     def rows(
