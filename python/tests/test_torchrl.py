@@ -181,6 +181,35 @@ def test_sample_with_info_and_key_lookup(rl):
     assert rb["next", "obs"][:, 0].tolist() == [float(i + 1) for i in range(7)]
 
 
+def test_info_index_of_two_dims_or_slices_is_a_tuple(rl):
+    # A TensorDict buffer stacks a sample's index of an ndim-2 storage, or of a slice
+    # sampler, in the TensorDict, and gives TorchRL's tuple of per-dimension indices
+    # in `info` (replaybuf gave the stacked tensor there too); the tuple goes back
+    # into `update_priority`.
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(20, ndim=2), batch_size=6
+    )
+    rb.extend(TensorDict({"obs": torch.arange(12.0).reshape(3, 4)}, [3, 4]))
+    data, info = rb.sample(return_info=True)
+    # The storage's dimensions: time, then the batch's first (environments).
+    steps, envs = info["index"]
+    assert torch.equal(data["index"], torch.stack([steps, envs], -1))
+    assert torch.equal(data["obs"], envs * 4.0 + steps)
+    rb.update_priority(info["index"], torch.full((6,), 1e-8))
+    assert rb.sample(return_info=True)[1]["index"][0].shape == (6,)
+
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(20),
+        sampler=rl.SliceSampler(num_slices=2, traj_key="traj"),
+        batch_size=6,
+    )
+    rb.extend(TensorDict({"obs": torch.arange(12.0), "traj": torch.arange(12) // 6}, [12]))
+    data, info = rb.sample(return_info=True)
+    (index,) = info["index"]
+    assert torch.equal(data["index"], index[:, None])
+    assert torch.equal(data["obs"], index.float())
+
+
 def test_same_seed_same_draws(rl):
     def draws(**kwargs):
         rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(100), batch_size=16, **kwargs)

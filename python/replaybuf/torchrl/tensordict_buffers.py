@@ -92,7 +92,13 @@ class TensorDictReplayBuffer(ReplayBuffer):
         ``"index"`` and the sampler's entries set; with ``return_info``, returns
         ``(batch, info)``."""
         data, info = self._sample(self._resolve_batch_size(batch_size))
-        return (data, info) if return_info else data
+        if not return_info:
+            return data
+        if self._plan.envs or self._plan.slices:
+            # Stacked in the TensorDict, but in `info` the tuple of per-dimension
+            # indices TorchRL's samplers give.
+            info = {**info, "index": tuple(info["index"].unbind(-1))}
+        return data, info
 
     def _sample(self, n: int, retry: bool = True) -> Tuple[Any, Dict[Any, Any]]:
         out = self._draw(n, retry)
