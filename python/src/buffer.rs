@@ -550,6 +550,13 @@ impl Buffer {
         Ok(self.handle(py)?.write_count())
     }
 
+    /// The rows (a slice sampler's: slices) of the open without-replacement epoch
+    /// not yet drawn; None for samplers with replacement, or with no epoch open. 0
+    /// (with `drop_last`: fewer than a batch) once a sample ran the epoch out.
+    fn epoch_left(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self.handle(py)?.epoch_left())
+    }
+
     /// 1, or 2 for a storage of `[steps, envs]`.
     #[getter]
     fn ndim(&self, py: Python<'_>) -> PyResult<usize> {

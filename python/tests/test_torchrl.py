@@ -655,6 +655,43 @@ def test_random_sampler_without_replacement_dispatch(rl):
     assert sampler.ran_out
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sample_sets_ran_out_at_an_epochs_last_batch(rl, drop_last):
+    # TorchRL's epoch loop, `while not rb.sampler.ran_out: rb.sample()`: the sample
+    # that takes an epoch's last batch sets `ran_out` (replaybuf set it only when an
+    # iteration ended, and the loop never did); the next sample starts the next epoch.
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(10),
+        sampler=rl.SamplerWithoutReplacement(drop_last=drop_last),
+        batch_size=4,
+    )
+    rb.extend(transitions(10))
+    want = [4, 4] if drop_last else [4, 4, 2]
+    for epoch in range(2):
+        sizes, seen = [], []
+        # The second epoch's first batch: the sample after the one that ran out.
+        while epoch == 1 and not sizes or not rb.sampler.ran_out:
+            batch = rb.sample()
+            sizes.append(len(batch))
+            seen += batch["step"].tolist()
+            assert rb.sampler.ran_out == (len(sizes) == len(want))
+            assert len(sizes) <= len(want)
+        assert sizes == want
+        assert len(set(seen)) == len(seen) == sum(sizes)
+
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100),
+        sampler=rl.SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode"),
+        batch_size=8,
+    )
+    rb.extend(trajectories([4, 4, 4, 4]))
+    sizes = []
+    while not rb.sampler.ran_out:
+        sizes.append(len(rb.sample()))
+        assert len(sizes) <= 2
+    assert sizes == [8, 8]
+
+
 def test_split_trajectories_of_a_slice_sample(rl):
     rb = rl.TensorDictReplayBuffer(
         storage=rl.LazyTensorStorage(100),

@@ -141,6 +141,39 @@ impl ReplayBuffer {
         self.state().core.storage.write_count()
     }
 
+    /// What is left of the open epoch of a sampler without replacement: the rows (a
+    /// slice sampler's: the slices) not yet drawn. `Some(0)` once a sample took the
+    /// last of them, and with `drop_last` a count under a batch's, means the epoch
+    /// ran out (TorchRL's `sampler.ran_out`): the next sample ends it and starts the
+    /// next. `None` for samplers with replacement, or with no epoch open (before the
+    /// first sample, after `clear`, or once a sample found the epoch's end).
+    ///
+    /// ```
+    /// use replaybuf::sampler::WithoutReplacement;
+    /// use replaybuf::{DType, ReplayBuffer, Spec};
+    ///
+    /// let spec = Spec::builder().field("obs", DType::F32, [4]).build()?;
+    /// let rb = ReplayBuffer::builder(spec)
+    ///     .capacity(10)
+    ///     .sampler(WithoutReplacement::new())
+    ///     .build()?;
+    /// rb.extend(&rb.batch([10]))?;
+    /// assert_eq!(rb.epoch_left(), None);
+    /// rb.sample(4)?;
+    /// assert_eq!(rb.epoch_left(), Some(6));
+    /// rb.sample(4)?;
+    /// rb.sample(4)?; // the epoch's last 2 rows
+    /// assert_eq!(rb.epoch_left(), Some(0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn epoch_left(&self) -> Option<usize> {
+        self.state()
+            .core
+            .sampler
+            .epoch_left()
+            .map(|left| left as usize)
+    }
+
     /// Shards of the storage.
     pub fn shards(&self) -> usize {
         self.state().core.storage.shards().len()

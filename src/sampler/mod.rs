@@ -193,6 +193,19 @@ impl SamplerEngine {
         }
     }
 
+    /// The open without-replacement epoch's items not yet handed out (rows, or a
+    /// slice sampler's windows); `None` for other samplers, or with no epoch open.
+    pub(crate) fn epoch_left(&self) -> Option<u64> {
+        match self {
+            SamplerEngine::WithoutReplacement(epochs) => epochs.left(),
+            SamplerEngine::Slice(slice::SliceState {
+                epochs: Some(epochs),
+                ..
+            }) => epochs.left(),
+            _ => None,
+        }
+    }
+
     /// What a read of this sampler's draws accepts at the slot.
     pub(crate) fn want(&self) -> Want {
         match self {

@@ -208,6 +208,17 @@ impl<T: Clone> Epochs<T> {
         true
     }
 
+    /// Items of the open epoch not yet handed out, or `None` when none is open (none
+    /// began yet, or the last one ended: the next sample starts one).
+    pub(crate) fn left(&self) -> Option<u64> {
+        let epoch = self
+            .current
+            .load()
+            .filter(|e| !e.closed.load(Ordering::Acquire))?;
+        let taken = epoch.next.load(Ordering::Acquire);
+        Some((epoch.items.len() as u64).saturating_sub(taken))
+    }
+
     /// The epochs' state, for a checkpoint: how many began, and the open one.
     pub(crate) fn state(&self) -> EpochState<T> {
         let started = *self.turnover.lock();

@@ -300,7 +300,22 @@ class ReplayBuffer(LazyEngine):
                 out = native.sample(n)
         except ReplayBufferValueError as e:
             raise SampleRefusedError(str(e)) from e
+        if self._sampler.without_replacement:
+            self._sampler.ran_out = self._ran_out(n)
         return self._plan.drop_padding(out)
+
+    def _ran_out(self, n: int) -> bool:
+        """Whether the epoch has no batch of ``n`` rows left after this sample: as
+        TorchRL's samplers without replacement set ``ran_out``, the next sample then
+        starting the next epoch."""
+        left = self._native.epoch_left()
+        if left is None:
+            return False
+        sampler = self._sampler
+        if sampler.slices:
+            # The epoch's items are slices.
+            n = sampler.num_slices if sampler.num_slices is not None else n // sampler.slice_len
+        return left == 0 or (sampler.drop_last and left < n)
 
     def _collate_and_transform(self, data: Any) -> Any:
         if self._collate_fn is not None:
@@ -346,10 +361,11 @@ class ReplayBuffer(LazyEngine):
             )
         self._sampler.ran_out = False
         retry = True
-        while True:
+        while not self._sampler.ran_out:
             try:
                 batch = self._sample(self._batch_size, retry)[0]
             except EpochEnd:
+                # Its rows all overwritten since it began.
                 self._sampler.ran_out = True
                 return
             retry = False

@@ -32,8 +32,10 @@ _SPAN_ANY = sys.maxsize
 
 
 class Sampler:
-    """Base of the samplers. ``ran_out`` is set when an iteration over the buffer ends
-    an epoch (samplers without replacement)."""
+    """Base of the samplers. ``ran_out`` is set by the sample that takes an epoch's
+    last batch (samplers without replacement), as TorchRL's is: ``while not
+    rb.sampler.ran_out: rb.sample()`` walks one epoch, and the next sample starts the
+    next."""
 
     prioritized = False
     slices = False
