@@ -2,7 +2,8 @@
 //! closures that see a checkpoint's rows on their way to disk and back.
 //!
 //! A save hook gets the rows of each chunk of slots as a [`Batch`] of the buffer's
-//! spec, in storage order, and may change their values in place (quantise, scrub,
+//! spec (a frames buffer's rows as stored: one frame of each stack, without the
+//! fields rebuilt from later rows), in storage order, and may change their values in place (quantise, scrub,
 //! compress a field into fewer bytes); what it leaves is what the checkpoint stores.
 //! A load hook gets the loaded rows the same way and undoes it. Hooks never change the
 //! buffer that is being saved, only what is written. Hooks run in registration order.

@@ -135,6 +135,24 @@ pub(crate) fn temp_name(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!(".{name}.tmp-{}-{nonce:016x}", std::process::id()))
 }
 
+/// The lock file of a buffer directory (see [`lock`]).
+pub(crate) const LOCK: &str = ".lock";
+
+/// Takes `dir`'s lock, waiting while another thread or process holds it: an
+/// exclusive `flock` of `dir/.lock`, given back when the file drops (or its process
+/// dies: the kernel lets go of a dead process's locks, so the wait ends).
+pub(crate) fn lock(dir: &Path) -> Result<File, PersistError> {
+    let path = dir.join(LOCK);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .at(&path)?;
+    file.lock().at(&path)?;
+    Ok(file)
+}
+
 /// Flushes a directory's entries (new names, renames) to disk.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), PersistError> {
     let d = OpenOptions::new().read(true).open(dir).at(dir)?;

@@ -55,8 +55,12 @@ use crate::storage::{atomic_copy, Storage};
 /// Bytes moved per read or write call.
 pub(crate) const CHUNK_BYTES: usize = 8 << 20;
 /// A caller's report of a dump's progress: called with the bytes written so far and
-/// the bytes in all, after each chunk. The library draws nothing itself; the caller
-/// decides what progress looks like (a bar, a log line, nothing).
+/// the bytes in all, after each chunk; the last report's two are equal (a compact
+/// dump's total, counted before its slots shrink, comes down to what was written).
+/// The library draws nothing itself; the caller decides what progress looks like (a
+/// bar, a log line, nothing). It runs while the buffer's writers are held still: it
+/// must not write to the buffer being saved (an `extend`, a `clear`, a priority
+/// update, another save of it), which would wait for this save to end.
 pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a checkpoint is written (see [`ReplayBuffer::save_with`]).
@@ -119,16 +123,45 @@ impl Meter {
             report(self.done, self.total);
         }
     }
+
+    /// `bytes` more to move than the total said.
+    pub(crate) fn expect(&mut self, bytes: u64) {
+        self.total += bytes;
+    }
+
+    /// Everything is moved: a total that was more than the bytes moved (a compact
+    /// dump's slots) comes down to them, in one last report, so that the last report
+    /// is always `(total, total)`.
+    pub(crate) fn finish(&mut self) {
+        if self.done != self.total {
+            self.total = self.done;
+            if let Some(report) = &self.report {
+                report(self.done, self.total);
+            }
+        }
+    }
 }
 
 /// A checkpoint file being written: its bytes are hashed as they go.
+///
+/// A sink dropped before it is closed (its part failed: a hook's error, a failed
+/// write) removes its file: the dump's cleanup lists closed files only.
 struct Sink {
     part: Part,
     name: String,
     path: PathBuf,
-    file: File,
+    /// `None` once closed.
+    file: Option<File>,
     hasher: Xxh3,
     bytes: u64,
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl Sink {
@@ -144,14 +177,15 @@ impl Sink {
             part,
             name,
             path,
-            file,
+            file: Some(file),
             hasher: Xxh3::new(),
             bytes: 0,
         })
     }
 
     fn put(&mut self, buf: &[u8], meter: &mut Meter) -> Result<(), PersistError> {
-        self.file.write_all(buf).at(&self.path)?;
+        let file = self.file.as_mut().expect("a sink is written until closed");
+        file.write_all(buf).at(&self.path)?;
         self.hasher.update(buf);
         self.bytes += buf.len() as u64;
         meter.add(buf.len() as u64);
@@ -159,14 +193,15 @@ impl Sink {
     }
 
     /// The file's record, and the file to flush.
-    fn close(self) -> (FileMeta, File, PathBuf) {
+    fn close(mut self) -> (FileMeta, File, PathBuf) {
         let meta = FileMeta {
             part: self.part,
-            name: self.name,
+            name: std::mem::take(&mut self.name),
             bytes: self.bytes,
             xxh3: self.hasher.digest(),
         };
-        (meta, self.file, self.path)
+        let file = self.file.take().expect("a sink is closed once");
+        (meta, file, std::mem::take(&mut self.path))
     }
 }
 
@@ -231,7 +266,11 @@ impl ReplayBuffer {
     /// Adds a save hook (TorchRL's `register_save_hook`): every later dump passes the
     /// rows it writes through `hook`, a chunk of stored rows at a time in storage
     /// order, and stores what the hooks leave; the buffer itself is not changed. Hooks
-    /// run in the order they were added; one that fails fails the dump.
+    /// run in the order they were added; one that fails fails the dump. A frames
+    /// buffer's hooks get its rows as stored (one frame of each stack, no `next_of`
+    /// fields). A hook runs while the buffer's writers are held still: it must not
+    /// write to the buffer being saved (an `extend`, a `clear`, a priority update,
+    /// another save of it), which would wait for this save to end.
     pub fn register_save_hook(
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,
@@ -283,6 +322,10 @@ impl CompactFields {
 /// Dumps `inner`; `false` (nothing written) if a swap retired its storage meanwhile.
 fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
+    // One dump into a directory at a time, from any thread or process: two would
+    // both write the next generation's files over each other and delete the one
+    // before, leaving a `meta.json` whose checksums fit neither.
+    let _dumping = dir::lock(dir)?;
     let previous = match DirMeta::read(dir) {
         Ok(m) if m.kind == DirKind::Memmap => {
             return Err(PersistError::new(
@@ -325,7 +368,18 @@ fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, Persis
     let g = previous.as_ref().map_or(1, |(g, _)| g + 1);
     remove_generation(dir, g);
     let layout = storage.layout();
-    let mut meter = Meter::new(options.progress.clone(), layout.words as u64 * 8);
+    // The sections copied as they are (a compact dump's slots take fewer bytes, and
+    // the epochs' are known once written: `Meter::finish` settles the total).
+    let total = [
+        Section::Control,
+        Section::Trees,
+        Section::Lanes,
+        Section::Slots,
+    ]
+    .map(|s| layout.section(s).len() as u64 * 8)
+    .iter()
+    .sum();
+    let mut meter = Meter::new(options.progress.clone(), total);
     let mut written = WrittenFiles { sinks: Vec::new() };
     let frozen = storage.freeze();
     if storage.is_retired() {
@@ -434,9 +488,11 @@ fn write_sections(
     }
     if let Some(bytes) = encode_epochs(&inner.core.sampler) {
         let mut sink = Sink::create(dir, Part::Epochs, g)?;
+        meter.expect(bytes.len() as u64);
         sink.put(&bytes, meter)?;
         written.sinks.push(sink.close());
     }
+    meter.finish();
     Ok(())
 }
 
@@ -479,10 +535,11 @@ fn write_hooked(
             hooks::run(save_hooks, batch)
                 .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))
         })?;
-        // The hooked rows go back over the copied ones.
+        // The hooked rows go back over the copied ones, in their stored form (a
+        // frames buffer's: one frame of each stack, as `with_rows` read them).
         for (k, &slot) in rows.iter().enumerate() {
             let at = (slot - first) as usize * slot_bytes + header;
-            for (f, col) in storage.spec().fields().iter().zip(batch.columns()) {
+            for (f, col) in storage.row_spec().fields().iter().zip(batch.columns()) {
                 bytes[at + f.offset()..][..f.bytes()]
                     .copy_from_slice(&col.as_bytes()[k * f.bytes()..][..f.bytes()]);
             }

@@ -72,7 +72,7 @@ impl ReplayBuffer {
                 PersistKind::Busy(
                     "this buffer has other handles (writers, learners or clones); load \
                      into a buffer no other handle uses, or build one with \
-                     ReplayBuffer::load",
+                     ReplayBuffer::from_checkpoint",
                 ),
             ));
         }
@@ -520,7 +520,8 @@ fn run_load_hooks(storage: &Storage, load_hooks: &[hooks::Hook]) -> Result<(), S
         dump::with_rows(storage, &rows, &mut batch, |b| hooks::run(load_hooks, b))?;
         for (k, &slot) in rows.iter().enumerate() {
             let at = storage.row_offset_of(slot);
-            for (f, col) in storage.spec().fields().iter().zip(batch.columns()) {
+            // The stored form, as `with_rows` read them (frames: one frame a stack).
+            for (f, col) in storage.row_spec().fields().iter().zip(batch.columns()) {
                 atomic_copy::store(
                     storage.words(),
                     at + f.offset(),
