@@ -481,3 +481,59 @@ fn handles_outlive_swaps() {
     let s = rb.sample(4).unwrap();
     assert!(s.column::<f32>("td").unwrap().iter().all(|&t| t == -1.0));
 }
+
+/// A buffer with frames refuses every swap that would copy its rows into a new
+/// storage, and is left as it was; swaps in place still go. The copy broke its
+/// stacks: a row came back as an episode's start, the newest step was lost, and the
+/// collector's next step was refused for good as not following it.
+#[test]
+fn a_buffer_with_frames_keeps_its_storage() {
+    use replaybuf::Frames;
+    let spec = Spec::builder()
+        .field("obs", DType::U8, [2])
+        .field("next_obs", DType::U8, [2])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(8)
+        .seed(1)
+        .frames(Frames::new().stack("obs", 2).next_of("obs", "next_obs"))
+        .build()
+        .unwrap();
+    // One episode; the frame of step t is t: obs [t-1, t], next_obs [t, t+1].
+    let steps = |from: u8, to: u8| {
+        let mut b = rb.batch([usize::from(to - from)]);
+        let obs: Vec<u8> = (from..to).flat_map(|t| [t.saturating_sub(1), t]).collect();
+        let next: Vec<u8> = (from..to).flat_map(|t| [t, t + 1]).collect();
+        b.set("obs", &obs).unwrap();
+        b.set("next_obs", &next).unwrap();
+        b
+    };
+    rb.extend(&steps(0, 12)).unwrap();
+    let stacks = |rb: &ReplayBuffer| {
+        let all = rb.read_all_in_order(None);
+        let obs = all.column::<u8>("obs").unwrap().to_vec();
+        (obs, all.column::<u8>("next_obs").unwrap().to_vec())
+    };
+    let before = stacks(&rb);
+    for e in [
+        rb.set_storage(StorageConfig::heap().capacity(64)),
+        rb.set_storage(StorageConfig::heap().shards(2)),
+        rb.set_sampler(Prioritized::new(0.6, 0.4)),
+    ] {
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("a buffer with frames cannot move its rows"),
+            "{e}"
+        );
+    }
+    assert_eq!(stacks(&rb), before);
+    // In place, and the collector goes on: its step 12 brings step 11 in.
+    rb.set_sampler(WithoutReplacement::new()).unwrap();
+    rb.extend(&steps(12, 13)).unwrap();
+    let (obs, next) = stacks(&rb);
+    assert!(obs.chunks(2).any(|s| s == [10, 11]), "{obs:?}");
+    assert!(obs.chunks(2).all(|s| s[0] + 1 == s[1]), "{obs:?}");
+    assert!(next.chunks(2).all(|s| s[0] + 1 == s[1]), "{next:?}");
+}

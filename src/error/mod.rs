@@ -206,6 +206,8 @@ pub(crate) enum SwapErrorKind {
     Config,
     /// The buffer is in shared memory: other processes hold its state.
     Shared,
+    /// A buffer with frames asked to move its rows into a new storage.
+    Frames,
 }
 
 impl SwapError {
@@ -244,6 +246,12 @@ impl fmt::Display for SwapError {
                 "a shared buffer's sampler, writer and storage are every attached \
                  process's: they cannot be swapped by one (dump it, and load the \
                  checkpoint into a buffer built the new way)",
+            ),
+            SwapErrorKind::Frames => f.write_str(
+                "a buffer with frames cannot move its rows into a new storage (a new \
+                 capacity, shards or backing, or a sampler that needs trees or tables it \
+                 lacks): its stacks are rebuilt from the rows before them, which a copy \
+                 row by row does not keep",
             ),
         }
     }

@@ -116,6 +116,12 @@ fn plan(old: &State, change: &Change) -> Result<SwapTarget, SwapError> {
         &old.core.sampler,
     );
     let in_place = change.storage.is_none() && same_region(&current, &b.settings.sampler);
+    if !in_place && old.core.storage.frames().is_some() {
+        // The carry copies rows one by one into fresh steps: each stack would restart
+        // its episode, and the newest step of each lane, which no row holds yet, would
+        // be lost (and the collector's next step refused as not following it).
+        return Err(SwapError::new(SwapErrorKind::Frames));
+    }
     if change.storage.is_none() && old.memmap.is_some() {
         let config = b.config(old.core.seed);
         if !in_place || config.layout_hash() != old.config.layout_hash() {
