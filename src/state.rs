@@ -139,6 +139,24 @@ impl State {
                     .ok_or(AccessError::NotWritten { index: i })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(bounds) = storage.slice_bounds() {
+            // A slice sampler knows trajectories by what the rows said when they were
+            // appended (the lanes' words, not the rows): a rewrite keeps each row's.
+            let stored = self.core.read_positions(&draws);
+            let before = self
+                .core
+                .source(&stored, RowOrder::Flat)
+                .map_err(AccessError::from)?;
+            // By position: a row emptied meanwhile is left out of `stored`.
+            let changed = stored
+                .index()
+                .iter()
+                .enumerate()
+                .find(|&(k, &i)| bounds.key(&src, i, 0) != bounds.key(&before, k as u64, 0));
+            if let Some((_, &index)) = changed {
+                return Err(AccessError::TrajectoryRewrite { index }.into());
+            }
+        }
         // Every shard is entered before any row is rewritten: all or nothing.
         let _guards = storage.enter_edit_all()?;
         for (i, d) in draws.into_iter().enumerate() {

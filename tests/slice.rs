@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use replaybuf::error::SampleError;
+use replaybuf::error::{AccessError, SampleError};
 use replaybuf::sampler::Slice;
 use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
@@ -775,4 +775,65 @@ fn other_faces_refuse_slices_with_a_clear_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("no such field"), "{e}");
+}
+
+/// `write_all` of a slice buffer rewrites rows within their trajectories, and refuses
+/// (changing nothing) a rewrite that would move a trajectory's bounds: the sampler
+/// knows them from the rows as appended, and windows crossed two trajectories after
+/// such a rewrite (62 of 100).
+#[test]
+fn a_rewrite_keeps_each_row_in_its_trajectory() {
+    let before: Vec<_> = trajectory(1, 6)
+        .into_iter()
+        .chain(trajectory(2, 6))
+        .collect();
+    let by_id = Slice::slice_len(4).traj_key("traj");
+    let by_end = Slice::slice_len(4).end_key("done");
+    // Another id (by id), or another end flag (by end), for one row. By id, the last
+    // trajectory is still open: its end is not known.
+    let changes = [
+        (
+            by_id,
+            [(4, (2, 4, false)), (6, (1, 0, false))],
+            vec![(1, 6)],
+        ),
+        (
+            by_end,
+            [(2, (1, 2, true)), (5, (1, 5, false))],
+            vec![(1, 6), (2, 6)],
+        ),
+    ];
+    for (slice, changes, ends) in changes {
+        let ends = BTreeMap::from_iter(ends);
+        let rb = buffer(16, slice);
+        rb.extend(&rows(&rb, &before)).unwrap();
+        // The same trajectories, other payloads: rewritten.
+        let mut same = rows(&rb, &before);
+        same.column_mut::<i64>("step").unwrap()[3] = 3;
+        rb.write_all(&same, None).unwrap();
+        for (index, row) in changes {
+            let mut changed = before.clone();
+            changed[index] = row;
+            let e = rb.write_all(&rows(&rb, &changed), None).unwrap_err();
+            assert!(
+                matches!(e, AccessError::TrajectoryRewrite { index: i } if i == index as u64),
+                "{e}"
+            );
+        }
+        let stored = rb.read_all_in_order(None);
+        let want = rows(&rb, &before);
+        for key in ["traj", "step"] {
+            assert_eq!(
+                stored.column::<i64>(key).unwrap(),
+                want.column::<i64>(key).unwrap()
+            );
+        }
+        assert_eq!(
+            stored.column::<bool>("done").unwrap(),
+            want.column::<bool>("done").unwrap()
+        );
+        for _ in 0..20 {
+            check_slices(&rb.sample(8).unwrap(), &ends);
+        }
+    }
 }

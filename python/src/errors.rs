@@ -211,6 +211,7 @@ impl IntoPy for AccessError {
     fn kind(&self) -> Kind {
         match self {
             AccessError::Data(e) => e.kind(),
+            AccessError::FramesRewrite | AccessError::TrajectoryRewrite { .. } => Kind::Value,
             _ => Kind::Index,
         }
     }

@@ -391,7 +391,10 @@ impl ReplayBuffer {
 
     /// Overwrites storage positions `0..end` in place with the first `end` rows of
     /// `data` (all of them when `None`), in storage order (TorchRL's `rb[:end] = data`).
-    /// Every position must hold a row; on any error nothing is written.
+    /// Every position must hold a row; on any error nothing is written. A slice
+    /// buffer's rows keep their trajectories: a rewrite that changes a row's
+    /// trajectory id, or its end or truncation flag, is refused
+    /// ([`AccessError::TrajectoryRewrite`]); a buffer with frames rewrites nothing.
     pub fn write_all(&self, data: &Batch, end: Option<usize>) -> Result<(), AccessError> {
         self.retrying(|inner| inner.write_all(data, end))
     }

@@ -675,4 +675,15 @@ pub enum AccessError {
     /// frames and next values.
     #[error("a buffer with frames (frame stacks or next_of) cannot rewrite rows in place")]
     FramesRewrite,
+    /// A rewrite of a slice buffer's rows would change where a trajectory begins or
+    /// ends (a trajectory id, or an end or truncation flag), which the slice sampler
+    /// reads from the rows as they were appended.
+    #[error(
+        "row {index}'s rewrite changes its trajectory (its id, or its end or truncation \
+         flag): a slice buffer rewrites rows in place only within their trajectories"
+    )]
+    TrajectoryRewrite {
+        /// The first such row's index.
+        index: u64,
+    },
 }

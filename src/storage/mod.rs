@@ -739,6 +739,11 @@ impl Storage {
         self.slices.as_ref().map(|(lanes, _)| lanes)
     }
 
+    /// How a slice buffer tells where its trajectories end, if this is one.
+    pub(crate) fn slice_bounds(&self) -> Option<&Bounds> {
+        self.slices.as_ref().map(|(_, bounds)| bounds)
+    }
+
     /// Each shard's trees, if this storage has them.
     pub(crate) fn trees(&self) -> SmallVec<[Tree<'_>; 8]> {
         self.trees
