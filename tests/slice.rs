@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use replaybuf::error::{AccessError, SampleError};
-use replaybuf::sampler::Slice;
+use replaybuf::sampler::{Slice, WithoutReplacement};
 use replaybuf::{Batch, DType, ReplayBuffer, Spec};
 
 /// `traj` (id), `step` (within the trajectory), `done`, and `check`, a value derived
@@ -171,17 +171,26 @@ fn an_id_change_ends_a_trajectory_without_a_done_flag() {
 
 #[test]
 fn strict_length_errors_when_no_trajectory_is_long_enough() {
+    // With replacement and without (an epoch of no window said "empty").
+    for slice in [
+        Slice::slice_len(16).end_key("done"),
+        Slice::slice_len(16)
+            .end_key("done")
+            .without_replacement(WithoutReplacement::new()),
+    ] {
+        let rb = buffer(100, slice);
+        assert_eq!(rb.sample(32).unwrap_err(), SampleError::Empty);
+        rb.extend(&rows(&rb, &trajectory(1, 5))).unwrap();
+        rb.extend(&rows(&rb, &trajectory(2, 9))).unwrap();
+        assert_eq!(
+            rb.sample(32).unwrap_err(),
+            SampleError::TrajectoriesTooShort {
+                slice_len: 16,
+                longest: 9
+            }
+        );
+    }
     let rb = buffer(100, Slice::slice_len(16).end_key("done"));
-    assert_eq!(rb.sample(32).unwrap_err(), SampleError::Empty);
-    rb.extend(&rows(&rb, &trajectory(1, 5))).unwrap();
-    rb.extend(&rows(&rb, &trajectory(2, 9))).unwrap();
-    assert_eq!(
-        rb.sample(32).unwrap_err(),
-        SampleError::TrajectoriesTooShort {
-            slice_len: 16,
-            longest: 9
-        }
-    );
     assert_eq!(
         rb.sample(20).unwrap_err(),
         SampleError::SliceBatchSize {

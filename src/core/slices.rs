@@ -115,6 +115,9 @@ impl Core {
         map: &[usize],
     ) -> Result<usize, SampleError> {
         let (len, strict) = (picker.len, picker.cfg.strict_length);
+        // The longest trajectory, when a new epoch found no window at all: rows, but
+        // none in a trajectory as long as a strict slice.
+        let mut too_short = None;
         let in_rows = |e| match e {
             SampleError::NotEnough {
                 requested,
@@ -129,13 +132,22 @@ impl Core {
             .take(
                 slices,
                 |out| {
-                    picker.refresh();
+                    let trajectories = picker.refresh();
                     let words = self.storage.words();
                     slice::epoch_windows(picker.lanes, words, picker.views, len, strict, out);
+                    if out.is_empty() && trajectories > 0 && strict {
+                        too_short = slice::longest(picker.lanes, words, picker.views);
+                    }
                 },
                 windows,
             )
-            .map_err(in_rows)?;
+            .map_err(|e| match (e, too_short) {
+                (SampleError::Empty, Some(longest)) => SampleError::TrajectoriesTooShort {
+                    slice_len: len as usize,
+                    longest,
+                },
+                (e, _) => in_rows(e),
+            })?;
         self.prefetch_windows(windows);
         let len = len as usize;
         out.shape_slices(slices, len, false);
