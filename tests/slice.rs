@@ -846,3 +846,50 @@ fn a_rewrite_keeps_each_row_in_its_trajectory() {
         }
     }
 }
+
+/// A prioritized slice sampler whose priority sits almost all on rows that cannot
+/// start a strict slice (per-step errors of a sparse reward, on each trajectory's last
+/// step) draws the starts by the mass of the rows that can, as TorchRL's zeroes the
+/// others' for its draw: every slice whole, each start about as often as its mass
+/// says. It failed (`Starved`, "draws landed on slots being written") once picks by
+/// the whole mass kept landing on the last steps.
+#[test]
+fn prioritized_starts_draw_by_the_mass_of_rows_that_can_start() {
+    use replaybuf::sampler::{Prioritized, SlicePriority};
+    let slice = Slice::slice_len(4)
+        .traj_key("traj")
+        .prioritized(Prioritized::new(1.0, 0.5).eps(1e-12), SlicePriority::Start);
+    let rb = buffer(64, slice);
+    let before: Vec<_> = trajectory(1, 10)
+        .into_iter()
+        .chain(trajectory(2, 10))
+        .collect();
+    rb.extend(&rows(&rb, &before)).unwrap();
+    // The last step of each trajectory 1.0; rows 2 and 13 (steps 2 and 3) 1e-6 and
+    // 3e-6; the rest 0 (eps): one pick by the whole mass in 500,000 can start a slice.
+    let index: Vec<u64> = (0..20).collect();
+    let generation = rb.get_many(&index).unwrap().generations().to_vec();
+    let priority: Vec<f64> = (0..20)
+        .map(|i| match i {
+            9 | 19 => 1.0,
+            2 => 1e-6,
+            13 => 3e-6,
+            _ => 0.0,
+        })
+        .collect();
+    rb.update_priority(&index, &generation, &priority).unwrap();
+    let ends = BTreeMap::from([(1, 10)]);
+    let mut starts = BTreeMap::new();
+    for _ in 0..50 {
+        let batch = rb.sample(40).unwrap();
+        for (traj, first, valid) in check_slices(&batch, &ends) {
+            assert_eq!(valid, 4);
+            *starts.entry((traj, first)).or_insert(0) += 1;
+        }
+    }
+    // 500 slices: about 125 from step 2 of trajectory 1 and 375 from step 3 of
+    // trajectory 2 (eps's share: under one in a thousand).
+    let (a, b) = (starts[&(1, 2)], starts[&(2, 3)]);
+    assert!(a + b >= 495, "{starts:?}");
+    assert!((75..=175).contains(&a), "{starts:?}");
+}

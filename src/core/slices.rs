@@ -75,6 +75,7 @@ impl Core {
             failures: 0,
             backoff: Backoff::new(),
             prio,
+            starts: None,
         };
         windows.clear();
         if let Some(epochs) = &state.epochs {
@@ -268,6 +269,37 @@ struct Picker<'a> {
     backoff: Backoff,
     /// A prioritized slice sampler's trees, as this sample sees them.
     prio: Option<Prio<'a>>,
+    /// The masses of the rows that can start a strict slice, once picks by the
+    /// trees' masses kept landing on rows that cannot (see [`StartMasses`]).
+    starts: Option<StartMasses>,
+}
+
+/// Failed picks in a row after which a prioritized slice sample of strict slices
+/// that start at the drawn row draws from the rows that can start one instead.
+const SCAN_STARTS_AFTER: u32 = 256;
+
+/// Every trajectory's rows that can start a strict slice, with their masses summed:
+/// what a prioritized pick draws from once rejecting the rows that cannot has failed
+/// [`SCAN_STARTS_AFTER`] times in a row. The distribution is the same, the pick's by
+/// mass given that it starts a slice (TorchRL's `PrioritizedSliceSampler` zeroes the
+/// others' masses for the draw); only its cost differs: a pass over the live rows'
+/// leaves, against draws without end when nearly all the mass sits on the last
+/// steps of trajectories (per-step errors of a sparse reward).
+struct StartMasses {
+    /// By trajectory: the mass of the ones before it, and the trajectory.
+    trajectories: Vec<(u64, StartRun)>,
+    total: u64,
+}
+
+/// A trajectory's rows that can start a slice: `from..=last` of view `view`.
+#[derive(Clone, Copy)]
+struct StartRun {
+    view: usize,
+    traj: u64,
+    start: u64,
+    next: Option<u64>,
+    from: u64,
+    last: u64,
 }
 
 /// What a prioritized slice sample draws from.
@@ -287,6 +319,7 @@ impl Picker<'_> {
     /// Snapshots every lane; returns the trajectories that may have live rows.
     fn refresh(&mut self) -> u64 {
         let words = self.buffer.storage.words();
+        self.starts = None;
         self.views.clear();
         self.cumulative.clear();
         let mut total = 0;
@@ -339,9 +372,16 @@ impl Picker<'_> {
                     attempts: self.failures,
                 });
             }
-            let picked = match &self.prio {
-                Some(p) => self.pick_by_priority(p, rng),
-                None => slice::pick(
+            let scan = self.cfg.strict_length
+                && self.failures >= SCAN_STARTS_AFTER
+                && matches!(&self.prio, Some(p) if p.over == SlicePriority::Start);
+            if scan && self.starts.is_none() {
+                self.starts = Some(self.start_masses());
+            }
+            let picked = match (&self.prio, &self.starts) {
+                (Some(p), Some(starts)) if scan => self.pick_start(p, starts, rng),
+                (Some(p), _) => self.pick_by_priority(p, rng),
+                (None, _) => slice::pick(
                     self.lanes,
                     words,
                     self.views,
@@ -360,6 +400,98 @@ impl Picker<'_> {
 }
 
 impl Picker<'_> {
+    /// The rows that can start a strict slice, and their masses (a pass over every
+    /// live row's leaf).
+    fn start_masses(&self) -> StartMasses {
+        let p = self.prio.as_ref().expect("a prioritized pick");
+        let storage = &self.buffer.storage;
+        let words = storage.words();
+        let mut trajectories = Vec::new();
+        let mut total = 0u64;
+        for (view, v) in self.views.iter().enumerate() {
+            let (k, lane) = (v.shard as usize, u64::from(v.lane));
+            let (tree, ring) = (&p.trees[k], storage.shards()[k].ring());
+            for traj in v.first..v.count {
+                let start = self.lanes.start(words, k, lane, traj);
+                let next = (traj + 1 < v.count).then(|| self.lanes.start(words, k, lane, traj + 1));
+                let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+                if b < a + self.len {
+                    continue;
+                }
+                let last = b - self.len;
+                let mass: u64 = (a..=last)
+                    .map(|seq| mass_of(tree, ring, lane, seq))
+                    .fold(0u64, u64::saturating_add);
+                if mass > 0 {
+                    trajectories.push((
+                        total,
+                        StartRun {
+                            view,
+                            traj,
+                            start,
+                            next,
+                            from: a,
+                            last,
+                        },
+                    ));
+                    total = total.saturating_add(mass);
+                }
+            }
+        }
+        StartMasses {
+            trajectories,
+            total,
+        }
+    }
+
+    /// A prioritized pick from [`StartMasses`]: a trajectory by its starts' mass,
+    /// then one of its starts by its own; its window as [`Picker::pick_by_priority`]
+    /// makes it. Again if the rows moved on since the pass.
+    fn pick_start(
+        &self,
+        p: &Prio<'_>,
+        starts: &StartMasses,
+        rng: &mut Rng,
+    ) -> Result<slice::SliceWindow, NoPick> {
+        if starts.total == 0 {
+            return Err(NoPick::Again);
+        }
+        let r = rng.random_range(0..starts.total);
+        let at = starts
+            .trajectories
+            .partition_point(|&(below, _)| below <= r)
+            - 1;
+        let (below, run) = starts.trajectories[at];
+        let v = &self.views[run.view];
+        let (k, lane) = (v.shard as usize, u64::from(v.lane));
+        let (tree, ring) = (&p.trees[k], self.buffer.storage.shards()[k].ring());
+        let mut left = r - below;
+        let seq = (run.from..=run.last)
+            .find(|&seq| {
+                let m = mass_of(tree, ring, lane, seq);
+                let here = left < m;
+                left = left.saturating_sub(m);
+                here
+            })
+            .ok_or(NoPick::Again)?;
+        let leaf = tree.leaf((ring.pos(seq) * ring.width + lane) as usize);
+        let mass = leaf.value();
+        if mass == 0 || !leaf.is_of(ring.lap(seq)) {
+            return Err(NoPick::Again);
+        }
+        Ok(slice::SliceWindow {
+            shard: v.shard,
+            lane: v.lane,
+            traj: run.traj,
+            start: run.start,
+            next: run.next,
+            from: seq,
+            to: seq + self.len,
+            drawn: Some((seq, leaf.lap())),
+            weight: p.state.weight(mass, p.min.min(mass)),
+        })
+    }
+
     /// A prioritized pick: a row drawn by mass, then the window it starts (or one
     /// holding it); a row no window can serve is drawn again.
     fn pick_by_priority(&self, p: &Prio<'_>, rng: &mut Rng) -> Result<slice::SliceWindow, NoPick> {
@@ -415,5 +547,15 @@ impl Picker<'_> {
             drawn: Some((seq, d.lap)),
             weight: p.state.weight(mass, p.min.min(mass)),
         })
+    }
+}
+
+/// The mass of row `seq` of lane `lane` (0 if its leaf holds another row now).
+fn mass_of(tree: &Tree<'_>, ring: &crate::storage::geometry::Ring, lane: u64, seq: u64) -> u64 {
+    let leaf = tree.leaf((ring.pos(seq) * ring.width + lane) as usize);
+    if leaf.is_of(ring.lap(seq)) {
+        leaf.value()
+    } else {
+        0
     }
 }

@@ -522,9 +522,10 @@ pub enum SampleError {
     /// No batch size was given, here or at build time.
     #[error("no batch size: pass one to `sample` or set `batch_size` on the builder")]
     NoBatchSize,
-    /// Every slot the sampler drew was being written, `attempts` times in a row: only
-    /// possible while writers hold nearly all stored slots.
-    #[error("{attempts} draws in a row landed on slots being written")]
+    /// Every slot the sampler drew was being written (or, for slices, could not
+    /// serve a window: its row overwritten under the pick), `attempts` times in a
+    /// row: only possible while writers hold nearly all stored slots.
+    #[error("{attempts} draws in a row landed on slots being written or overwritten")]
     Starved {
         /// Draws tried for one row.
         attempts: u32,
