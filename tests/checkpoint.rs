@@ -619,6 +619,30 @@ mod damage {
         }
     }
 
+    /// A damaged value of the configuration that the layout hash does not cover (the
+    /// seed: it loaded with the other seed, and drew other rows) fails meta.json's
+    /// checksum; settings whose decimal text is long (alpha 0.1 + 0.2, beta 1/3)
+    /// read back to the same checksum.
+    #[test]
+    fn a_damaged_seed_in_meta_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(Prioritized::new(0.1 + 0.2, 1.0 / 3.0).eps(1e-7 / 3.0))
+            .seed(5)
+            .build()
+            .unwrap();
+        exercise(&rb);
+        rb.save(dir.path()).unwrap();
+        ReplayBuffer::from_checkpoint(dir.path()).unwrap();
+        let meta = dir.path().join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        assert!(text.contains("\"seed\": 5,"), "{text}");
+        std::fs::write(&meta, text.replace("\"seed\": 5,", "\"seed\": 7,")).unwrap();
+        let e = refused(dir.path());
+        assert!(e.is_corrupt() && e.to_string().contains("checksum"), "{e}");
+    }
+
     #[test]
     fn a_missing_file_is_named() {
         let dir = tempfile::tempdir().unwrap();

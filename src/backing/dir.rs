@@ -44,6 +44,11 @@ pub(crate) struct DirMeta {
     pub(crate) kind: DirKind,
     pub(crate) layout_hash: u64,
     pub(crate) config: Config,
+    /// The xxh3 of `config` as written (see [`config_checksum`]): a damaged value that
+    /// the layout hash does not cover (the seed, the batch size) is refused. Absent
+    /// in directories written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) config_xxh3: Option<u64>,
     /// A checkpoint's files and state (absent for a file-backed storage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) checkpoint: Option<CheckpointMeta>,
@@ -56,6 +61,7 @@ impl DirMeta {
             version: FORMAT_VERSION,
             kind,
             layout_hash: config.layout_hash(),
+            config_xxh3: Some(config_checksum(&config)),
             config,
             checkpoint: None,
         }
@@ -93,6 +99,14 @@ impl DirMeta {
                 "meta.json's layout hash does not match its configuration".to_owned(),
             ));
         }
+        if meta
+            .config_xxh3
+            .is_some_and(|sum| sum != config_checksum(&meta.config))
+        {
+            return Err(corrupt(
+                "meta.json's configuration does not match its checksum".to_owned(),
+            ));
+        }
         Ok(meta)
     }
 
@@ -110,9 +124,21 @@ impl DirMeta {
 
     /// Writes `dir/meta.json` crash-safely (see [`write_atomic`]).
     pub(crate) fn write(&self, dir: &Path) -> Result<(), PersistError> {
-        let json = serde_json::to_vec_pretty(self).expect("a meta always serialises");
+        let meta = DirMeta {
+            config_xxh3: Some(config_checksum(&self.config)),
+            ..self.clone()
+        };
+        let json = serde_json::to_vec_pretty(&meta).expect("a meta always serialises");
         write_atomic(dir, META, &json)
     }
+}
+
+/// The xxh3 of `config`'s compact JSON: the same for a configuration read back from
+/// `meta.json` as for the one written (fields in declaration order; floats written
+/// as the shortest text that reads back to the same value).
+pub(crate) fn config_checksum(config: &Config) -> u64 {
+    let json = serde_json::to_vec(config).expect("a configuration always serialises");
+    xxhash_rust::xxh3::xxh3_64(&json)
 }
 
 /// Writes `dir/name` so that a crash leaves either the old file or the new one: the
