@@ -296,3 +296,36 @@ fn a_row_past_the_cursor_is_refused_on_reopening() {
     assert_eq!(reopen(&copy), Ok(64));
     assert_eq!(reopen(&bytes), Ok(64));
 }
+
+/// A buffer reopened with settings that write a longer or shorter configuration (a
+/// seed, a batch size, alpha and beta of more digits) finds its rows: the region's
+/// blocks lie after the meta its creator wrote, and a reopening laid them out after
+/// the meta it would write, reading the cursors from other words.
+#[test]
+fn a_reopening_with_longer_settings_finds_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |seed: u64, batch: usize, alpha: f64, beta: f64| {
+        ReplayBuffer::builder(spec())
+            .capacity(64)
+            .seed(seed)
+            .batch_size(batch)
+            .sampler(Prioritized::new(alpha, beta))
+            .memmap(dir.path())
+            .existsok(true)
+            .build()
+    };
+    let rb = build(5, 1, 0.5, 0.5).unwrap();
+    rb.extend(&chunk(&rb, 0..40)).unwrap();
+    drop(rb);
+    for digits in 0..20u32 {
+        let big = 10u64.pow(digits.min(19));
+        let long = 0.1 + f64::from(digits) / 7.0;
+        let rb = build(big, big.max(1) as usize, long.min(0.99), long / 3.0)
+            .unwrap_or_else(|e| panic!("{digits} digits: {e}"));
+        assert_eq!(rb.len(), 40, "{digits} digits");
+        assert_eq!(
+            ids(&rb.read_all_in_order(None)),
+            (0..40).collect::<Vec<_>>()
+        );
+    }
+}

@@ -532,3 +532,35 @@ fn a_shared_buffer_round_trips_through_a_checkpoint() {
     rb.writer().extend(&chunk(&rb, 3, 0, 10)).unwrap();
     assert_eq!(rb.len(), 310);
 }
+
+/// A handle attached with settings that write a longer configuration (a seed, a
+/// batch size, alpha and beta of more digits) sees the creator's rows and writes
+/// where the creator reads: the region's blocks lie after the meta its creator
+/// wrote, and an attacher laid them out after the meta it would write.
+#[test]
+fn an_attach_with_longer_settings_shares_the_rows() {
+    let name = name("longer");
+    let _cleanup = common::shm::Cleanup(common::shm::path_of(&name));
+    let creator = builder(&name, 2).build().unwrap();
+    creator.extend(&chunk(&creator, 0, 0, 40)).unwrap();
+    for (round, digits) in [3, 9, 19u32].into_iter().enumerate() {
+        let big = 10u64.pow(digits);
+        let long = 0.1 + f64::from(digits) / 7.0;
+        let other = ReplayBuffer::builder(spec())
+            .capacity(1 << 16)
+            .shards(2)
+            .sampler(Prioritized::new(long.min(0.99), long / 3.0))
+            .seed(big)
+            .batch_size(big as usize)
+            .shared(&name)
+            .existsok(true)
+            .build()
+            .unwrap_or_else(|e| panic!("{digits} digits: {e}"));
+        assert_eq!(other.len(), 40 + 10 * round, "{digits} digits");
+        other
+            .extend(&chunk(&other, 1, 1000 + u64::from(digits), 10))
+            .unwrap();
+        assert_eq!(creator.len(), other.len());
+        drop(other);
+    }
+}

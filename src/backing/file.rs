@@ -73,9 +73,6 @@ pub(crate) fn open(
     parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
 ) -> Result<OpenedFile, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
-    let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
-        .expect("a meta always serialises");
-    let parts = parts(meta_json.len()).at(dir)?;
     match DirMeta::read(dir) {
         Ok(found) => {
             if !existsok {
@@ -88,6 +85,9 @@ pub(crate) fn open(
             })
         }
         Err(e) if e.is_missing() => {
+            let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
+                .expect("a meta always serialises");
+            let parts = parts(meta_json.len()).at(dir)?;
             create(dir, config, &meta_json, parts).map(|storage| OpenedFile {
                 storage,
                 fresh: true,
@@ -109,9 +109,6 @@ pub(crate) fn open_copy(
     parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
 ) -> Result<OpenedFile, PersistError> {
     let found = DirMeta::read(dir)?;
-    let meta_json = serde_json::to_vec(&DirMeta::new(DirKind::Memmap, config.clone()))
-        .expect("a meta always serialises");
-    let parts = parts(meta_json.len()).at(dir)?;
     reopen(dir, config, &found, parts, Access::Copy).map(|storage| OpenedFile {
         storage,
         fresh: false,
@@ -121,12 +118,15 @@ pub(crate) fn open_copy(
 
 #[cfg(not(replaybuf_loom))]
 /// Maps the storage of a directory whose `meta.json` is `found`, checking it holds a
-/// region of `config`'s layout.
+/// region of `config`'s layout. `parts` lays it out given the bytes of meta its header
+/// records: the blocks after the meta start where its creator put them, whatever the
+/// length of the meta `config` would write now (another seed's digits, a field a
+/// later version adds).
 pub(crate) fn reopen(
     dir: &Path,
     config: &Config,
     found: &DirMeta,
-    parts: StorageParts,
+    parts: impl FnOnce(usize) -> std::io::Result<StorageParts>,
     access: Access,
 ) -> Result<Storage, PersistError> {
     if found.kind != DirKind::Memmap {
@@ -166,6 +166,7 @@ pub(crate) fn reopen(
             )),
         ));
     }
+    let parts = parts(info.meta.len()).at(dir)?;
     if info.words != parts.layout.words as u64 {
         return Err(PersistError::new(
             &path,

@@ -79,11 +79,13 @@ pub(crate) fn open(
             if mode == AttachMode::Create {
                 return Err(PersistError::new(shown(name), PersistKind::Exists));
             }
-            let (region, found) = attach_region(name, &object)?;
+            let (region, found, meta_bytes) = attach_region(name, &object)?;
             if let Some(what) = config.layout_difference(&found) {
                 return Err(PersistError::new(shown(name), PersistKind::Mismatch(what)));
             }
-            let parts = parts(meta.len()).map_err(|e| PersistError::io(shown(name), e))?;
+            // Laid out after the meta its creator wrote, whatever the length of the
+            // meta this configuration would write (another seed's digits).
+            let parts = parts(meta_bytes).map_err(|e| PersistError::io(shown(name), e))?;
             finish(name, region, parts, found)
         }
         Err(e) => Err(PersistError::io(shown(name), e)),
@@ -94,11 +96,12 @@ pub(crate) fn open(
 pub(crate) fn read_config(name: &str) -> Result<Config, PersistError> {
     let object = object_name(name)
         .map_err(|why| PersistError::new(shown(name), PersistKind::Unsupported(why)))?;
-    attach_region(name, &object).map(|(_, config)| config)
+    attach_region(name, &object).map(|(_, config, _)| config)
 }
 
-/// Maps region `object`, waits for it to be ready, and reads its configuration.
-fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistError> {
+/// Maps region `object`, waits for it to be ready, and reads its configuration and the
+/// bytes of meta its header records.
+fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), PersistError> {
     let started = Instant::now();
     let region = loop {
         let region = match Region::open_shared(object) {
@@ -143,7 +146,7 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config), PersistEr
             PersistKind::Corrupt("its header's layout hash is not its meta's".to_owned()),
         ));
     }
-    Ok((region, meta.config))
+    Ok((region, meta.config, info.meta.len()))
 }
 
 /// The storage over an attached region, checked against the layout `parts` expects.
