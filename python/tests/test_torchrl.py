@@ -130,6 +130,29 @@ def test_bfloat16_and_sub_batch_dims_round_trip(rl):
     assert torch.equal(s["agents", "obs"], td["agents", "obs"][s["index"]])
 
 
+def test_rows_of_several_steps_get_index_and_weights_over_every_step(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=3
+    )
+    rb.extend(TensorDict({"obs": torch.arange(20.0).reshape(4, 5)}, [4, 5]))  # 4 rows of 5
+    s = rb.sample()
+    assert s.batch_size == torch.Size([3, 5])
+    # the sample's metadata is expanded over each row's steps, as its fields are
+    assert s["index"].shape == (3, 5) and s["priority_weight"].shape == (3, 5)
+    assert torch.equal(s["index"], s["index"][:, :1].expand(3, 5))
+    assert torch.equal(s["obs"], s["index"] * 5 + torch.arange(5.0))
+    assert s[:, 0]["index"].shape == (3,) and s.reshape(-1)["index"].shape == (15,)
+    assert s[..., :2]["priority_weight"].shape == (3, 2)
+    # one priority per row: its steps' td_errors reduced (max)
+    rb.update_priority(torch.arange(4), torch.zeros(4))
+    first = s["index"][:, 0]
+    td_error = torch.zeros(3, 5)
+    td_error[:, -1] = (first == first[0]).float()  # the last step of each draw of a row
+    s.set("td_error", td_error)
+    rb.update_tensordict_priority(s)
+    assert set(rb.sample(50)["index"][:, 0].tolist()) == {s["index"][0, 0].item()}
+
+
 def test_plain_buffer_of_tensors_and_dicts(rl):
     rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
     index = rb.extend(torch.arange(6.0) * 10)
@@ -248,6 +271,37 @@ def test_fifo_eviction_and_storage_order(rl):
     assert seen <= set(range(15, 25)) and len(seen) == 10
 
 
+def test_reads_keep_the_index_shape(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(6))
+    for index in (torch.tensor([[5, 0], [1, 2]]), [[5, 0], [1, 2]], np.array([[5, 0], [1, 2]])):
+        rows = rb[index]
+        assert rows.batch_size == torch.Size([2, 2])
+        assert rows["step"].tolist() == [[5, 0], [1, 2]]
+        assert rows["obs"].shape == (2, 2, 3)
+    assert rb[torch.zeros(0, 2, dtype=torch.long)].batch_size == torch.Size([0, 2])
+    mask = torch.zeros(6, dtype=torch.bool)
+    mask[[1, 3]] = True
+    assert rb[mask]["step"].tolist() == [1, 3]
+    for bad_mask in (torch.ones(2, 3, dtype=torch.bool), torch.ones(10, dtype=torch.bool)):
+        with pytest.raises(IndexError):
+            rb[bad_mask]
+    plain = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    plain.extend(torch.arange(12).reshape(6, 2))
+    assert plain[torch.tensor([[5, 0], [1, 2]])].tolist() == [[[10, 11], [0, 1]], [[2, 3], [4, 5]]]
+
+
+def test_a_negative_batch_size_or_an_empty_read_is_a_runtime_error(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    for read in (lambda: rb[0], lambda: rb[:], lambda: rb.sample(2)):
+        with pytest.raises(RuntimeError):
+            read()
+    rb.extend(transitions(6))
+    with pytest.raises(RuntimeError):
+        rb.sample(-1)
+    assert rb.sample(0).batch_size == torch.Size([0])
+
+
 def test_write_all_and_empty(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(6))
@@ -267,6 +321,38 @@ def test_empty_keeping_write_count(rl):
     assert len(rb) == 0 and rb.write_count == 6
     assert rb.extend(transitions(2)).tolist() == [0, 1]  # the cursor starts over
     assert rb.write_count == 8
+
+
+def test_write_count_counts_along_the_storages_first_dim(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(12, ndim=2))
+    rb.extend(TensorDict({"x": torch.zeros(3, 4)}, [3, 4]))  # 3 envs x 4 steps
+    assert rb.write_count == 4
+    rb.extend(TensorDict({"x": torch.zeros(3, 2)}, [3, 2]))
+    assert len(rb) == 12 and rb.write_count == 6
+    rb.empty(empty_write_count=False)
+    assert rb.write_count == 6
+
+
+def test_write_count_of_a_max_value_writer_counts_replacements(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(4), writer=rl.TensorDictMaxValueWriter(rank_key="r")
+    )
+    counts = []
+    for r in ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0], [7.0], [0.5]):  # each row but 0.5 replaces one
+        rb.extend(TensorDict({"r": torch.tensor(r)}, [len(r)]))
+        counts.append(rb.write_count)
+    assert counts == [4, 6, 7, 7]
+    rb.add(TensorDict({"r": torch.tensor(9.0)}, []))
+    assert rb.write_count == 8
+    # a row that a later row of its batch displaces counted too, and reported not written
+    small = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(2), writer=rl.TensorDictMaxValueWriter(rank_key="r")
+    )
+    small.extend(TensorDict({"r": torch.tensor([1.0, 2.0])}, [2]))
+    index = small.extend(TensorDict({"r": torch.tensor([3.0, 0.5, 4.0, 5.0])}, [4]))
+    assert index.tolist() == [-1, -1, 1, 0]
+    assert small.write_count == 5
+    assert sorted(small[:]["r"].tolist()) == [4.0, 5.0]
 
 
 def test_immutable_dataset(rl):
@@ -632,6 +718,47 @@ def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
         assert s["priority_weight"].shape == (16,)
 
 
+def test_update_tensordict_priority_of_a_sample_reshaped_to_slices(rl):
+    # as losses reshape a slice sample to [num_slices, slice_len]: each slice's
+    # td_errors are reduced (max) to one priority, set on the slice's first row
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(40),
+        sampler=rl.PrioritizedSliceSampler(
+            40, alpha=1.0, beta=1.0, slice_len=4, traj_key="episode"
+        ),
+        batch_size=8,
+    )
+    rb.extend(trajectories([20, 20]))
+    rb.update_priority(torch.arange(40), torch.ones(40))
+    s = rb.sample().reshape(-1, 4)
+    assert s["index"].shape == (2, 4, 1)
+    first = s["index"][:, 0, 0]
+    td_error = torch.zeros(2, 4)
+    td_error[:, -1] = 1000.0 * (first == first[0])  # the last step of slice 0 (and its twin)
+    s.set("td_error", td_error)
+    rb.update_tensordict_priority(s)
+    starts = rb.sample(400)["obs"].view(-1, 4)[:, 0]
+    assert (starts == s["obs"][0, 0]).float().mean() > 0.8
+    assert (starts == s["obs"][0, -1]).float().mean() < 0.1
+
+
+def test_update_tensordict_priority_of_a_reshaped_sample_cuts_the_index(rl):
+    # TorchRL's rule for any prioritized sampler: index[..., 0] until it matches the
+    # reduced priority, so the first row of each line of the reshaped sample gets it
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(20), batch_size=8
+    )
+    rb.extend(transitions(20))
+    rb.update_priority(torch.arange(20), torch.zeros(20))
+    s = rb.sample().reshape(2, 4)
+    first = s["index"][:, 0]
+    td_error = torch.zeros(2, 4)
+    td_error[:, -1] = (first == first[0]).float()
+    s.set("td_error", td_error)
+    rb.update_tensordict_priority(s)
+    assert set(rb.sample(100)["index"].tolist()) == {s["index"][0, 0].item()}
+
+
 def test_plain_buffer_slices_give_flags_in_info(rl):
     rb = rl.ReplayBuffer(
         storage=rl.LazyTensorStorage(100),
@@ -852,6 +979,24 @@ def test_state_dict_round_trip(rl):
     assert loaded.write_count == 14
 
 
+def test_state_dict_of_a_buffer_not_written_yet(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    state = rb.state_dict()  # e.g. a checkpoint taken before the first collection
+    fresh = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    fresh.load_state_dict(state)
+    assert len(fresh) == 0 and fresh.write_count == 0
+    fresh.extend(transitions(3))
+    assert fresh.sample()["step"].shape == (4,)
+    # loaded into a written buffer, it leaves the buffer as never written
+    fresh.load_state_dict(state)
+    assert len(fresh) == 0 and fresh.write_count == 0
+    fresh.extend(TensorDict({"y": torch.arange(3.0)}, [3]))
+    assert fresh[:]["y"].tolist() == [0.0, 1.0, 2.0] and "step" not in fresh[:].keys()
+    trainer = face(rl, "ReplayBufferTrainer")(rl.TensorDictReplayBuffer(), batch_size=4)
+    trainer.load_state_dict(trainer.state_dict())
+    assert len(trainer.replay_buffer) == 0
+
+
 def test_memmap_buffer_dumps_and_loads(rl, tmp_path):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(20, scratch_dir=tmp_path / "a"))
     rb.extend(transitions(25))
@@ -963,6 +1108,32 @@ def test_replaybuf_update_priority_skips_rows_overwritten_since_the_sample():
     # an index that is not the latest sample's updates whatever is there now
     rb.update_priority(s["index"].clone(), torch.full((4,), 9.0))
     assert {native.priority(i) for i in s["index"].tolist()} == {9.0}
+
+
+def test_replaybuf_update_tensordict_priority_of_a_reshaped_sample_skips_overwritten_rows():
+    """The sample's index, reshaped and cut as TorchRL's rule does, is still known as
+    the latest sample's: rows overwritten since are left alone."""
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(20),
+        sampler=rl.PrioritizedSliceSampler(
+            20, alpha=1.0, beta=1.0, slice_len=4, traj_key="episode"
+        ),
+        batch_size=8,
+    )
+    rb.extend(trajectories([10, 10]))
+    rb.update_priority(torch.arange(20), torch.zeros(20))
+    s = rb.sample().reshape(-1, 4)
+    s.set("td_error", torch.full((2, 4), 9.0))
+    rb.extend(trajectories([10, 10], start_id=2))  # every sampled row is replaced
+    rb.update_tensordict_priority(s)
+    native = rb._native
+    assert all(native.priority(i) != 9.0 for i in range(20))
+    s = rb.sample().reshape(-1, 4)
+    s.set("td_error", torch.full((2, 4), 9.0))
+    rb.update_tensordict_priority(s)
+    assert {native.priority(i) == 9.0 for i in s["index"][:, 0, 0].tolist()} == {True}
+    assert sum(native.priority(i) == 9.0 for i in range(20)) <= 2  # slice starts only
 
 
 def test_replaybuf_refuses_new_keys_after_the_first_write():

@@ -14,8 +14,9 @@ stored ``is_init`` at slice starts, FIFO eviction, ``rb[i]``/``rb[:]``, ``dumps`
 
 The rows live in replaybuf's engine: a buffer takes its fields (keys, dtypes, shapes)
 from the first data written to it, and every ``extend``/``sample`` is one call into
-Rust with the GIL released. Tensors go in without a copy on the Python side, and
-sampled arrays become the returned tensors without one.
+Rust with the GIL released (a :class:`TensorDictMaxValueWriter`'s ``extend``, one per
+row, so that ``write_count`` counts as TorchRL's does). Tensors go in without a copy on
+the Python side, and sampled arrays become the returned tensors without one.
 
 Differences from TorchRL, on purpose
 ------------------------------------
@@ -51,7 +52,8 @@ Differences from TorchRL, on purpose
   ``TypeError``, ``KeyError``, ``IndexError``) where the engine refuses data, e.g. a
   dtype that differs from the stored field's (TorchRL raises ``RuntimeError``). A
   sample the engine cannot draw raises an error that is both a ``ValueError`` and a
-  ``RuntimeError``, so either ``except`` clause catches it.
+  ``RuntimeError``, so either ``except`` clause catches it; a read of a buffer not
+  written yet, one that is both an ``IndexError`` and a ``RuntimeError``.
 - ``update_tensordict_priority`` on a TensorDict without the priority key changes
   nothing (TorchRL resets those rows to the default priority).
 

@@ -4,7 +4,9 @@ A checkpoint directory holds the engine's files (rows, priorities, sampler and r
 state; crash-safe and checksummed), ``torchrl.json`` (the fields as the first write
 fixed them, so an unwritten buffer can be rebuilt before loading, and the face's
 counters), ``transform.t`` when the transforms have state, and ``storage/`` when save
-hooks returned a TensorDict.
+hooks returned a TensorDict. The state of a buffer never written to holds no engine
+files and no fields (``state_dict`` only: ``dumps`` refuses such a buffer, as TorchRL's
+does).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from tensordict import is_tensor_collection
 
 from ._layout import layout_from_json
+from .writers import ImmutableDatasetWriter
 
 FACE_FILE = "torchrl.json"
 TRANSFORM_FILE = "transform.t"
@@ -48,9 +51,13 @@ def dump(rb: Any, path: Any) -> None:
     if rb._save_hooks:
         _run_save_hooks(rb, path / SAVE_HOOK_DIR)
     rb._native.dumps(path)
+    _dump_face(rb, path, rb._layout.to_json(), rb._envs)
+
+
+def _dump_face(rb: Any, path: Path, layout: Any, envs: int) -> None:
     face = {
-        "layout": rb._layout.to_json(),
-        "envs": rb._envs,
+        "layout": layout,
+        "envs": envs,
         "batch_size": rb._batch_size,
         "write_count_base": rb._write_count_base,
     }
@@ -60,9 +67,35 @@ def dump(rb: Any, path: Any) -> None:
         torch.save(transform_state, path / TRANSFORM_FILE)
 
 
+def _dump_unwritten(rb: Any, path: Path) -> None:
+    """The state of a buffer never written to: no rows and no fields (no layout),
+    only what the face keeps (TorchRL saves such a buffer's state too, e.g. for a
+    checkpoint taken before the first collection)."""
+    _dump_face(rb, path, None, 1)
+
+
+def _load_unwritten(rb: Any, path: Path, face: Dict[str, Any]) -> None:
+    """Leaves ``rb`` as :func:`_dump_unwritten` found its buffer: without rows, and
+    with its fields fixed by the next write (TorchRL's loaded storage is not
+    initialized either)."""
+    if isinstance(rb._writer, ImmutableDatasetWriter):
+        raise RuntimeError(ImmutableDatasetWriter.WRITING_ERR)
+    if rb._native is not None:
+        rb._unmake_native()
+    if (path / TRANSFORM_FILE).exists():
+        rb._transform.load_state_dict(torch.load(path / TRANSFORM_FILE))
+    rb._batch_size = face["batch_size"]
+    rb._write_count_base = face["write_count_base"]
+    rb._last = None
+    rb._sampler.ran_out = False
+
+
 def load(rb: Any, path: Any) -> None:
     path = Path(path).absolute()
     face = json.loads((path / FACE_FILE).read_text())
+    if face["layout"] is None:
+        _load_unwritten(rb, path, face)
+        return
     made = rb._ensure_native_for(layout_from_json(json.dumps(face["layout"])), face["envs"])
     try:
         rb._native.loads(path)
@@ -88,7 +121,10 @@ def load(rb: Any, path: Any) -> None:
 def state_dict(rb: Any) -> Dict[str, Any]:
     """The files of a :func:`dump`, as bytes by relative path."""
     with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
-        dump(rb, d)
+        if rb._native is None:
+            _dump_unwritten(rb, Path(d))
+        else:
+            dump(rb, d)
         files = {}
         for root, _, names in os.walk(d):
             for name in names:

@@ -34,7 +34,7 @@ from ._layout import Layout
 from ._sample_info import SamplePlan
 from .samplers import PrioritizedSampler, RandomSampler, Sampler
 from .storages import LazyTensorStorage, Storage, TensorStorage
-from .writers import ImmutableDatasetWriter, RoundRobinWriter, Writer
+from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictMaxValueWriter, Writer
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer"]
 
@@ -57,6 +57,59 @@ class SampleRefusedError(ReplayBufferValueError, RuntimeError):
     slice; fewer rows than a batch without replacement and ``drop_last``): a
     ``ValueError`` as replaybuf raises it, and a ``RuntimeError`` as TorchRL's samplers
     mostly do."""
+
+
+class EmptyStorageError(IndexError, RuntimeError):
+    """A read from a buffer that holds no rows yet: an ``IndexError`` as replaybuf
+    raises it, and a ``RuntimeError`` as TorchRL's storages do."""
+
+
+def _offsets_in(view: Any, mine: torch.Tensor) -> Optional[np.ndarray]:
+    """Where each entry of ``view`` lies within ``mine``'s elements (row-major), when
+    ``view`` is a view of ``mine``'s memory; else None."""
+    if (
+        not isinstance(view, torch.Tensor)
+        or view.dtype != mine.dtype
+        or view.device != mine.device
+        or view.untyped_storage().data_ptr() != mine.untyped_storage().data_ptr()
+    ):
+        return None
+    if view.numel() == 0:
+        return np.zeros(view.shape, np.int64)
+    start = view.storage_offset() - mine.storage_offset()
+    end = start + sum((size - 1) * stride for size, stride in zip(view.shape, view.stride()))
+    if start < 0 or end >= mine.numel():
+        return None
+    ordinal = torch.arange(mine.numel())
+    return torch.as_strided(ordinal, view.shape, view.stride(), start).numpy()
+
+
+def _rows_of_view(view: Any, mine: Any) -> Optional[np.ndarray]:
+    """The rows (flat) of the latest sample's index ``mine`` that ``view`` names, when
+    ``view`` is that index seen through a reshape, an expansion or a slice (as
+    TensorDicts give their entries: ``s.reshape(-1, 4)["index"]``, and
+    ``update_tensordict_priority`` cuts it with ``index[..., 0]`` or unbinds its
+    (step, env) columns); else None."""
+    if not isinstance(mine, torch.Tensor) or not mine.is_contiguous():
+        return None
+    # Entries per row: 1, or a stacked [n, 1] / [n, 2] index's last dim.
+    width = mine.shape[-1] if mine.ndim == 2 else 1
+    if isinstance(view, tuple):
+        parts = [_offsets_in(part, mine) for part in view]
+        if len(parts) != width or any(part is None for part in parts):
+            return None
+        at = np.stack(parts, -1)
+    else:
+        at = _offsets_in(view, mine)
+        if at is None:
+            return None
+    rows, column = np.divmod(at, width)
+    if width > 1:
+        # Only whole (step, env) rows name a row: a column alone does not.
+        if at.ndim == 0 or at.shape[-1] != width or (column != np.arange(width)).any():
+            return None
+        rows = rows[..., 0]
+    return rows.reshape(-1)
 
 
 def component(value: Any, default: Callable[[], Any], base: type, what: str) -> Any:
@@ -203,8 +256,12 @@ class ReplayBuffer(LazyEngine):
         # The latest sample's (index as handed out, engine positions, generations):
         # one attribute, so a thread never pairs one sample's index with another's.
         self._last: Optional[Tuple[Any, np.ndarray, np.ndarray]] = None
-        # write_count kept across `empty(empty_write_count=False)`.
+        # write_count kept across `empty(empty_write_count=False)`; with a max-value
+        # writer, the whole count: the engine counts the rows it appends, not those
+        # that replace stored ones, where TorchRL counts both.
         self._write_count_base = 0
+        self._counts_writes = isinstance(self._writer, TensorDictMaxValueWriter)
+        self._count_lock = threading.Lock()
         self._storage._rb = self
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
@@ -221,7 +278,30 @@ class ReplayBuffer(LazyEngine):
         ndim = self._storage.ndim
         if ndim == 1 and self._dim_extend > 0:
             data = self._transpose(data)
-        return self._native_to_write(data, ndim).extend(self._layout.arrays(data))
+        native = self._native_to_write(data, ndim)
+        if self._counts_writes:
+            return self._write_ranked(native, self._layout.arrays(data))
+        return native.extend(self._layout.arrays(data))
+
+    def _write_ranked(
+        self, native: NativeReplayBuffer, arrays: Dict[Any, np.ndarray]
+    ) -> np.ndarray:
+        """A max-value writer's batch, one row per engine call: TorchRL counts every
+        row the writer takes, one that a later row of the batch then displaces
+        included, and the engine's batch write reports such a row as not written."""
+        rows = len(next(iter(arrays.values())))
+        written = np.full(rows, _NOT_WRITTEN, np.uint64)
+        with self._count_lock:
+            for i in range(rows):
+                written[i] = native.extend({k: v[i : i + 1] for k, v in arrays.items()})[0]
+            taken = np.flatnonzero(written != np.uint64(_NOT_WRITTEN))
+            self._write_count_base += len(taken)
+        # A row displaced by a later row of the batch reads as not written (-1), as
+        # TorchRL's index has it: only the last row written at a position stays.
+        last = len(taken) - 1 - np.unique(written[taken][::-1], return_index=True)[1]
+        displaced = np.setdiff1d(taken, taken[last])
+        written[displaced] = _NOT_WRITTEN
+        return written
 
     def _index_of_written(self, written: np.ndarray) -> torch.Tensor:
         """TorchRL's index of written rows: flat (-1 where not written), or
@@ -254,7 +334,13 @@ class ReplayBuffer(LazyEngine):
     def _add(self, data: Any) -> int:
         if self._storage.ndim != 1:
             raise NotImplementedError("add() needs a storage of ndim 1; use extend()")
-        index = self._native_to_write(data, 0).add(self._layout.arrays(data))
+        native = self._native_to_write(data, 0)
+        if self._counts_writes:
+            with self._count_lock:
+                index = native.add(self._layout.arrays(data))
+                self._write_count_base += int(index != _NOT_WRITTEN)
+        else:
+            index = native.add(self._layout.arrays(data))
         return -1 if index == _NOT_WRITTEN else index
 
     def add(self, data: Any) -> int:
@@ -291,6 +377,9 @@ class ReplayBuffer(LazyEngine):
         native = self._native
         if native is None or len(native) == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        if n < 0:
+            # As TorchRL fails (torch's error), not an OverflowError from the engine.
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: [{n}]")
         try:
             try:
                 out = native.sample(n)
@@ -387,22 +476,20 @@ class ReplayBuffer(LazyEngine):
         return a.reshape(-1)
 
     def _latest_rows(self, index: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-        """The engine positions and generations of the latest sample's rows, when
-        ``index`` is that sample's index (the same tensor, or one sharing its memory
-        and shape)."""
+        """The engine positions and generations of the latest sample's rows that
+        ``index`` names, when ``index`` is that sample's index: the same tensor, or a
+        view of it (see :func:`_rows_of_view`)."""
         last = self._last
         if last is None:
             return None
-        mine = last[0]
-        if index is mine or (
-            isinstance(index, torch.Tensor)
-            and isinstance(mine, torch.Tensor)
-            and index.shape == mine.shape
-            and index.data_ptr() == mine.data_ptr()
-        ):
-            # The engine's positions are uint64; samples give them as int64 (torch's).
-            return last[1].view(np.uint64), last[2]
-        return None
+        mine, positions, generations = last
+        # The engine's positions are uint64; samples give them as int64 (torch's).
+        if index is mine:
+            return positions.view(np.uint64), generations
+        rows = _rows_of_view(index, mine)
+        if rows is None:
+            return None
+        return positions[rows].view(np.uint64), generations[rows]
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Sets the priorities of the rows at ``index`` (a sample's ``index``, or what
@@ -444,9 +531,14 @@ class ReplayBuffer(LazyEngine):
 
     @property
     def write_count(self) -> int:
-        """Rows written so far through :meth:`add` and :meth:`extend`."""
+        """Rows written so far through :meth:`add` and :meth:`extend`: elements along
+        the storage's first dim (steps of an ``ndim=2`` storage), and with a
+        :class:`TensorDictMaxValueWriter` every row it took, replacements included."""
         native = self._native
-        return self._write_count_base + (0 if native is None else native.write_count)
+        if native is None or self._counts_writes:
+            return self._write_count_base
+        # The engine counts every stored cell: steps x envs on ndim 2.
+        return self._write_count_base + native.write_count // self._envs
 
     def _read_ndim2(self) -> Any:
         """Every stored step, ``[envs, steps]`` (``[steps, envs]`` when extending
@@ -467,7 +559,7 @@ class ReplayBuffer(LazyEngine):
         """The stored rows at ``index``, untransformed."""
         native = self._native
         if native is None:
-            raise IndexError("the buffer holds no rows yet")
+            raise EmptyStorageError("Cannot get elements out of a non-initialized storage.")
         rows = self._layout.rows
         if self._storage.ndim == 2:
             if index != slice(None):
@@ -487,12 +579,22 @@ class ReplayBuffer(LazyEngine):
             return rows({k: v[0, ...] for k, v in out.items()}, (), CPU)
         a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
         if a.dtype == bool:
+            if a.shape != (len(native),):
+                raise IndexError(
+                    f"The shape of the mask {list(a.shape)} at index 0 does not match the "
+                    f"shape of the indexed tensor [{len(native)}] at index 0"
+                )
             a = np.nonzero(a)[0]
+        shape = a.shape
         a = a.reshape(-1)
         if len(a) and a.min() < -len(native):
             _from_end(int(a.min()), len(native))
         a = np.where(a < 0, a + len(native), a)
-        return rows(native.get(a), (len(a),), CPU)
+        data = rows(native.get(a), (len(a),), CPU)
+        if len(shape) != 1:
+            # Shaped as the index, as indexing a tensor gives.
+            data = _each_tensor(data, lambda x: x.reshape(shape + x.shape[1:]))
+        return data
 
     def __getitem__(self, index: Any) -> Any:
         """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage order),

@@ -25,6 +25,37 @@ def _no_rows(ndim: int) -> torch.Tensor:
     return torch.zeros((0, ndim), dtype=torch.long)
 
 
+def _expand_right(value: torch.Tensor, batch: Tuple[int, ...]) -> torch.Tensor:
+    """``value`` as TorchRL sets a sample's metadata: expanded on the right to the
+    batch when it has fewer dims (rows that hold a sub-batch, ``[T]``)."""
+    if value.ndim >= len(batch):
+        return value
+    return value.reshape(value.shape + (1,) * (len(batch) - value.ndim)).expand(batch)
+
+
+def _unexpand(entry: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``entry`` (a view of ``like`` expanded by :func:`_expand_right`) at ``like``'s
+    shape."""
+    if entry.ndim == like.ndim:
+        return entry
+    return entry[(slice(None),) * like.ndim + (0,) * (entry.ndim - like.ndim)]
+
+
+def _reduce(priority: torch.Tensor, reduction: str, dim: int) -> torch.Tensor:
+    """TorchRL's reduction of several priorities to one."""
+    if reduction == "max":
+        return priority.max(dim=dim)[0]
+    if reduction == "min":
+        return priority.min(dim=dim)[0]
+    if reduction == "mean":
+        return priority.mean(dim=dim)
+    if reduction == "median":
+        return priority.median(dim=dim)[0]
+    if reduction == "sum":
+        return priority.sum(dim=dim)
+    raise NotImplementedError(f"Unknown reduction method {reduction}")
+
+
 class TensorDictReplayBuffer(ReplayBuffer):
     """A replay buffer of TensorDicts (TorchRL's ``TensorDictReplayBuffer``).
 
@@ -106,7 +137,13 @@ class TensorDictReplayBuffer(ReplayBuffer):
         self._last = (info["index"], out["index"], out["generation"])
         rows = (len(out["index"]),)
         if self._collate_fn is None and not self._transform_modules:
-            data = self._layout.rows(out, rows, CPU, info, self._plan.nested_info)
+            extra = info
+            root_extra = getattr(self._layout, "_root_extra", ())
+            if root_extra:
+                # Rows of several steps: the metadata set over them, as TorchRL sets it.
+                batch = rows + root_extra
+                extra = {key: _expand_right(value, batch) for key, value in info.items()}
+            data = self._layout.rows(out, rows, CPU, extra, self._plan.nested_info)
         else:
             # TorchRL transforms the rows, then sets the metadata on what comes out.
             data = self._collate_and_transform(self._layout.rows(out, rows, CPU))
@@ -114,17 +151,47 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 data.set(key, expand_as_right(value, data) if value.ndim < data.ndim else value)
         if self._pin_memory or self._device is not None:
             data = self._deliver(data)
-            info = {key: data.get(key) for key in info}
+            # The delivered entries, less the dims they were expanded by.
+            info = {key: _unexpand(data.get(key), value) for key, value in info.items()}
         return data, info
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
-        """Sets the priorities of a sample's rows from its ``priority_key`` entry
-        (several values per row are reduced by the sampler's ``reduction``)."""
+        """Sets the priorities of a sample's rows from its ``priority_key`` entry, as
+        TorchRL does: the priority is reduced by the sampler's ``reduction`` to one
+        value per entry of the data's first dimension (of its first two on an
+        ``ndim=2`` storage; per slice of a sample reshaped to ``[num_slices,
+        slice_len]``), and the index is cut to match (``index[..., 0]``: each slice's
+        first row)."""
         if not self._sampler.prioritized:
             return
         priority = data.get(self.priority_key, None)
-        if priority is not None:
-            self.update_priority(data.get("index"), priority)
+        if priority is None:
+            return
+        if data.ndim:
+            priority = self._priority_vector(data, priority)
+        elif priority.numel() > 1:
+            priority = _reduce(priority.reshape(-1), self._sampler.reduction, 0)
+        else:
+            priority = priority.reshape(())
+        index = data.get("index")
+        if self._storage.ndim > 1 and index.ndim == 2:
+            index = index.unbind(-1)
+        else:
+            while index.shape != priority.shape:
+                index = index[..., 0]
+        self.update_priority(index, priority)
+
+    def _priority_vector(self, data: TensorDictBase, priority: torch.Tensor) -> torch.Tensor:
+        """TorchRL's ``_get_priority_vector``: one priority per entry of the data's
+        first ``storage.ndim`` dims, reduced over the rest."""
+        ndim = self._storage.ndim
+        if ndim > 1 and priority.ndim >= ndim:
+            # Not reduced across the storage's dims.
+            priority = priority.flatten(0, ndim - 1)
+        priority = _reduce(priority.reshape(priority.shape[0], -1), self._sampler.reduction, 1)
+        if ndim > 1:
+            priority = priority.unflatten(0, data.shape[:ndim])
+        return priority
 
 
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
