@@ -760,3 +760,66 @@ fn list_buffers_round_trip_and_refuse_damage() {
     // A row buffer's checkpoint is not a list's, nor the other way round.
     assert!(ReplayBuffer::from_checkpoint(dir.path()).is_err());
 }
+
+/// A save hook or progress report that writes to the buffer being saved (or saves it
+/// again) panics, saying so, where it waited forever for the save it runs inside; the
+/// buffer then goes on (its writers thawed), and the hook that only reads is fine.
+#[test]
+fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let dir = tempfile::tempdir().unwrap();
+    type Reentry = fn(&ReplayBuffer, &Path);
+    let reentries: [(&str, Reentry); 3] = [
+        ("extend", |rb, _| {
+            rb.extend(&rows(rb, 900, 1, 1)).map(drop).unwrap()
+        }),
+        ("clear", |rb, _| rb.clear()),
+        ("save", |rb, dir| rb.save(dir.join("again")).unwrap()),
+    ];
+    for (what, reentry) in reentries {
+        for through_progress in [false, true] {
+            let rb = ReplayBuffer::builder(spec())
+                .capacity(64)
+                .seed(2)
+                .build()
+                .unwrap();
+            fill(&rb, 20);
+            let (inner, path) = (rb.clone(), dir.path().to_path_buf());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let saving = rb.clone();
+            let dest = dir.path().join(format!("{what}-{through_progress}"));
+            std::thread::spawn(move || {
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    if through_progress {
+                        let options =
+                            SaveOptions::new().progress(move |_, _| reentry(&inner, &path));
+                        saving.save_with(&dest, &options).map_err(|e| e.to_string())
+                    } else {
+                        saving.register_save_hook(move |_| {
+                            reentry(&inner, &path);
+                            Ok(())
+                        });
+                        saving.save(&dest).map_err(|e| e.to_string())
+                    }
+                }));
+                let message = match outcome {
+                    Ok(r) => format!("returned {r:?}"),
+                    Err(p) => p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default(),
+                };
+                tx.send(message).unwrap();
+            });
+            let message = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{what}, progress {through_progress}: hung"));
+            assert!(
+                message.contains("wrote to the buffer being saved"),
+                "{what}, progress {through_progress}: {message}"
+            );
+            rb.extend(&rows(&rb, 20, 1, 1)).unwrap();
+        }
+    }
+}

@@ -60,7 +60,8 @@ pub(crate) const CHUNK_BYTES: usize = 8 << 20;
 /// The library draws nothing itself; the caller decides what progress looks like (a
 /// bar, a log line, nothing). It runs while the buffer's writers are held still: it
 /// must not write to the buffer being saved (an `extend`, a `clear`, a priority
-/// update, another save of it), which would wait for this save to end.
+/// update, another save of it), which would wait for this save to end; such a write
+/// panics, saying so.
 pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a checkpoint is written (see [`ReplayBuffer::save_with`]).
@@ -270,7 +271,8 @@ impl ReplayBuffer {
     /// buffer's hooks get its rows as stored (one frame of each stack, no `next_of`
     /// fields). A hook runs while the buffer's writers are held still: it must not
     /// write to the buffer being saved (an `extend`, a `clear`, a priority update,
-    /// another save of it), which would wait for this save to end.
+    /// another save of it), which would wait for this save to end; such a write
+    /// panics, saying so.
     pub fn register_save_hook(
         &self,
         hook: impl Fn(&mut Batch) -> hooks::HookResult + Send + Sync + 'static,

@@ -68,6 +68,13 @@ use super::Storage;
 use crate::sync::{fence, AtomicU64, Backoff, Ordering};
 
 const FROZEN: u64 = 1 << 63;
+
+#[cfg(not(replaybuf_loom))]
+std::thread_local! {
+    /// The storage this thread holds frozen, innermost (its updaters' word's
+    /// address), or 0: a save's hooks and progress reports run inside its freeze.
+    static FROZEN_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 /// Waits on a shard that does not drain between checks that its writer still lives.
 const DEAD_WRITER_CHECK_WAITS: u32 = 4096;
 
@@ -137,10 +144,15 @@ impl Drop for Carrying<'_> {
 pub(crate) struct Frozen<'a> {
     updaters: &'a AtomicU64,
     shards: SmallVec<[ShardFreeze<'a>; 8]>,
+    /// What this thread held frozen before.
+    #[cfg(not(replaybuf_loom))]
+    outer: usize,
 }
 
 impl Drop for Frozen<'_> {
     fn drop(&mut self) {
+        #[cfg(not(replaybuf_loom))]
+        FROZEN_HERE.with(|f| f.set(self.outer));
         // The shards thaw first: the updaters' bit is what the next freezer takes
         // turns on, and it must find every shard thawed.
         self.shards.clear();
@@ -151,9 +163,31 @@ impl Drop for Frozen<'_> {
 }
 
 impl Storage {
+    /// Panics if this thread holds this storage frozen: a save's hook or progress
+    /// report that writes to the buffer it saves (or saves it again) would wait for
+    /// that save's thaw, which only its own return brings. A contract the docs of
+    /// `register_save_hook` and `SaveOptions::progress` state; a hang would say
+    /// nothing of it.
+    fn refuse_reentry(&self) {
+        #[cfg(not(replaybuf_loom))]
+        if FROZEN_HERE.with(std::cell::Cell::get) == self.freeze_id() {
+            panic!(
+                "replaybuf: a save hook or progress report wrote to the buffer being \
+                 saved (or saved it again); that would wait for the save to end"
+            );
+        }
+    }
+
+    /// This storage's identity for [`FROZEN_HERE`] (views share it).
+    #[cfg(not(replaybuf_loom))]
+    fn freeze_id(&self) -> usize {
+        std::ptr::from_ref::<AtomicU64>(&self.updaters).addr()
+    }
+
     /// Enters as an updater (a priority update, `set_alpha`, `empty`), waiting while
     /// the storage is frozen; refused if the storage is retired.
     pub(crate) fn enter_update(&self) -> Result<Inside<'_>, Retired> {
+        self.refuse_reentry();
         let word = &*self.updaters;
         loop {
             if word.fetch_add(1, Ordering::AcqRel) & FROZEN == 0 {
@@ -174,6 +208,7 @@ impl Storage {
     /// [`Storage::append_entered`].
     #[inline]
     pub(crate) fn enter_append(&self, k: usize) -> Result<Claim, Retired> {
+        self.refuse_reentry();
         let shard = &self.shards()[k];
         let claim = shard.enter_append(self.freezer_holder());
         if self.is_retired() {
@@ -186,6 +221,7 @@ impl Storage {
     /// Enters shard `k` as an editor (see `Shard::enter_edit`), waiting while it is
     /// frozen; refused if the storage is retired.
     pub(crate) fn enter_edit(&self, k: usize) -> Result<Editing<'_>, Retired> {
+        self.refuse_reentry();
         let held = self.hold_edit(k);
         let guard = self.shards()[k].enter_edit(self.freezer_holder());
         let editing = Editing {
@@ -246,6 +282,7 @@ impl Storage {
         try_enter: impl Fn(&'s Shard) -> Result<T, IsFrozen>,
         leave: impl Fn(&'s Shard, T),
     ) -> Result<SmallVec<[T; 8]>, Retired> {
+        self.refuse_reentry();
         let shards = self.shards();
         'again: loop {
             let mut entered: SmallVec<[T; 8]> = SmallVec::new();
@@ -337,6 +374,7 @@ impl Storage {
     /// turns: the one that sets the updaters' `FROZEN` bit goes first, the others wait
     /// for it to thaw.
     pub(crate) fn freeze(&self) -> Frozen<'_> {
+        self.refuse_reentry();
         let updaters = &*self.updaters;
         while updaters.fetch_or(FROZEN, Ordering::AcqRel) & FROZEN != 0 {
             let mut backoff = Backoff::new();
@@ -369,6 +407,11 @@ impl Storage {
         while updaters.load(Ordering::Acquire) & !FROZEN != 0 {
             backoff.snooze();
         }
-        Frozen { updaters, shards }
+        Frozen {
+            updaters,
+            shards,
+            #[cfg(not(replaybuf_loom))]
+            outer: FROZEN_HERE.with(|f| f.replace(self.freeze_id())),
+        }
     }
 }
