@@ -21,9 +21,15 @@ import torch
 import torchrl.collectors.utils
 import torchrl.data
 import torchrl.trainers
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
 MODULES = {"torchrl": torchrl.data, "replaybuf": replaybuf.torchrl}
+
+
+@tensorclass
+class Transition:
+    obs: torch.Tensor
+    reward: torch.Tensor
 
 
 # What TorchRL keeps outside torchrl.data, replaybuf.torchrl has beside the buffers.
@@ -439,6 +445,24 @@ def test_a_pytree_of_dicts_is_taken_key_by_key(rl):
     if rl is replaybuf.torchrl:
         # TorchRL's writer has moved its cursor past each refused row (8 rows).
         assert len(rb) == 5
+
+
+def test_a_tensorclass_is_stored_and_read_back_as_itself(rl):
+    # A plain buffer stores a tensorclass's fields and gives back its class (replaybuf
+    # refused it: "this buffer holds TensorDicts"); a TensorDict buffer refuses it.
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(
+        Transition(obs=torch.arange(6.0), reward=torch.arange(6.0)[:, None] * 2, batch_size=[6])
+    )
+    s, info = rb.sample(4, return_info=True)
+    assert type(s) is Transition and s.batch_size == torch.Size([4])
+    assert torch.equal(s.obs, info["index"].float())
+    assert torch.equal(s.reward[:, 0], s.obs * 2)
+    assert type(rb[:3]) is Transition and rb[:3].obs.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ValueError):
+        rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10)).extend(
+            Transition(obs=torch.zeros(2), reward=torch.zeros(2, 1), batch_size=[2])
+        )
 
 
 def test_indices_before_the_first_row_are_index_errors(rl):

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
 from torch.utils import _pytree
 
 Key = Union[str, Tuple[str, ...]]
@@ -148,6 +148,9 @@ class TensorDictLayout:
         # Batch dims beyond the storage's, by nested prefix (() for the root).
         self.extra_dims = dict(extra_dims)
         self.skip = frozenset(skip)
+        # The tensorclass the rows were written as, read back as (None: TensorDicts).
+        # Kept in memory only: a buffer loaded from disk reads TensorDicts.
+        self.tensorclass: Optional[type] = None
         self._native_of = {f.key: f.native for f in self.fields}
         self._field_of_native = {f.native: f for f in self.fields}
         # Nested TensorDicts, parents before children, and the leaves by parent.
@@ -164,7 +167,11 @@ class TensorDictLayout:
         self._bfloat16 = [(f.native, f.key) for f in self.fields if f.dtype is torch.bfloat16]
 
     @classmethod
-    def of(cls, td: TensorDictBase, batch_dims: int, skip: Sequence[Key] = ()) -> TensorDictLayout:
+    def of(cls, td: Any, batch_dims: int, skip: Sequence[Key] = ()) -> TensorDictLayout:
+        if is_tensorclass(td):
+            layout = cls.of(td._tensordict, batch_dims, skip)
+            layout.tensorclass = type(td)
+            return layout
         fields = []
         for key, value in td.items(include_nested=True, leaves_only=True):
             if key in skip:
@@ -193,6 +200,8 @@ class TensorDictLayout:
         return None if native is None else self._field_of_native[native]
 
     def arrays(self, td: Any) -> Dict[Key, np.ndarray]:
+        if is_tensorclass(td):
+            td = td._tensordict
         if not isinstance(td, TensorDictBase):
             raise TypeError(f"this buffer holds TensorDicts; got a {type(td).__name__}")
         out = {}
@@ -216,10 +225,21 @@ class TensorDictLayout:
         device: Optional[torch.device],
         extra: Optional[Dict[Key, torch.Tensor]] = None,
         extra_nested: bool = False,
-    ) -> TensorDictBase:
+    ) -> Any:
         """A TensorDict of batch ``batch`` from sampled arrays, with ``extra`` entries
         (index, weights, slice flags; ``extra_nested`` when some key is a tuple) set
-        beside the fields."""
+        beside the fields; of the tensorclass the rows were written as, if any."""
+        td = self._tensordict_rows(arrays, batch, device, extra, extra_nested)
+        return td if self.tensorclass is None else self.tensorclass.from_tensordict(td)
+
+    def _tensordict_rows(
+        self,
+        arrays: Dict[Key, np.ndarray],
+        batch: Tuple[int, ...],
+        device: Optional[torch.device],
+        extra: Optional[Dict[Key, torch.Tensor]],
+        extra_nested: bool,
+    ) -> TensorDictBase:
         root_batch = torch.Size(batch + self._root_extra)
         if self._flat and not extra_nested:
             from_numpy = torch.from_numpy
