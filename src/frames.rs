@@ -105,6 +105,14 @@ impl Frames {
         self
     }
 
+    /// The field that says a step was cut off (its episode ends there too), with the
+    /// field for episode ends found as [`ends`](Self::ends) says: for a spec whose
+    /// `done` field the default finds but whose truncation flag has another name.
+    pub fn truncated(mut self, truncated: impl Into<Key>) -> Self {
+        self.truncated = Some(truncated.into());
+        self
+    }
+
     /// Side slots per shard for the next observations of the steps that end
     /// episodes. A buffer keeps the last `capacity` steps or the steps of its last
     /// `slots` episode ends per shard, whichever is fewer. The default is one slot per

@@ -83,7 +83,6 @@ struct FieldOut {
     dtype: DType,
     descr: Py<PyArrayDescr>,
     shape: Vec<usize>,
-    bytes: usize,
 }
 
 /// A replay buffer of numpy rows (see the package's docs for every argument).
@@ -129,7 +128,6 @@ impl Buffer {
                     dtype: f.dtype(),
                     descr: numpy_dtype(py, f.dtype())?.unbind(),
                     shape: f.shape().to_vec(),
-                    bytes: f.bytes(),
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -357,6 +355,10 @@ impl Buffer {
         })
     }
 }
+
+/// How long `loads` waits for the buffer to itself before it lets the calls queued
+/// meanwhile in, and looks for a Ctrl-C.
+const LOADS_TURN: std::time::Duration = std::time::Duration::from_millis(20);
 
 #[pymethods]
 impl Buffer {
@@ -739,7 +741,13 @@ impl Buffer {
     /// prioritized sampler and `marks` (uint8: 1 valid, 2 start, 4 end, 8 truncated)
     /// for a slice sampler. Fewer rows only when a without-replacement epoch ends short.
     #[pyo3(signature = (n = None))]
-    fn sample<'py>(&self, py: Python<'py>, n: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
+    fn sample<'py>(&self, py: Python<'py>, n: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
+        let n = n
+            .map(|n| {
+                usize::try_from(n)
+                    .map_err(|_| value_error(format!("a batch is a count of rows, not {n}")))
+            })
+            .transpose()?;
         let n = match n.or(self.handle(py)?.batch_size()) {
             Some(n) => n,
             None => {
@@ -841,7 +849,11 @@ impl Buffer {
             return Err(value_error("sample_into: two of the arrays share memory"));
         }
         for (f, array) in self.fields.iter().zip(&arrays) {
-            if array.len() != rows * f.bytes / f.dtype.size() {
+            // The shape, not only the size: rows of (4, 3) went into a (2, 6) array.
+            let want: Vec<usize> = std::iter::once(rows)
+                .chain(f.shape.iter().copied())
+                .collect();
+            if array.shape() != want.as_slice() {
                 return Err(value_error(format!(
                     "sample_into: `{}` has shape {:?}, expected ({rows}, {})",
                     f.py_key.bind(py),
@@ -855,6 +867,13 @@ impl Buffer {
             }
         }
         let n = self.handle(py)?.batch_size().unwrap_or(rows).min(rows);
+        // The arrays' first `n` rows (a batch size under their room): every array
+        // holds `rows` rows of whole bytes each.
+        let spans = if n < rows {
+            Spans(spans.0.iter().map(|&(p, l)| (p, l / rows * n)).collect())
+        } else {
+            spans
+        };
         self.sample_spans(py, n, spans)
     }
 
@@ -897,7 +916,9 @@ impl Buffer {
 
     /// The priority of the row at `index`, as last set (None if not prioritized, or no
     /// row is there).
-    fn priority(&self, py: Python<'_>, index: u64) -> PyResult<Option<f64>> {
+    fn priority(&self, py: Python<'_>, index: i64) -> PyResult<Option<f64>> {
+        let index =
+            u64::try_from(index).map_err(|_| index_error(format!("index {index} is negative")))?;
         Ok(self.handle(py)?.priority(index))
     }
 
@@ -993,8 +1014,18 @@ impl Buffer {
     /// Loads a checkpoint of this buffer's layout into it (TorchRL's `loads`). No
     /// other thread may use the buffer meanwhile; on any error it is left as it was.
     fn loads(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        // A call waiting inside the buffer (a rate-limited sample waiting for rows)
+        // holds the lock's read side. Queued for the write side, `loads` would hold
+        // back every new reader, the collectors that call waits for among them, and
+        // `close_rate_limit`: so it asks in turns, letting readers in between, and
+        // answers Ctrl-C.
+        let mut rb = loop {
+            if let Some(rb) = gil::detach(py, || self.rb.try_write_for(LOADS_TURN)) {
+                break rb;
+            }
+            py.check_signals()?;
+        };
         gil::detach(py, || {
-            let mut rb = self.rb.write();
             self.learners.lock().clear();
             rb.restore(&path)
         })
@@ -1053,8 +1084,33 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
         }
     }
     let py = x.py();
-    py.import("numpy")?
-        .call_method1("require", (x, numpy::dtype::<T>(py), ["C", "A"]))?
+    let numpy = py.import("numpy")?;
+    // Numbers only, converted as their values allow: integers (non-negative ones for
+    // indices and generations), or any number for priorities. A float index was
+    // truncated, a negative one an OverflowError, a string numpy's own ValueError.
+    let array = numpy.call_method1("asarray", (x,))?;
+    let kind = array
+        .getattr("dtype")?
+        .getattr("kind")?
+        .extract::<String>()?;
+    let empty = array.getattr("size")?.extract::<usize>()? == 0;
+    let integers = numpy::dtype::<T>(py).kind() == b'u';
+    let allowed = if integers { "iu" } else { "iuf" };
+    if !empty && !(kind.len() == 1 && allowed.contains(kind.as_str())) {
+        return Err(type_error(format!(
+            "expected {}, not an array of {}",
+            if integers { "integers" } else { "numbers" },
+            array.getattr("dtype")?
+        )));
+    }
+    if integers && kind == "i" && !empty && array.call_method0("min")?.extract::<i64>()? < 0 {
+        return Err(index_error(format!(
+            "a negative index or generation: {}",
+            array.call_method0("min")?
+        )));
+    }
+    numpy
+        .call_method1("require", (array, numpy::dtype::<T>(py), ["C", "A"]))?
         .call_method1("reshape", (-1,))?
         .cast_into::<PyArray1<T>>()
         .map_err(Into::into)

@@ -266,9 +266,13 @@ pub(crate) fn frames(desc: &Bound<'_, PyAny>) -> PyResult<Frames> {
     if let Some(n) = get_as::<usize>(&d, "terminal_slots")? {
         f = f.terminal_slots(n);
     }
-    if let Some(done) = get(&d, "done")? {
-        let truncated = get(&d, "truncated")?.map(|t| key_from_py(&t)).transpose()?;
-        f = f.ends(key_from_py(&done)?, truncated);
+    let truncated = get(&d, "truncated")?.map(|t| key_from_py(&t)).transpose()?;
+    match (get(&d, "done")?, truncated) {
+        (Some(done), truncated) => f = f.ends(key_from_py(&done)?, truncated),
+        // The given truncation flag, beside the done field found by default (it was
+        // dropped: a truncated step's next observation became the next episode's).
+        (None, Some(truncated)) => f = f.truncated(truncated),
+        (None, None) => {}
     }
     Ok(f)
 }

@@ -153,3 +153,28 @@ def test_torchrl_face_storages_take_frames(storage, tmp_path):
     assert rb.write_count == before
     rb.extend(rollout(640, seed=5)[600:])
     assert rb.write_count == before + 40
+
+
+def test_a_truncation_flag_given_alone_ends_episodes():
+    # Frames(truncated=...) without done=: the flag was dropped, and a truncated
+    # step's next observation became the next episode's first.
+    spec = {
+        "obs": ("float32", ()),
+        "next_obs": ("float32", ()),
+        "done": ("bool", ()),
+        "trunc": ("bool", ()),
+    }
+    steps = [(0, 1, False), (1, 2, False), (2, 3, True), (100, 101, False), (101, 102, False)]
+    batch = {
+        "obs": np.array([s[0] for s in steps], np.float32),
+        "next_obs": np.array([s[1] for s in steps], np.float32),
+        "done": np.zeros(5, bool),
+        "trunc": np.array([s[2] for s in steps]),
+    }
+    rb = replaybuf.ReplayBuffer(
+        16, spec=spec, frames=Frames(next_of={"next_obs": "obs"}, truncated="trunc")
+    )
+    rb.extend(batch)
+    rows = rb.read_all_in_order()
+    # The newest step waits for its next observation.
+    assert rows["next_obs"].tolist() == [1.0, 2.0, 3.0, 101.0]

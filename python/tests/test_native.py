@@ -545,7 +545,35 @@ def test_bad_updates_change_nothing():
         rb.update_priority([99], [1.0], [0])
     with raises(IndexError):
         rb.get(99)
+    # Indices are integers, never negative: a float was truncated (1.9 updated row 1),
+    # a negative one an OverflowError, a string numpy's own ValueError.
+    with raises(TypeError, "integers"):
+        rb.update_priority([1.9], [5.0])
+    with raises(IndexError, "negative"):
+        rb.update_priority([-1], [5.0])
+    with raises(TypeError, "numbers"):
+        rb.update_priority([0], ["a"])
+    with raises(IndexError, "negative"):
+        rb.priority(-1)
+    with raises(ValueError, "count of rows"):
+        rb.sample(-1)
     assert state(rb) == before
+
+
+def test_sample_into_takes_a_batch_size_under_the_arrays_room():
+    # batch_size rows into arrays with room for more: the first rows filled (it was
+    # refused: "the column of field x has 16 bytes, the rows need 8"); a field array
+    # of the right size but the wrong shape is refused.
+    rb = buffer(capacity=32, n=10, batch_size=2)
+    out = {key: np.full((4,) + shape, -1, dtype) for key, dtype, shape in rb.spec}
+    out["index"] = np.zeros(4, np.uint64)
+    out["generation"] = np.zeros(4, np.uint64)
+    assert rb.sample_into(out) == 2
+    check({key: v[:2] for key, v in out.items()})
+    assert (out["id"][2:] == -1).all()
+    out["obs"] = np.zeros((2, 6), np.float32)
+    with raises(ValueError, "shape"):
+        rb.sample_into(out)
 
 
 @pytest.mark.parametrize(

@@ -231,3 +231,37 @@ def test_ctrl_c_ends_a_wait_with_no_timeout(limit, before, call, after, counts):
         child.kill()
     assert out.splitlines() == [f"interrupted {counts}", "went on"], (out, err)
     assert child.returncode == 0, err
+
+
+def test_loads_beside_a_waiting_sample_lets_the_collector_in(tmp_path):
+    # A sample waiting for rows holds the buffer; `loads` queued behind it held back
+    # the collector whose rows the sample waited for (and close_rate_limit, and
+    # Ctrl-C): every thread hung. Now it takes turns, and all three finish.
+    spec = {"x": ("float32", ())}
+    src = replaybuf.ReplayBuffer(100, spec=spec, rate_limit=RateLimit.min_size(5))
+    src.extend({"x": np.arange(10, dtype=np.float32)})
+    src.dumps(tmp_path / "c")
+    rb = replaybuf.ReplayBuffer(100, spec=spec, rate_limit=RateLimit.min_size(5))
+    out = {}
+
+    def run(name, f):
+        def body():
+            try:
+                out[name] = f()
+            except Exception as e:  # reported by the main thread
+                out[name] = e
+
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        return t
+
+    threads = [
+        run("learner", lambda: len(rb.sample(1)["x"])),
+        run("loader", lambda: rb.loads(tmp_path / "c")),
+        run("collector", lambda: rb.extend({"x": np.arange(10, dtype=np.float32)})),
+    ]
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), out
+    assert out["learner"] == 1 and out["loader"] is None, out
