@@ -1096,7 +1096,8 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
     let empty = array.getattr("size")?.extract::<usize>()? == 0;
     let integers = numpy::dtype::<T>(py).kind() == b'u';
     let allowed = if integers { "iu" } else { "iuf" };
-    if !empty && !(kind.len() == 1 && allowed.contains(kind.as_str())) {
+    let number = kind.len() == 1 && allowed.contains(kind.as_str());
+    if !(empty || number) {
         return Err(type_error(format!(
             "expected {}, not an array of {}",
             if integers { "integers" } else { "numbers" },
