@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._native import TmrlMemory
+from ._native import ReplayBufferValueError, TmrlMemory
 
 try:  # torch is optional: without it, batches are numpy arrays.
     import torch
@@ -62,6 +62,25 @@ Transition = Tuple[Any, Any, Any, Any, Any, Any]
 
 # The columns a collector's buffer holds, in tmrl's sample order (info aside).
 _SAMPLE_COLUMNS = ("act", "obs", "rew", "terminated", "truncated")
+
+
+def _exactly(key: str, array: np.ndarray, target: np.dtype) -> np.ndarray:
+    """``array`` as ``target``, refused where a value would not survive: an integer
+    outside the field's range (300 into int8 was stored as 44), or a float beyond it
+    (1e6 into float16 was stored as inf), as the numpy face refuses them."""
+    out = np.ascontiguousarray(array, dtype=target)
+    if array.dtype == target or array.size == 0:
+        return out
+    if np.issubdtype(target, np.integer) or target == np.bool_:
+        kept = np.array_equal(out.astype(array.dtype), array)
+    else:
+        with np.errstate(invalid="ignore"):
+            kept = bool(np.all(np.isfinite(out) | ~np.isfinite(array)))
+    if not kept:
+        raise ReplayBufferValueError(
+            f"append_buffer: `{key}` holds values {target} cannot hold ({array.dtype})"
+        )
+    return out
 
 
 def _field(value: Any, what: str) -> Tuple[np.dtype, Tuple[int, ...]]:
@@ -225,8 +244,11 @@ class Memory:
                 raise TypeError(
                     f"append_buffer: `{key}` is {array.dtype}, the memory stores {target}"
                 )
-            arrays[key] = np.ascontiguousarray(array, dtype=target)
-        return self._native.append_buffer(arrays)
+            arrays[key] = _exactly(key, array, target)
+        written = self._native.append_buffer(arrays)
+        # Taken: the reset sample held back for the next call goes with it.
+        self._pending = []
+        return written
 
     def _columns(self, buffer: Any) -> Optional[dict]:
         """The samples as columns, building the memory from the first sample when its
@@ -243,7 +265,8 @@ class Memory:
             return buffer
         samples: Sequence[Any] = getattr(buffer, "memory", buffer)
         if self._pending:
-            samples, self._pending = self._pending + list(samples), []
+            # Kept until the append succeeds (a refused one dropped it).
+            samples = self._pending + list(samples)
         if len(samples) == 0:
             return None
         if self._native is None:
@@ -269,7 +292,8 @@ class Memory:
                 values = [no_action if v is None else v for v in values]
             if key in ("obs", "act"):
                 return np.stack([np.asarray(v) for v in values])
-            return np.asarray(values, dtype=dtypes[key])
+            # As given: `append_buffer` converts, checking the values survive.
+            return np.asarray(values)
 
         return {key: column(i, key) for i, key in enumerate(_SAMPLE_COLUMNS)}
 

@@ -299,6 +299,32 @@ def test_refusals():
     assert stored(memory) == [(0, 1, 0.5, 1, False, False)]
 
 
+def test_values_a_field_cannot_hold_are_refused_and_keep_the_reset_sample():
+    # An int8 memory given 300 stored 44, a float16 one given 1e6 inf (a warning at
+    # most); and a refused append dropped the reset sample held back for the next.
+    def obs_sample(obs, act=True):
+        a = np.array([1, -1], np.float32) if act else None
+        return (a, obs, 0.5, False, False, {})
+
+    memory = Memory()
+    memory.append_buffer([obs_sample(np.array([1, 2, 3], np.int8))])
+    memory.append_buffer([obs_sample(np.array([4, 5, 6], np.int8))])
+    assert len(memory) == 1
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
+        memory.append_buffer([obs_sample(np.array([300, -200, 128]))])
+    assert len(memory) == 1
+    memory = Memory()
+    memory.append_buffer([obs_sample(np.zeros(3, np.float16))] * 2)
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
+        memory.append_buffer([obs_sample(np.array([1e6, 7e4, 1.0]))])
+    memory = Memory()
+    memory.append_buffer([sample(0, act=False)])
+    with pytest.raises((TypeError, ValueError)):
+        memory.append_buffer([(np.zeros(2), (np.zeros(1), np.zeros(3)), 0.0, False, False, {})])
+    memory.append_buffer(samples([1, 2], ".."))
+    assert stored(memory) == [(0, 1, 0.5, 1, False, False), (1, 2, 1.0, 2, False, False)]
+
+
 def test_samples_without_any_action_wait_for_one():
     memory = Memory(batch_size=1)
     memory.append_buffer([sample(0, act=False)])
