@@ -224,6 +224,12 @@ class RayReplayBuffer:
                 "an epoch of its own, and a batch split over them may ask one actor for "
                 "more rows than its epoch has left, after the others have used theirs"
             )
+        if num_actors > 1 and sampler.get("kind") == "slice" and sampler.get("num_slices"):
+            raise replaybuf.ReplayBufferValueError(
+                "a slice sampler over several actors takes slice_len=: a batch split over "
+                "them asks each for whole slices, and num_slices= would cut each actor's "
+                "share into that many slices"
+            )
         if "shared" in kwargs or "memmap" in kwargs:
             raise replaybuf.ReplayBufferValueError(
                 "a Ray buffer keeps its rows in its actors: use checkpoint_dir for "
@@ -258,6 +264,9 @@ class RayReplayBuffer:
         self._turn = 0  # the actor the next extend goes to (each pickled copy has its own)
         self._rng = np.random.default_rng(seed)
         self._fifo = sampler.get("kind") == "fifo"
+        # Rows per unit of a batch's split over the actors: a slice's, or one.
+        self._unit = int(sampler.get("slice_len") or 1) if sampler.get("kind") == "slice" else 1
+        self._batch_size = kwargs.get("batch_size")
         # The same-node actors' buffers: made at the first extend (each copy its own).
         self._here: Optional[_InPlace] = None
 
@@ -339,18 +348,27 @@ class RayReplayBuffer:
         return RayWriter(self, max_rows, max_in_flight, timeout, max_bytes, indices)
 
     def add(self, data: Dict[Any, Any]) -> int:
-        """Writes one transition (a dict of arrays of the field shapes)."""
-        one = {key: np.expand_dims(np.asarray(v), 0) for key, v in data.items()}
+        """Writes one transition (a dict of arrays of the field shapes, or of Python
+        values; nested dicts for nested keys), as a local buffer's ``add`` takes it."""
+        one = {key: _one_row(v) for key, v in _leaves(data, arrays=False)}
         return int(self.extend(one)[0])
 
-    def sample(self, batch_size: int) -> Dict[Any, np.ndarray]:
+    def sample(self, batch_size: Optional[int] = None) -> Dict[Any, np.ndarray]:
         """Draws ``batch_size`` rows from the actors, in parallel: in proportion to the
         rows they hold, or for a prioritized sampler to their priority mass, so that
         a row's chance is its priority's share of all the actors' (``index`` is
         global). Each actor weighs its rows against its own smallest mass; the weights
         are then brought to the smallest of all, ``(min / mass) ** beta`` as a single
         buffer gives them. The split reads the actors' figures just before the draws:
-        priorities set meanwhile move it a little, as they would move one buffer's."""
+        priorities set meanwhile move it a little, as they would move one buffer's. A
+        slice sampler's batch is split in whole slices. Without ``batch_size``, the
+        buffer's ``batch_size``."""
+        if batch_size is None:
+            batch_size = self._batch_size
+        if batch_size is None:
+            raise replaybuf.ReplayBufferValueError(
+                "give a batch size: sample(n), or batch_size= when building"
+            )
         if self.num_actors == 1:
             return self._get(self._actors[0].sample.remote(batch_size))
         if self._fifo:
@@ -360,7 +378,12 @@ class RayReplayBuffer:
         weights = np.array([m[0] if prioritized else n for n, m, _ in shares], np.float64)
         if weights.sum() == 0:
             raise replaybuf.ReplayBufferValueError("the buffer is empty")
-        counts = self._rng.multinomial(batch_size, weights / weights.sum())
+        unit = self._unit
+        if batch_size % unit:
+            raise replaybuf.ReplayBufferValueError(
+                f"a batch of {batch_size} rows does not split into slices of {unit}"
+            )
+        counts = self._rng.multinomial(batch_size // unit, weights / weights.sum()) * unit
         # An actor drawn for no row is not asked, but one always is: a batch of no rows
         # carries every key, with its dtype, as one buffer's does.
         asked = [k for k, c in enumerate(counts) if c] or [int(np.argmax(weights))]
@@ -379,9 +402,16 @@ class RayReplayBuffer:
         at random) for the rows still missing, as one buffer's batch takes from its
         shards; short when fewer rows wait, and "empty" only when no actor has any."""
         parts, left = [], batch_size
-        start = int(self._rng.integers(self.num_actors))
-        for i in range(self.num_actors):
-            k = (start + i) % self.num_actors
+        # The actors that hold rows, from one picked at random: an empty one's sample
+        # would wait on its own queue's limit while others hold rows. All of them
+        # when none does (the batch then waits as one buffer's would).
+        sizes = self._get([a.size.remote() for a in self._actors])
+        holding = [k for k in range(self.num_actors) if sizes[k] > 0] or list(
+            range(self.num_actors)
+        )
+        start = int(self._rng.integers(len(holding)))
+        for i in range(len(holding)):
+            k = holding[(start + i) % len(holding)]
             try:
                 part = self._get(self._actors[k].sample.remote(left))
             except replaybuf.ReplayBufferValueError as e:
@@ -469,15 +499,23 @@ def _without_replacement(sampler: dict) -> bool:
     )
 
 
-def _leaves(data: Dict[Any, Any], prefix: tuple = ()):
+def _leaves(data: Dict[Any, Any], prefix: tuple = (), arrays: bool = True):
     """``(key, array)`` for every array of a dict of arrays (nested dicts give tuple
-    keys, as the buffer's fields name them)."""
+    keys, as the buffer's fields name them); the values as given unless ``arrays``."""
     for key, value in data.items():
         path = prefix + (key if isinstance(key, tuple) else (key,))
         if isinstance(value, dict):
-            yield from _leaves(value, path)
+            yield from _leaves(value, path, arrays)
         else:
-            yield (path[0] if len(path) == 1 else path), np.asarray(value)
+            yield (path[0] if len(path) == 1 else path), np.asarray(value) if arrays else value
+
+
+def _one_row(value: Any) -> Any:
+    """One row of a field as a batch of one: an array gains a leading dim; a Python
+    value becomes a list of one, which the buffer converts to the field's dtype as
+    its values allow (``np.asarray(3.0)`` would be float64, refused by a float32
+    field)."""
+    return np.expand_dims(value, 0) if isinstance(value, np.ndarray) else [value]
 
 
 class _InPlace:
@@ -623,7 +661,8 @@ class RayWriter:
             self._keep(k, self._rb._get(ref, self._timeout))
             self.acknowledged += _rows_of(leaves)
             if self._max_rows is None:
-                row = sum(a[:1].nbytes for a in leaves.values())
+                # From the fields' shapes: a first chunk of no rows has no row to size.
+                row = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in leaves.values())
                 self._max_rows = max(1, self._max_bytes // max(1, row))
             self._stage = self._new_stage(leaves)
             return

@@ -427,3 +427,71 @@ def test_a_same_node_writer_ships_when_no_shard_is_free():
     assert ray.get(second.extend.remote(list(range(20, 25)))) == 5
     assert ray.get(second.flush.remote()) == 15
     assert sorted(whole(rb.read_all()).tolist()) == list(range(25))
+
+
+def test_a_fifo_queue_over_actors_takes_rows_from_the_one_that_holds_them():
+    # All rows in one actor: a batch asked the other first, which waited on its own
+    # queue's limit (a timeout, or forever without one) while rows waited.
+    rb = RayReplayBuffer(
+        32,
+        spec=SPEC,
+        num_actors=2,
+        local_writes=False,
+        seed=3,
+        sampler=replaybuf.Fifo(),
+        rate_limit=replaybuf.RateLimit.queue(8, sample_timeout=5.0),
+    )
+    rb.extend(rows(range(4)))
+    got = []
+    for _ in range(2):
+        start = time.monotonic()
+        got += whole(rb.sample(2)).tolist()
+        assert time.monotonic() - start < 2.0
+    assert got == [0, 1, 2, 3]
+
+
+def test_slices_over_actors_split_by_whole_slices():
+    # The split was by rows: an actor asked for 1 row of a 2-step slice failed, and
+    # num_slices= cut each actor's share into that many slices. slice_len= goes; a
+    # num_slices= sampler over several actors is refused.
+    spec = {**SPEC, ("next", "done"): ("bool", ())}
+    rb = RayReplayBuffer(
+        64,
+        spec=spec,
+        num_actors=2,
+        local_writes=False,
+        seed=0,
+        batch_size=4,
+        sampler=replaybuf.Slice(slice_len=2),
+    )
+    for first in range(0, 32, 8):
+        chunk = rows(range(first, first + 8))
+        chunk[("next", "done")] = np.arange(8) % 4 == 3
+        rb.extend(chunk)
+    for _ in range(8):
+        ids = whole(rb.sample())
+        assert len(ids) == 4
+        for a, b in ids.reshape(-1, 2):
+            assert b == a + 1 and a % 4 != 3, ids
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="slice_len"):
+        RayReplayBuffer(64, spec=spec, num_actors=2, sampler=replaybuf.Slice(num_slices=2))
+
+
+def test_add_takes_nested_dicts_and_python_values_as_a_local_buffer():
+    spec = {"x": ("float32", ()), ("next", "obs"): ("float32", (2,))}
+    rb = RayReplayBuffer(8, spec=spec, num_actors=2, local_writes=False, seed=1)
+    rb.add({"x": 3.0, "next": {"obs": [1.0, 2.0]}})
+    rb.add({"x": np.float32(4.0), ("next", "obs"): np.array([3.0, 4.0], np.float32)})
+    assert sorted(rb.read_all()["x"].tolist()) == [3.0, 4.0]
+
+
+def test_a_writer_whose_first_chunk_is_empty_ships_8_mib():
+    # The rows a shipment holds came from the first chunk's first row: an empty chunk
+    # made them 8 MiB of rows of one byte, and a stage of gigabytes.
+    rb = RayReplayBuffer(100, spec=SPEC, num_actors=1, local_writes=False)
+    w = rb.writer()
+    w.extend(rows([]))
+    w.extend(rows(range(5)))
+    assert w._max_rows == (8 << 20) // (8 + 12)
+    w.flush()
+    assert sorted(rb.read_all()["id"].tolist()) == list(range(5))
