@@ -272,3 +272,27 @@ fn a_wait_ends_when_its_check_says_so() {
         .unwrap();
     common::check_interruptible_waits(&rb);
 }
+
+#[test]
+fn a_clear_starts_the_counts_over_for_every_handle() {
+    let name = name("clear");
+    let _cleanup = common::shm::Cleanup(common::shm::path_of(&name));
+    let short = Some(Duration::from_millis(30));
+    let rb = builder(&name)
+        .rate_limit(RateLimit::min_size(10).sample_timeout(short))
+        .build()
+        .unwrap();
+    let other = ReplayBuffer::attach(&name).unwrap();
+    rb.extend(&rows(&rb, 0, 10)).unwrap();
+    other.sample(4).unwrap();
+    rb.clear();
+    assert!(matches!(
+        other.sample(4),
+        Err(SampleError::RateLimited(RateLimitError::Timeout {
+            inserts: 0,
+            ..
+        }))
+    ));
+    other.extend(&rows(&other, 10, 10)).unwrap();
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+}

@@ -1000,6 +1000,12 @@ impl Buffer {
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let rb = self.handle(py)?;
+        if rb.is_read_only() {
+            // As every other write of a dataset is refused (it emptied the rows).
+            return Err(value_error(
+                "this buffer is a read-only dataset (open_dataset): clear is refused",
+            ));
+        }
         gil::detach(py, || rb.clear());
         Ok(())
     }

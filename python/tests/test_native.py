@@ -312,6 +312,10 @@ def test_checkpoints_round_trip(tmp_path):
     assert len(ds) == 20 and len(check(ds.sample(16))) == 16
     with raises(ValueError, "immutable"):
         ds.extend(data([1]))
+    # clear too (it emptied the dataset's rows).
+    with raises(ValueError, "read-only"):
+        ds.clear()
+    assert len(ds) == 20
     # A checkpoint of another layout is refused by loads, which changes nothing.
     small = ReplayBuffer(8, spec={"x": ("float32", ())})
     small.extend({"x": np.ones(3, np.float32)})

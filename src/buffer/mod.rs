@@ -174,6 +174,14 @@ impl ReplayBuffer {
             .map(|left| left as usize)
     }
 
+    /// Whether the buffer is a read-only dataset ([`WritePolicy::Immutable`]: what
+    /// [`open_dataset`](Self::open_dataset) gives), whose rows no call changes.
+    ///
+    /// [`WritePolicy::Immutable`]: crate::WritePolicy::Immutable
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.state().policy, crate::policy::PolicyEngine::Immutable)
+    }
+
     /// Shards of the storage.
     pub fn shards(&self) -> usize {
         self.state().core.storage.shards().len()
@@ -407,7 +415,10 @@ impl ReplayBuffer {
     }
 
     /// Drops every stored row, and ends the sampler's epoch (TorchRL resets its
-    /// sampler too). Rows being written meanwhile are dropped as well.
+    /// sampler too). Rows being written meanwhile are dropped as well. A rate limit's
+    /// counts start over: samples wait for its `min_size_to_sample` rows again
+    /// (Reverb's table reset resets its limiter; the sample after a clear found the
+    /// buffer empty instead).
     pub fn clear(&self) {
         self.retrying::<_, std::convert::Infallible>(|inner| {
             // The policy's lock first, then the updaters' gate: a swap takes them in
@@ -421,6 +432,9 @@ impl ReplayBuffer {
             })
         })
         .unwrap_or_else(|never| match never {});
+        if let Some(limiter) = &self.limiter {
+            limiter.restart();
+        }
     }
 }
 

@@ -348,6 +348,17 @@ impl Limiter {
         }
     }
 
+    /// Starts the counts over, as for a buffer just built (its rows were dropped), and
+    /// wakes every waiter to judge itself again: samples wait for `min_size_to_sample`
+    /// rows anew (Reverb's table reset resets its limiter).
+    pub(crate) fn restart(&self) {
+        match self {
+            Limiter::Local(l) => l.restart(),
+            #[cfg(target_os = "linux")]
+            Limiter::Shared(l) => l.restart(),
+        }
+    }
+
     /// The counts, waits and limit now (`None`: no limit).
     pub(crate) fn stats(&self) -> Option<RateLimitStats> {
         match self {
@@ -481,6 +492,15 @@ impl RateLimiter {
     /// Puts `limit` in force, waking every waiter to judge itself by it.
     pub fn set(&self, limit: RateLimit) {
         self.counts.lock().limit = limit;
+        self.wake_all();
+    }
+
+    /// Starts the inserted and sampled counts over, waking every waiter.
+    pub fn restart(&self) {
+        let mut c = self.counts.lock();
+        c.inserts = 0;
+        c.samples = 0;
+        drop(c);
         self.wake_all();
     }
 

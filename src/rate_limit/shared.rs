@@ -335,6 +335,13 @@ impl SharedLimiter {
         self.wake_sleepers();
     }
 
+    /// Starts the inserted and sampled counts over, and wakes the sleepers.
+    pub(super) fn restart(&self) {
+        self.word(INSERTS).store(0, Ordering::SeqCst);
+        self.word(SAMPLES).store(0, Ordering::SeqCst);
+        self.wake_sleepers();
+    }
+
     /// Wakes the sleepers, if any (see the module's ordering argument).
     fn wake_sleepers(&self) {
         if handshake_load(self.word(WAITERS)) > 0 {
