@@ -41,6 +41,7 @@ How it differs from tmrl's own memories:
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import random
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
@@ -302,7 +303,8 @@ class Memory:
         terminated, truncated, info)``, arrays in their stored dtypes, ``info`` empty."""
         if self._native is None:
             raise IndexError(f"transition {item}: the memory is empty")
-        item = int(item)
+        # An integer (1.7 was read as 1), counted from the end when negative.
+        item = operator.index(item)
         if item < 0:
             # From the end, as a list's index (tmrl's memories index lists).
             if item < -len(self):

@@ -208,15 +208,20 @@ pub(crate) fn rate_limit(desc: &Bound<'_, PyAny>) -> PyResult<RateLimit> {
     }
     .map_err(py_err)?;
     let seconds = |name: &str| -> PyResult<Option<std::time::Duration>> {
-        get_as::<f64>(&d, name)?
-            .map(|s| {
-                std::time::Duration::try_from_secs_f64(s).map_err(|_| {
-                    value_error(format!(
-                        "rate_limit: `{name}` must be seconds >= 0, got {s}"
-                    ))
-                })
+        let Some(s) = get_as::<f64>(&d, name)? else {
+            return Ok(None);
+        };
+        // Longer than any wait can last (`inf` among them): no timeout.
+        if s >= u64::MAX as f64 {
+            return Ok(None);
+        }
+        std::time::Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|_| {
+                value_error(format!(
+                    "rate_limit: `{name}` must be seconds >= 0, got {s}"
+                ))
             })
-            .transpose()
     };
     Ok(limit
         .insert_timeout(seconds("insert_timeout")?)

@@ -62,6 +62,10 @@ pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> PyResult<Bound<'_, Py
 
 /// The field dtype of a numpy dtype (or anything `numpy.dtype` takes, or "bfloat16").
 pub(crate) fn dtype_from_py(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    if dtype.is_none() {
+        // numpy reads None as float64; no field or index means that.
+        return Err(type_error("not a dtype: None"));
+    }
     if let Ok(s) = dtype.extract::<String>() {
         if s == "bfloat16" || s == "bf16" {
             return Ok(DType::BF16);

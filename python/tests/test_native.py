@@ -384,6 +384,13 @@ def test_sample_into_refuses_arrays_it_cannot_fill():
     assert rb.sample_into(good) == 4
 
 
+def test_index_dtype_none_is_refused_by_name():
+    rb = buffer()
+    with raises(TypeError, "not a dtype: None"):
+        rb.index_dtype = None
+    assert rb.index_dtype == np.uint64
+
+
 def test_index_dtype_int64_gives_the_same_positions_signed():
     rb = buffer(n=10)
     assert rb.index_dtype == np.uint64

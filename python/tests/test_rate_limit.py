@@ -265,3 +265,14 @@ def test_loads_beside_a_waiting_sample_lets_the_collector_in(tmp_path):
         t.join(20)
     assert not any(t.is_alive() for t in threads), out
     assert out["learner"] == 1 and out["loader"] is None, out
+
+
+def test_an_infinite_timeout_waits_as_none_does():
+    # inf (or more seconds than a wait can last) was refused as "seconds >= 0".
+    for forever in (float("inf"), 1e30):
+        rb = replaybuf.ReplayBuffer(
+            64, spec=SPEC, rate_limit=RateLimit.min_size(10, sample_timeout=forever)
+        )
+        assert rb.rate_limit_stats()["sample_timeout"] is None
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        replaybuf.ReplayBuffer(64, spec=SPEC, rate_limit=RateLimit.min_size(10, sample_timeout=-1))

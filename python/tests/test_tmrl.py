@@ -139,6 +139,8 @@ def test_samples_become_transitions_within_episodes_and_across_buffers():
     for item in (-8, -1000):
         with pytest.raises(IndexError):
             memory[item]
+    with pytest.raises(TypeError):  # it was read as memory[1]
+        memory[1.7]
 
 
 def check_batch(batch, n, ends):
