@@ -157,6 +157,12 @@ pub(crate) fn reopen(
     };
     lock(&region, &path, access)?;
     let info = layout::read_header(region.words()).map_err(|p| header_error(&path, p))?;
+    if info.restoring {
+        return Err(PersistError::new(
+            &path,
+            PersistKind::Corrupt(INTERRUPTED_RESTORE.to_owned()),
+        ));
+    }
     if info.layout_hash != found.layout_hash {
         return Err(PersistError::new(
             &path,
@@ -226,6 +232,12 @@ fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError
         Err(TryLockError::Error(e)) => Err(PersistError::io(path, e)),
     }
 }
+
+/// Why a region whose restore never finished is refused.
+pub(crate) const INTERRUPTED_RESTORE: &str = "a restore of a checkpoint into it began and \
+    never finished (its process died, or the restore failed): its rows are part the \
+    checkpoint's, part the ones before, some torn. Remove it, and restore the checkpoint \
+    into a new buffer";
 
 #[cfg(not(replaybuf_loom))]
 /// A header problem as a persistence error.

@@ -139,6 +139,12 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), Pe
         }
     };
     let info = layout::read_header(region.words()).map_err(|p| header_error(&shown(name), p))?;
+    if info.restoring {
+        return Err(PersistError::new(
+            shown(name),
+            PersistKind::Corrupt(crate::backing::file::INTERRUPTED_RESTORE.to_owned()),
+        ));
+    }
     let meta = DirMeta::parse(&shown(name), &info.meta)?;
     if meta.layout_hash != info.layout_hash {
         return Err(PersistError::new(

@@ -358,6 +358,11 @@ fn read_into(
             PartFile::open(dir, rec, expected)?.stream(&mut meter, &mut buf, |_, _| Ok(()))?;
         }
     }
+    // A region (file-backed or shared: `verify_first`) is the buffer: marked while
+    // the checkpoint goes into it, rows and stamps in any order, so that a process
+    // killed meanwhile leaves a region refused when opened again, not one of torn
+    // rows under published stamps. The mark goes once everything is in.
+    let restoring = verify_first.then(|| Restoring::begin(storage));
     let mut omit = Vec::new();
     let mut kept = Vec::new();
     let mut epochs_file = None;
@@ -411,7 +416,27 @@ fn read_into(
             .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))?;
     }
     inner.core.sampler.recover(storage);
+    if let Some(restoring) = restoring {
+        restoring.finish();
+    }
     Ok(())
+}
+
+/// A region's [`Header::Restoring`](crate::storage::layout::Header) mark, set while
+/// a checkpoint is copied into it. Left set if the copy fails or its process dies.
+struct Restoring<'a> {
+    storage: &'a Storage,
+}
+
+impl<'a> Restoring<'a> {
+    fn begin(storage: &'a Storage) -> Restoring<'a> {
+        storage.set_restoring(true);
+        Restoring { storage }
+    }
+
+    fn finish(self) {
+        self.storage.set_restoring(false);
+    }
 }
 
 /// Slots without the next-observation field, spread back into their slots.

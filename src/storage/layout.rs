@@ -77,6 +77,11 @@ pub(crate) enum Header {
     ProcsAt = 7,
     /// Entries of the process table.
     Procs = 8,
+    /// Non-zero while a checkpoint is copied into the region (`restore` of a
+    /// file-backed or shared buffer): a region whose restore never finished holds
+    /// rows part old, part new, and is refused when opened again (zero in regions
+    /// made before it).
+    Restoring = 9,
 }
 
 /// [`Header::State`] of a region whose creator finished laying it out.
@@ -354,6 +359,8 @@ pub(crate) fn write_header(
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(replaybuf_loom, allow(dead_code))] // read only from files
 pub(crate) struct HeaderInfo {
+    /// A restore into the region began and never finished ([`Header::Restoring`]).
+    pub(crate) restoring: bool,
     pub(crate) layout_hash: u64,
     pub(crate) words: u64,
     pub(crate) creator_pid: u64,
@@ -435,6 +442,7 @@ pub(crate) fn read_header(words: &[AtomicU64]) -> Result<HeaderInfo, HeaderProbl
     let mut meta = vec![0; meta_bytes as usize];
     crate::storage::atomic_copy::load(words, HEADER_WORDS * 8, &mut meta);
     Ok(HeaderInfo {
+        restoring: header(words, Header::Restoring) != 0,
         layout_hash: header(words, Header::LayoutHash),
         words: total,
         creator_pid: header(words, Header::CreatorPid),

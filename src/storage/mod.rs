@@ -739,6 +739,14 @@ impl Storage {
         self.slices.as_ref().map(|(lanes, _)| lanes)
     }
 
+    /// Marks the region as having a checkpoint copied into it, or not (see
+    /// [`Header::Restoring`](layout::Header::Restoring)). The mark is stored before
+    /// the copy's first word and cleared after its last (`SeqCst` both ways).
+    pub(crate) fn set_restoring(&self, restoring: bool) {
+        self.words()[layout::Header::Restoring as usize]
+            .store(u64::from(restoring), crate::sync::Ordering::SeqCst);
+    }
+
     /// How a slice buffer tells where its trajectories end, if this is one.
     pub(crate) fn slice_bounds(&self) -> Option<&Bounds> {
         self.slices.as_ref().map(|(_, bounds)| bounds)
