@@ -234,6 +234,7 @@ fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError
 }
 
 /// Why a region whose restore never finished is refused.
+#[cfg(not(replaybuf_loom))]
 pub(crate) const INTERRUPTED_RESTORE: &str = "a restore of a checkpoint into it began and \
     never finished (its process died, or the restore failed): its rows are part the \
     checkpoint's, part the ones before, some torn. Remove it, and restore the checkpoint \
