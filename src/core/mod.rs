@@ -577,6 +577,7 @@ impl Core {
     pub(crate) fn read_positions(&self, draws: &[Draw]) -> Batch {
         let mut draws = std::borrow::Cow::Borrowed(draws);
         let mut backoff = crate::sync::Backoff::new();
+        let mut passes = 0u32;
         loop {
             let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
             batch.reshape_for_sample(draws.len(), false);
@@ -605,18 +606,48 @@ impl Core {
             // are left out, and so are a frames buffer's rows that can no longer be
             // rebuilt (evicted, or whose neighbours were lapped) or not yet (the
             // lane's newest step, whose next step may never come).
-            let now: Vec<Draw> = draws
+            let mut now: Vec<Draw> = draws
                 .iter()
                 .filter_map(|&d| self.storage.draw_at(self.storage.position_of(d)))
                 .collect();
+            passes += 1;
+            if passes.is_multiple_of(POSITION_READ_PASSES) {
+                // A row that no pass reads while its position says it is live (a
+                // damaged stamp): each position read alone, and those that still
+                // miss left out, rather than passes without end.
+                now.retain(|&d| self.reads(d));
+            }
             draws = std::borrow::Cow::Owned(now);
             backoff.snooze();
         }
+    }
+
+    /// Whether the row of `d` reads, alone, within a read's patience.
+    fn reads(&self, d: Draw) -> bool {
+        let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
+        batch.reshape_for_sample(1, false);
+        let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
+        let parts = batch.parts_mut();
+        let mut dest = dest_for(&self.storage, &identity, parts.columns);
+        self.gather(
+            &[d],
+            &mut Vec::new(),
+            Want::AtLeast,
+            OnMiss::RetryUpTo(POSITION_READ_PATIENCE),
+            &mut dest,
+            parts.generation,
+            parts.index,
+            None,
+        )
+        .is_ok()
     }
 }
 
 /// Misses of one row after which a read by position looks for dead writers.
 const POSITION_READ_PATIENCE: u32 = 1 << 14;
+/// Failed passes of a read by position after which it reads each position alone and
+/// leaves out those that never read.
+const POSITION_READ_PASSES: u32 = 8;
 
 /// Rows checked for an extend, ready to append.
 pub(crate) struct Prepared<'a> {

@@ -307,6 +307,37 @@ mod tests {
         }
     }
 
+    /// A row that no read ever takes while its position says it is live (its stamp
+    /// shows it being written, by a writer nothing can find dead: a damaged region) is
+    /// left out of a read by position, which retried it forever.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a hang shows as a timeout, not a stall
+    fn a_row_no_read_takes_is_left_out_of_reads_by_position() {
+        let rb = buffer(64);
+        extend(&rb, 0..40);
+        let storage = &rb.state().core.storage;
+        let ring = *storage.shards()[0].ring();
+        let slot = ring.slot(ring.pos(10), 0);
+        storage.stamp(slot).store(
+            Stamp::writing(ring.lap(10), 0).to_bits(),
+            crate::sync::Ordering::Release,
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = rb.clone();
+        std::thread::spawn(move || {
+            let ids = reader
+                .read_all_in_order(None)
+                .column::<u64>("id")
+                .unwrap()
+                .to_vec();
+            tx.send(ids).unwrap();
+        });
+        let ids = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the read returns");
+        assert_eq!(ids, (0..40).filter(|&i| i != 10).collect::<Vec<_>>());
+    }
+
     /// A stream whose writer died (a process killed inside `extend`): its rows' stamps
     /// may show them published over old bytes. Readers leave them out meanwhile; a
     /// recovery drops them and ends the stream; later appends write over them.
