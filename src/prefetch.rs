@@ -100,6 +100,29 @@ struct Handoff<T> {
     /// Wakes a worker: there is room for a fill, or it must stop.
     room: Condvar,
     depth: usize,
+    /// Set with `stop`, read without the lock by a worker's fill waiting on the
+    /// buffer's rate limit ([`stopped`]).
+    #[cfg(not(replaybuf_loom))]
+    stopping: Arc<crate::sync::AtomicBool>,
+}
+
+#[cfg(not(replaybuf_loom))]
+std::thread_local! {
+    /// The stop flag of the pool this worker thread fills for.
+    static STOPPING: std::cell::RefCell<Option<Arc<crate::sync::AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Whether this worker's pool is being dropped: the check of a fill's rate-limited
+/// wait (`RateLimit::interruptible`), which would otherwise wait, with no timeout,
+/// for inserts that may never come while the drop waits to join it.
+#[cfg(not(replaybuf_loom))]
+fn stopped() -> bool {
+    STOPPING.with(|s| {
+        s.borrow()
+            .as_ref()
+            .is_some_and(|f| f.load(crate::sync::Ordering::Acquire))
+    })
 }
 
 /// A learner's pool of prefetch workers.
@@ -127,6 +150,8 @@ impl<T: Send + 'static> Prefetch<T> {
             ready: Condvar::new(),
             room: Condvar::new(),
             depth,
+            #[cfg(not(replaybuf_loom))]
+            stopping: Default::default(),
         });
         let mut pool = Prefetch {
             handoff,
@@ -224,6 +249,8 @@ fn keep<T>(st: &mut Slots<T>, item: T, depth: usize) {
 
 /// A worker: fills items while there is room, until stopped.
 fn work<T>(handoff: &Handoff<T>, mut fill: Fill<T>) {
+    #[cfg(not(replaybuf_loom))]
+    STOPPING.with(|s| *s.borrow_mut() = Some(handoff.stopping.clone()));
     let mut st = handoff.slots.lock();
     let mut polls = 0;
     loop {
@@ -248,6 +275,11 @@ fn work<T>(handoff: &Handoff<T>, mut fill: Fill<T>) {
         let ticket = st.asks;
         let mut slot = st.free.pop();
         drop(st);
+        #[cfg(not(replaybuf_loom))]
+        let filled = panic::catch_unwind(AssertUnwindSafe(|| {
+            crate::RateLimit::interruptible(stopped, || fill(&mut slot))
+        }));
+        #[cfg(replaybuf_loom)]
         let filled = panic::catch_unwind(AssertUnwindSafe(|| fill(&mut slot)));
         st = handoff.slots.lock();
         st.busy -= 1;
@@ -284,6 +316,10 @@ fn work<T>(handoff: &Handoff<T>, mut fill: Fill<T>) {
 impl<T: Send + 'static> Drop for Prefetch<T> {
     fn drop(&mut self) {
         self.handoff.slots.lock().stop = true;
+        #[cfg(not(replaybuf_loom))]
+        self.handoff
+            .stopping
+            .store(true, crate::sync::Ordering::Release);
         self.handoff.room.notify_all();
         for worker in self.workers.drain(..) {
             // A worker's own panics are caught in `work`; a join error cannot carry

@@ -357,3 +357,29 @@ fn a_panicking_stage_reaches_the_learner_and_the_loader_still_shuts_down() {
         assert_eq!(Arc::strong_count(&alive), 1, "a worker outlived its loader");
     });
 }
+
+/// A prefetching loader dropped while its workers wait on the buffer's rate limit
+/// (samples held back for the min size, no timeout) stops them and returns: the drop
+/// waited forever to join a worker whose sample waited for inserts that never came.
+#[test]
+fn dropping_a_loader_whose_workers_wait_on_the_rate_limit_returns() {
+    within_a_minute(|| {
+        let spec = replaybuf::Spec::builder()
+            .field("x", replaybuf::DType::F32, [])
+            .build()
+            .unwrap();
+        let rb = ReplayBuffer::builder(spec)
+            .capacity(100)
+            .batch_size(4)
+            .rate_limit(replaybuf::RateLimit::min_size(10))
+            .build()
+            .unwrap();
+        for workers in [1, 2] {
+            let loader = rb.loader().prefetch(2).workers(workers).build().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(loader);
+        }
+        // The buffer goes on: the samples the workers gave up counted nothing.
+        assert_eq!(rb.rate_limit_stats().unwrap().samples, 0);
+    });
+}
