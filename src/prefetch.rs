@@ -29,11 +29,15 @@
 //!   carries the count it started at): an error prepared ahead is dropped and a fresh
 //!   fill made instead. So an error describes the buffer when the learner asked: a
 //!   loader started on an empty buffer that has been filled since gives a batch, not
-//!   the `Empty` its workers saw at the start;
+//!   the `Empty` its workers saw at the start. A pipeline stage's error (a user's
+//!   preprocess or collate) is handed over whenever prepared, as an epoch's end is:
+//!   it says nothing of the buffer, and the rows its fill drew are gone from an
+//!   epoch (dropped, the learner never learnt of them);
 //! - a fill that panics (a user's closure) stops the workers; the learner's next take
 //!   resumes the panic on its own thread;
 //! - dropping the handle sets `stop`, wakes everyone and joins every worker: a worker
-//!   in the middle of a fill finishes that fill and exits, nothing waits on the
+//!   in the middle of a fill finishes that fill (one waiting on the buffer's rate
+//!   limit gives up within 50 ms: `RateLimit::interruptible`) and exits, nothing waits on the
 //!   learner, so shutdown cannot deadlock and leaves no thread behind.
 //!
 //! Priority updates are honoured by every draw that starts after them: a worker draws
@@ -228,7 +232,11 @@ impl<T: Send + 'static> Prefetch<T> {
                 // The learner has seen the error (or it was dropped): fills may start
                 // again, the next epoch's included.
                 st.paused = false;
-                if matches!(e, SampleError::EpochEnd) || ticket >= ask {
+                // An epoch's end, and a pipeline stage's failure (a user's closure:
+                // it says nothing of the buffer that asking again would change, and
+                // its rows were drawn), are handed over whenever prepared.
+                let kept = matches!(e, SampleError::EpochEnd | SampleError::Pipeline { .. });
+                if kept || ticket >= ask {
                     return with(&mut st, item);
                 }
                 // Prepared before the learner asked: ask again.

@@ -383,3 +383,57 @@ fn dropping_a_loader_whose_workers_wait_on_the_rate_limit_returns() {
         assert_eq!(rb.rate_limit_stats().unwrap().samples, 0);
     });
 }
+
+/// A pipeline stage's error prepared ahead of the learner's ask is handed over, as
+/// inline sampling gives it (it was dropped, and with a without-replacement sampler
+/// the rows its fill drew vanished from the epoch without a word).
+#[test]
+fn a_stage_error_prepared_ahead_is_handed_over() {
+    use replaybuf::error::{DataError, SampleError};
+    use replaybuf::sampler::WithoutReplacement;
+    let spec = replaybuf::Spec::builder()
+        .field("x", replaybuf::DType::U64, [])
+        .build()
+        .unwrap();
+    for prefetch in [0, 2] {
+        let rb = ReplayBuffer::builder(spec.clone())
+            .capacity(12)
+            .seed(3)
+            .sampler(WithoutReplacement::new())
+            .build()
+            .unwrap();
+        let mut b = rb.batch([12]);
+        b.set("x", &(0..12u64).collect::<Vec<_>>()).unwrap();
+        rb.extend(&b).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let mut loader = rb
+            .loader()
+            .batch_size(3)
+            .prefetch(prefetch)
+            .preprocess(move |_: &mut Batch| {
+                if counted.fetch_add(1, Ordering::SeqCst) == 1 {
+                    return Err(DataError::MissingField {
+                        key: "augment".into(),
+                    });
+                }
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut outcomes = Vec::new();
+        loop {
+            match loader.sample() {
+                Ok(batch) => outcomes.push(Ok(batch.len())),
+                Err(SampleError::EpochEnd) => break,
+                Err(e) => outcomes.push(Err(e.to_string())),
+            }
+        }
+        assert_eq!(outcomes.len(), 4, "prefetch {prefetch}: {outcomes:?}");
+        assert!(
+            matches!(&outcomes[1], Err(e) if e.contains("augment")),
+            "prefetch {prefetch}: {outcomes:?}"
+        );
+    }
+}
