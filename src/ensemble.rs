@@ -321,9 +321,14 @@ impl ReplayBufferEnsemble {
         let shares = self.shares(&mut rng, n);
         for ((buffer, part), &share) in e.buffers.iter().zip(&mut out.parts).zip(&shares) {
             if share > 0 {
-                let inner = buffer.state();
-                inner.core.sample_into(&mut rng, share, part)?;
-                inner.transforms.apply(part)?;
+                // Through the member's rate limit, as its own learners sample (its
+                // limit was passed by).
+                buffer.limited_sample(share, || {
+                    let inner = buffer.state();
+                    inner.core.sample_into(&mut rng, share, part)?;
+                    inner.transforms.apply(part)?;
+                    Ok(part.len())
+                })?;
             }
         }
         // Concatenate: every member's rows in buffer order.

@@ -41,7 +41,12 @@ impl ReplayBuffer {
     pub fn batches(&self, rows: usize) -> Batches {
         Batches {
             learner: self.learner(),
-            rows: Ok(rows),
+            // Batches of no rows would never end an epoch: no batch size.
+            rows: if rows == 0 {
+                Err(SampleError::NoBatchSize)
+            } else {
+                Ok(rows)
+            },
         }
     }
 }
@@ -50,9 +55,11 @@ impl Iterator for Batches {
     type Item = Result<Batch, SampleError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let rows = match &self.rows {
+        let rows = match &mut self.rows {
             Ok(rows) => *rows,
-            Err(e) => return Some(Err(e.clone())),
+            // Said once, then the iteration ends (a `for` loop over it would not).
+            Err(SampleError::EpochEnd) => return None,
+            Err(e) => return Some(Err(std::mem::replace(e, SampleError::EpochEnd))),
         };
         let mut batch = self.learner.buffer().batch([0]);
         match self.learner.sample_n_into(rows, &mut batch) {
@@ -64,7 +71,7 @@ impl Iterator for Batches {
 }
 
 /// Iterates over batches of the builder's `batch_size` (see [`ReplayBuffer::batches`]);
-/// without one, every item is [`SampleError::NoBatchSize`].
+/// without one, the one item is [`SampleError::NoBatchSize`].
 impl IntoIterator for &ReplayBuffer {
     type Item = Result<Batch, SampleError>;
     type IntoIter = Batches;

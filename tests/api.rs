@@ -206,6 +206,15 @@ fn sample_errors() {
     let rb = buffer(8);
     assert_eq!(rb.sample(4).unwrap_err(), SampleError::Empty);
     assert_eq!(rb.sample_default().unwrap_err(), SampleError::NoBatchSize);
+    // Iterations with no batch size (none built, or batches of 0 rows, which went on
+    // forever) say so once and end.
+    for items in [
+        (&rb).into_iter().take(5).collect::<Vec<_>>(),
+        rb.batches(0).take(5).collect(),
+    ] {
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].as_ref().unwrap_err(), &SampleError::NoBatchSize);
+    }
     let mut empty = rb.batch([0]);
     assert_eq!(
         rb.sample_into(&mut empty).unwrap_err(),

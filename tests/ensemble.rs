@@ -253,3 +253,36 @@ fn ensemble_build_errors() {
     assert!(msg(two().num_buffer_sampled(0)).contains("at least 1"));
     assert!(msg(two().batch_size(0)).contains("batch_size"));
 }
+
+/// A member's rate limit holds the ensemble's draws from it as it holds its own
+/// learners' (the ensemble drew past it): samples wait for its min size, and time out
+/// with nothing counted.
+#[test]
+fn members_keep_their_rate_limits() {
+    use replaybuf::error::RateLimitError;
+    use replaybuf::RateLimit;
+    let limit = RateLimit::min_size(50).sample_timeout(Some(std::time::Duration::from_millis(50)));
+    let limited = member(
+        1,
+        5,
+        ReplayBuffer::builder(spec())
+            .capacity(100)
+            .rate_limit(limit),
+    );
+    let e = ReplayBufferEnsemble::builder([limited.clone()])
+        .seed(1)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        e.sample(2),
+        Err(SampleError::RateLimited(RateLimitError::Timeout {
+            inserts: 5,
+            ..
+        }))
+    ));
+    assert_eq!(limited.rate_limit_stats().unwrap().samples, 0);
+    let more = member(1, 45, ReplayBuffer::builder(spec()).capacity(100));
+    limited.extend(&more.read_all_in_order(None)).unwrap();
+    assert_eq!(e.sample(2).unwrap().batch().len(), 2);
+    assert_eq!(limited.rate_limit_stats().unwrap().samples, 2);
+}
