@@ -129,13 +129,22 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
         let seed = self.settings.seed.unwrap_or_else(crate::sync::entropy_seed);
         let (shards, globals) =
             shards_only(&geometry).map_err(|e| BuildError::new(BuildErrorKind::Region(e)))?;
+        // One slot a value, asked for before it is made: a capacity past the memory
+        // is an error, not an abort.
+        let capacity = self.settings.capacity();
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity).map_err(|e| {
+            BuildError::new(BuildErrorKind::Region(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                e,
+            )))
+        })?;
+        slots.extend((0..capacity).map(|_| ArcCell::empty()));
         Ok(ListBuffer {
             inner: Arc::new(ListInner {
                 shards,
                 geometry,
-                slots: (0..self.settings.capacity())
-                    .map(|_| ArcCell::empty())
-                    .collect(),
+                slots: slots.into_boxed_slice(),
                 sampler: SamplerEngine::new(self.settings.sampler, seed, globals.clone()),
                 seed,
                 globals,

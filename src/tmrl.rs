@@ -223,6 +223,10 @@ impl TmrlBuilder {
                 reason,
             }))
         };
+        if fields.next_obs == fields.obs {
+            // One field for both: each transition's second write over its first.
+            return bad(&keys.next_obs, "must be another field than the observation");
+        }
         if f(fields.obs).dtype() != f(fields.next_obs).dtype()
             || f(fields.obs).shape() != f(fields.next_obs).shape()
         {

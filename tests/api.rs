@@ -659,6 +659,12 @@ fn list_buffer_holds_any_clone_type() {
         }
     );
     assert!(ListBuffer::<u8>::builder().capacity(0).build().is_err());
+    // A capacity past the memory is an error (it aborted the process).
+    let e = ListBuffer::<u8>::builder()
+        .capacity(1 << 50)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("memory"), "{e}");
     rb.clear();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }

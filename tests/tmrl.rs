@@ -242,6 +242,16 @@ fn tmrl_build_errors_name_the_field() {
         .keys(keys.clone())
         .build()
         .is_ok());
+    // One field for the observation and the next (every prev_obs was lost).
+    let same = TmrlKeys {
+        next_obs: "o".into(),
+        ..keys.clone()
+    };
+    let e = TmrlMemory::builder(rb.clone())
+        .keys(same)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("another field"), "{e}");
     assert!(TmrlMemory::builder(rb)
         .keys(keys)
         .batch_size(0)
