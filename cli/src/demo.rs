@@ -175,7 +175,9 @@ fn learn(
     counters: &Counters,
     stop: &AtomicBool,
 ) -> LearnerReport {
-    while learner.buffer().len() < WARMUP_ROWS && !stop.load(Ordering::Relaxed) {
+    // A small buffer never holds the warm-up's rows: its learners waited all run.
+    let warm = WARMUP_ROWS.min(learner.buffer().capacity());
+    while learner.buffer().len() < warm && !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut batch = learner.buffer().batch([batch_size]);

@@ -32,13 +32,13 @@ struct Cli {
     #[arg(long, default_value_t = 2)]
     learners: usize,
     /// How long the demonstration runs.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     seconds: f64,
     /// Rows the demonstration's buffer holds.
     #[arg(long, default_value_t = 1_000_000)]
     capacity: usize,
     /// Rows per sampled batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: usize,
 }
 
@@ -57,7 +57,7 @@ enum Command {
         #[arg(long)]
         scratch: Option<std::path::PathBuf>,
         /// Seconds each concurrent configuration runs, in all.
-        #[arg(long, default_value_t = 3.0)]
+        #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
         seconds: f64,
         /// Rounds a concurrent workload's configurations take turns in, each run for
         /// its seconds over the rounds (1: each configuration in one piece).
@@ -207,6 +207,16 @@ fn parse_config(s: &str) -> Result<(usize, usize), String> {
 
 /// A pace in rows a second: a finite number, one or more (`1e6` and `1000000`
 /// alike). At one, a chunk's turn comes every 1,000 seconds at most.
+/// A run's length: finite seconds, 0 or more, at most a year (NaN, infinities and
+/// negatives panicked once the threads were up, and the run never ended).
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(secs) if (0.0..=365.0 * 86_400.0).contains(&secs) => Ok(secs),
+        Ok(_) => Err(format!("`{s}`: seconds from 0 to a year's")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn parse_pace(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(rows) if rows.is_finite() && rows >= 1.0 => Ok(rows),

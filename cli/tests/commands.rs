@@ -340,3 +340,22 @@ fn assert_paired(lines: &[serde_json::Value], op: &str, floors: &[(&str, &str)])
         assert!(ratio.is_finite() && ratio > 0.0, "{op}, {floor}: {ratio}");
     }
 }
+
+/// Run lengths and batch sizes that cannot be are refused as arguments: NaN, infinite
+/// or negative seconds panicked once the threads were up (and the run never ended),
+/// a batch of 0 rows panicked in the learners.
+#[test]
+fn impossible_run_lengths_and_batches_are_refused() {
+    for args in [
+        &["--seconds", "nan"][..],
+        &["--seconds", "inf"],
+        &["--seconds=-1"],
+        &["--batch", "0"],
+        &["bench", "--seconds", "nan"],
+    ] {
+        let out = replaybuf(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("invalid value"), "{args:?}: {err}");
+    }
+}
