@@ -824,3 +824,54 @@ fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
         }
     }
 }
+
+/// A list buffer's checkpoint keeps a FIFO queue's place (taken values came out
+/// again after a load); refuses at save a value JSON cannot read back (a NaN saved
+/// "fine" and never loaded, the previous checkpoint already gone), keeping the
+/// previous checkpoint; refuses at load cursors its values do not back (a damaged
+/// meta.json: reads then waited forever); and `inspect` says what it is (it said
+/// "damaged").
+#[test]
+fn list_checkpoints_keep_the_queue_and_refuse_what_they_cannot_hold() {
+    use replaybuf::list::ListBuffer;
+    use replaybuf::sampler::Fifo;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = ListBuffer::<u32>::builder()
+        .capacity(8)
+        .seed(1)
+        .sampler(Fifo)
+        .build()
+        .unwrap();
+    fifo.extend(0..5).unwrap();
+    assert_eq!(fifo.sample(3).unwrap().items(), [0, 1, 2]);
+    fifo.save(dir.path().join("fifo")).unwrap();
+    let back = ListBuffer::<u32>::from_checkpoint(dir.path().join("fifo")).unwrap();
+    assert_eq!(back.sample(3).unwrap().items(), [3, 4]);
+
+    let floats = ListBuffer::<f64>::builder()
+        .capacity(4)
+        .seed(0)
+        .build()
+        .unwrap();
+    floats.extend([1.0, 2.0]).unwrap();
+    let path = dir.path().join("floats");
+    floats.save(&path).unwrap();
+    floats.extend([f64::NAN]).unwrap();
+    let e = floats.save(&path).unwrap_err();
+    assert!(e.to_string().contains("does not read back"), "{e}");
+    assert_eq!(ListBuffer::<f64>::from_checkpoint(&path).unwrap().len(), 2);
+
+    let meta = path.join("meta.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let cursor = text.find("\"cursors\"").unwrap();
+    let damaged = format!(
+        "{}{}",
+        &text[..cursor],
+        text[cursor..].replacen('2', "3", 1)
+    );
+    std::fs::write(&meta, damaged).unwrap();
+    let e = ListBuffer::<f64>::from_checkpoint(&path).unwrap_err();
+    assert!(e.to_string().contains("items lack"), "{e}");
+    let e = replaybuf::checkpoint::inspect(&path).unwrap_err();
+    assert!(e.to_string().contains("ListBuffer::from_checkpoint"), "{e}");
+}

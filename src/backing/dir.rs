@@ -73,6 +73,15 @@ impl DirMeta {
         let corrupt = |why: String| PersistError::new(path, PersistKind::Corrupt(why));
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+        if value.get("kind").and_then(|k| k.as_str()) == Some("list") {
+            // `checkpoint/list.rs`'s: read by `ListBuffer::from_checkpoint`.
+            return Err(PersistError::new(
+                path,
+                PersistKind::NotOurs(
+                    "a list buffer's checkpoint: ListBuffer::from_checkpoint loads it".to_owned(),
+                ),
+            ));
+        }
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
             return Err(PersistError::new(
                 path,

@@ -50,6 +50,10 @@ struct ListMeta {
     immutable: bool,
     /// (cursor, floor) of each shard.
     cursors: Vec<(u64, u64)>,
+    /// A FIFO sampler's rows taken from each shard (absent before it was kept: the
+    /// queue started over at its oldest row).
+    #[serde(default)]
+    popped: Vec<u64>,
     calls: u64,
     next_shard: u64,
     generation: u64,
@@ -87,6 +91,17 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
                         PersistKind::Hook(format!("a value does not serialise: {e}")),
                     )
                 })?;
+                // Read back as a load will: JSON writes a NaN or an infinity as
+                // `null`, which no f64 reads, and the checkpoint would load never.
+                if let Err(e) = serde_json::from_slice::<T>(&json) {
+                    return Err(PersistError::new(
+                        dir,
+                        PersistKind::Hook(format!(
+                            "a value does not read back from JSON (a NaN or infinite float \
+                             is written as null): {e}"
+                        )),
+                    ));
+                }
                 for w in [slot as u64, entry.seq, json.len() as u64] {
                     items.extend_from_slice(&w.to_le_bytes());
                 }
@@ -96,6 +111,9 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         let word = |k: usize, w: ShardWord| inner.shards[k].word(w).load(Ordering::Acquire);
         let cursors = (0..inner.shards.len())
             .map(|k| (word(k, ShardWord::Cursor), word(k, ShardWord::Floor)))
+            .collect();
+        let popped = (0..inner.shards.len())
+            .map(|k| word(k, ShardWord::Popped))
             .collect();
         let epochs = encode_epochs(&inner.sampler);
         drop(frozen);
@@ -130,6 +148,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             sampler: SamplerMeta::of_engine(&inner.sampler),
             immutable: inner.immutable,
             cursors,
+            popped,
             calls: inner.global(Global::Calls).load(Ordering::Relaxed),
             next_shard: inner.global(Global::NextShard).load(Ordering::Relaxed),
             generation: g,
@@ -277,9 +296,28 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         }
         for (k, &(cursor, floor)) in meta.cursors.iter().enumerate() {
             let s = &inner.shards[k];
+            // Every value the cursors say is live must be there: a cursor ahead of
+            // the items (a damaged meta.json) left reads waiting for values no
+            // append would ever store.
+            let ring = *s.ring();
+            let lo = floor.max(cursor.saturating_sub(ring.steps));
+            if let Some(seq) = (lo..cursor).find(|&seq| {
+                inner.slots[ring.slot(ring.pos(seq), 0) as usize]
+                    .load()
+                    .is_none_or(|e| e.seq != seq)
+            }) {
+                return Err(corrupt(
+                    &meta_path,
+                    format!("shard {k}'s cursor names value {seq}, which its items lack"),
+                ));
+            }
             s.word(ShardWord::Cursor).store(cursor, Ordering::Release);
             s.word(ShardWord::Floor)
                 .store(floor.min(cursor), Ordering::Release);
+            if let Some(&popped) = meta.popped.get(k) {
+                s.word(ShardWord::Popped)
+                    .store(popped.min(cursor), Ordering::Release);
+            }
         }
         inner
             .global(Global::Calls)
