@@ -237,8 +237,8 @@ fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError
 #[cfg(not(replaybuf_loom))]
 pub(crate) const INTERRUPTED_RESTORE: &str = "a restore of a checkpoint into it began and \
     never finished (its process died, or the restore failed): its rows are part the \
-    checkpoint's, part the ones before, some torn. Remove it, and restore the checkpoint \
-    into a new buffer";
+    checkpoint's, part the ones before, some torn. Remove it (a shared region: `replaybuf \
+    shm remove NAME`), and restore the checkpoint into a new buffer";
 
 #[cfg(not(replaybuf_loom))]
 /// A header problem as a persistence error.
