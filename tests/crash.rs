@@ -9,7 +9,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
@@ -90,6 +90,27 @@ fn check_checkpoint(dir: &Path) -> u64 {
     extends
 }
 
+/// Waits for `done` lines of `child` saying `word` (one a round of its work), then
+/// kills it at a random point of the next round: counted in rounds and then in the
+/// time the last one took, the kills land at different points however fast this
+/// machine runs the child.
+fn kill_inside(child: &mut Child, word: &str, done: usize, rng: &mut impl rand::Rng) {
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut seen, mut last, mut took) = (0, Instant::now(), Duration::from_millis(1));
+    while seen < done {
+        // (The harness prints its `test NAME ... ` before the first line.)
+        let line = lines.next().expect("the child works").unwrap();
+        if line.contains(word) {
+            seen += 1;
+            took = last.elapsed();
+            last = Instant::now();
+        }
+    }
+    std::thread::sleep(took.mul_f64(rng.random_range(0.0..1.0)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn a_killed_dump_leaves_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,25 +123,8 @@ fn a_killed_dump_leaves_the_previous_checkpoint() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // Wait for a few dumps of this run (at least one, so that a checkpoint
-        // exists), then kill at a random point of the next: counted in dumps and
-        // then in the time the last one took, the kills land at different points
-        // however fast this machine runs the child.
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let dumps = rng.random_range(1..=6);
-        let (mut done, mut last, mut took) = (0, Instant::now(), Duration::from_millis(1));
-        while done < dumps {
-            // (The harness prints its `test dumping_child ... ` before the first line.)
-            let line = lines.next().expect("the child dumps").unwrap();
-            if line.contains("dumped") {
-                done += 1;
-                took = last.elapsed();
-                last = Instant::now();
-            }
-        }
-        std::thread::sleep(took.mul_f64(rng.random_range(0.0..1.0)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        // At least one dump, so that a checkpoint exists.
+        kill_inside(&mut child, "dumped", rng.random_range(1..=6), &mut rng);
         seen.insert(check_checkpoint(dir.path()));
     }
     // The kills landed at different points: more than one generation was left.
@@ -198,20 +202,7 @@ fn a_killed_restore_into_a_file_backed_buffer_is_refused_not_torn() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let restores = rng.random_range(1..=4);
-        let (mut done, mut last, mut took) = (0, Instant::now(), Duration::from_millis(1));
-        while done < restores {
-            let line = lines.next().expect("the child restores").unwrap();
-            if line.contains("restored") {
-                done += 1;
-                took = last.elapsed();
-                last = Instant::now();
-            }
-        }
-        std::thread::sleep(took.mul_f64(rng.random_range(0.0..1.0)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill_inside(&mut child, "restored", rng.random_range(1..=4), &mut rng);
         let reopened = ReplayBuffer::builder(spec())
             .capacity(CAPACITY)
             .shards(2)

@@ -579,23 +579,7 @@ impl Core {
         let mut backoff = crate::sync::Backoff::new();
         let mut passes = 0u32;
         loop {
-            let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
-            batch.reshape_for_sample(draws.len(), false);
-            let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
-            let parts = batch.parts_mut();
-            let mut dest = dest_for(&self.storage, &identity, parts.columns);
-            let read = self.gather(
-                &draws,
-                &mut Vec::new(),
-                Want::AtLeast,
-                OnMiss::RetryUpTo(POSITION_READ_PATIENCE),
-                &mut dest,
-                parts.generation,
-                parts.index,
-                None,
-            );
-            drop(dest);
-            if read.is_ok() {
+            if let Some(batch) = self.read_each(&draws) {
                 return batch;
             }
             for k in 0..self.storage.shards().len() {
@@ -624,13 +608,19 @@ impl Core {
 
     /// Whether the row of `d` reads, alone, within a read's patience.
     fn reads(&self, d: Draw) -> bool {
+        self.read_each(&[d]).is_some()
+    }
+
+    /// The rows of `draws` (each the row at its position, or a newer one), or `None`
+    /// if one missed a read's patience.
+    fn read_each(&self, draws: &[Draw]) -> Option<Batch> {
         let mut batch = Batch::zeros(self.storage.spec().clone(), [0]);
-        batch.reshape_for_sample(1, false);
+        batch.reshape_for_sample(draws.len(), false);
         let identity: SmallVec<[usize; 8]> = (0..self.storage.spec().fields().len()).collect();
         let parts = batch.parts_mut();
         let mut dest = dest_for(&self.storage, &identity, parts.columns);
-        self.gather(
-            &[d],
+        let read = self.gather(
+            draws,
             &mut Vec::new(),
             Want::AtLeast,
             OnMiss::RetryUpTo(POSITION_READ_PATIENCE),
@@ -638,8 +628,9 @@ impl Core {
             parts.generation,
             parts.index,
             None,
-        )
-        .is_ok()
+        );
+        drop(dest);
+        read.is_ok().then_some(batch)
     }
 }
 
