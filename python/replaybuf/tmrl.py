@@ -265,6 +265,14 @@ class Memory:
                 self._build((obs.dtype, obs.shape[1:]), (act.dtype, act.shape[1:]))
             return buffer
         samples: Sequence[Any] = getattr(buffer, "memory", buffer)
+        for sample in samples:
+            # tmrl's sample: (act, new_obs, rew, terminated, truncated, info). A
+            # shorter one failed deep inside with a plain IndexError.
+            if not isinstance(sample, (tuple, list)) or len(sample) < 5:
+                raise ReplayBufferValueError(
+                    "append_buffer: a sample is (act, obs, rew, terminated, truncated, "
+                    f"info), got {sample!r:.80}"
+                )
         if self._pending:
             # Kept until the append succeeds (a refused one dropped it).
             samples = self._pending + list(samples)

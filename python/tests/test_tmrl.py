@@ -298,6 +298,9 @@ def test_refusals():
         memory.append_buffer([(np.zeros(4, np.float32), np.zeros(3), 0.0, False, False, {})])
     with pytest.raises(KeyError):
         memory.append_buffer({"act": np.zeros((1, 2), np.float32)})
+    # A sample of the wrong shape: an error of ours (a plain IndexError before).
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="a sample is"):
+        memory.append_buffer([(np.zeros(2, np.float32), np.zeros(3), 0.0, False)])
     assert stored(memory) == [(0, 1, 0.5, 1, False, False)]
 
 
