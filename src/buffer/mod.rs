@@ -32,8 +32,8 @@ use crate::writer::Writer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a rate-limited FIFO sample looks for the rows of an insert the limit
-/// counted before it reports the queue empty (see `limited_sample`).
+/// How long a rate-limited sample looks for the rows of an insert the limit counted
+/// before it reports the buffer empty (see `limited_sample`).
 const QUEUE_GRACE: Duration = Duration::from_secs(1);
 
 #[cfg(not(replaybuf_loom))]
@@ -465,10 +465,11 @@ impl ReplayBuffer {
     /// for its turn, counts the rows, and takes back those it did not draw (`sample`
     /// returns how many it did).
     ///
-    /// A FIFO buffer the limit lets a sample into may still find no row to take: the
-    /// insert the limit counted has not claimed its rows yet. Its writer is about to,
-    /// so the sample looks again, for up to [`QUEUE_GRACE`], before it reports the
-    /// queue empty.
+    /// A buffer the limit lets a sample into may still find no row to take: the
+    /// insert the limit counted has not claimed its rows yet (a FIFO queue's, or a
+    /// learner's first rows past the min size: a uniform sample said "the buffer is
+    /// empty" once in a CI run). Its writer is about to, so the sample looks again,
+    /// for up to [`QUEUE_GRACE`], before it reports the buffer empty.
     #[inline]
     pub(crate) fn limited_sample(
         &self,
@@ -487,7 +488,9 @@ impl ReplayBuffer {
             }
             let drawn = *out.as_ref().unwrap_or(&0);
             limiter.refund_samples(rows.saturating_sub(drawn) as u64);
-            if !matches!(out, Err(SampleError::Empty)) || !self.state().core.sampler.is_fifo() {
+            // Empty, with inserts counted: their rows are on their way.
+            let in_flight = || limiter.stats().is_some_and(|s| s.inserts > 0);
+            if !matches!(out, Err(SampleError::Empty)) || !in_flight() {
                 return out;
             }
             let (since, backoff) = grace.get_or_insert_with(|| (Instant::now(), Backoff::new()));

@@ -134,11 +134,6 @@ impl SamplerEngine {
         }
     }
 
-    /// Whether this is a FIFO sampler.
-    pub(crate) fn is_fifo(&self) -> bool {
-        matches!(self, SamplerEngine::Fifo)
-    }
-
     /// The slice sampler's settings, if this is one.
     pub(crate) fn slice(&self) -> Option<&Slice> {
         self.slice_state().map(|s| &s.cfg)
