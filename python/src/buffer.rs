@@ -356,9 +356,8 @@ impl Buffer {
     }
 }
 
-/// How long `loads` waits for the buffer to itself before it lets the calls queued
-/// meanwhile in, and looks for a Ctrl-C.
-const LOADS_TURN: std::time::Duration = std::time::Duration::from_millis(20);
+/// How often `loads` looks for the buffer free (and for a Ctrl-C).
+const LOADS_TURN: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[pymethods]
 impl Buffer {
@@ -1023,13 +1022,15 @@ impl Buffer {
         // A call waiting inside the buffer (a rate-limited sample waiting for rows)
         // holds the lock's read side. Queued for the write side, `loads` would hold
         // back every new reader, the collectors that call waits for among them, and
-        // `close_rate_limit`: so it asks in turns, letting readers in between, and
-        // answers Ctrl-C.
+        // `close_rate_limit` (and a timed wait for it held them back too, the lock
+        // letting them in late): so it never queues, but looks every `LOADS_TURN` for
+        // the lock free, and answers Ctrl-C.
         let mut rb = loop {
-            if let Some(rb) = gil::detach(py, || self.rb.try_write_for(LOADS_TURN)) {
+            if let Some(rb) = self.rb.try_write() {
                 break rb;
             }
             py.check_signals()?;
+            gil::detach(py, || std::thread::sleep(LOADS_TURN));
         };
         gil::detach(py, || {
             self.learners.lock().clear();
