@@ -356,8 +356,10 @@ impl Buffer {
     }
 }
 
-/// How often `loads` looks for the buffer free (and for a Ctrl-C).
-const LOADS_TURN: std::time::Duration = std::time::Duration::from_millis(1);
+/// How long `loads` queues for the buffer before it stands aside (and looks for a
+/// Ctrl-C), and for how long it stands aside.
+const LOADS_TURN: std::time::Duration = std::time::Duration::from_millis(20);
+const LOADS_ASIDE: std::time::Duration = std::time::Duration::from_millis(2);
 
 #[pymethods]
 impl Buffer {
@@ -1022,15 +1024,17 @@ impl Buffer {
         // A call waiting inside the buffer (a rate-limited sample waiting for rows)
         // holds the lock's read side. Queued for the write side, `loads` would hold
         // back every new reader, the collectors that call waits for among them, and
-        // `close_rate_limit` (and a timed wait for it held them back too, the lock
-        // letting them in late): so it never queues, but looks every `LOADS_TURN` for
-        // the lock free, and answers Ctrl-C.
+        // `close_rate_limit`: so it queues in turns of `LOADS_TURN`, and between turns
+        // stands aside for `LOADS_ASIDE`, letting the readers held back in (without
+        // the pause it queued again before they woke), and answers Ctrl-C. Queued, it
+        // gets in between back-to-back samplers, which a look for the lock free
+        // alone never did.
         let mut rb = loop {
-            if let Some(rb) = self.rb.try_write() {
+            if let Some(rb) = gil::detach(py, || self.rb.try_write_for(LOADS_TURN)) {
                 break rb;
             }
             py.check_signals()?;
-            gil::detach(py, || std::thread::sleep(LOADS_TURN));
+            gil::detach(py, || std::thread::sleep(LOADS_ASIDE));
         };
         gil::detach(py, || {
             self.learners.lock().clear();
