@@ -14,7 +14,7 @@ use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Masses};
 use crate::sampler::slice::{self, Marks, NoPick, Slice, SlicePriority};
 use crate::sampler::without_replacement::Epochs;
-use crate::storage::lanes::{LaneView, Lanes, TRAJ_MASK};
+use crate::storage::lanes::{LaneView, Lanes, TrajectorySpan, TRAJ_MASK};
 use crate::storage::shard::Window as ShardWindow;
 use crate::storage::Miss;
 use crate::sumtree::tree::Tree;
@@ -291,14 +291,12 @@ struct StartMasses {
     total: u64,
 }
 
-/// A trajectory's rows that can start a slice: `from..=last` of view `view`.
+/// A trajectory's rows that can start a slice: `span.lo..=last` of view `view`.
 #[derive(Clone, Copy)]
 struct StartRun {
     view: usize,
     traj: u64,
-    start: u64,
-    next: Option<u64>,
-    from: u64,
+    span: TrajectorySpan,
     last: u64,
 }
 
@@ -412,14 +410,12 @@ impl Picker<'_> {
             let (k, lane) = (v.shard as usize, u64::from(v.lane));
             let (tree, ring) = (&p.trees[k], storage.shards()[k].ring());
             for traj in v.first..v.count {
-                let start = self.lanes.start(words, k, lane, traj);
-                let next = (traj + 1 < v.count).then(|| self.lanes.start(words, k, lane, traj + 1));
-                let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
-                if b < a + self.len {
+                let span = self.lanes.trajectory(words, v, traj);
+                if span.hi < span.lo + self.len {
                     continue;
                 }
-                let last = b - self.len;
-                let mass: u64 = (a..=last)
+                let last = span.hi - self.len;
+                let mass: u64 = (span.lo..=last)
                     .map(|seq| mass_of(tree, ring, lane, seq))
                     .fold(0u64, u64::saturating_add);
                 if mass > 0 {
@@ -428,9 +424,7 @@ impl Picker<'_> {
                         StartRun {
                             view,
                             traj,
-                            start,
-                            next,
-                            from: a,
+                            span,
                             last,
                         },
                     ));
@@ -466,28 +460,25 @@ impl Picker<'_> {
         let (k, lane) = (v.shard as usize, u64::from(v.lane));
         let (tree, ring) = (&p.trees[k], self.buffer.storage.shards()[k].ring());
         let mut left = r - below;
-        let seq = (run.from..=run.last)
-            .find(|&seq| {
-                let m = mass_of(tree, ring, lane, seq);
+        // The start whose share of the trajectory's mass holds `left` (a mass of 0,
+        // the leaf's row replaced since the pass, never does).
+        let (seq, mass) = (run.span.lo..=run.last)
+            .map(|seq| (seq, mass_of(tree, ring, lane, seq)))
+            .find(|&(_, m)| {
                 let here = left < m;
                 left = left.saturating_sub(m);
                 here
             })
             .ok_or(NoPick::Again)?;
-        let leaf = tree.leaf((ring.pos(seq) * ring.width + lane) as usize);
-        let mass = leaf.value();
-        if mass == 0 || !leaf.is_of(ring.lap(seq)) {
-            return Err(NoPick::Again);
-        }
         Ok(slice::SliceWindow {
             shard: v.shard,
             lane: v.lane,
             traj: run.traj,
-            start: run.start,
-            next: run.next,
+            start: run.span.start,
+            next: run.span.next,
             from: seq,
             to: seq + self.len,
-            drawn: Some((seq, leaf.lap())),
+            drawn: Some((seq, ring.lap(seq))),
             weight: p.state.weight(mass, p.min.min(mass)),
         })
     }
@@ -506,9 +497,8 @@ impl Picker<'_> {
             .lanes
             .trajectory_of(words, &v, seq)
             .ok_or(NoPick::Again)?;
-        let start = self.lanes.start(words, k, lane, n);
-        let next = (n + 1 < v.count).then(|| self.lanes.start(words, k, lane, n + 1));
-        let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+        let span = self.lanes.trajectory(words, &v, n);
+        let (start, next, a, b) = (span.start, span.next, span.lo, span.hi);
         if seq < a || seq >= b || (self.cfg.strict_length && b - a < self.len) {
             return Err(NoPick::Again);
         }

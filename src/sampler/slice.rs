@@ -67,7 +67,9 @@ use crate::rng::Rng;
 use crate::sampler::prioritized::{self, Prioritized};
 use crate::sampler::without_replacement::{Epochs, WithoutReplacement};
 use crate::spec::Spec;
-use crate::storage::lanes::{Bounds, By, LaneView, Lanes, Scalar, FLAG_DONE, FLAG_TRUNCATED};
+use crate::storage::lanes::{
+    Bounds, By, LaneView, Lanes, Scalar, TrajectorySpan, FLAG_DONE, FLAG_TRUNCATED,
+};
 use crate::storage::Draw;
 use crate::sync::AtomicU64;
 
@@ -341,11 +343,8 @@ pub(crate) fn pick(
     let v = &views[i];
     let before = if i == 0 { 0 } else { cumulative[i - 1] };
     let n = v.first + (r - before);
-    let (k, lane) = (v.shard as usize, u64::from(v.lane));
-    let start = lanes.start(words, k, lane, n);
-    let next = (n + 1 < v.count).then(|| lanes.start(words, k, lane, n + 1));
-    let a = start.max(v.lo);
-    let b = next.map_or(v.tail, |x| x.min(v.tail));
+    let span = lanes.trajectory(words, v, n);
+    let (start, next, a, b) = (span.start, span.next, span.lo, span.hi);
     if b <= a || (cfg.strict_length && b - a < len) {
         return Err(NoPick::Again);
     }
@@ -405,11 +404,9 @@ pub(crate) fn epoch_windows(
     out: &mut Vec<SliceWindow>,
 ) {
     for v in views {
-        let (k, lane) = (v.shard as usize, u64::from(v.lane));
         for n in v.first..v.count {
-            let start = lanes.start(words, k, lane, n);
-            let next = (n + 1 < v.count).then(|| lanes.start(words, k, lane, n + 1));
-            let (a, b) = (start.max(v.lo), next.map_or(v.tail, |x| x.min(v.tail)));
+            let span = lanes.trajectory(words, v, n);
+            let (start, next, a, b) = (span.start, span.next, span.lo, span.hi);
             let mut from = a;
             while from < b && (!strict || b - from >= len) {
                 let to = (from + len).min(b);
@@ -437,14 +434,8 @@ pub(crate) fn epoch_windows(
 pub(crate) fn longest(lanes: &Lanes, words: &[AtomicU64], views: &[LaneView]) -> Option<u64> {
     let mut best = 0;
     for v in views {
-        let (k, lane) = (v.shard as usize, u64::from(v.lane));
         for n in v.first..v.count {
-            let a = lanes.start(words, k, lane, n).max(v.lo);
-            let b = if n + 1 < v.count {
-                lanes.start(words, k, lane, n + 1).min(v.tail)
-            } else {
-                v.tail
-            };
+            let TrajectorySpan { lo: a, hi: b, .. } = lanes.trajectory(words, v, n);
             if b < a {
                 return None;
             }

@@ -246,6 +246,34 @@ impl Lanes {
         let b = self.block(k, lane);
         words[b + STATE_WORDS + (n % self.steps[k]) as usize].load(Ordering::Acquire)
     }
+
+    /// Trajectory `n` of view `v`, as the table says now: where it starts, where the
+    /// next one does (none for the view's last), and its live rows.
+    #[inline]
+    pub(crate) fn trajectory(&self, words: &[AtomicU64], v: &LaneView, n: u64) -> TrajectorySpan {
+        let (k, lane) = (v.shard as usize, u64::from(v.lane));
+        let start = self.start(words, k, lane, n);
+        let next = (n + 1 < v.count).then(|| self.start(words, k, lane, n + 1));
+        TrajectorySpan {
+            start,
+            next,
+            lo: start.max(v.lo),
+            hi: next.map_or(v.tail, |x| x.min(v.tail)),
+        }
+    }
+}
+
+/// One trajectory of a [`LaneView`] ([`Lanes::trajectory`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TrajectorySpan {
+    /// Its first sequence number.
+    pub(crate) start: u64,
+    /// The next trajectory's first, if the view has a next.
+    pub(crate) next: Option<u64>,
+    /// Its live rows are `lo..hi`: none when `hi <= lo`, and `hi < lo` when a writer
+    /// lapped the lane while the table was read.
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
 }
 
 /// A lane's bookkeeping while one append holds its turn: kept in registers, and
