@@ -362,7 +362,9 @@ fn read_into(
     // the checkpoint goes into it, rows and stamps in any order, so that a process
     // killed meanwhile leaves a region refused when opened again, not one of torn
     // rows under published stamps. The mark goes once everything is in.
-    let restoring = verify_first.then(|| Restoring::begin(storage));
+    if verify_first {
+        storage.set_restoring(true);
+    }
     let mut omit = Vec::new();
     let mut kept = Vec::new();
     let mut epochs_file = None;
@@ -416,27 +418,11 @@ fn read_into(
             .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))?;
     }
     inner.core.sampler.recover(storage);
-    if let Some(restoring) = restoring {
-        restoring.finish();
+    // Left set by every `?` above: a region whose copy failed is as one cut short.
+    if verify_first {
+        storage.set_restoring(false);
     }
     Ok(())
-}
-
-/// A region's [`Header::Restoring`](crate::storage::layout::Header) mark, set while
-/// a checkpoint is copied into it. Left set if the copy fails or its process dies.
-struct Restoring<'a> {
-    storage: &'a Storage,
-}
-
-impl<'a> Restoring<'a> {
-    fn begin(storage: &'a Storage) -> Restoring<'a> {
-        storage.set_restoring(true);
-        Restoring { storage }
-    }
-
-    fn finish(self) {
-        self.storage.set_restoring(false);
-    }
 }
 
 /// Slots without the next-observation field, spread back into their slots.
