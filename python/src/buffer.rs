@@ -940,19 +940,7 @@ impl Buffer {
         let indices: Vec<u64> = match index.extract::<i64>() {
             Ok(i) => vec![from_end(i)?],
             Err(_) => {
-                let numpy = py.import("numpy")?;
-                let array = numpy.call_method1("asarray", (index,))?;
-                let kind = array
-                    .getattr("dtype")?
-                    .getattr("kind")?
-                    .extract::<String>()?;
-                let empty = array.getattr("size")?.extract::<usize>()? == 0;
-                if !(empty || matches!(kind.as_str(), "b" | "i" | "u")) {
-                    return Err(type_error(format!(
-                        "indices must be integers, not {}",
-                        array.getattr("dtype")?
-                    )));
-                }
+                let (array, kind) = array_of_kind(index, "biu", "integers")?;
                 let unsigned = kind == "u";
                 let dtype = if unsigned { "uint64" } else { "int64" };
                 let list = array
@@ -1095,37 +1083,53 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
         }
     }
     let py = x.py();
-    let numpy = py.import("numpy")?;
     // Numbers only, converted as their values allow: integers (non-negative ones for
     // indices and generations), or any number for priorities. A float index was
     // truncated, a negative one an OverflowError, a string numpy's own ValueError.
-    let array = numpy.call_method1("asarray", (x,))?;
-    let kind = array
-        .getattr("dtype")?
-        .getattr("kind")?
-        .extract::<String>()?;
-    let empty = array.getattr("size")?.extract::<usize>()? == 0;
     let integers = numpy::dtype::<T>(py).kind() == b'u';
-    let allowed = if integers { "iu" } else { "iuf" };
-    let number = kind.len() == 1 && allowed.contains(kind.as_str());
-    if !(empty || number) {
-        return Err(type_error(format!(
-            "expected {}, not an array of {}",
-            if integers { "integers" } else { "numbers" },
-            array.getattr("dtype")?
-        )));
+    let (array, kind) = if integers {
+        array_of_kind(x, "iu", "integers")?
+    } else {
+        array_of_kind(x, "iuf", "numbers")?
+    };
+    if integers && kind == "i" {
+        let min = array.call_method0("min")?.extract::<i64>()?;
+        if min < 0 {
+            return Err(index_error(format!(
+                "a negative index or generation: {min}"
+            )));
+        }
     }
-    if integers && kind == "i" && !empty && array.call_method0("min")?.extract::<i64>()? < 0 {
-        return Err(index_error(format!(
-            "a negative index or generation: {}",
-            array.call_method0("min")?
-        )));
-    }
-    numpy
+    py.import("numpy")?
         .call_method1("require", (array, numpy::dtype::<T>(py), ["C", "A"]))?
         .call_method1("reshape", (-1,))?
         .cast_into::<PyArray1<T>>()
         .map_err(Into::into)
+}
+
+/// `x` as a numpy array, and its dtype's kind, which must be one of `kinds` (an
+/// empty array's need not: `[]` reads as float64); else a `TypeError` saying `what`
+/// was expected.
+fn array_of_kind<'py>(
+    x: &Bound<'py, PyAny>,
+    kinds: &str,
+    what: &str,
+) -> PyResult<(Bound<'py, PyAny>, String)> {
+    let array = x.py().import("numpy")?.call_method1("asarray", (x,))?;
+    if array.getattr("size")?.extract::<usize>()? == 0 {
+        return Ok((array, String::new()));
+    }
+    let kind = array
+        .getattr("dtype")?
+        .getattr("kind")?
+        .extract::<String>()?;
+    if kind.len() != 1 || !kinds.contains(kind.as_str()) {
+        return Err(type_error(format!(
+            "expected {what}, not an array of {}",
+            array.getattr("dtype")?
+        )));
+    }
+    Ok((array, kind))
 }
 
 /// Whether numpy lets the array be written.
