@@ -275,3 +275,36 @@ pub fn check_interruptible_waits(rb: &replaybuf::ReplayBuffer) {
         assert_eq!(rb.rate_limit_stats().unwrap().samples, 1);
     });
 }
+
+/// A clear starts the rate limit's counts over, for every handle: `rb` and `other`
+/// (the same buffer, or two handles on one shared region), of one `id` column, built
+/// with `RateLimit::min_size(10)` and a short sample timeout, and empty. After 10
+/// rows, a sample and a clear through `rb`, a sample through `other` waits for the
+/// min size again (it found the buffer empty, the rows before the clear still
+/// counted) and times out with nothing counted; once 10 more rows are in, `rb`'s goes.
+pub fn check_clear_restarts_the_counts(
+    rb: &replaybuf::ReplayBuffer,
+    other: &replaybuf::ReplayBuffer,
+) {
+    use replaybuf::error::{RateLimitError, SampleError};
+    let insert = |into: &replaybuf::ReplayBuffer, first: u64| {
+        let mut b = into.batch([10]);
+        b.set("id", &(first..first + 10).collect::<Vec<_>>())
+            .unwrap();
+        into.extend(&b).unwrap();
+    };
+    insert(rb, 0);
+    other.sample(4).unwrap();
+    rb.clear();
+    let s = other.rate_limit_stats().unwrap();
+    assert_eq!((s.inserts, s.samples), (0, 0));
+    assert!(matches!(
+        other.sample(4),
+        Err(SampleError::RateLimited(RateLimitError::Timeout {
+            inserts: 0,
+            ..
+        }))
+    ));
+    insert(other, 10);
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+}
