@@ -351,9 +351,10 @@ pub(crate) struct Rerank<'a> {
 }
 
 impl Rerank<'_> {
-    /// Records the ranks of the rows now at positions `0..end`.
-    pub(crate) fn finish(mut self, core: &Core, end: u64) {
-        for (index, &rank) in (0..end).zip(&self.ranks) {
+    /// Records the ranks of the rows now at `positions`, row `r`'s at `positions[r]`
+    /// (a position named twice keeps its last row's).
+    pub(crate) fn finish(mut self, core: &Core, positions: &[u64]) {
+        for (&index, &rank) in positions.iter().zip(&self.ranks) {
             if core.storage.draw_at(index).is_some() {
                 self.held.set(index, rank);
             }

@@ -136,10 +136,10 @@ pub(crate) struct Rewrite<'a> {
 }
 
 impl Rewrite<'_> {
-    /// The rewrite of positions `0..end` is done.
-    pub(crate) fn finish(self, core: &Core, end: u64) {
+    /// The rewrite of `positions` (row `r` of the data at `positions[r]`) is done.
+    pub(crate) fn finish(self, core: &Core, positions: &[u64]) {
         if let Some(rerank) = self.rerank {
-            rerank.finish(core, end);
+            rerank.finish(core, positions);
         }
     }
 }

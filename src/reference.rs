@@ -268,6 +268,23 @@ impl ReferenceBuffer {
         true
     }
 
+    /// Rewrites position `indices[r]` with row `r` of `batch`, in order; `false` (and
+    /// nothing written) if the counts differ or a position holds no live row.
+    pub fn write_at(&mut self, indices: &[u64], batch: &Batch) -> bool {
+        if indices.len() != batch.len() || indices.iter().any(|&i| self.get(i).is_none()) {
+            return false;
+        }
+        for (r, &i) in indices.iter().enumerate() {
+            let row = self.row_of(batch, r);
+            let (k, pos, lane) = self.locate(i).expect("checked above");
+            let s = &mut self.shards[k];
+            if let Some((_, stored)) = &mut s.slots[(pos * s.width + lane) as usize] {
+                *stored = row;
+            }
+        }
+        true
+    }
+
     /// Drops every row.
     pub fn clear(&mut self) {
         for s in &mut self.shards {

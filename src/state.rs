@@ -105,15 +105,8 @@ impl State {
         data: &Batch,
         end: Option<usize>,
     ) -> Result<(), Attempt<AccessError>> {
-        if self.core.storage.frames().is_some() {
-            return Err(Attempt::Failed(AccessError::FramesRewrite));
-        }
-        let rewrite = self.admit_rewrite(data)?;
-        let data = &*rewrite.data;
-        let storage = &self.core.storage;
         let rows = data.len() as u64;
         let end = end.map_or(rows, |e| e as u64);
-        let capacity = storage.geometry().capacity();
         if end > rows {
             return Err(AccessError::from(DataError::BatchShape {
                 expected: "at least `end` rows",
@@ -121,6 +114,7 @@ impl State {
             })
             .into());
         }
+        let capacity = self.core.storage.geometry().capacity();
         if end > capacity {
             return Err(AccessError::OutOfRange {
                 index: end - 1,
@@ -128,15 +122,41 @@ impl State {
             }
             .into());
         }
+        let positions: Vec<u64> = (0..end).collect();
+        self.write_at(&positions, data)
+    }
+
+    /// Rewrites storage position `positions[r]` with row `r` of `data` (which has at
+    /// least as many rows), in order: a position named twice ends with its last row.
+    pub(crate) fn write_at(
+        &self,
+        positions: &[u64],
+        data: &Batch,
+    ) -> Result<(), Attempt<AccessError>> {
+        if self.core.storage.frames().is_some() {
+            return Err(Attempt::Failed(AccessError::FramesRewrite));
+        }
+        let rewrite = self.admit_rewrite(data)?;
+        let data = &*rewrite.data;
+        if data.len() < positions.len() {
+            return Err(AccessError::from(DataError::BatchShape {
+                expected: "a row for every position",
+                found: data.shape().to_vec(),
+            })
+            .into());
+        }
+        let storage = &self.core.storage;
+        let capacity = storage.geometry().capacity();
         let src = self
             .core
             .source(data, RowOrder::Flat)
             .map_err(AccessError::from)?;
-        let draws = (0..end)
-            .map(|i| {
-                storage
-                    .draw_at(i)
-                    .ok_or(AccessError::NotWritten { index: i })
+        let draws = positions
+            .iter()
+            .map(|&index| match storage.draw_at(index) {
+                Some(d) => Ok(d),
+                None if index >= capacity => Err(AccessError::OutOfRange { index, capacity }),
+                None => Err(AccessError::NotWritten { index }),
             })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(bounds) = storage.slice_bounds() {
@@ -148,23 +168,28 @@ impl State {
                 .source(&stored, RowOrder::Flat)
                 .map_err(AccessError::from)?;
             // By position: a row emptied meanwhile is left out of `stored`.
-            let changed = stored
+            let at: std::collections::HashMap<u64, u64> = stored
                 .index()
                 .iter()
                 .enumerate()
-                .find(|&(k, &i)| bounds.key(&src, i, 0) != bounds.key(&before, k as u64, 0));
+                .map(|(k, &i)| (i, k as u64))
+                .collect();
+            let changed = positions.iter().enumerate().find(|&(r, i)| {
+                at.get(i)
+                    .is_some_and(|&k| bounds.key(&src, r as u64, 0) != bounds.key(&before, k, 0))
+            });
             if let Some((_, &index)) = changed {
                 return Err(AccessError::TrajectoryRewrite { index }.into());
             }
         }
         // Every shard is entered before any row is rewritten: all or nothing.
         let _guards = storage.enter_edit_all()?;
-        for (i, d) in draws.into_iter().enumerate() {
+        for (r, d) in draws.into_iter().enumerate() {
             // A row emptied after the check above has nothing to rewrite: skip it.
-            let _ = storage.edit(d, &src, i as u64);
+            let _ = storage.edit(d, &src, r as u64);
         }
         drop(src);
-        rewrite.finish(&self.core, end);
+        rewrite.finish(&self.core, positions);
         Ok(())
     }
 }

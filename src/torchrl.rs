@@ -16,6 +16,7 @@
 //! | `rb.extend(td)`, `rb.add(td)`, `rb.sample()` | `extend`, `add`, [`ReplayBuffer::sample_default`] |
 //! | `rb.update_priority(index, priority)` | [`ReplayBuffer::update_priority`] (with generations) |
 //! | `rb[:]`, `rb[:] = data` | [`ReplayBuffer::read_all_in_order`], [`ReplayBuffer::write_all`] |
+//! | `rb[index]`, `rb[index] = data` | [`ReplayBuffer::get_many`], [`ReplayBuffer::write_at`] |
 //! | `RoundRobinWriter`, `ImmutableDatasetWriter`, `TensorDictMaxValueWriter` | [`WritePolicy`] |
 //! | `LazyMemmapStorage`, `ListStorage` | [`ReplayBufferBuilder::memmap`](crate::ReplayBufferBuilder::memmap), [`ListBuffer`](crate::list::ListBuffer) |
 //!

@@ -319,6 +319,37 @@ fn index_errors_and_in_place_writes() {
 }
 
 #[test]
+fn writes_at_chosen_positions_in_order_or_not_at_all() {
+    let rb = buffer(4);
+    rb.extend(&rows(&rb, &[3], 0)).unwrap();
+    // Positions past the stored rows, past the capacity, or a row count that does not
+    // match: refused, and nothing is written.
+    let new = rows(&rb, &[3], 100);
+    assert_eq!(
+        rb.write_at(&[2, 3, 0], &new).unwrap_err(),
+        AccessError::NotWritten { index: 3 }
+    );
+    assert_eq!(
+        rb.write_at(&[0, 9, 1], &new).unwrap_err(),
+        AccessError::OutOfRange {
+            index: 9,
+            capacity: 4
+        }
+    );
+    assert!(matches!(
+        rb.write_at(&[0, 1], &new),
+        Err(AccessError::Data(DataError::BatchShape { .. }))
+    ));
+    assert_eq!(ids(&rb.read_all_in_order(None)), [0, 1, 2]);
+    // Row r goes to indices[r]; a position named twice keeps its last row.
+    rb.write_at(&[2, 0, 2], &new).unwrap();
+    assert_eq!(ids(&rb.read_all_in_order(None)), [101, 1, 102]);
+    rb.write_at(&[], &rows(&rb, &[0], 200)).unwrap();
+    assert_eq!(ids(&rb.read_all_in_order(None)), [101, 1, 102]);
+    assert_eq!(rb.write_count(), 3, "rewrites are not new writes");
+}
+
+#[test]
 fn fifo_eviction_and_emptying() {
     let rb = buffer(4);
     let w = rb.extend(&rows(&rb, &[6], 0)).unwrap();

@@ -49,6 +49,8 @@ enum Op {
     Get(u64),
     ReadAll(Option<usize>),
     WriteAll(Option<usize>),
+    /// Rewrites these positions (some past the stored rows, some twice).
+    WriteAt(Vec<u64>),
     Empty,
     Sample(usize),
 }
@@ -61,6 +63,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             2 => (0u64..48).prop_map(Op::Get),
             1 => prop::option::of(0usize..48).prop_map(Op::ReadAll),
             1 => prop::option::of(0usize..20).prop_map(Op::WriteAll),
+            1 => prop::collection::vec(0u64..24, 0..6).prop_map(Op::WriteAt),
             1 => Just(Op::Empty),
             2 => (1usize..20).prop_map(Op::Sample),
         ],
@@ -173,6 +176,12 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
                     model.write_all(&b, end),
                     "write_all({end:?}) of {n} rows"
                 );
+            }
+            Op::WriteAt(ref indices) => {
+                let b = rows(rb, &[indices.len()], next_id);
+                next_id += 1000;
+                let ok = rb.write_at(indices, &b).is_ok();
+                assert_eq!(ok, model.write_at(indices, &b), "write_at({indices:?})");
             }
             Op::Empty => {
                 rb.clear();

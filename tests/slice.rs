@@ -828,6 +828,14 @@ fn a_rewrite_keeps_each_row_in_its_trajectory() {
                 matches!(e, AccessError::TrajectoryRewrite { index: i } if i == index as u64),
                 "{e}"
             );
+            // The row alone at its position (after one that keeps its trajectory).
+            let e = rb
+                .write_at(&[0, index as u64], &rows(&rb, &[before[0], row]))
+                .unwrap_err();
+            assert!(
+                matches!(e, AccessError::TrajectoryRewrite { index: i } if i == index as u64),
+                "{e}"
+            );
         }
         let stored = rb.read_all_in_order(None);
         let want = rows(&rb, &before);

@@ -495,6 +495,20 @@ fn write_all_reranks_and_empty_forgets() {
 }
 
 #[test]
+fn write_at_reranks_the_rows_it_rewrites() {
+    let rb = max_value(3, 1);
+    rb.extend(&scored(rb.spec(), 0, &[10.0, 20.0, 30.0]))
+        .unwrap();
+    // Position 1 (id 1, score 20) named twice: its last row's score counts.
+    rb.write_at(&[1, 2, 1], &scored(rb.spec(), 50, &[40.0, 1.0, 5.0]))
+        .unwrap();
+    // The lowest now: position 2 (score 1), then position 1 (score 5).
+    let w = rb.extend(&scored(rb.spec(), 100, &[6.0, 7.0])).unwrap();
+    assert_eq!(w.accepted(), 2);
+    assert_eq!(stored(&rb), [(6, 100), (7, 101), (10, 0)]);
+}
+
+#[test]
 fn max_value_with_epochs_reads_the_rows_stored_now() {
     let rb = ReplayBuffer::builder(spec())
         .capacity(4)

@@ -215,6 +215,13 @@ enum Op {
         end: Option<usize>,
         spec: Option<Foreign>,
     },
+    /// Rewrites the positions, from a batch of `rows` rows (mostly one a position).
+    WriteAt {
+        #[arbitrary(with = indices)]
+        indices: Vec<u64>,
+        rows: Option<u8>,
+        spec: Option<Foreign>,
+    },
     Empty,
     Sample {
         #[arbitrary(with = sample_rows)]
@@ -817,6 +824,35 @@ impl Harness {
         assert!(applies, "write_all(end {end}) of {rows} rows: {err:?}");
     }
 
+    fn write_at(&mut self, indices: &[u64], rows: Option<usize>, foreign: Option<Foreign>) {
+        let rows = rows.unwrap_or(indices.len());
+        let data = self.batch(self.spec(foreign), &[rows]);
+        let got = self.rb.write_at(indices, &data);
+        let bad_spec = spec_error(foreign);
+        if bad_spec.is_none() {
+            let accepted = self.model.write_at(indices, &data);
+            assert_eq!(
+                got.is_ok(),
+                accepted,
+                "write_at({indices:?}) of {rows}: {got:?}"
+            );
+        }
+        let Err(err) = got else {
+            return assert!(bad_spec.is_none(), "write_at of a batch of another spec");
+        };
+        // Several reasons may apply; any of them may be the one reported.
+        let applies = match &err {
+            AccessError::Data(DataError::BatchShape { .. }) => rows != indices.len(),
+            AccessError::Data(e) => Some(e) == bad_spec.as_ref(),
+            AccessError::OutOfRange { .. } | AccessError::NotWritten { .. } => {
+                self.access_error(indices).as_ref() == Some(&err)
+            }
+            // The fuzzed buffers have no frames, and no slice sampler.
+            AccessError::FramesRewrite | AccessError::TrajectoryRewrite { .. } => false,
+        };
+        assert!(applies, "write_at({indices:?}) of {rows} rows: {err:?}");
+    }
+
     fn sample(&mut self, n: usize, learner: bool) {
         let got = if learner {
             self.learner.sample(n)
@@ -888,6 +924,11 @@ impl Harness {
             Op::GetMany(indices) => self.get_many(indices, self.rb.get_many(indices)),
             Op::ReadAll(end) => self.read_all(*end),
             Op::WriteAll { rows, end, spec } => self.write_all(*rows, *end, *spec),
+            Op::WriteAt {
+                indices,
+                rows,
+                spec,
+            } => self.write_at(indices, rows.map(usize::from), *spec),
             Op::Empty => {
                 self.rb.clear();
                 self.model.clear();

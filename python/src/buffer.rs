@@ -928,33 +928,7 @@ impl Buffer {
     /// one before the first row is an `IndexError`.
     fn get<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let rb = self.handle(py)?;
-        let rows = rb.len() as u64;
-        let from_end = |i: i64| -> PyResult<u64> {
-            match u64::try_from(i) {
-                Ok(i) => Ok(i),
-                Err(_) => rows.checked_sub(i.unsigned_abs()).ok_or_else(|| {
-                    index_error(format!("index {i} is out of bounds for {rows} rows"))
-                }),
-            }
-        };
-        let indices: Vec<u64> = match index.extract::<i64>() {
-            Ok(i) => vec![from_end(i)?],
-            Err(_) => {
-                let (array, kind) = array_of_kind(index, "biu", "integers")?;
-                let unsigned = kind == "u";
-                let dtype = if unsigned { "uint64" } else { "int64" };
-                let list = array
-                    .call_method1("astype", (dtype,))?
-                    .call_method1("reshape", (-1,))?
-                    .call_method0("tolist")?;
-                if unsigned {
-                    list.extract()?
-                } else {
-                    let signed: Vec<i64> = list.extract()?;
-                    signed.into_iter().map(from_end).collect::<PyResult<_>>()?
-                }
-            }
-        };
+        let indices = positions(&rb, index)?;
         let batch = gil::detach(py, || rb.get_many(&indices)).map_err(py_err)?;
         self.dict_of_batch(py, &batch)
     }
@@ -983,6 +957,22 @@ impl Buffer {
     ) -> PyResult<()> {
         let rb = self.handle(py)?;
         self.with_batch(py, &rb, data, |b| rb.write_all(b, end))?
+            .map_err(py_err)
+    }
+
+    /// Overwrites the rows at `index` (an int, or an array of ints, counted as `get`
+    /// counts them) with the rows of `data`, one for each index, in order: a position
+    /// named twice keeps its last row (TorchRL's `rb[index] = data`). Every position
+    /// must hold a row; on any error nothing is written.
+    fn write_at(
+        &self,
+        py: Python<'_>,
+        index: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rb = self.handle(py)?;
+        let indices = positions(&rb, index)?;
+        self.with_batch(py, &rb, data, |b| rb.write_at(&indices, b))?
             .map_err(py_err)
     }
 
@@ -1105,6 +1095,37 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
         .call_method1("reshape", (-1,))?
         .cast_into::<PyArray1<T>>()
         .map_err(Into::into)
+}
+
+/// The storage positions `index` names (an int, or an array of ints of any shape,
+/// flattened): a negative one counts back from the rows `rb` stores, as a list's
+/// index does; one before the first row is an `IndexError`.
+fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let rows = rb.len() as u64;
+    let from_end = |i: i64| -> PyResult<u64> {
+        match u64::try_from(i) {
+            Ok(i) => Ok(i),
+            Err(_) => rows
+                .checked_sub(i.unsigned_abs())
+                .ok_or_else(|| index_error(format!("index {i} is out of bounds for {rows} rows"))),
+        }
+    };
+    if let Ok(i) = index.extract::<i64>() {
+        return Ok(vec![from_end(i)?]);
+    }
+    let (array, kind) = array_of_kind(index, "biu", "integers")?;
+    let unsigned = kind == "u";
+    let dtype = if unsigned { "uint64" } else { "int64" };
+    let list = array
+        .call_method1("astype", (dtype,))?
+        .call_method1("reshape", (-1,))?
+        .call_method0("tolist")?;
+    if unsigned {
+        list.extract()
+    } else {
+        let signed: Vec<i64> = list.extract()?;
+        signed.into_iter().map(from_end).collect()
+    }
 }
 
 /// `x` as a numpy array, and its dtype's kind, which must be one of `kinds` (an

@@ -547,6 +547,24 @@ def test_negative_indices_count_from_the_end():
         rb.get([1.5])
 
 
+def test_write_at_rewrites_the_rows_it_names_or_none():
+    rb = buffer(capacity=32, n=10)
+    rb.write_at([-1, 2, 2], data([109, 102, 202]))
+    rb.write_at(np.array([0], np.uint8), data([100]))
+    assert check(rb.read_all_in_order()).tolist() == [100, 1, 202, 3, 4, 5, 6, 7, 8, 109]
+    before = check(rb.read_all_in_order()).tolist()
+    with raises(IndexError):
+        rb.write_at([1, 10], data([1, 2]))  # position 10 holds no row
+    with raises(IndexError, "out of bounds"):
+        rb.write_at([-11], data([1]))
+    with raises(ValueError):
+        rb.write_at([1, 2], data([1, 2, 3]))
+    with raises(TypeError, "integers"):
+        rb.write_at([1.0], data([1]))
+    assert check(rb.read_all_in_order()).tolist() == before
+    assert rb.write_count == 10
+
+
 def test_bad_updates_change_nothing():
     rb = buffer(capacity=8, n=6, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
     before = state(rb)

@@ -320,6 +320,52 @@ def test_write_all_and_empty(rl):
     assert rb[:]["step"].tolist() == [50, 51]
 
 
+def test_item_assignment_rewrites_stored_rows(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(6))
+    rb.extend(transitions(6))
+    rb[1] = transitions(1, start=101)[0]
+    rb[-1] = transitions(1, start=105)[0]
+    rb[torch.tensor([2, 3])] = transitions(2, start=102)
+    rb[np.array([[0], [4]])] = transitions(2, start=100).reshape(2, 1)
+    mask = torch.zeros(6, dtype=torch.bool)
+    mask[3] = True
+    rb[mask] = transitions(1, start=203)
+    assert rb[:]["step"].tolist() == [100, 101, 102, 203, 101, 105]
+    assert rb[:]["next", "obs"][:, 0].tolist() == [101, 102, 103, 204, 102, 106]
+    rb[4:6] = transitions(2, start=304)
+    rb[1:5:2] = transitions(2, start=401)
+    assert rb[:]["step"].tolist() == [100, 401, 102, 402, 304, 305]
+    # A key sets that field of every stored row; nothing else moves.
+    rb["step"] = torch.arange(6) * 10
+    assert rb[:]["step"].tolist() == [0, 10, 20, 30, 40, 50]
+    assert rb[:]["obs"][:, 0].tolist() == [100, 401, 102, 402, 304, 305]
+    assert len(rb) == 6 and rb.write_count == 6
+    assert rb.sample(4)["step"].remainder(10).eq(0).all()
+
+
+def test_item_assignment_of_the_buffers_plain_tensors(rl):
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(5))
+    rb.extend(torch.arange(4.0)[:, None].expand(4, 2).clone())
+    rb[2] = torch.tensor([7.0, 8.0])
+    rb[[0, 3]] = torch.tensor([[1.0, 1.0], [3.0, 3.0]])
+    assert rb[:].tolist() == [[1, 1], [1, 1], [7, 8], [3, 3]]
+
+
+def test_item_assignment_past_the_stored_rows_is_refused_and_writes_nothing():
+    rb = replaybuf.torchrl.TensorDictReplayBuffer(storage=replaybuf.torchrl.LazyTensorStorage(10))
+    rb.extend(transitions(4))
+    with pytest.raises(IndexError):
+        rb[torch.tensor([1, 7])] = transitions(2, start=100)
+    with pytest.raises(IndexError):
+        rb[-5] = transitions(1, start=100)[0]
+    with pytest.raises(ValueError):
+        rb[torch.tensor([0, 1])] = transitions(3, start=100)
+    assert rb[:]["step"].tolist() == [0, 1, 2, 3]
+    empty = replaybuf.torchrl.ReplayBuffer(storage=replaybuf.torchrl.LazyTensorStorage(3))
+    with pytest.raises(IndexError):
+        empty[0] = torch.zeros(2)
+
+
 def test_empty_keeping_write_count(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(6))

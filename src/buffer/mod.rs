@@ -407,6 +407,23 @@ impl ReplayBuffer {
         self.retrying(|inner| inner.write_all(data, end))
     }
 
+    /// Overwrites storage position `indices[r]` in place with row `r` of `data`
+    /// (TorchRL's `rb[indices] = data`), in order: a position named twice ends with
+    /// its last row. `data` has one row for each index; every position must hold a
+    /// row; on any error nothing is written. As with [`ReplayBuffer::write_all`], a
+    /// slice buffer's rows keep their trajectories and a buffer with frames rewrites
+    /// nothing.
+    pub fn write_at(&self, indices: &[u64], data: &Batch) -> Result<(), AccessError> {
+        if data.len() != indices.len() {
+            return Err(DataError::BatchShape {
+                expected: "one row for each index",
+                found: data.shape().to_vec(),
+            }
+            .into());
+        }
+        self.retrying(|inner| inner.write_at(indices, data))
+    }
+
     /// Writes a file-backed storage's changes through to its file and the disk
     /// (`msync` and `fsync`); nothing for other storages. A file-backed buffer's rows
     /// outlive its process without this; it guards against the machine going down.

@@ -66,9 +66,10 @@ nothing to do; so have a ``PrioritizedSampler``'s ``max_capacity`` and ``dtype``
 tree covers the storage, in float64). ``ImmutableDatasetWriter`` needs a
 :class:`TensorStorage` built from the dataset's rows. On an ``ndim=2`` storage,
 ``rb[:]`` reads every step; ``add``, ``write_all`` and other indexing need ``ndim=1``.
-Item assignment (``rb[i] = data``) is not offered yet: ``write_all`` rewrites the
-first rows. A tensorclass comes back as its class from the buffer that stored it; one
-loaded from disk reads back TensorDicts.
+Item assignment (``rb[index] = data``) rewrites stored rows: a position that holds
+none is an ``IndexError`` (TorchRL writes it without counting it). A tensorclass comes
+back as its class from the buffer that stored it; one loaded from disk reads back
+TensorDicts.
 """
 
 from torchrl.collectors.utils import split_trajectories

@@ -565,36 +565,49 @@ class ReplayBuffer(LazyEngine):
             if index != slice(None):
                 raise NotImplementedError("an ndim-2 buffer is read whole: rb[:]")
             return self._read_ndim2()
-        if isinstance(index, slice):
-            if index.step in (None, 1) and index.start in (None, 0) and (index.stop or 0) >= 0:
-                out = native.read_all_in_order(index.stop)
-            else:
-                out = native.get(np.arange(len(native))[index])
-            return rows(out, (len(out["index"]),), CPU)
-        if isinstance(index, (int, np.integer)) or (
-            isinstance(index, torch.Tensor) and index.ndim == 0
+        if (
+            isinstance(index, slice)
+            and index.step in (None, 1)
+            and index.start in (None, 0)
+            and (index.stop or 0) >= 0
         ):
-            i = int(index)
-            out = native.get(_from_end(i, len(native)))
+            out = native.read_all_in_order(index.stop)
+            return rows(out, (len(out["index"]),), CPU)
+        positions, shape = self._positions(index)
+        if shape == ():
+            out = native.get(positions)
             return rows({k: v[0, ...] for k, v in out.items()}, (), CPU)
-        a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
-        if a.dtype == bool:
-            if a.shape != (len(native),):
-                raise IndexError(
-                    f"The shape of the mask {list(a.shape)} at index 0 does not match the "
-                    f"shape of the indexed tensor [{len(native)}] at index 0"
-                )
-            a = np.nonzero(a)[0]
-        shape = a.shape
-        a = a.reshape(-1)
-        if len(a) and a.min() < -len(native):
-            _from_end(int(a.min()), len(native))
-        a = np.where(a < 0, a + len(native), a)
-        data = rows(native.get(a), (len(a),), CPU)
+        data = rows(native.get(positions), (len(positions),), CPU)
         if len(shape) != 1:
             # Shaped as the index, as indexing a tensor gives.
             data = _each_tensor(data, lambda x: x.reshape(shape + x.shape[1:]))
         return data
+
+    def _positions(self, index: Any) -> Tuple[np.ndarray, Tuple[int, ...]]:
+        """The engine positions ``index`` names among the stored rows (an int, a
+        slice, an array or tensor of ints, or a boolean mask), flattened, and the
+        shape indexing gives their rows (``()`` for one int)."""
+        n = len(self._native)
+        if isinstance(index, slice):
+            a = np.arange(n)[index]
+            return a, a.shape
+        if isinstance(index, (int, np.integer)) or (
+            isinstance(index, torch.Tensor) and index.ndim == 0
+        ):
+            return np.array([_from_end(int(index), n)], np.int64), ()
+        a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+        if a.dtype == bool:
+            if a.shape != (n,):
+                raise IndexError(
+                    f"The shape of the mask {list(a.shape)} at index 0 does not match the "
+                    f"shape of the indexed tensor [{n}] at index 0"
+                )
+            a = np.nonzero(a)[0]
+        shape = a.shape
+        a = a.reshape(-1)
+        if len(a) and a.min() < -n:
+            _from_end(int(a.min()), n)
+        return np.where(a < 0, a + n, a), shape
 
     def __getitem__(self, index: Any) -> Any:
         """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage order),
@@ -612,6 +625,46 @@ class ReplayBuffer(LazyEngine):
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform(data)
         return data
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """Rewrites stored rows in place (TorchRL's ``rb[index] = data``): ``rb[i]``
+        takes one element; ``rb[indices]``, ``rb[mask]`` and ``rb[a:b]`` one for each
+        position they name, in that order (a position named twice keeps its last),
+        after the inverse transforms, as :meth:`extend` takes them. ``rb[key] = values``
+        (or any other tuple index) sets that part of every stored row, as TorchRL's
+        ``rb[:][key] = values`` does. Every position must hold a row (an
+        ``IndexError`` otherwise); on any error nothing is written."""
+        native = self._native
+        if native is None:
+            raise EmptyStorageError("Cannot set elements of a non-initialized storage.")
+        if self._storage.ndim != 1:
+            raise NotImplementedError("item assignment needs a storage of ndim 1")
+        if isinstance(index, tuple) and len(index) == 1:
+            self[index[0]] = value
+            return
+        if isinstance(index, (str, tuple)):
+            out = native.read_all_in_order()
+            stored = self._layout.rows(out, (len(out["index"]),), CPU)
+            stored[index] = value
+            self._native_to_write(stored, 1).write_at(out["index"], self._layout.arrays(stored))
+            return
+        positions, shape = self._positions(index)
+        if self._transform_modules:
+            with _set_dispatch_td_nn_modules(is_tensor_collection(value)):
+                value = self._transform.inv(value)
+        n, dims = len(positions), len(shape)
+
+        def flat(x: Any) -> Any:
+            batch = tuple(x.batch_size if is_tensor_collection(x) else x.shape)[:dims]
+            if batch != shape:
+                raise ReplayBufferValueError(
+                    f"the index names positions of shape {list(shape)}; the data's rows "
+                    f"are of shape {list(batch)}"
+                )
+            return x.reshape(n) if is_tensor_collection(x) else x.reshape((n,) + x.shape[dims:])
+
+        value = _each_tensor(value, flat)
+        self._native_to_write(value, 1).write_at(positions, self._layout.arrays(value))
 
     def read_all_in_order(self, end: Optional[int] = None) -> Any:
         """Every stored row among the first ``end`` positions, in storage order
