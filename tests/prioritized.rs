@@ -129,9 +129,18 @@ fn zero_priority_rows_are_never_drawn() {
     }
     assert_eq!(
         rb.sample(1).unwrap_err(),
-        SampleError::Empty,
+        SampleError::NoMass { rows: 10 },
         "no row has mass"
     );
+    assert_eq!(
+        rb.sample(1).unwrap_err().to_string(),
+        "the buffer's 10 rows all have priority 0 (and eps 0): none can be drawn"
+    );
+    // One row back at a positive priority, and it is the only one drawn.
+    set(&rb, 4, 2.0);
+    assert!(rb.sample(32).unwrap().index().iter().all(|&i| i == 4));
+    rb.clear();
+    assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }
 
 #[test]

@@ -332,6 +332,35 @@ impl Core {
         }
     }
 
+    /// Why a prioritized sample found no mass to draw from: every live row at priority
+    /// 0 ([`SampleError::NoMass`]; with `eps` 0 such rows weigh nothing), or no row
+    /// ([`SampleError::Empty`]), which is also the answer while rows of a positive
+    /// priority are stored (their writers are still setting their leaves: a retry
+    /// finds them).
+    #[cold]
+    fn massless(&self) -> SampleError {
+        let storage = &self.storage;
+        if storage.len() == 0 {
+            return SampleError::Empty;
+        }
+        let live = storage.live_priorities();
+        let mut zero = 0;
+        for (k, tree) in storage.trees().iter().enumerate() {
+            for leaf in 0..tree.layout().leaves {
+                match live(k, leaf) {
+                    Some((_, p)) if p > 0.0 => return SampleError::Empty,
+                    Some(_) => zero += 1,
+                    None => {}
+                }
+            }
+        }
+        if zero == 0 {
+            SampleError::Empty
+        } else {
+            SampleError::NoMass { rows: zero }
+        }
+    }
+
     /// Draws up to `n` rows into `scratch.draws`.
     ///
     /// A uniform sample's draws are fetched first, all their lines at once
@@ -364,7 +393,7 @@ impl Core {
         let trees = storage.trees();
         let masses = Masses::new(&trees);
         if masses.is_empty() {
-            return Err(SampleError::Empty);
+            return Err(self.massless());
         }
         prioritized::draw(
             &trees,

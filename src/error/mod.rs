@@ -506,6 +506,13 @@ pub enum SampleError {
     /// The buffer holds no rows.
     #[error("the buffer is empty")]
     Empty,
+    /// A prioritized sample found every stored row at priority 0 with `eps` 0: their
+    /// masses are 0, and none can be drawn (TorchRL raises "non-positive p_sum").
+    #[error("the buffer's {rows} rows all have priority 0 (and eps 0): none can be drawn")]
+    NoMass {
+        /// Rows stored at priority 0.
+        rows: u64,
+    },
     /// Sampling without replacement with `drop_last` asked for more rows than are
     /// stored: no batch of an epoch could be whole. (Without `drop_last` the epoch's
     /// one batch is every stored row.)
