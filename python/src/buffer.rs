@@ -12,9 +12,9 @@ use numpy::{
     PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use replaybuf::sampler::Marks;
@@ -94,15 +94,9 @@ struct FieldOut {
     subclass
 )]
 pub(crate) struct Buffer {
-    /// Write-locked only by `loads`, which needs the buffer's only handle, and by a
-    /// forked child's first call on a shared buffer (see [`Buffer::handle`]). Never
-    /// waited for with the GIL held: its holders may need the GIL to let go.
-    rb: RwLock<ReplayBuffer>,
-    /// The fork count ([`FORKS`]) `rb` belongs to.
-    forks: AtomicU64,
-    /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
-    /// back, so threads never share a random stream or wait on each other.
-    learners: Mutex<Vec<Learner>>,
+    /// This process's handle and learners: a `Box` of [`Here`]'s, replaced in a
+    /// forked child (see [`Buffer::here`]), freed when the buffer drops.
+    here: AtomicPtr<Here>,
     /// `sample`'s arrays, written again once the caller has dropped them.
     recycler: Recycler,
     fields: Vec<FieldOut>,
@@ -113,6 +107,51 @@ pub(crate) struct Buffer {
     signed_index: AtomicBool,
     /// The shared region's name, for pickling.
     shared: Option<String>,
+}
+
+/// A buffer's engine handle and idle learners, in one process: a forked child makes
+/// its own (see [`Buffer::here`]).
+struct Here {
+    /// The fork count ([`FORKS`]) this belongs to.
+    forks: u64,
+    /// Write-locked only by `loads`, which needs the buffer's only handle. Never
+    /// waited for with the GIL held: its holders may need the GIL to let go.
+    rb: RwLock<ReplayBuffer>,
+    /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
+    /// back, so threads never share a random stream or wait on each other.
+    learners: Mutex<Vec<Learner>>,
+}
+
+impl Here {
+    fn new(rb: ReplayBuffer) -> *mut Here {
+        Box::into_raw(Box::new(Here {
+            forks: FORKS.load(Ordering::Relaxed),
+            rb: RwLock::new(rb),
+            learners: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The engine's handle, for one call ([`Buffer::handle`]).
+    fn read(&self, py: Python<'_>) -> RwLockReadGuard<'_, ReplayBuffer> {
+        self.rb
+            .try_read()
+            .unwrap_or_else(|| gil::detach(py, || self.rb.read()))
+    }
+
+    /// Runs `f` with an idle learner handle of `rb`'s, or a new one.
+    fn with_learner<R>(&self, rb: &ReplayBuffer, f: impl FnOnce(&mut Learner) -> R) -> R {
+        let mut learner = self.learners.lock().pop().unwrap_or_else(|| rb.learner());
+        let out = f(&mut learner);
+        self.learners.lock().push(learner);
+        out
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: `here` is always a live `Box` of this buffer's (`Buffer::here`).
+        drop(unsafe { Box::from_raw(*self.here.get_mut()) });
+    }
 }
 
 impl Buffer {
@@ -135,10 +174,8 @@ impl Buffer {
             prioritized: rb.alpha().is_some(),
             slices: rb.slice_sampler().is_some(),
             signed_index: AtomicBool::new(false),
-            learners: Mutex::new(Vec::new()),
             recycler: Recycler::new(py),
-            rb: RwLock::new(rb),
-            forks: AtomicU64::new(FORKS.load(Ordering::Relaxed)),
+            here: AtomicPtr::new(Here::new(rb)),
             fields,
             shared,
         })
@@ -236,49 +273,60 @@ impl Buffer {
         )
     }
 
-    /// The engine's handle, for one call.
+    /// This process's handle and learners.
     ///
-    /// A process forked from the one that attached a shared buffer inherits its
-    /// handle, and with it the parent's identity in the region: its process-table entry
-    /// and the locks that tell the others it lives. Writing as the parent, a child that
-    /// dies mid-write would leave a write that looks in progress for as long as the
-    /// parent lives. So the first call in a forked child attaches afresh, as itself,
-    /// and forgets the inherited handle without dropping it (dropping would detach the
-    /// parent).
+    /// A forked child inherits the parent's, as they were at the fork: the lock and
+    /// the learners' mutex perhaps held by a parent thread that was inside a call,
+    /// which the child does not have (its first call waited for them forever). And a
+    /// shared buffer's handle carries the parent's identity in the region: its
+    /// process-table entry and the locks that tell the others it lives. Writing as
+    /// the parent, a child that dies mid-write would leave a write that looks in
+    /// progress for as long as the parent lives. So the first call in a forked child
+    /// makes its own: a fresh lock and no learners, over a handle attached afresh, as
+    /// itself, to a shared buffer, or over a clone of a heap buffer's. The inherited
+    /// ones are forgotten, never dropped (dropping would detach the parent, or wait).
+    /// Two threads of the child making theirs at once: one wins, the other drops its
+    /// own.
+    fn here(&self) -> PyResult<&Here> {
+        let forks = FORKS.load(Ordering::Relaxed);
+        let now = self.here.load(Ordering::Acquire);
+        // SAFETY: `here` is always a live `Box`: replaced only below, where the one
+        // replaced is leaked, and freed only when the buffer drops.
+        let here = unsafe { &*now };
+        if here.forks == forks {
+            return Ok(here);
+        }
+        let rb = match &self.shared {
+            Some(name) => ReplayBuffer::attach(name).map_err(py_err)?,
+            // SAFETY: read without the lock, which a parent thread may hold in the
+            // child for good; nobody writes the handle but `loads`, under it, and
+            // `clone` reads only its `Arc`s.
+            None => unsafe { &*here.rb.data_ptr() }.clone(),
+        };
+        let mine = Here::new(rb);
+        match self
+            .here
+            .compare_exchange(now, mine, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: `mine` is now `here`'s Box, as above.
+            Ok(_) => Ok(unsafe { &*mine }),
+            Err(theirs) => {
+                // SAFETY: `mine` was never shared.
+                drop(unsafe { Box::from_raw(mine) });
+                // SAFETY: `theirs` is `here`'s Box, as above.
+                Ok(unsafe { &*theirs })
+            }
+        }
+    }
+
+    /// The engine's handle, for one call.
     ///
     /// The lock is waited for with the GIL released: `loads` waits for the write side
     /// (without the GIL), and once it waits parking_lot queues new readers behind it.
     /// A reader that queued holding the GIL would wait for readers that, to finish,
     /// need the GIL it holds: the whole interpreter would hang.
     fn handle(&self, py: Python<'_>) -> PyResult<RwLockReadGuard<'_, ReplayBuffer>> {
-        let forks = FORKS.load(Ordering::Relaxed);
-        if self.forks.load(Ordering::Relaxed) == forks {
-            return Ok(self
-                .rb
-                .try_read()
-                .unwrap_or_else(|| gil::detach(py, || self.rb.read())));
-        }
-        let mut rb = self
-            .rb
-            .try_write()
-            .unwrap_or_else(|| gil::detach(py, || self.rb.write()));
-        if self.forks.load(Ordering::Relaxed) != forks {
-            if let Some(name) = &self.shared {
-                let fresh = ReplayBuffer::attach(name).map_err(py_err)?;
-                std::mem::forget(std::mem::replace(&mut *rb, fresh));
-                std::mem::forget(std::mem::take(&mut *self.learners.lock()));
-            }
-            self.forks.store(forks, Ordering::Relaxed);
-        }
-        Ok(RwLockWriteGuard::downgrade(rb))
-    }
-
-    /// Runs `f` with a learner handle of this buffer's.
-    fn with_learner<R>(&self, rb: &ReplayBuffer, f: impl FnOnce(&mut Learner) -> R) -> R {
-        let mut learner = self.learners.lock().pop().unwrap_or_else(|| rb.learner());
-        let out = f(&mut learner);
-        self.learners.lock().push(learner);
-        out
+        Ok(self.here()?.read(py))
     }
 
     /// The dict of a batch the engine returned (`get`, `read_all_in_order`): its
@@ -317,7 +365,8 @@ impl Buffer {
     /// Samples into `arrays` (one per field, then index, generation, and weight and
     /// marks when this sampler writes them), `rows` rows of room: returns rows drawn.
     fn sample_spans(&self, py: Python<'_>, rows: usize, spans: Spans) -> PyResult<usize> {
-        let rb = self.handle(py)?;
+        let here = self.here()?;
+        let rb = here.read(py);
         let spec: &Spec = rb.spec();
         let fields = self.fields.len();
         let (prioritized, slices) = (self.prioritized, self.slices);
@@ -350,7 +399,7 @@ impl Buffer {
                 let marks: &mut [Marks] = bytemuck::cast_slice_mut(bytes(next));
                 dest = dest.with_marks(marks).map_err(py_err)?;
             }
-            self.with_learner(&rb, |l| l.sample_to(&mut dest))
+            here.with_learner(&rb, |l| l.sample_to(&mut dest))
                 .map_err(py_err)
         })
     }
@@ -923,9 +972,9 @@ impl Buffer {
         Ok(self.handle(py)?.priority(index))
     }
 
-    /// The rows at `index` (an int, or an array of ints), in that order, as a dict. A
-    /// negative index counts back from the number of rows stored, as a list's does;
-    /// one before the first row is an `IndexError`.
+    /// The rows at `index` (an int, an array of ints, or a mask of one boolean a stored
+    /// row), in that order, as a dict. A negative index counts back from the number of
+    /// rows stored, as a list's does; one before the first row is an `IndexError`.
     fn get<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let rb = self.handle(py)?;
         let indices = positions(&rb, index)?;
@@ -1007,15 +1056,16 @@ impl Buffer {
         // the pause it queued again before they woke), and answers Ctrl-C. Queued, it
         // gets in between back-to-back samplers, which a look for the lock free
         // alone never did.
+        let here = self.here()?;
         let mut rb = loop {
-            if let Some(rb) = gil::detach(py, || self.rb.try_write_for(LOADS_TURN)) {
+            if let Some(rb) = gil::detach(py, || here.rb.try_write_for(LOADS_TURN)) {
                 break rb;
             }
             py.check_signals()?;
             gil::detach(py, || std::thread::sleep(LOADS_ASIDE));
         };
         gil::detach(py, || {
-            self.learners.lock().clear();
+            here.learners.lock().clear();
             rb.restore(&path)
         })
         .map_err(py_err)
@@ -1097,9 +1147,10 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
         .map_err(Into::into)
 }
 
-/// The storage positions `index` names (an int, or an array of ints of any shape,
-/// flattened): a negative one counts back from the rows `rb` stores, as a list's
-/// index does; one before the first row is an `IndexError`.
+/// The storage positions `index` names (an int, an array of ints of any shape,
+/// flattened, or a mask of booleans, one for each stored row): a negative one counts
+/// back from the rows `rb` stores, as a list's index does; one before the first row
+/// is an `IndexError`.
 fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let rows = rb.len() as u64;
     let from_end = |i: i64| -> PyResult<u64> {
@@ -1114,6 +1165,19 @@ fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> 
         return Ok(vec![from_end(i)?]);
     }
     let (array, kind) = array_of_kind(index, "biu", "integers")?;
+    if kind == "b" {
+        let shape: Vec<usize> = array.getattr("shape")?.extract()?;
+        if shape != [rows as usize] {
+            return Err(index_error(format!(
+                "a mask of shape {shape:?} for {rows} rows: it needs one boolean a row"
+            )));
+        }
+        let at = array
+            .py()
+            .import("numpy")?
+            .call_method1("flatnonzero", (&array,))?;
+        return at.call_method0("tolist")?.extract();
+    }
     let unsigned = kind == "u";
     let dtype = if unsigned { "uint64" } else { "int64" };
     let list = array

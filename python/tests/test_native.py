@@ -547,6 +547,18 @@ def test_negative_indices_count_from_the_end():
         rb.get([1.5])
 
 
+def test_a_boolean_index_is_a_mask_of_the_stored_rows():
+    rb = buffer(capacity=32, n=5)
+    mask = np.array([False, False, True, False, True])
+    # Not the positions 0 and 1 that its cast to integers names.
+    assert check(rb.get(mask)).tolist() == [2, 4]
+    rb.write_at(mask, data([102, 104]))
+    assert check(rb.read_all_in_order()).tolist() == [0, 1, 102, 3, 104]
+    with raises(IndexError, "one boolean a row"):
+        rb.get(np.array([True, False]))
+    assert check(rb.get(np.zeros(5, bool))).tolist() == []
+
+
 def test_write_at_rewrites_the_rows_it_names_or_none():
     rb = buffer(capacity=32, n=10)
     rb.write_at([-1, 2, 2], data([109, 102, 202]))

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import threading
 import time
 
 import numpy as np
@@ -288,6 +289,43 @@ def test_forked_children_writing_through_the_parents_handle_survive_a_kill(name,
         assert progress[1].value > mark, "the surviving child's extends stopped"
         os.kill(pair[1].pid, signal.SIGKILL)
         pair[1].join(JOIN_S)
+
+
+def report_len(rb, out):
+    """A forked child's first call: how many rows it sees."""
+    out.value = len(rb)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_child_forked_while_a_thread_samples_can_use_the_buffer(name, children, shared):
+    """Children forked while a parent thread is inside a call (sampling in a loop)
+    answer their first call. Each child made its own lock and learners: the ones it
+    inherited were held for good by that thread, which the child does not have (its
+    first call waited for them forever, in every fork)."""
+    ctx = mp.get_context("fork")
+    kw = {"shared": name} if shared else {}
+    rb = replaybuf.ReplayBuffer(256, spec=SPEC, seed=2, **kw)
+    rb.extend(rows(np.arange(200)))
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            rb.sample(64)
+
+    learner = threading.Thread(target=sample, daemon=True)
+    learner.start()
+    try:
+        for _ in range(5):
+            seen = ctx.Value("q", -1, lock=False)
+            child = ctx.Process(target=report_len, args=(rb, seen))
+            children.append(child)
+            child.start()
+            child.join(JOIN_S)
+            assert child.exitcode == 0, "the forked child's first call never returned"
+            assert seen.value == 200
+    finally:
+        stop.set()
+        learner.join(JOIN_S)
 
 
 def test_a_heap_or_file_backed_buffer_refuses_pickling(tmp_path):

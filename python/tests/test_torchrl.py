@@ -320,6 +320,21 @@ def test_write_all_and_empty(rl):
     assert rb[:]["step"].tolist() == [50, 51]
 
 
+def test_update_priority_takes_any_index_not_only_a_samples(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(8),
+        sampler=rl.PrioritizedSampler(8, alpha=1.0, beta=0.5),
+    )
+    index = rb.extend(transitions(4))
+    rb.update_priority(index, torch.full((4,), 1e-6))
+    rb.update_priority(torch.tensor([0, 1]), torch.tensor([1e-6, 1e-6]))
+    rb.update_priority(3, 1.0)
+    td = TensorDict({"index": torch.tensor([2]), "td_error": torch.tensor([1e-6])}, [1])
+    rb.update_tensordict_priority(td)
+    drawn = rb.sample(64)["index"]
+    assert (drawn == 3).sum() >= 60, drawn
+
+
 def test_item_assignment_rewrites_stored_rows(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(6))
     rb.extend(transitions(6))
@@ -405,6 +420,20 @@ def test_write_count_of_a_max_value_writer_counts_replacements(rl):
     assert index.tolist() == [-1, -1, 1, 0]
     assert small.write_count == 5
     assert sorted(small[:]["r"].tolist()) == [4.0, 5.0]
+
+
+def test_a_max_value_writer_passes_over_a_nan_rank_and_takes_infinite_ones(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(3), writer=rl.TensorDictMaxValueWriter(rank_key="r")
+    )
+    rb.extend(TensorDict({"r": torch.tensor([1.0, 2.0, 3.0]), "x": torch.arange(3)}, [3]))
+    nan = float("nan")
+    rb.extend(TensorDict({"r": torch.tensor([5.0, nan, 6.0]), "x": torch.arange(10, 13)}, [3]))
+    assert sorted(rb[:]["r"].tolist()) == [3.0, 5.0, 6.0]
+    assert rb.write_count == 5
+    rb.extend(TensorDict({"r": torch.tensor([float("inf")]), "x": torch.tensor([20])}, [1]))
+    assert sorted(rb[:]["x"].tolist()) == [10, 12, 20]
+    assert rb.write_count == 6
 
 
 def test_immutable_dataset(rl):

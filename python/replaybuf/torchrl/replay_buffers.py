@@ -291,17 +291,34 @@ class ReplayBuffer(LazyEngine):
         included, and the engine's batch write reports such a row as not written."""
         rows = len(next(iter(arrays.values())))
         written = np.full(rows, _NOT_WRITTEN, np.uint64)
+        unranked = self._unranked(arrays, rows)
         with self._count_lock:
-            for i in range(rows):
-                written[i] = native.extend({k: v[i : i + 1] for k, v in arrays.items()})[0]
-            taken = np.flatnonzero(written != np.uint64(_NOT_WRITTEN))
-            self._write_count_base += len(taken)
+            try:
+                for i in np.flatnonzero(~unranked):
+                    row = {k: v[i : i + 1] for k, v in arrays.items()}
+                    written[i] = native.extend(row)[0]
+            finally:
+                # Counted whatever stopped the batch: its rows before are stored.
+                taken = np.flatnonzero(written != np.uint64(_NOT_WRITTEN))
+                self._write_count_base += len(taken)
         # A row displaced by a later row of the batch reads as not written (-1), as
         # TorchRL's index has it: only the last row written at a position stays.
         last = len(taken) - 1 - np.unique(written[taken][::-1], return_index=True)[1]
         displaced = np.setdiff1d(taken, taken[last])
         written[displaced] = _NOT_WRITTEN
         return written
+
+    def _unranked(self, arrays: Dict[Any, np.ndarray], rows: int) -> np.ndarray:
+        """The rows whose rank holds a NaN: TorchRL's max-value writer passes over them
+        (no comparison takes them), where the engine refuses them."""
+        key = self._writer._rank_key
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]
+        native = getattr(self._layout, "_native_of", {}).get(key)
+        values = arrays.get(native) if native is not None else None
+        if values is None or values.dtype.kind != "f":
+            return np.zeros(rows, bool)
+        return np.isnan(values.reshape(rows, -1)).any(axis=1)
 
     def _index_of_written(self, written: np.ndarray) -> torch.Tensor:
         """TorchRL's index of written rows: flat (-1 where not written), or
@@ -573,7 +590,7 @@ class ReplayBuffer(LazyEngine):
         ):
             out = native.read_all_in_order(index.stop)
             return rows(out, (len(out["index"]),), CPU)
-        positions, shape = self._positions(index)
+        positions, shape = self._rows_at(index)
         if shape == ():
             out = native.get(positions)
             return rows({k: v[0, ...] for k, v in out.items()}, (), CPU)
@@ -583,7 +600,7 @@ class ReplayBuffer(LazyEngine):
             data = _each_tensor(data, lambda x: x.reshape(shape + x.shape[1:]))
         return data
 
-    def _positions(self, index: Any) -> Tuple[np.ndarray, Tuple[int, ...]]:
+    def _rows_at(self, index: Any) -> Tuple[np.ndarray, Tuple[int, ...]]:
         """The engine positions ``index`` names among the stored rows (an int, a
         slice, an array or tensor of ints, or a boolean mask), flattened, and the
         shape indexing gives their rows (``()`` for one int)."""
@@ -648,7 +665,7 @@ class ReplayBuffer(LazyEngine):
             stored[index] = value
             self._native_to_write(stored, 1).write_at(out["index"], self._layout.arrays(stored))
             return
-        positions, shape = self._positions(index)
+        positions, shape = self._rows_at(index)
         if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(value)):
                 value = self._transform.inv(value)
