@@ -178,7 +178,12 @@ impl ReplayBufferBuilder {
             // gets the region's limiter, which lets every call through while the
             // region has no limit; a builder with a limit (its creator's) puts it in.
             Some(block) => shared_limiter(block, limit)?.map(Arc::new),
-            None => limit.map(|l| Arc::new(Limiter::Local(RateLimiter::new(l)))),
+            None => limit.map(|l| {
+                // A reopened file's rows count as inserted, as a checkpoint's do.
+                let limiter = RateLimiter::new(l);
+                limiter.restart(rb.len() as u64);
+                Arc::new(Limiter::Local(limiter))
+            }),
         };
         Ok(rb)
     }

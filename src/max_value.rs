@@ -168,22 +168,24 @@ impl MaxValue {
         let values = numeric_column(batch, key)?;
         let rows = batch.len();
         let per_row = values.len() / rows.max(1);
-        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
-            return Err(DataError::InvalidRank {
-                key: key.clone(),
-                row: at / per_row.max(1),
-                value: values[at],
-            });
-        }
-        Ok((0..rows)
+        (0..rows)
             .map(|r| {
                 let rank = self
                     .reduction
                     .reduce(&values[r * per_row..(r + 1) * per_row]);
-                // Sums of finite values can overflow to infinity; clamp, keep the order.
-                Rank(rank.clamp(f64::MIN, f64::MAX) + 0.0)
+                // A NaN, or infinities of both signs summed, rank nowhere. An infinite
+                // rank (TorchRL takes them) clamps to the largest finite one, as does a
+                // sum of finite values that overflows: the order is kept.
+                if rank.is_nan() {
+                    return Err(DataError::InvalidRank {
+                        key: key.clone(),
+                        row: r,
+                        value: rank,
+                    });
+                }
+                Ok(Rank(rank.clamp(f64::MIN, f64::MAX) + 0.0))
             })
-            .collect())
+            .collect()
     }
 
     /// Places the rows of `batch`: appends while the storage has room (shard `first`

@@ -100,6 +100,30 @@ impl State {
         Ok(self.core.append(shard, &rows)?)
     }
 
+    /// Refuses what an extend of `batch` to `shard` (an `add`, with `one_row`) would be
+    /// refused for whatever the buffer holds, before a rate limit makes it wait: a
+    /// refused batch waited for room it would never use (for good, without a
+    /// timeout). The policy, then, where the batch goes in as given (no inverse
+    /// transform may make another of it) and no frames check takes a shard's turn,
+    /// its shape, fields, dtypes and priorities.
+    pub(crate) fn precheck(
+        &self,
+        shard: Option<usize>,
+        batch: &Batch,
+        one_row: bool,
+    ) -> Result<(), DataError> {
+        if let PolicyEngine::Immutable = &self.policy {
+            return Err(DataError::Immutable);
+        }
+        if one_row {
+            self.core.check_one_row(batch)?;
+        }
+        if !self.transforms.inverts() && self.core.storage.frames().is_none() {
+            self.core.prepare(shard, batch)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn write_all(
         &self,
         data: &Batch,
@@ -310,5 +334,43 @@ impl StateCell {
 
     pub(crate) fn spec(&self) -> &Arc<Spec> {
         &self.spec
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use crate::storage::plan::RowOrder;
+    use crate::{DType, ReplayBuffer, Spec};
+
+    fn ids(rb: &ReplayBuffer, first: u64, n: usize) -> crate::Batch {
+        let mut b = rb.batch([n]);
+        b.set("id", &(first..first + n as u64).collect::<Vec<_>>())
+            .unwrap();
+        b
+    }
+
+    /// A rewrite whose row a writer replaced after the draw (lapping the ring) leaves
+    /// the newer row alone: its checks (a slice buffer's trajectories) were of the
+    /// drawn row. It rewrote the newer row, and a slice buffer's windows then crossed
+    /// trajectories under writers and `write_at` together.
+    #[test]
+    fn an_edit_leaves_a_row_newer_than_its_draw_alone() {
+        let spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        let rb = ReplayBuffer::builder(spec).capacity(4).build().unwrap();
+        rb.extend(&ids(&rb, 0, 4)).unwrap();
+        let state = rb.state();
+        let storage = &state.core.storage;
+        let drawn = storage.draw_at(1).unwrap();
+        rb.extend(&ids(&rb, 10, 4)).unwrap();
+        let data = ids(&rb, 100, 1);
+        let src = state.core.source(&data, RowOrder::Flat).unwrap();
+        let _editing = storage.enter_edit_all().unwrap();
+        assert!(!storage.edit(drawn, &src, 0), "the drawn row is gone");
+        let now = storage.draw_at(1).unwrap();
+        assert!(storage.edit(now, &src, 0), "the row there now is rewritten");
+        drop(_editing);
+        drop(src);
+        let all = rb.read_all_in_order(None);
+        assert_eq!(all.column::<u64>("id").unwrap(), [10, 100, 12, 13]);
     }
 }

@@ -156,6 +156,12 @@ impl Transforms {
         Ok(())
     }
 
+    /// Whether an inverse transform may change the rows written.
+    pub(crate) fn inverts(&self) -> bool {
+        // SYNC POINT: pairs with the Release store in `change`.
+        self.inverse.load(Ordering::Acquire)
+    }
+
     /// The rows to write: `batch` itself, or a copy through the inverse transforms, in
     /// reverse order.
     #[inline]

@@ -52,19 +52,33 @@ impl Writer {
 
     /// Adds one transition (shape `[1]`, ndim 1) and returns its index.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.buffer.limited_insert(row.len(), || {
-            self.buffer
-                .retrying(|inner| inner.add(self.shard_of(&inner.core), row))
-        })
+        self.buffer.limited_insert(
+            row.len(),
+            || {
+                let inner = self.buffer.state();
+                inner.precheck(Some(self.shard_of(&inner.core)), row, true)
+            },
+            || {
+                self.buffer
+                    .retrying(|inner| inner.add(self.shard_of(&inner.core), row))
+            },
+        )
     }
 
     /// Appends a batch to this handle's shard: `[n]` for ndim 1; for ndim 2, `t` steps
     /// of this handle's environments (`[t, group]`, or `[group, t]` with
     /// `dim_extend = 1`).
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        self.buffer.limited_insert(batch.len(), || {
-            self.buffer
-                .retrying(|inner| inner.extend(Some(self.shard_of(&inner.core)), batch))
-        })
+        self.buffer.limited_insert(
+            batch.len(),
+            || {
+                let inner = self.buffer.state();
+                inner.precheck(Some(self.shard_of(&inner.core)), batch, false)
+            },
+            || {
+                self.buffer
+                    .retrying(|inner| inner.extend(Some(self.shard_of(&inner.core)), batch))
+            },
+        )
     }
 }

@@ -224,3 +224,62 @@ fn a_clear_starts_the_counts_over() {
     let rb = builder(64).rate_limit(limit).build().unwrap();
     common::check_clear_restarts_the_counts(&rb, &rb);
 }
+
+#[test]
+fn rows_a_checkpoint_or_a_reopened_file_brings_count_as_inserted() {
+    let limit = RateLimit::min_size(3).sample_timeout(SHORT);
+    let dir = tempfile::tempdir().unwrap();
+    let saved = builder(64).build().unwrap();
+    saved.extend(&rows(&saved, 0, 8)).unwrap();
+    saved.save(dir.path().join("ck")).unwrap();
+
+    // A buffer loaded with 8 rows samples at once, where it waited for 3 more inserts
+    // (for good, without a timeout).
+    let mut loaded = builder(64).rate_limit(limit).build().unwrap();
+    loaded.restore(dir.path().join("ck")).unwrap();
+    assert_eq!(loaded.sample(2).unwrap().len(), 2);
+    let stats = loaded.rate_limit_stats().unwrap();
+    assert_eq!((stats.inserts, stats.samples), (8, 2));
+
+    // A file-backed buffer reopened with its rows, the same.
+    let files = dir.path().join("files");
+    let first = builder(64).memmap(&files).build().unwrap();
+    first.extend(&rows(&first, 0, 5)).unwrap();
+    drop(first);
+    let reopened = builder(64)
+        .memmap(&files)
+        .existsok(true)
+        .rate_limit(limit)
+        .build()
+        .unwrap();
+    assert_eq!(reopened.sample(2).unwrap().len(), 2);
+    assert_eq!(reopened.rate_limit_stats().unwrap().inserts, 5);
+}
+
+#[test]
+fn a_batch_an_extend_would_refuse_is_refused_before_it_waits_for_room() {
+    let rb = builder(64)
+        .rate_limit(RateLimit::queue(4).unwrap())
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 4)).unwrap(); // the queue is full: inserts wait
+    let other = Spec::builder().field("id", DType::F32, []).build().unwrap();
+    let bad = replaybuf::Batch::zeros(other, [1]);
+    let writer = rb.writer();
+    let (done, got) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = done.send((rb.extend(&bad).unwrap_err(), writer.add(&bad).unwrap_err()));
+        });
+        // It waited for room no sample would make (for good: no timeout).
+        let (extend, add) = got
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| {
+                rb.close_rate_limit().unwrap();
+                panic!("a refused batch waited for the rate limit")
+            });
+        assert!(!matches!(extend, DataError::RateLimited(_)), "{extend}");
+        assert!(!matches!(add, DataError::RateLimited(_)), "{add}");
+    });
+    assert_eq!(rb.rate_limit_stats().unwrap().inserts, 4);
+}

@@ -411,14 +411,22 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
         matches!(err, DataError::InvalidRank { row: 1, .. }),
         "{err:?}"
     );
-    let err = rb
-        .extend(&scored(rb.spec(), 0, &[f32::INFINITY]))
-        .unwrap_err();
-    assert!(
-        matches!(err, DataError::InvalidRank { row: 0, .. }),
-        "{err:?}"
-    );
     assert_eq!(rb.len(), 0, "a refused batch writes nothing");
+    // Infinite ranks order as TorchRL's do: above (or below) every finite one.
+    rb.extend(&scored(
+        rb.spec(),
+        10,
+        &[f32::INFINITY, 3.0, f32::NEG_INFINITY, 2.0],
+    ))
+    .unwrap();
+    let w = rb.extend(&scored(rb.spec(), 20, &[1e30, -1e30])).unwrap();
+    assert_eq!(w.rejected().collect::<Vec<_>>(), [1]);
+    assert_eq!(
+        stored(&rb).iter().map(|&(_, id)| id).collect::<Vec<_>>(),
+        [13, 11, 10, 20],
+        "the row ranked -inf gave way; +inf and 1e30 stay"
+    );
+    rb.clear();
     assert!(matches!(
         rb.extend(&Batch::zeros(spec(), [2, 2])).unwrap_err(),
         DataError::BatchShape { .. }

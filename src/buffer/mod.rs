@@ -290,8 +290,12 @@ impl ReplayBuffer {
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
     /// ndim-1 storages only; extend an ndim-2 storage with whole steps.
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
-        self.limited_insert(row.len(), || self.extend_rows(row, true))
-            .map(|w| w.index(0))
+        self.limited_insert(
+            row.len(),
+            || self.state().precheck(None, row, true),
+            || self.extend_rows(row, true),
+        )
+        .map(|w| w.index(0))
     }
 
     /// Appends a batch and returns where its rows went.
@@ -302,7 +306,11 @@ impl ReplayBuffer {
     /// ndim 2: a batch of `t` steps of every environment (`[t, envs]`, or `[envs, t]`
     /// with `dim_extend = 1`) appends `t` steps to every environment's column.
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
-        self.limited_insert(batch.len(), || self.extend_rows(batch, false))
+        self.limited_insert(
+            batch.len(),
+            || self.state().precheck(None, batch, false),
+            || self.extend_rows(batch, false),
+        )
     }
 
     /// Validates first, then takes the round-robin turn: a rejected batch changes
@@ -450,25 +458,28 @@ impl ReplayBuffer {
         })
         .unwrap_or_else(|never| match never {});
         if let Some(limiter) = &self.limiter {
-            limiter.restart();
+            limiter.restart(0);
         }
     }
 }
 
 /// Running an operation against the current state, and through the rate limit.
 impl ReplayBuffer {
-    /// Runs `insert`, of `rows` rows, through the rate limit if there is one: waits for
-    /// its turn, counts the rows, and takes back those it did not store (all of them
-    /// if it failed; those a write policy rejected).
+    /// Runs `insert`, of `rows` rows, through the rate limit if there is one: `check`s
+    /// the rows first (a batch `insert` would refuse must not wait for its turn), waits
+    /// for its turn, counts the rows, and takes back those it did not store (all of
+    /// them if it failed; those a write policy rejected).
     #[inline]
     pub(crate) fn limited_insert<T: Stored>(
         &self,
         rows: usize,
+        check: impl FnOnce() -> Result<(), DataError>,
         insert: impl FnOnce() -> Result<T, DataError>,
     ) -> Result<T, DataError> {
         let Some(limiter) = &self.limiter else {
             return insert();
         };
+        check()?;
         let counted = limiter.insert(rows as u64)?;
         let out = insert();
         if counted {

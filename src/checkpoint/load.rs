@@ -118,7 +118,13 @@ impl ReplayBuffer {
         new.transforms = Arc::clone(&old.transforms);
         new.memmap = old.memmap.clone();
         new.policy.reload(&new.core);
+        let rows = new.core.storage.len();
         self.cell.publish(new);
+        // The rows loaded count as inserted: a limit's samples wait for rows the
+        // buffer holds, not for ones it already has (they waited for good).
+        if let Some(limiter) = &self.limiter {
+            limiter.restart(rows);
+        }
         Ok(())
     }
 }

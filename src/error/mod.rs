@@ -372,8 +372,9 @@ pub enum DataError {
         /// The field.
         key: Key,
     },
-    /// The rank field of a row (a max-value writer's) holds a NaN or infinite value.
-    #[error("rank field `{key}` of row {row} is {value}; ranks must be finite")]
+    /// The rank field of a row (a max-value writer's) reduces to NaN (a NaN value, or
+    /// infinities of both signs summed).
+    #[error("rank field `{key}` of row {row} ranks as {value}; a rank must be a number")]
     InvalidRank {
         /// The rank field.
         key: Key,

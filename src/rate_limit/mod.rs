@@ -348,14 +348,15 @@ impl Limiter {
         }
     }
 
-    /// Starts the counts over, as for a buffer just built (its rows were dropped), and
-    /// wakes every waiter to judge itself again: samples wait for `min_size_to_sample`
-    /// rows anew (Reverb's table reset resets its limiter).
-    pub(crate) fn restart(&self) {
+    /// Starts the counts over at `inserts` rows inserted and none sampled, and wakes
+    /// every waiter to judge itself again: at 0 for a buffer whose rows were dropped
+    /// (samples wait for `min_size_to_sample` rows anew; Reverb's table reset resets
+    /// its limiter), at the rows stored for one that a checkpoint filled.
+    pub(crate) fn restart(&self, inserts: u64) {
         match self {
-            Limiter::Local(l) => l.restart(),
+            Limiter::Local(l) => l.restart(inserts),
             #[cfg(target_os = "linux")]
-            Limiter::Shared(l) => l.restart(),
+            Limiter::Shared(l) => l.restart(inserts),
         }
     }
 
@@ -495,10 +496,12 @@ impl RateLimiter {
         self.wake_all();
     }
 
-    /// Starts the inserted and sampled counts over, waking every waiter.
-    pub fn restart(&self) {
+    /// Starts the counts over at `inserts` rows inserted (0, or rows that were there
+    /// before the limiter: a reopened file's, a checkpoint's) and none sampled, waking
+    /// every waiter.
+    pub fn restart(&self, inserts: u64) {
         let mut c = self.counts.lock();
-        c.inserts = 0;
+        c.inserts = inserts;
         c.samples = 0;
         drop(c);
         self.wake_all();

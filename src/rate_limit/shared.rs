@@ -335,9 +335,10 @@ impl SharedLimiter {
         self.wake_sleepers();
     }
 
-    /// Starts the inserted and sampled counts over, and wakes the sleepers.
-    pub(super) fn restart(&self) {
-        self.word(INSERTS).store(0, Ordering::SeqCst);
+    /// Starts the counts over at `inserts` rows inserted and none sampled, and wakes
+    /// the sleepers.
+    pub(super) fn restart(&self, inserts: u64) {
+        self.word(INSERTS).store(inserts, Ordering::SeqCst);
         self.word(SAMPLES).store(0, Ordering::SeqCst);
         self.wake_sleepers();
     }

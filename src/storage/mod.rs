@@ -1751,11 +1751,13 @@ impl Storage {
 
     /// Rewrites the row at `draw`'s position in place with row `step` of `src`. The
     /// caller holds an editor guard on the shard. Returns `false` if the slot holds no
-    /// row.
+    /// row, or a newer row than the draw's.
     pub(crate) fn edit(&self, draw: Draw, src: &Source<'_>, step: u64) -> bool {
-        let slot = self.locate(draw).slot;
+        let Located { slot, lap, .. } = self.locate(draw);
         let stamp = self.stamp(slot);
-        let Some(published) = stamp::begin_edit_or(stamp, || {
+        // Only the drawn row: a newer one there (a writer lapped the ring since the
+        // draw) is not the row the caller checked and means to rewrite.
+        let Some(published) = stamp::begin_edit_or(stamp, Some(lap), || {
             // The row's appender may have died inside it (shared mode): its lease is
             // taken over and its unpublished rows abandoned, which this one is then.
             self.reclaim_dead_lease(draw.shard as usize);

@@ -338,18 +338,23 @@ pub const STALLED_WAITS: u32 = if cfg!(replaybuf_loom) { 4 } else { 1 << 12 };
 /// returns the stamp to [`publish`] afterwards. `None` if the slot holds no row.
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn begin_edit(stamp: &AtomicU64) -> Option<Stamp> {
-    begin_edit_or(stamp, || false)
+    begin_edit_or(stamp, None, || false)
 }
 
-/// [`begin_edit`], calling `gone` every [`STALLED_WAITS`] waits for the slot's
-/// writer: `true` if that writer died and its row is not to be had (shared mode),
-/// which ends the wait with `None`.
-pub fn begin_edit_or(stamp: &AtomicU64, mut gone: impl FnMut() -> bool) -> Option<Stamp> {
+/// [`begin_edit`] of the row of lap `lap` only (`None` if the slot holds another
+/// lap's: a writer that lapped the ring put a newer row there), calling `gone` every
+/// [`STALLED_WAITS`] waits for the slot's writer: `true` if that writer died and its
+/// row is not to be had (shared mode), which ends the wait with `None`.
+pub fn begin_edit_or(
+    stamp: &AtomicU64,
+    lap: Option<u32>,
+    mut gone: impl FnMut() -> bool,
+) -> Option<Stamp> {
     let mut backoff = Backoff::new();
     let mut waits = 0u32;
     loop {
         let cur = Stamp(stamp.load(Ordering::Acquire));
-        if !cur.is_written() {
+        if !cur.is_written() || lap.is_some_and(|lap| cur.lap() != lap) {
             return None;
         }
         if cur.is_writing() {
