@@ -163,12 +163,11 @@ impl MaxValue {
     }
 
     /// Each row's rank: its rank field's values reduced. Refuses NaN or infinite ones.
-    fn ranks_of(&self, core: &Core, batch: &Batch) -> Result<Vec<Rank>, DataError> {
+    fn ranks_of(&self, core: &Core, batch: &Batch, rows: usize) -> Result<Vec<Rank>, DataError> {
         let key = core.storage.spec().fields()[self.field].key();
         let values = numeric_column(batch, key)?;
-        let rows = batch.len();
-        let per_row = values.len() / rows.max(1);
-        (0..rows)
+        let per_row = values.len() / batch.len().max(1);
+        (0..rows.min(batch.len()))
             .map(|r| {
                 let rank = self
                     .reduction
@@ -202,7 +201,7 @@ impl MaxValue {
         batch: &Batch,
     ) -> Result<Written, Attempt<DataError>> {
         let prepared = core.prepare(None, batch)?;
-        let ranks = self.ranks_of(core, batch)?;
+        let ranks = self.ranks_of(core, batch, batch.len())?;
         let storage = &core.storage;
         let shards = storage.shards();
         let mut held = self.ranks.lock();
@@ -287,10 +286,16 @@ impl MaxValue {
         ))
     }
 
-    /// Takes the lock for a `write_all` of `data`: the rewrite happens under it, and
-    /// [`Rerank::finish`] records the rewritten rows' ranks.
-    pub(crate) fn rerank(&self, core: &Core, data: &Batch) -> Result<Rerank<'_>, DataError> {
-        let ranks = self.ranks_of(core, data)?;
+    /// Takes the lock for a rewrite of `data`'s first `rows` rows (the rest are not
+    /// written, and not ranked): the rewrite happens under it, and [`Rerank::finish`]
+    /// records the rewritten rows' ranks.
+    pub(crate) fn rerank(
+        &self,
+        core: &Core,
+        data: &Batch,
+        rows: usize,
+    ) -> Result<Rerank<'_>, DataError> {
+        let ranks = self.ranks_of(core, data, rows)?;
         Ok(Rerank {
             held: self.ranks.lock(),
             ranks,

@@ -160,7 +160,7 @@ impl State {
         if self.core.storage.frames().is_some() {
             return Err(Attempt::Failed(AccessError::FramesRewrite));
         }
-        let rewrite = self.admit_rewrite(data)?;
+        let rewrite = self.admit_rewrite(data, positions.len())?;
         let data = &*rewrite.data;
         if data.len() < positions.len() {
             return Err(AccessError::from(DataError::BatchShape {
@@ -240,14 +240,19 @@ impl State {
         }
     }
 
-    /// The gate of an in-place rewrite (`write_all`).
-    pub(crate) fn admit_rewrite<'a>(&'a self, data: &'a Batch) -> Result<Rewrite<'a>, DataError> {
+    /// The gate of an in-place rewrite (`write_at`, `write_all`) of `data`'s first
+    /// `rows` rows.
+    pub(crate) fn admit_rewrite<'a>(
+        &'a self,
+        data: &'a Batch,
+        rows: usize,
+    ) -> Result<Rewrite<'a>, DataError> {
         if let PolicyEngine::Immutable = &self.policy {
             return Err(DataError::Immutable);
         }
         let data = self.transforms.invert(data)?;
         let rerank = match &self.policy {
-            PolicyEngine::MaxValue(m) => Some(m.rerank(&self.core, &data)?),
+            PolicyEngine::MaxValue(m) => Some(m.rerank(&self.core, &data, rows)?),
             PolicyEngine::RoundRobin | PolicyEngine::Immutable => None,
         };
         Ok(Rewrite { data, rerank })

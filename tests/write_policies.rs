@@ -503,6 +503,17 @@ fn write_all_reranks_and_empty_forgets() {
 }
 
 #[test]
+fn write_all_ranks_only_the_rows_it_writes() {
+    let rb = max_value(3, 1);
+    rb.extend(&scored(rb.spec(), 0, &[10.0, 20.0, 30.0]))
+        .unwrap();
+    // Row 2 of the data, past `end`, is neither written nor ranked.
+    rb.write_all(&scored(rb.spec(), 50, &[1.0, 2.0, f32::NAN]), Some(2))
+        .unwrap();
+    assert_eq!(stored(&rb), [(1, 50), (2, 51), (30, 2)]);
+}
+
+#[test]
 fn write_at_reranks_the_rows_it_rewrites() {
     let rb = max_value(3, 1);
     rb.extend(&scored(rb.spec(), 0, &[10.0, 20.0, 30.0]))

@@ -184,16 +184,18 @@ impl Buffer {
     /// Runs `f`, with the GIL released, on a batch whose columns are `data`'s arrays
     /// (a dict of arrays of shape `[n, ..]`, or `[t, E, ..]` for ndim 2), borrowed, not
     /// copied: the engine copies them once, into the storage. Everything is checked
-    /// before `f` runs.
+    /// before `f` runs. `flat`: rows for storage positions (a rewrite's), which may
+    /// also come as `[n, ..]` on ndim 2, as `get` gives them.
     fn with_batch<R: Send>(
         &self,
         py: Python<'_>,
         rb: &ReplayBuffer,
         data: &Bound<'_, PyAny>,
+        flat: bool,
         f: impl FnOnce(&Batch) -> R + Send,
     ) -> PyResult<R> {
         let leaves = flatten(data)?;
-        let batch_dims = rb.ndim();
+        let mut batch_dims = (!flat).then(|| rb.ndim());
         let np = py.import("numpy")?;
         // Pair the caller's arrays with the spec's fields, checking everything before
         // anything is copied.
@@ -234,6 +236,13 @@ impl Buffer {
                 )));
             }
             let dims = array.shape();
+            let batch_dims = *batch_dims.get_or_insert_with(|| {
+                if dims.len() == rb.ndim() + f.shape.len() {
+                    rb.ndim()
+                } else {
+                    1
+                }
+            });
             let ok = dims.len() == batch_dims + f.shape.len() && dims[batch_dims..] == f.shape[..];
             if !ok {
                 return Err(value_error(format!(
@@ -748,7 +757,7 @@ impl Buffer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let rb = self.handle(py)?;
         let (written, shape) =
-            self.with_batch(py, &rb, data, |b| (rb.extend(b), b.shape().to_vec()))?;
+            self.with_batch(py, &rb, data, false, |b| (rb.extend(b), b.shape().to_vec()))?;
         let written = written.map_err(py_err)?;
         Ok(PyArray1::from_vec(py, written.to_vec())
             .reshape(shape)?
@@ -782,7 +791,7 @@ impl Buffer {
                 np.call_method1("expand_dims", (array, 0))?,
             )?;
         }
-        self.with_batch(py, &rb, &one, |b| rb.add(b))?
+        self.with_batch(py, &rb, &one, false, |b| rb.add(b))?
             .map_err(py_err)
     }
 
@@ -1005,7 +1014,7 @@ impl Buffer {
         end: Option<usize>,
     ) -> PyResult<()> {
         let rb = self.handle(py)?;
-        self.with_batch(py, &rb, data, |b| rb.write_all(b, end))?
+        self.with_batch(py, &rb, data, true, |b| rb.write_all(b, end))?
             .map_err(py_err)
     }
 
@@ -1021,7 +1030,7 @@ impl Buffer {
     ) -> PyResult<()> {
         let rb = self.handle(py)?;
         let indices = positions(&rb, index)?;
-        self.with_batch(py, &rb, data, |b| rb.write_at(&indices, b))?
+        self.with_batch(py, &rb, data, true, |b| rb.write_at(&indices, b))?
             .map_err(py_err)
     }
 

@@ -244,6 +244,24 @@ def test_ndim2_storage():
     )
 
 
+def test_ndim2_rows_read_by_position_write_back_by_position():
+    envs = 2
+    rb = ReplayBuffer(4 * envs, spec=SPEC, ndim=2, envs=envs, seed=2)
+    rb.extend(steps(0, 4, envs))
+    got = rb.get([1, 6])
+    # The flat rows `get` gives go back where they came from, as does all of it.
+    new = data(got["id"] + 1000)
+    rb.write_at(got["index"], new)
+    assert check(rb.get([1, 6])).tolist() == (got["id"] + 1000).tolist()
+    every = rb.read_all_in_order()
+    rb.write_all(data(every["id"] + 5000))
+    assert check(rb.read_all_in_order()).tolist() == (every["id"] + 5000).tolist()
+    # Rows shaped (t, E) still go in storage order.
+    rb.write_all(steps(0, 4, envs))
+    with raises(ValueError):
+        rb.write_at([0, 1], data([1, 2, 3]))
+
+
 # Write policies -----------------------------------------------------------------------
 
 

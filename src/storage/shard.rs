@@ -314,7 +314,12 @@ impl Shard {
         let evicted = self.evicted().load(Ordering::Acquire);
         let hi = self.cursor().load(Ordering::Relaxed);
         Window {
-            lo: floor.max(evicted).max(hi.saturating_sub(self.ring.steps)),
+            // Never past the cursor, whatever the words say (a damaged region's
+            // floor or eviction mark above it made a window of "negative" length).
+            lo: floor
+                .max(evicted)
+                .max(hi.saturating_sub(self.ring.steps))
+                .min(hi),
             hi,
         }
     }
@@ -337,12 +342,14 @@ impl Shard {
         self.floor_word().load(Ordering::Acquire)
     }
 
-    /// Puts a floor above the cursor (a damaged region) back at the cursor, so that
-    /// windows stay ordered. For a region nobody else uses.
+    /// Puts a floor or eviction mark above the cursor (a damaged region) back at the
+    /// cursor, so that windows stay ordered. For a region nobody else uses.
     pub(crate) fn sanitize(&self) {
         let hi = self.cursor().load(Ordering::Acquire);
-        if self.floor_word().load(Ordering::Acquire) > hi {
-            self.floor_word().store(hi, Ordering::Release);
+        for word in [self.floor_word(), self.evicted()] {
+            if word.load(Ordering::Acquire) > hi {
+                word.store(hi, Ordering::Release);
+            }
         }
         // So is a FIFO sampler's mark above the last row claimed.
         let rows = hi.saturating_mul(self.ring.width);
@@ -683,5 +690,30 @@ impl EditGuard<'_> {
 impl Drop for EditGuard<'_> {
     fn drop(&mut self) {
         self.shard.occupancy().fetch_sub(EDITOR, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom)))]
+mod tests {
+    use crate::sync::Ordering;
+    use crate::{DType, ReplayBuffer, Spec};
+
+    /// A floor or eviction mark above the cursor (a damaged file's) makes an empty
+    /// window, not one whose length underflowed (a panic with overflow checks, a huge
+    /// `len` without), and a recovery puts the words back at the cursor.
+    #[test]
+    fn marks_above_the_cursor_make_an_empty_window() {
+        let spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        let rb = ReplayBuffer::builder(spec).capacity(8).build().unwrap();
+        rb.extend(&rb.batch([5])).unwrap();
+        let state = rb.state();
+        let shard = &state.core.storage.shards()[0];
+        for word in [shard.floor_word(), shard.evicted()] {
+            word.store(40, Ordering::Release);
+            assert_eq!(shard.window().steps(), 0);
+            assert_eq!(rb.len(), 0);
+            shard.sanitize();
+            assert_eq!(word.load(Ordering::Acquire), 5);
+        }
     }
 }
