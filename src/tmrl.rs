@@ -394,10 +394,37 @@ impl TmrlMemory {
         Ok(written)
     }
 
-    /// The stored transition at `index`, as a batch of one row with every field
-    /// (tmrl's `get_transition`).
-    pub fn get_transition(&self, index: u64) -> Result<Batch, AccessError> {
-        self.buffer.get(index)
+    /// The stored transition `item`, oldest first, as a batch of one row with every
+    /// field (tmrl's `get_transition`, whose lists drop their oldest from the front:
+    /// once the memory is full, item 0 is the oldest still held, not the row at
+    /// storage index 0). A memory over several shards has no one order: there, the
+    /// row at storage index `item`.
+    pub fn get_transition(&self, item: u64) -> Result<Batch, AccessError> {
+        TmrlMemory::transition_in(&self.buffer, item)
+    }
+
+    /// [`TmrlMemory::get_transition`] through another handle of a memory's buffer
+    /// ([`TmrlMemory::buffer`]), which reads without the memory.
+    pub fn transition_in(buffer: &ReplayBuffer, item: u64) -> Result<Batch, AccessError> {
+        let index = {
+            let inner = buffer.state();
+            let storage = &inner.core.storage;
+            match storage.shards() {
+                [one] => {
+                    let window = one.window();
+                    let seq = window.lo.saturating_add(item);
+                    if seq >= window.hi {
+                        return Err(AccessError::NotWritten { index: item });
+                    }
+                    storage.position_of(crate::storage::Draw {
+                        seq,
+                        ..crate::storage::Draw::default()
+                    })
+                }
+                _ => item,
+            }
+        };
+        buffer.get(index)
     }
 
     /// Collates a batch of transitions into tmrl's six tensors (tmrl's `collate`).

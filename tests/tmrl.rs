@@ -300,3 +300,23 @@ fn a_memory_starts_from_a_dataset_directory() {
         vec![(1, 2, false, false), (2, 3, false, false)]
     );
 }
+
+/// Items count from the oldest transition held, as tmrl's lists (trimmed from the
+/// front) do: once the memory is full, item 0 is not the row at storage index 0.
+#[test]
+fn transitions_are_items_oldest_first_once_the_memory_wraps() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(4)
+        .seed(2)
+        .build()
+        .unwrap();
+    let mut m = TmrlMemory::builder(rb).batch_size(2).build().unwrap();
+    m.append_buffer(&samples(&m, &[0, 1, 2, 3, 4, 5, 6], "......."))
+        .unwrap();
+    let prev = |item: u64| {
+        let t = m.get_transition(item).unwrap();
+        t.column::<f32>("obs").unwrap()[0] as i32
+    };
+    assert_eq!((0..4).map(prev).collect::<Vec<_>>(), [2, 3, 4, 5]);
+    assert!(m.get_transition(4).is_err());
+}

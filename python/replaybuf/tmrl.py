@@ -258,6 +258,11 @@ class Memory:
             missing = [k for k in _SAMPLE_COLUMNS if k not in buffer]
             if missing:
                 raise KeyError(f"append_buffer: no column {missing[0]!r}")
+            if self._pending:
+                # A reset sample held back goes first: as samples, the path that has it.
+                cols = [buffer[k] for k in _SAMPLE_COLUMNS]
+                buffer = [(*row, {}) for row in zip(*cols)]
+                return self._columns(buffer)
             if self._native is None:
                 obs, act = np.asarray(buffer["obs"]), np.asarray(buffer["act"])
                 if obs.ndim == 0 or obs.shape[0] == 0:
@@ -307,8 +312,9 @@ class Memory:
         return {key: column(i, key) for i, key in enumerate(_SAMPLE_COLUMNS)}
 
     def get_transition(self, item: int) -> Tuple[Any, ...]:
-        """The transition at storage index ``item``: ``(prev_obs, act, rew, new_obs,
-        terminated, truncated, info)``, arrays in their stored dtypes, ``info`` empty."""
+        """Transition ``item``, oldest first as in tmrl's lists: ``(prev_obs, act, rew,
+        new_obs, terminated, truncated, info)``, arrays in their stored dtypes, ``info``
+        empty."""
         if self._native is None:
             raise IndexError(f"transition {item}: the memory is empty")
         # An integer (1.7 was read as 1), counted from the end when negative.

@@ -262,10 +262,11 @@ impl Memory {
         Ok(PyArray1::from_vec(py, index))
     }
 
-    /// The transition at storage `index`: a dict of the six fields (each of the field's
-    /// shape, in a leading axis of one) and `index`.
-    fn get_transition<'py>(&self, py: Python<'py>, index: u64) -> PyResult<Bound<'py, PyDict>> {
-        let batch = gil::detach(py, || self.buffer.get(index)).map_err(py_err)?;
+    /// Transition `item`, oldest first (as tmrl's lists hold them): a dict of the six
+    /// fields (each of the field's shape, in a leading axis of one) and `index`.
+    fn get_transition<'py>(&self, py: Python<'py>, item: u64) -> PyResult<Bound<'py, PyDict>> {
+        let batch =
+            gil::detach(py, || TmrlMemory::transition_in(&self.buffer, item)).map_err(py_err)?;
         dict_of_batch(py, &batch)
     }
 

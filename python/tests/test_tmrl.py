@@ -191,8 +191,10 @@ def test_memory_size_keeps_the_latest_transitions():
     for lo in range(0, 12, 3):
         memory.append_buffer(samples(range(lo, lo + 3), "..."))
     assert len(memory) == 5
-    # 11 transitions (0->1 ... 10->11): the last 5, in ring order.
-    assert sorted(t[0] for t in stored(memory)) == [6, 7, 8, 9, 10]
+    # 11 transitions (0->1 ... 10->11): the last 5, oldest first, as tmrl's lists
+    # (trimmed from the front) hold them; the last item is the newest.
+    assert [t[0] for t in stored(memory)] == [6, 7, 8, 9, 10]
+    assert ids_of(memory[-1])[0] == 10
 
 
 def test_sample_preprocessor_runs_per_transition_as_tmrl_calls_it():
@@ -336,6 +338,20 @@ def test_samples_without_any_action_wait_for_one():
     assert len(memory) == 0
     memory.append_buffer(samples([1], "."))
     assert stored(memory) == [(0, 1, 0.5, 1, False, False)]
+
+
+def test_a_held_reset_sample_goes_first_before_columns_too():
+    memory = Memory(batch_size=1)
+    memory.append_buffer([sample(0, act=False)])
+    columns = {
+        "act": np.array([[1, -1], [2, -2]], np.float32),
+        "obs": np.array([[1] * 3, [2] * 3], np.float32),
+        "rew": np.array([0.5, 1.0]),
+        "terminated": np.zeros(2, bool),
+        "truncated": np.zeros(2, bool),
+    }
+    memory.append_buffer(columns)
+    assert [(t[0], t[3]) for t in stored(memory)] == [(0, 1), (1, 2)]
 
 
 def test_a_collector_thread_appends_while_the_learner_samples():
