@@ -366,6 +366,32 @@ def test_item_assignment_of_the_buffers_plain_tensors(rl):
     assert rb[:].tolist() == [[1, 1], [1, 1], [7, 8], [3, 3]]
 
 
+def test_item_assignment_broadcasts_numbers_and_rows(rl):
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(5))
+    rb.extend(torch.arange(10.0).reshape(5, 2))
+    rb[3] = 5.0
+    rb[0:2] = torch.tensor([7.0, 8.0])
+    rb[[2, 4]] = torch.tensor(0.0)
+    assert rb[:].tolist() == [[7, 8], [7, 8], [0, 0], [5, 5], [0, 0]]
+
+
+def test_slice_samples_mark_their_starts_without_the_other_flags(rl):
+    data = TensorDict(
+        {
+            "obs": torch.arange(10.0),
+            "episode": torch.tensor([0] * 4 + [1] * 6),
+            "is_init": torch.zeros(10, 1, dtype=torch.bool),
+        },
+        [10],
+    )
+    sampler = rl.SliceSampler(slice_len=3, traj_key="episode", truncated_key=None)
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(20), sampler=sampler, batch_size=9)
+    rb.extend(data)
+    sample, info = rb.sample(return_info=True)
+    assert sample["is_init"].reshape(-1).tolist() == [True, False, False] * 3
+    assert "is_init" in info and "truncated" not in info
+
+
 def test_item_assignment_past_the_stored_rows_is_refused_and_writes_nothing():
     rb = replaybuf.torchrl.TensorDictReplayBuffer(storage=replaybuf.torchrl.LazyTensorStorage(10))
     rb.extend(transitions(4))

@@ -67,7 +67,12 @@ tree covers the storage, in float64). ``ImmutableDatasetWriter`` needs a
 :class:`TensorStorage` built from the dataset's rows. On an ``ndim=2`` storage,
 ``rb[:]`` reads every step; ``add``, ``write_all`` and other indexing need ``ndim=1``.
 Item assignment (``rb[index] = data``) rewrites stored rows: a position that holds
-none is an ``IndexError`` (TorchRL writes it without counting it). A tensorclass comes
+none is an ``IndexError`` (TorchRL writes it without counting it), and on a slice
+sampler's buffer a rewrite that would move a row to another trajectory (its id, end or
+truncation flag) is refused whole. A ``PrioritizedSliceSampler`` draws a slice's start
+by priority among rows that can start one: ``span`` is not applied, and with
+``strict_length=False`` any row may start a slice that its trajectory's end then
+shortens (TorchRL shortens only trajectories shorter than the slice). A tensorclass comes
 back as its class from the buffer that stored it; one loaded from disk reads back
 TensorDicts.
 """

@@ -51,8 +51,8 @@ class SamplePlan:
         self.envs = envs
         self.flag_keys = sampler._info_keys() if self.slices else None
         # Whether some entry of `info` has a nested key.
-        self.nested_info = self.flag_keys is not None and any(
-            isinstance(k, tuple) for k in (*self.flag_keys, self.init_key)
+        self.nested_info = self.slices and any(
+            isinstance(k, tuple) for k in (*(self.flag_keys or ()), self.init_key)
         )
         self.done: Optional[Field] = None
         self.terminated: Optional[Field] = None
@@ -60,8 +60,10 @@ class SamplePlan:
         if self.flag_keys is not None:
             self.done = layout.field_of(self.flag_keys[1])
             self.terminated = layout.field_of(self.flag_keys[2])
-            if self.init_key is not None:
-                self.init = layout.field_of(self.init_key)
+        if self.slices and self.init_key is not None:
+            # Marked at every slice's start whether or not the other flags are kept
+            # (TorchRL's samplers with `truncated_key=None` mark it too).
+            self.init = layout.field_of(self.init_key)
 
     def drop_padding(self, out: Arrays) -> Arrays:
         """The sample without the padding rows of short slices."""
@@ -90,6 +92,8 @@ class SamplePlan:
             info["priority_weight"] = torch.from_numpy(out["weight"])
         if self.flag_keys is not None:
             self._slice_flags(out, info)
+        if self.init is not None:
+            self._init_flags(out, info)
         return info
 
     def _slice_flags(self, out: Arrays, info: Dict[Any, Any]) -> None:
@@ -108,10 +112,13 @@ class SamplePlan:
         info[truncated_key] = truncated
         info[done_key] = done
         info[terminated_key] = terminated
-        if self.init is not None:
-            starts = np.empty(len(ends), dtype=bool)
-            if len(ends):
-                starts[0] = True
-                starts[1:] = ends[:-1]
-            stored = self.init.tensor(out[self.init.native])
-            info[self.init_key] = stored | _column(torch.from_numpy(starts), stored)
+
+    def _init_flags(self, out: Arrays, info: Dict[Any, Any]) -> None:
+        """The init key: its stored value, and set at every slice's first step."""
+        ends = (out["marks"] & _SLICE_END_MARKS) != 0
+        starts = np.empty(len(ends), dtype=bool)
+        if len(ends):
+            starts[0] = True
+            starts[1:] = ends[:-1]
+        stored = self.init.tensor(out[self.init.native])
+        info[self.init_key] = stored | _column(torch.from_numpy(starts), stored)

@@ -669,6 +669,7 @@ class ReplayBuffer(LazyEngine):
         if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(value)):
                 value = self._transform.inv(value)
+        value = self._broadcast(value, shape)
         n, dims = len(positions), len(shape)
 
         def flat(x: Any) -> Any:
@@ -682,6 +683,32 @@ class ReplayBuffer(LazyEngine):
 
         value = _each_tensor(value, flat)
         self._native_to_write(value, 1).write_at(positions, self._layout.arrays(value))
+
+    def _broadcast(self, value: Any, shape: Tuple[int, ...]) -> Any:
+        """``value`` broadcast to rows of ``shape``, as assigning into a tensor
+        broadcasts: one TensorDict row to many, a number or a smaller tensor to a
+        field's rows (where the data has the structure first written)."""
+        # Data that does not broadcast is left as it is, for the check of its rows'
+        # shape to refuse by name.
+        if is_tensor_collection(value):
+            if tuple(value.batch_size) == shape:
+                return value
+            try:
+                return value.expand(*shape)
+            except RuntimeError:
+                return value
+        fields = self._layout.fields
+        leaves, treespec = _pytree.tree_flatten(value)
+        if treespec != getattr(self._layout, "treespec", treespec) or len(leaves) != len(fields):
+            return value
+        try:
+            out = [
+                torch.broadcast_to(torch.as_tensor(x, dtype=f.dtype), shape + tuple(f.shape))
+                for x, f in zip(leaves, fields)
+            ]
+        except (RuntimeError, TypeError, ValueError):
+            return value
+        return _pytree.tree_unflatten(out, treespec)
 
     def read_all_in_order(self, end: Optional[int] = None) -> Any:
         """Every stored row among the first ``end`` positions, in storage order
