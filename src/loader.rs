@@ -54,6 +54,10 @@ impl Stages {
 /// Makes the fill of one worker (or of the inline loader) from its learner handle.
 type MakeFill<T> = Arc<dyn Fn(Learner, Stages) -> Fill<T> + Send + Sync>;
 
+/// The most batches a loader keeps ready ([`LoaderBuilder::prefetch`]): a
+/// learner's pipeline needs a few; a depth past the memory aborted the process.
+pub const MAX_PREFETCH: usize = 1024;
+
 /// Builds a [`Loader`]: see [`ReplayBuffer::loader`].
 pub struct LoaderBuilder<T = Batch> {
     buffer: ReplayBuffer,
@@ -173,7 +177,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 
     /// Batches kept ready by worker threads (default 0: sample in the learner's
     /// thread). With `k >= 1`, exactly `k` batches are prepared or in preparation
-    /// whenever the learner is not taking one.
+    /// whenever the learner is not taking one. At most [`MAX_PREFETCH`]: `build`
+    /// refuses more (each is a batch held in memory).
     pub fn prefetch(mut self, k: usize) -> Self {
         self.prefetch = k;
         self
@@ -235,6 +240,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         } else {
             if self.workers == 0 {
                 return err("a prefetching loader needs at least one worker");
+            }
+            if self.prefetch > MAX_PREFETCH {
+                return err("prefetch keeps at most 1,024 batches ready");
             }
             let workers = if has_epochs(&inner.core.sampler) {
                 1

@@ -437,3 +437,14 @@ fn a_stage_error_prepared_ahead_is_handed_over() {
         );
     }
 }
+
+/// A prefetch depth past [`MAX_PREFETCH`](replaybuf::loader::MAX_PREFETCH) is refused
+/// by name: a depth of a hundred million aborted the process on its allocation.
+#[test]
+fn a_prefetch_depth_past_the_bound_is_refused() {
+    let rb = buffer(64);
+    let at = |k: usize| rb.loader().batch_size(4).prefetch(k).build();
+    let e = at(100_000_000).unwrap_err().to_string();
+    assert!(e.contains("at most 1,024"), "{e}");
+    assert!(at(replaybuf::loader::MAX_PREFETCH).is_ok());
+}

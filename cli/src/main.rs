@@ -37,8 +37,8 @@ struct Cli {
     /// Rows the demonstration's buffer holds.
     #[arg(long, default_value_t = 1_000_000)]
     capacity: usize,
-    /// Rows per sampled batch.
-    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Rows per sampled batch (1 to 1,048,576).
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
     batch: usize,
 }
 
@@ -197,11 +197,19 @@ fn bench(args: &BenchArgs) {
     }
 }
 
+/// The most writer or learner threads of one concurrent configuration.
+const MAX_THREADS: usize = 256;
+
 fn parse_config(s: &str) -> Result<(usize, usize), String> {
     let (w, l) = s
         .split_once('x')
         .ok_or_else(|| format!("`{s}`: expected WRITERSxLEARNERS, like 2x1"))?;
-    let n = |v: &str| v.parse::<usize>().map_err(|e| format!("`{s}`: {e}"));
+    let n = |v: &str| match v.parse::<usize>() {
+        // Threads of each kind; shards are the writers' next power of two.
+        Ok(n) if n <= MAX_THREADS => Ok(n),
+        Ok(_) => Err(format!("`{s}`: at most {MAX_THREADS} writers and learners")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    };
     Ok((n(w)?, n(l)?))
 }
 

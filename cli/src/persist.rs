@@ -78,7 +78,13 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
     let w = Workload::mujoco(quick);
     let base: PathBuf = scratch.map_or_else(std::env::temp_dir, Path::to_path_buf);
     let work = base.join(format!("replaybuf-persist-{}", std::process::id()));
-    std::fs::create_dir_all(&work).expect("a scratch directory");
+    if let Err(e) = std::fs::create_dir_all(&work) {
+        eprintln!(
+            "replaybuf bench: no scratch directory at {}: {e}",
+            work.display()
+        );
+        std::process::exit(2);
+    }
     let rb = w.builder(7).build().expect("workload buffer");
     let chunk = w.chunk_data(&rb, w.chunk, 1);
     let writer = rb.writer();

@@ -359,3 +359,30 @@ fn impossible_run_lengths_and_batches_are_refused() {
         assert!(err.contains("invalid value"), "{args:?}: {err}");
     }
 }
+
+/// Values no run can use are refused with an error and exit 2, never a panic (101) or
+/// an abort (134): a batch past memory, thousands of writer threads, a scratch
+/// directory inside a file.
+#[test]
+fn arguments_no_run_can_use_are_refused_without_a_panic() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let scratch = file.path().to_str().unwrap();
+    for args in [
+        &["--batch", "18446744073709551615"][..],
+        &["--batch", "100000000000"],
+        &["bench", "--workload", "concurrent", "--configs", "100000x1"],
+        &[
+            "bench",
+            "--workload",
+            "persist",
+            "--quick",
+            "--scratch",
+            scratch,
+        ],
+    ] {
+        let out = replaybuf(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
