@@ -94,14 +94,16 @@ class _BufferActor:
     ):
         self._checkpoint = checkpoint
         self._lock = threading.Lock()  # one dump at a time
-        restored = checkpoint is not None and os.path.isdir(checkpoint) and os.listdir(checkpoint)
+        # A checkpoint is there once a dump finished: its meta.json is renamed in last,
+        # so a first dump cut short (or a directory of other files) is no checkpoint.
+        restored = checkpoint is not None and os.path.isfile(os.path.join(checkpoint, "meta.json"))
         self._local = None
         self.rb = self._shared(capacity, kwargs, region) if region else None
-        if self.rb is None and restored:
-            self.rb = replaybuf.ReplayBuffer.from_checkpoint(checkpoint)
-        elif self.rb is None:
+        if self.rb is None:
             self.rb = replaybuf.ReplayBuffer(capacity, **kwargs)
-        elif restored:
+        if restored:
+            # Into the buffer these settings make, which refuses a checkpoint of
+            # another layout (from_checkpoint took the checkpoint's and ignored them).
             self.rb.loads(checkpoint)
         self.restored = bool(restored)
         self._stop = threading.Event()
@@ -120,7 +122,7 @@ class _BufferActor:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
-        if kwargs.get("shards", 1) < 2:
+        if (kwargs.get("shards") or 1) < 2:
             return None  # the actor's own shard is all there is: nothing to share
         name = f"{region}-{os.getpid()}"
         try:
@@ -288,8 +290,16 @@ class RayReplayBuffer:
             ) from e
 
     def _split(self, index: np.ndarray):
-        """Global indices as (actor, local index) arrays."""
-        index = np.asarray(index, dtype=np.uint64).reshape(-1)
+        """Global indices as (actor, local index) arrays; refused as a single buffer
+        refuses them (not integers, negative)."""
+        index = np.asarray(index)
+        if index.size and index.dtype.kind not in "iu":
+            raise replaybuf.ReplayBufferTypeError(
+                f"expected integers, not an array of {index.dtype}"
+            )
+        if index.size and index.dtype.kind == "i" and index.min() < 0:
+            raise replaybuf.ReplayBufferIndexError(f"index {index.min()} is negative")
+        index = index.astype(np.uint64).reshape(-1)
         return index % self.num_actors, index // self.num_actors
 
     def _global(self, local: np.ndarray, k: int) -> np.ndarray:
@@ -369,6 +379,8 @@ class RayReplayBuffer:
             raise replaybuf.ReplayBufferValueError(
                 "give a batch size: sample(n), or batch_size= when building"
             )
+        if batch_size < 0:
+            raise replaybuf.ReplayBufferValueError(f"a batch of {batch_size} rows")
         if self.num_actors == 1:
             return self._get(self._actors[0].sample.remote(batch_size))
         if self._fifo:
@@ -430,7 +442,17 @@ class RayReplayBuffer:
         """Sets priorities, each index routed to the actor that holds it; returns
         (applied, stale) summed over the actors."""
         shard, local = self._split(index)
-        priority = np.asarray(priority, dtype=np.float64).reshape(len(local), -1)
+        priority = np.asarray(priority, dtype=np.float64)
+        n = len(local)
+        # One priority a row (or the same number of values each, reduced by the actor).
+        lines_up = priority.size == 0 if n == 0 else priority.size and priority.size % n == 0
+        if not lines_up:
+            raise replaybuf.ReplayBufferValueError(
+                f"{n} indices and {priority.size} priorities do not line up"
+            )
+        if n == 0:
+            return 0, 0
+        priority = priority.reshape(len(local), -1)
         gen = None if generation is None else np.asarray(generation, np.uint64).reshape(-1)
         refs = []
         for k in range(self.num_actors):

@@ -140,6 +140,38 @@ def test_an_actor_killed_comes_back_with_its_checkpoint(tmp_path):
     assert len(rb) == 110
 
 
+def test_a_checkpoint_dir_without_a_finished_dump_starts_empty_and_one_of_another_layout_is_refused(
+    tmp_path,
+):
+    # What a first dump cut short leaves: no meta.json, which a finished one renames in.
+    shard = tmp_path / "shard-0"
+    shard.mkdir()
+    for name in (".lock", "control.1.bin", "slots.1.bin"):
+        (shard / name).write_bytes(b"\0" * 8)
+    rb = RayReplayBuffer(100, spec=SPEC, checkpoint_dir=str(tmp_path), shards=None)
+    assert len(rb) == 0
+    rb.extend(rows(range(5)))
+    rb.checkpoint()
+    # The finished dump, into a buffer of other fields: refused, not taken silently.
+    with pytest.raises(replaybuf.ReplayBufferError, match="layout|spec|field"):
+        other = RayReplayBuffer(100, spec={"other": ("int64", ())}, checkpoint_dir=str(tmp_path))
+        len(other)
+
+
+def test_bad_indices_priorities_and_sizes_are_refused_as_one_buffer_refuses_them():
+    rb = RayReplayBuffer(100, spec=SPEC, num_actors=2, sampler=replaybuf.Prioritized(0.6, 0.4))
+    rb.extend(rows(range(10)))
+    assert rb.update_priority([], []) == (0, 0)
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="line up"):
+        rb.update_priority([0, 1], [1.0, 2.0, 3.0])
+    with pytest.raises(replaybuf.ReplayBufferIndexError):
+        rb.update_priority([-1], [1.0])
+    with pytest.raises(replaybuf.ReplayBufferIndexError):
+        rb.priority(-1)
+    with pytest.raises(replaybuf.ReplayBufferValueError):
+        rb.sample(-1)
+
+
 def test_rate_limit_timeouts_come_through_the_actor():
     rb = RayReplayBuffer(
         100,
