@@ -286,3 +286,30 @@ fn members_keep_their_rate_limits() {
     assert_eq!(e.sample(2).unwrap().batch().len(), 2);
     assert_eq!(limited.rate_limit_stats().unwrap().samples, 2);
 }
+
+/// A sample that fails on an empty member leaves the members before it as they were:
+/// a member's epoch without replacement gave up the rows drawn for it (3 failed
+/// samples took 12 of its 20 rows out of the epoch).
+#[test]
+fn a_sample_failed_by_an_empty_member_draws_nothing_from_the_others() {
+    let epochs = member(
+        0,
+        20,
+        ReplayBuffer::builder(spec()).sampler(WithoutReplacement::new()),
+    );
+    let empty = ReplayBuffer::builder(spec()).capacity(10).build().unwrap();
+    let e = ReplayBufferEnsemble::builder([epochs.clone(), empty])
+        .sample_from_all(true)
+        .seed(1)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(e.sample(8).unwrap_err(), SampleError::Empty);
+    }
+    assert_eq!(epochs.epoch_left(), None, "no epoch was opened");
+    let mut seen = 0;
+    while let Ok(b) = epochs.sample(4) {
+        seen += b.len();
+    }
+    assert_eq!(seen, 20, "the whole epoch is still there");
+}
