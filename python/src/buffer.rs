@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::types::{
+    PyBool, PyDict, PyInt, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefReference,
+};
 use replaybuf::sampler::Marks;
 use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
 
@@ -1172,6 +1174,26 @@ fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> 
     };
     if let Ok(i) = index.extract::<i64>() {
         return Ok(vec![from_end(i)?]);
+    }
+    // An integer past `i64`, alone or in a list (numpy makes those objects or floats):
+    // a position no buffer has, not a value of the wrong type.
+    let is_int =
+        |x: &Bound<'_, PyAny>| x.is_instance_of::<PyInt>() && !x.is_instance_of::<PyBool>();
+    let past_range = || index_error(format!("index {index} is out of range for {rows} rows"));
+    if is_int(index) {
+        return Err(past_range());
+    }
+    let listed = index.is_instance_of::<PyList>() || index.is_instance_of::<PyTuple>();
+    if let Some(items) = listed
+        .then(|| index.extract::<Vec<Bound<'_, PyAny>>>().ok())
+        .flatten()
+    {
+        if items
+            .iter()
+            .any(|x| is_int(x) && x.extract::<i64>().is_err())
+        {
+            return Err(past_range());
+        }
     }
     let (array, kind) = array_of_kind(index, "biu", "integers")?;
     if kind == "b" {

@@ -563,6 +563,12 @@ def test_negative_indices_count_from_the_end():
             rb.get(index)
     with raises(TypeError, "integers"):
         rb.get([1.5])
+    # Integers past 64 bits are positions out of range, not values of the wrong type.
+    for index in (2**70, -(2**70), [-1, 2**64 - 1], [2**70]):
+        with raises(IndexError, "out of range"):
+            rb.get(index)
+    with raises(IndexError, "out of range"):
+        rb.write_at(2**64, data([1]))
 
 
 def test_a_boolean_index_is_a_mask_of_the_stored_rows():
