@@ -175,8 +175,10 @@ fn learn(
     counters: &Counters,
     stop: &AtomicBool,
 ) -> LearnerReport {
-    // A small buffer never holds the warm-up's rows: its learners waited all run.
-    let warm = WARMUP_ROWS.min(learner.buffer().capacity());
+    // A small buffer never holds the warm-up's rows: its learners waited all run. Nor
+    // does a full one whose shards are not all written (3 collectors write 3 of its 4
+    // shards): more than half of them are, one a collector.
+    let warm = WARMUP_ROWS.min(learner.buffer().capacity() / 2).max(1);
     while learner.buffer().len() < warm && !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -46,7 +46,8 @@ struct Cli {
 enum Command {
     /// Print the shared/WORKLOADS.md measurements as JSON lines.
     Bench {
-        /// The smaller sizes of WORKLOADS.md.
+        /// The smaller sizes of WORKLOADS.md, and concurrent configurations of at most
+        /// 1 s each (whatever --seconds says).
         #[arg(long)]
         quick: bool,
         /// Only this workload.

@@ -386,3 +386,31 @@ fn arguments_no_run_can_use_are_refused_without_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// Three collectors write three of the buffer's four shards, so a full buffer holds
+/// three quarters of its capacity: the learners still start (they waited for the whole
+/// capacity's warm-up, all run, and sampled nothing).
+#[test]
+fn the_demos_learners_sample_when_not_every_shard_is_written() {
+    let out = replaybuf(&[
+        "--collectors",
+        "3",
+        "--capacity",
+        "1000",
+        "--seconds",
+        "0.5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    let sampled = text
+        .lines()
+        .find(|l| l.contains("learners sampled"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("the learners' line");
+    assert!(sampled > 0, "{text}");
+}

@@ -977,9 +977,13 @@ impl Buffer {
 
     /// The priority of the row at `index`, as last set (None if not prioritized, or no
     /// row is there).
-    fn priority(&self, py: Python<'_>, index: i64) -> PyResult<Option<f64>> {
-        let index =
-            u64::try_from(index).map_err(|_| index_error(format!("index {index} is negative")))?;
+    fn priority(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+        let index = match index.extract::<i64>() {
+            Ok(i) => u64::try_from(i).map_err(|_| index_error(format!("index {i} is negative")))?,
+            // Past 64 bits: no row is there (it was an OverflowError).
+            Err(_) if index.is_instance_of::<PyInt>() => return Ok(None),
+            Err(e) => return Err(e),
+        };
         Ok(self.handle(py)?.priority(index))
     }
 

@@ -167,13 +167,24 @@ pub(crate) trait IntoPy {
     fn kind(&self) -> Kind;
 }
 
-/// `result.map_err(py_err)`: an engine error as its exception, message unchanged.
-pub(crate) fn py_err<E: IntoPy + std::fmt::Display>(e: E) -> PyErr {
+/// `result.map_err(py_err)`: an engine error as its exception, its message followed by
+/// its causes' (an I/O error's "No space left on device"), each that it does not
+/// already say.
+pub(crate) fn py_err<E: IntoPy + std::error::Error>(e: E) -> PyErr {
     // A wait a signal handler ended (`RateLimitError::Interrupted`): its exception.
     if let Some(raised) = crate::gil::take_raised() {
         return raised;
     }
-    raise(e.kind(), e.to_string())
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !message.contains(&said) {
+            message = format!("{message}: {said}");
+        }
+        cause = c.source();
+    }
+    raise(e.kind(), message)
 }
 
 impl IntoPy for DataError {

@@ -583,6 +583,17 @@ def test_a_boolean_index_is_a_mask_of_the_stored_rows():
     assert check(rb.get(np.zeros(5, bool))).tolist() == []
 
 
+def test_an_io_error_says_its_cause_and_a_huge_position_has_no_priority(tmp_path):
+    rb = buffer(capacity=8, n=4, sampler=replaybuf.Prioritized(alpha=1.0, beta=1.0))
+    assert rb.priority(2**64) is None  # an OverflowError before
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"")
+    with raises(OSError) as e:
+        rb.dumps(afile)
+    # Not only "I/O failed": what the system said.
+    assert "os error" in str(e.value), e.value
+
+
 def test_write_at_rewrites_the_rows_it_names_or_none():
     rb = buffer(capacity=32, n=10)
     rb.write_at([-1, 2, 2], data([109, 102, 202]))
