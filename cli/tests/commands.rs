@@ -414,3 +414,30 @@ fn the_demos_learners_sample_when_not_every_shard_is_written() {
         .expect("the learners' line");
     assert!(sampled > 0, "{text}");
 }
+
+/// A file-backed directory another buffer has open is in use, not damaged: its
+/// contents are not read (they change under the writer) and the exit status is 0.
+#[test]
+fn inspect_reports_a_directory_in_use_without_calling_it_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(100)
+        .memmap(dir.path())
+        .build()
+        .unwrap();
+    fill(&rb, 10);
+    let out = replaybuf(&["inspect", dir.path().to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("in use") && !text.contains("NOT WHOLE"),
+        "{text}"
+    );
+    drop(rb);
+    let out = replaybuf(&["inspect", dir.path().to_str().unwrap()]);
+    assert!(
+        stdout(&out).contains("whole: every checksum holds"),
+        "{}",
+        stdout(&out)
+    );
+}

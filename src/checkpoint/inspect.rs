@@ -14,7 +14,7 @@ use super::dump::CHUNK_BYTES;
 use crate::backing::dir::{DirKind, DirMeta, STORAGE};
 use crate::buffer::{ReplayBuffer, RowBytes};
 use crate::config::{Config, SamplerMeta};
-use crate::error::persist::{IoAt, PersistError};
+use crate::error::persist::{IoAt, PersistError, PersistKind};
 
 /// What [`inspect`] found in a buffer directory.
 #[derive(Clone, Debug)]
@@ -25,6 +25,9 @@ pub struct Inspection {
     generation: Option<u64>,
     files: Vec<FileCheck>,
     contents: Result<Contents, String>,
+    /// A file-backed directory another buffer has open for writing: its contents were
+    /// not read (they change as it writes), which says nothing of damage.
+    in_use: bool,
 }
 
 /// One file and whether it is whole.
@@ -57,9 +60,9 @@ struct PriorityStats {
 
 impl Inspection {
     /// Whether every file is whole (checksums hold, lengths match) and the buffer
-    /// loads.
+    /// loads, or another buffer has it open for writing (its contents are not read).
     pub fn is_whole(&self) -> bool {
-        self.files.iter().all(|f| f.problem.is_none()) && self.contents.is_ok()
+        self.files.iter().all(|f| f.problem.is_none()) && (self.contents.is_ok() || self.in_use)
     }
 
     /// Rows stored, if the buffer loads.
@@ -104,16 +107,15 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, PersistError> {
         }
     }
     let contents = match meta.kind {
-        DirKind::Checkpoint if files.iter().any(|f| f.problem.is_some()) => {
-            Err("not loaded: a file is damaged".to_owned())
-        }
-        DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir)
-            .map(|rb| contents_of(&rb))
-            .map_err(|e| e.to_string()),
-        DirKind::Memmap => super::dataset::open_copy(dir)
-            .map(|rb| contents_of(&rb))
-            .map_err(|e| e.to_string()),
+        DirKind::Checkpoint if files.iter().any(|f| f.problem.is_some()) => Err(PersistError::new(
+            dir,
+            PersistKind::Corrupt("a file is damaged".to_owned()),
+        )),
+        DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir).map(|rb| contents_of(&rb)),
+        DirKind::Memmap => super::dataset::open_copy(dir).map(|rb| contents_of(&rb)),
     };
+    let in_use = matches!(&contents, Err(e) if e.is_in_use());
+    let contents = contents.map_err(|e| e.to_string());
     Ok(Inspection {
         path: dir.to_path_buf(),
         kind: meta.kind,
@@ -121,6 +123,7 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, PersistError> {
         config: meta.config,
         files,
         contents,
+        in_use,
     })
 }
 
@@ -295,7 +298,9 @@ impl fmt::Display for Inspection {
         write!(
             f,
             "{}",
-            if self.is_whole() {
+            if self.in_use && self.is_whole() {
+                "in use: another buffer writes it; its contents were not read"
+            } else if self.is_whole() {
                 "whole: every checksum holds"
             } else {
                 "NOT WHOLE"
