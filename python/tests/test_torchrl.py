@@ -335,6 +335,18 @@ def test_update_priority_takes_any_index_not_only_a_samples(rl):
     assert (drawn == 3).sum() >= 60, drawn
 
 
+def test_a_prioritized_sample_written_back_in_place(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=0.7, beta=0.5, storage=rl.LazyTensorStorage(8), batch_size=4
+    )
+    rb.extend(transitions(8))
+    s = rb.sample()
+    s["obs"] = s["obs"] + 100
+    rb[s["index"]] = s
+    stored = rb[s["index"]]
+    assert torch.equal(stored["obs"], s["obs"])
+
+
 def test_item_assignment_rewrites_stored_rows(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(6))
     rb.extend(transitions(6))

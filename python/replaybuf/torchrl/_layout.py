@@ -209,7 +209,9 @@ class TensorDictLayout:
         for key, value in td.items(True, True):
             native = native_of.get(key)
             if native is None:
-                if key in self.skip:
+                # A prioritized sample's weights, written back with its rows (as TorchRL
+                # takes them), unless the data had a field of that name.
+                if key in self.skip or key == "priority_weight":
                     continue
                 raise KeyError(
                     f"`{key}` was not in the first data written to this buffer: its "
