@@ -322,6 +322,15 @@ fn bad_updates_are_refused_and_change_nothing() {
         Err(PriorityError::OutOfRange { index: 9, .. })
     ));
     assert!(rb.set_alpha(f64::NAN).is_err() && rb.set_beta(-0.5).is_err());
+    // Named as what they are (the message said "value 0 is -0.5").
+    assert_eq!(
+        rb.set_beta(-0.5).unwrap_err().to_string(),
+        "beta is -0.5; it must be finite and at least 0 (an alpha at most 2^20)"
+    );
+    assert!(matches!(
+        rb.set_alpha(f64::NAN).unwrap_err(),
+        PriorityError::InvalidSetting { name: "alpha", .. }
+    ));
     assert_eq!(
         (rb.priority(0), rb.priority(1)),
         (Some(1.0), Some(1.0)),

@@ -442,11 +442,20 @@ pub enum PriorityError {
         /// Priorities given.
         priorities: usize,
     },
-    /// A priority (or an alpha or beta) is NaN, infinite or negative.
-    #[error("value {position} is {value}; it must be finite and at least 0")]
+    /// A priority is NaN, infinite or negative.
+    #[error("priority {position} is {value}; it must be finite and at least 0")]
     Invalid {
         /// Its position in the slice given.
         position: usize,
+        /// The value.
+        value: f64,
+    },
+    /// An alpha or beta given to `set_alpha` or `set_beta` is NaN, infinite or
+    /// negative (or an alpha past 2^20, which no mass can take).
+    #[error("{name} is {value}; it must be finite and at least 0 (an alpha at most 2^20)")]
+    InvalidSetting {
+        /// `"alpha"` or `"beta"`.
+        name: &'static str,
         /// The value.
         value: f64,
     },

@@ -116,8 +116,8 @@ impl Priorities {
     /// leaves.
     pub(crate) fn set_alpha(&self, alpha: f64, trees: &[Tree<'_>]) -> Result<(), PriorityError> {
         if !valid_alpha(alpha) {
-            return Err(PriorityError::Invalid {
-                position: 0,
+            return Err(PriorityError::InvalidSetting {
+                name: "alpha",
                 value: alpha,
             });
         }

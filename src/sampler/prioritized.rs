@@ -216,8 +216,8 @@ impl Priorities {
 
     pub(crate) fn set_beta(&self, beta: f64) -> Result<(), PriorityError> {
         if !valid(beta) {
-            return Err(PriorityError::Invalid {
-                position: 0,
+            return Err(PriorityError::InvalidSetting {
+                name: "beta",
                 value: beta,
             });
         }
