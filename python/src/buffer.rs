@@ -897,7 +897,16 @@ impl Buffer {
             }
             arrays.push(array);
         }
-        let rows = arrays[self.fields.len()].len();
+        // The rows are the index's: one a row (a (3, 2) index was read as 6 rows, and
+        // the fields' arrays blamed for it).
+        let index = &arrays[self.fields.len()];
+        if index.ndim() != 1 {
+            return Err(value_error(format!(
+                "sample_into: `index` has shape {:?}, expected (rows,)",
+                index.shape()
+            )));
+        }
+        let rows = index.len();
         // Distinct arrays: a dict may hold one array under two keys.
         let spans = Spans(arrays.iter().map(span).collect());
         let mut starts: Vec<(usize, usize)> =

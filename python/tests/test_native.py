@@ -402,6 +402,14 @@ def test_sample_into_refuses_arrays_it_cannot_fill():
     assert rb.sample_into(good) == 4
 
 
+def test_sample_into_names_an_index_of_the_wrong_shape():
+    rb = buffer(capacity=32, n=10)
+    out = out_arrays(rb, 3)
+    out["index"] = np.zeros((3, 2), np.uint64)
+    with raises(ValueError, "`index` has shape"):
+        rb.sample_into(out)
+
+
 def test_index_dtype_none_is_refused_by_name():
     rb = buffer()
     with raises(TypeError, "not a dtype: None"):
