@@ -54,10 +54,7 @@ impl Writer {
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
         self.buffer.limited_insert(
             row.len(),
-            || {
-                let inner = self.buffer.state();
-                inner.precheck(Some(self.shard_of(&inner.core)), row, true)
-            },
+            |inner| inner.precheck(Some(self.shard_of(&inner.core)), row, true),
             || {
                 self.buffer
                     .retrying(|inner| inner.add(self.shard_of(&inner.core), row))
@@ -71,10 +68,7 @@ impl Writer {
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
         self.buffer.limited_insert(
             batch.len(),
-            || {
-                let inner = self.buffer.state();
-                inner.precheck(Some(self.shard_of(&inner.core)), batch, false)
-            },
+            |inner| inner.precheck(Some(self.shard_of(&inner.core)), batch, false),
             || {
                 self.buffer
                     .retrying(|inner| inner.extend(Some(self.shard_of(&inner.core)), batch))

@@ -292,7 +292,7 @@ impl ReplayBuffer {
     pub fn add(&self, row: &Batch) -> Result<u64, DataError> {
         self.limited_insert(
             row.len(),
-            || self.state().precheck(None, row, true),
+            |inner| inner.precheck(None, row, true),
             || self.extend_rows(row, true),
         )
         .map(|w| w.index(0))
@@ -308,7 +308,7 @@ impl ReplayBuffer {
     pub fn extend(&self, batch: &Batch) -> Result<Written, DataError> {
         self.limited_insert(
             batch.len(),
-            || self.state().precheck(None, batch, false),
+            |inner| inner.precheck(None, batch, false),
             || self.extend_rows(batch, false),
         )
     }
@@ -466,20 +466,21 @@ impl ReplayBuffer {
 /// Running an operation against the current state, and through the rate limit.
 impl ReplayBuffer {
     /// Runs `insert`, of `rows` rows, through the rate limit if there is one: `check`s
-    /// the rows first (a batch `insert` would refuse must not wait for its turn), waits
-    /// for its turn, counts the rows, and takes back those it did not store (all of
-    /// them if it failed; those a write policy rejected).
+    /// the rows against the current state first (a batch `insert` would refuse must
+    /// not wait for its turn), waits for its turn, counts the rows, and takes back
+    /// those it did not store (all of them if it failed; those a write policy
+    /// rejected).
     #[inline]
     pub(crate) fn limited_insert<T: Stored>(
         &self,
         rows: usize,
-        check: impl FnOnce() -> Result<(), DataError>,
+        check: impl FnOnce(&State) -> Result<(), DataError>,
         insert: impl FnOnce() -> Result<T, DataError>,
     ) -> Result<T, DataError> {
         let Some(limiter) = &self.limiter else {
             return insert();
         };
-        check()?;
+        check(&self.state())?;
         let counted = limiter.insert(rows as u64)?;
         let out = insert();
         if counted {
