@@ -90,15 +90,17 @@ class SamplePlan:
         info: Dict[Any, Any] = {"index": index}
         if self.prioritized:
             info["priority_weight"] = torch.from_numpy(out["weight"])
-        if self.flag_keys is not None:
-            self._slice_flags(out, info)
-        if self.init is not None:
-            self._init_flags(out, info)
+        if self.slices:
+            ends = (out["marks"] & _SLICE_END_MARKS) != 0
+            if self.flag_keys is not None:
+                self._slice_flags(out, ends, info)
+            if self.init is not None:
+                self._init_flags(out, ends, info)
         return info
 
-    def _slice_flags(self, out: Arrays, info: Dict[Any, Any]) -> None:
+    def _slice_flags(self, out: Arrays, ends: np.ndarray, info: Dict[Any, Any]) -> None:
+        """The truncated, done and terminated keys; ``ends``: each row ends its slice."""
         truncated_key, done_key, terminated_key = self.flag_keys
-        ends = (out["marks"] & _SLICE_END_MARKS) != 0
         truncated = torch.from_numpy(ends).unsqueeze(-1)
         if self.done is not None:
             stored = self.done.tensor(out[self.done.native])
@@ -113,9 +115,8 @@ class SamplePlan:
         info[done_key] = done
         info[terminated_key] = terminated
 
-    def _init_flags(self, out: Arrays, info: Dict[Any, Any]) -> None:
+    def _init_flags(self, out: Arrays, ends: np.ndarray, info: Dict[Any, Any]) -> None:
         """The init key: its stored value, and set at every slice's first step."""
-        ends = (out["marks"] & _SLICE_END_MARKS) != 0
         starts = np.empty(len(ends), dtype=bool)
         if len(ends):
             starts[0] = True

@@ -311,11 +311,8 @@ class ReplayBuffer(LazyEngine):
     def _unranked(self, arrays: Dict[Any, np.ndarray], rows: int) -> np.ndarray:
         """The rows whose rank holds a NaN: TorchRL's max-value writer passes over them
         (no comparison takes them), where the engine refuses them."""
-        key = self._writer._rank_key
-        if isinstance(key, tuple) and len(key) == 1:
-            key = key[0]
-        native = getattr(self._layout, "_native_of", {}).get(key)
-        values = arrays.get(native) if native is not None else None
+        field = self._layout.field_of(self._writer._rank_key)
+        values = None if field is None else arrays.get(field.native)
         if values is None or values.dtype.kind != "f":
             return np.zeros(rows, bool)
         return np.isnan(values.reshape(rows, -1)).any(axis=1)
