@@ -95,7 +95,8 @@ fn shared_child() {
     };
     let writer = || rb.writer();
     match role.as_str() {
-        // Writes `chunks` chunks of ids w * 1e6.., then says so.
+        // Writes `chunks` chunks of ids w * 1e6.., says so, and stays (its shard
+        // leased) until the parent closes its stdin.
         "writer" => {
             let writer = writer();
             let chunks: u64 = std::env::var("REPLAYBUF_SHM_CHUNKS")
@@ -108,6 +109,8 @@ fn shared_child() {
                     .unwrap();
             }
             println!("done {}", writer.shard());
+            std::io::stdout().flush().unwrap();
+            let _ = std::io::stdin().read_line(&mut String::new());
         }
         // Writes forever, saying after each chunk how far it got.
         "forever" => {
@@ -175,6 +178,7 @@ fn spawn(name: &str, role: &str, writer: u64, chunks: u64) -> Child {
         .env("REPLAYBUF_SHM_NAME", name)
         .env("REPLAYBUF_SHM_WRITER", writer.to_string())
         .env("REPLAYBUF_SHM_CHUNKS", chunks.to_string())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -194,10 +198,33 @@ fn three_writer_processes_and_a_sampling_parent_lose_nothing() {
     let rb = builder(&name, 4).build().unwrap();
     let chunks = 40u64;
     let mut children: Vec<Child> = (1..=3).map(|w| spawn(&name, "writer", w, chunks)).collect();
-    // Sample while they write: every row whole.
+    // Each child's lines arrive on a channel, so the parent samples while it waits.
+    let (said, heard) = std::sync::mpsc::channel();
+    for c in &mut children {
+        let (said, out) = (said.clone(), lines(c));
+        std::thread::spawn(move || out.for_each(|l| drop(said.send(l))));
+    }
+    drop(said);
+    // Sample while they write, and at least once after (a fast machine may finish
+    // the writes before the first draw): every row whole. The writers stay until
+    // their stdin closes, so their shards stay leased.
     let mut learner = rb.learner();
-    let mut sampled = 0;
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+    let (mut sampled, mut done) = (0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.len() < 3 || sampled == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "writers said {done:?}, {sampled} draws"
+        );
+        for c in &mut children {
+            let failed = c.try_wait().unwrap().filter(|s| !s.success());
+            assert!(failed.is_none(), "a writer process failed: {failed:?}");
+        }
+        while let Ok(l) = heard.try_recv() {
+            if let Some(shard) = l.split("done ").nth(1) {
+                done.push(shard.trim().to_owned());
+            }
+        }
         if let Ok(b) = learner.sample(64) {
             whole(&b);
             let p = vec![1.0; b.len()];
@@ -205,18 +232,16 @@ fn three_writer_processes_and_a_sampling_parent_lose_nothing() {
             sampled += 1;
         }
     }
-    let mut shards = BTreeSet::new();
-    for mut c in children {
-        let said: Vec<String> = lines(&mut c).collect();
-        assert!(c.wait().unwrap().success());
-        let done = said.iter().find_map(|l| l.split("done ").nth(1)).unwrap();
-        shards.insert(done.trim().to_owned());
-    }
+    let shards: BTreeSet<String> = done.into_iter().collect();
     assert_eq!(
         shards.len(),
         3,
         "each writer process leased a shard of its own"
     );
+    for mut c in children {
+        drop(c.stdin.take());
+        assert!(c.wait().unwrap().success());
+    }
     // Every row written is there, whole, exactly once.
     let all = rb.read_all_in_order(None);
     let mut got: Vec<(u64, u64)> = whole(&all);
@@ -226,7 +251,6 @@ fn three_writer_processes_and_a_sampling_parent_lose_nothing() {
         .collect();
     assert_eq!(got, want);
     assert_eq!(rb.write_count(), 3 * chunks * CHUNK as u64);
-    assert!(sampled > 0);
     assert!(replaybuf::internals::priorities_consistent(&rb));
 }
 
