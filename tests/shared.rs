@@ -193,6 +193,7 @@ fn lines(child: &mut Child) -> impl Iterator<Item = String> {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // the loom facade rule is for the library
 fn three_writer_processes_and_a_sampling_parent_lose_nothing() {
     let name = name("three");
     let rb = builder(&name, 4).build().unwrap();
