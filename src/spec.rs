@@ -84,6 +84,9 @@ pub struct Spec {
     row_bytes: usize,
 }
 
+/// The one field of an opaque spec ([`Spec::opaque`]).
+pub(crate) const OPAQUE_ROW: &str = "row";
+
 impl Spec {
     /// Starts a spec.
     pub fn builder() -> SpecBuilder {
@@ -92,7 +95,9 @@ impl Spec {
 
     /// A spec of one opaque byte field of `bytes` bytes: the row of a typed buffer.
     pub(crate) fn opaque(bytes: usize) -> Result<Spec, SpecError> {
-        Spec::builder().field("row", DType::U8, [bytes]).build()
+        Spec::builder()
+            .field(OPAQUE_ROW, DType::U8, [bytes])
+            .build()
     }
 
     /// Fields in declared order.

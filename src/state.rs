@@ -259,11 +259,14 @@ impl State {
     }
 
     /// The gate of the typed face, whose values are rows already: refused when
-    /// immutable (a typed buffer cannot be built with a max-value writer).
-    pub(crate) fn admit_typed(&self) -> Result<(), DataError> {
+    /// immutable; `false` where a max-value writer must rank them first (a typed
+    /// buffer is not built with one, but may get one through its untyped buffer or a
+    /// checkpoint).
+    pub(crate) fn admit_typed(&self) -> Result<bool, DataError> {
         match &self.policy {
             PolicyEngine::Immutable => Err(DataError::Immutable),
-            PolicyEngine::RoundRobin | PolicyEngine::MaxValue(_) => Ok(()),
+            PolicyEngine::RoundRobin => Ok(true),
+            PolicyEngine::MaxValue(_) => Ok(false),
         }
     }
 

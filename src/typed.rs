@@ -25,6 +25,7 @@ use crate::rng::Rng;
 use crate::sampler::Sampler;
 use crate::settings::Settings;
 use crate::spec::Spec;
+use crate::spec::OPAQUE_ROW;
 use crate::state::State;
 use crate::storage::geometry::Geometry;
 use crate::storage::plan::{Dest, DstCol, RowOrder, Source, SrcCol};
@@ -333,10 +334,20 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Appends values: any number for ndim 1 (one shard, round robin across calls);
     /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
     pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
-        self.buffer.retrying(|inner| {
-            inner.admit_typed()?;
-            Self::append_to(inner, items)
-        })
+        let appended = self.buffer.retrying(|inner| match inner.admit_typed()? {
+            true => Self::append_to(inner, items).map(Some),
+            false => Ok(None),
+        })?;
+        match appended {
+            Some(written) => Ok(written),
+            // A max-value writer ranks the rows by their bytes, as the untyped buffer's
+            // rows (the way it does whatever policy the buffer has by then).
+            None => {
+                let mut rows = self.buffer.batch([items.len()]);
+                rows.set(OPAQUE_ROW, bytemuck::cast_slice::<T, u8>(items))?;
+                self.buffer.extend(&rows)
+            }
+        }
     }
 
     /// Appends past the write policy's gate.
@@ -454,7 +465,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     pub fn get(&self, index: u64) -> Result<T, AccessError> {
         let row = self.buffer.get(index)?;
         let bytes = row
-            .column_bytes("row")
+            .column_bytes(OPAQUE_ROW)
             .expect("a typed buffer's spec has one field named `row`");
         Ok(bytemuck::pod_read_unaligned(bytes))
     }
@@ -464,7 +475,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     pub fn read_all_in_order(&self, end: Option<usize>) -> (Vec<T>, Vec<u64>) {
         let batch = self.buffer.read_all_in_order(end);
         let bytes = batch
-            .column_bytes("row")
+            .column_bytes(OPAQUE_ROW)
             .expect("a typed buffer's spec has one field named `row`");
         let size = std::mem::size_of::<T>().max(1);
         let rows = bytes

@@ -483,6 +483,33 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
         .is_err());
 }
 
+/// A typed buffer is not built with a max-value writer, but its untyped buffer may be
+/// given one (as a checkpoint may carry one): its pushes are then ranked too, by their
+/// bytes, not appended round robin past the writer.
+#[test]
+fn a_typed_buffer_given_a_max_value_writer_ranks_its_pushes() {
+    let typed = TypedBuffer::<[u8; 2]>::builder()
+        .capacity(2)
+        .build()
+        .unwrap();
+    typed
+        .as_untyped()
+        .set_write_policy(WritePolicy::max_value("row"))
+        .unwrap();
+    typed.extend(&[[1, 1], [5, 5]]).unwrap();
+    let w = typed.extend(&[[2, 2], [0, 1]]).unwrap();
+    assert_eq!(w.rejected().collect::<Vec<_>>(), [1]);
+    assert_eq!(typed.push(&[0, 0]).unwrap(), u64::MAX, "rejected");
+    let (mut rows, _) = typed.read_all_in_order(None);
+    rows.sort_unstable();
+    assert_eq!(rows, [[2, 2], [5, 5]]);
+    assert_eq!(
+        typed.write_count(),
+        2,
+        "a replacement is in place: the cursor stays"
+    );
+}
+
 #[test]
 fn write_all_reranks_and_empty_forgets() {
     let rb = max_value(3, 1);
