@@ -332,8 +332,21 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     }
 
     /// Appends values: any number for ndim 1 (one shard, round robin across calls);
-    /// for ndim 2, `t * envs` values laid out as `dim_extend` says.
+    /// for ndim 2, `t * envs` values laid out as `dim_extend` says. Through the rate
+    /// limit, if the buffer has one (a shared region's, or a checkpoint's).
     pub fn extend(&self, items: &[T]) -> Result<Written, DataError> {
+        self.buffer.limited_insert(
+            items.len(),
+            |inner| {
+                inner.admit_typed()?;
+                Self::steps(inner, items).map(drop)
+            },
+            || self.extend_rows(items),
+        )
+    }
+
+    /// [`extend`](Self::extend) once the limit let it through.
+    fn extend_rows(&self, items: &[T]) -> Result<Written, DataError> {
         let appended = self.buffer.retrying(|inner| match inner.admit_typed()? {
             true => Self::append_to(inner, items).map(Some),
             false => Ok(None),
@@ -345,7 +358,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
             None => {
                 let mut rows = self.buffer.batch([items.len()]);
                 rows.set(OPAQUE_ROW, bytemuck::cast_slice::<T, u8>(items))?;
-                self.buffer.extend(&rows)
+                self.buffer.extend_rows(&rows, false)
             }
         }
     }
@@ -355,36 +368,34 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         self.buffer.retrying(|inner| Self::append_to(inner, items))
     }
 
+    /// The steps `items` make in `inner`'s storage: one a value for ndim 1, one per
+    /// `envs` values for ndim 2.
+    fn steps(inner: &State, items: &[T]) -> Result<u64, DataError> {
+        match *inner.core.storage.geometry() {
+            Geometry::Flat { .. } => Ok(items.len() as u64),
+            Geometry::Grid { envs, .. } if (items.len() as u64).is_multiple_of(envs) => {
+                Ok(items.len() as u64 / envs)
+            }
+            Geometry::Grid { .. } => Err(DataError::BatchShape {
+                expected: "a multiple of envs values for an ndim-2 storage",
+                found: vec![items.len()],
+            }),
+        }
+    }
+
     /// Appends to the buffer state `inner`.
     fn append_to(inner: &State, items: &[T]) -> Result<Written, Attempt<DataError>> {
-        match *inner.core.storage.geometry() {
-            Geometry::Flat { .. } => {
-                let shard = inner.core.pick_shard()?;
-                let rows = Prepared {
-                    steps: items.len() as u64,
-                    src: Self::source(items, RowOrder::Flat),
-                    priorities: None,
-                };
-                Ok(inner.core.append(Some(shard), &rows)?)
-            }
-            Geometry::Grid { envs, .. } => {
-                if !(items.len() as u64).is_multiple_of(envs) {
-                    return Err(DataError::BatchShape {
-                        expected: "a multiple of envs values for an ndim-2 storage",
-                        found: vec![items.len()],
-                    }
-                    .into());
-                }
-                let t = items.len() as u64 / envs;
-                let order = inner.core.order_for(t, envs);
-                let rows = Prepared {
-                    steps: t,
-                    src: Self::source(items, order),
-                    priorities: None,
-                };
-                Ok(inner.core.append(None, &rows)?)
-            }
-        }
+        let steps = Self::steps(inner, items)?;
+        let (shard, order) = match *inner.core.storage.geometry() {
+            Geometry::Flat { .. } => (Some(inner.core.pick_shard()?), RowOrder::Flat),
+            Geometry::Grid { envs, .. } => (None, inner.core.order_for(steps, envs)),
+        };
+        let rows = Prepared {
+            steps,
+            src: Self::source(items, order),
+            priorities: None,
+        };
+        Ok(inner.core.append(shard, &rows)?)
     }
 
     /// Samples `n` values.
@@ -405,20 +416,24 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         self.sample_n_into(n, batch)
     }
 
+    /// Samples `n` values into `batch`, through the rate limit if there is one.
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
-        let (inner, mut rng) = self.buffer.call_stream();
-        let mut rounds = 0;
-        loop {
-            let read = Self::draw_and_read(&inner.core, &mut rng, n, batch);
-            let (shards, draws) = (inner.core.storage.shards(), &batch.scratch.draws);
-            if inner
-                .core
-                .sampler
-                .settle(shards, draws, read, &mut rounds)?
-            {
-                return Ok(());
+        self.buffer.limited_sample(n, || {
+            let (inner, mut rng) = self.buffer.call_stream();
+            let mut rounds = 0;
+            loop {
+                let read = Self::draw_and_read(&inner.core, &mut rng, n, batch);
+                let (shards, draws) = (inner.core.storage.shards(), &batch.scratch.draws);
+                if inner
+                    .core
+                    .sampler
+                    .settle(shards, draws, read, &mut rounds)?
+                {
+                    return Ok(batch.len());
+                }
             }
-        }
+        })?;
+        Ok(())
     }
 
     /// Draws up to `n` rows and reads them into `batch`.

@@ -256,6 +256,69 @@ fn rows_a_checkpoint_or_a_reopened_file_brings_count_as_inserted() {
     assert_eq!(reopened.rate_limit_stats().unwrap().inserts, 5);
 }
 
+/// A checkpoint records its buffer's limit, and a buffer built from it keeps it (its
+/// counts start at the rows loaded); a dataset opened from it, read-only, takes none.
+/// The typed face of such a buffer goes through the limit too.
+#[test]
+fn a_buffer_from_a_checkpoint_keeps_the_saved_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    for limit in [
+        RateLimit::min_size(4).sample_timeout(SHORT),
+        RateLimit::new(2, 1.5, -3.0, 8.0)
+            .unwrap()
+            .insert_timeout(SHORT)
+            .sample_timeout(Some(Duration::from_nanos(1_500_000_001))),
+        RateLimit::queue(6).unwrap(),
+    ] {
+        let saved = builder(64).rate_limit(limit).build().unwrap();
+        saved.extend(&rows(&saved, 0, 2)).unwrap();
+        saved.save(&ck).unwrap();
+        let loaded = ReplayBuffer::from_checkpoint(&ck).unwrap();
+        let stats = loaded.rate_limit_stats().expect("the saved limit");
+        assert_eq!(stats.limit, limit);
+        assert_eq!((stats.inserts, stats.samples), (2, 0));
+        let dataset = ReplayBuffer::open_dataset(&ck).unwrap();
+        assert!(dataset.rate_limit_stats().is_none());
+    }
+    // Samples of the loaded buffer wait for the min size, as the saved one's did.
+    let saved = builder(64)
+        .rate_limit(RateLimit::min_size(4).sample_timeout(SHORT))
+        .build()
+        .unwrap();
+    saved.extend(&rows(&saved, 0, 2)).unwrap();
+    saved.save(&ck).unwrap();
+    let loaded = ReplayBuffer::from_checkpoint(&ck).unwrap();
+    assert!(matches!(
+        loaded.sample(1),
+        Err(SampleError::RateLimited(RateLimitError::Timeout { .. }))
+    ));
+    loaded.extend(&rows(&loaded, 2, 2)).unwrap();
+    assert_eq!(loaded.sample(3).unwrap().len(), 3);
+
+    // A buffer of 8-byte rows, as a typed buffer of u64s.
+    let opaque = Spec::builder()
+        .field("row", DType::U8, [8])
+        .build()
+        .unwrap();
+    let saved = ReplayBuffer::builder(opaque)
+        .capacity(16)
+        .rate_limit(RateLimit::min_size(3).sample_timeout(SHORT))
+        .build()
+        .unwrap();
+    saved.save(&ck).unwrap();
+    let typed = replaybuf::typed::TypedBuffer::<u64>::from_checkpoint(&ck).unwrap();
+    typed.extend(&[7, 8]).unwrap();
+    assert!(matches!(
+        typed.sample(1),
+        Err(SampleError::RateLimited(RateLimitError::Timeout { .. }))
+    ));
+    typed.push(&9).unwrap();
+    assert_eq!(typed.sample(4).unwrap().len(), 4);
+    let stats = typed.as_untyped().rate_limit_stats().unwrap();
+    assert_eq!((stats.inserts, stats.samples), (3, 4));
+}
+
 #[test]
 fn a_batch_an_extend_would_refuse_is_refused_before_it_waits_for_room() {
     let rb = builder(64)

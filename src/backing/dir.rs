@@ -207,6 +207,12 @@ pub(crate) struct CheckpointMeta {
     pub(crate) save_hooks: usize,
     pub(crate) rows: u64,
     pub(crate) write_count: u64,
+    /// The buffer's rate limit, which [`ReplayBuffer::from_checkpoint`] puts back
+    /// (absent: none, or a checkpoint written before limits were recorded).
+    ///
+    /// [`ReplayBuffer::from_checkpoint`]: crate::ReplayBuffer::from_checkpoint
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rate_limit: Option<crate::rate_limit::LimitMeta>,
 }
 
 /// One file of a checkpoint.

@@ -315,7 +315,7 @@ impl ReplayBuffer {
 
     /// Validates first, then takes the round-robin turn: a rejected batch changes
     /// nothing, not even which shard the next extend goes to.
-    fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
+    pub(crate) fn extend_rows(&self, batch: &Batch, one_row: bool) -> Result<Written, DataError> {
         self.retrying(|inner| {
             if one_row {
                 inner.core.check_one_row(batch)?;

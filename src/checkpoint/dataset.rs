@@ -23,7 +23,7 @@ impl ReplayBuffer {
         let dir = dir.as_ref();
         match DirMeta::read(dir)?.kind {
             DirKind::Checkpoint => {
-                super::load::load_built(dir, |b| b.write_policy(WritePolicy::Immutable))
+                super::load::load_built(dir, |b, _| b.write_policy(WritePolicy::Immutable))
             }
             DirKind::Memmap => open_copy(dir),
         }

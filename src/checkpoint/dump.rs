@@ -45,6 +45,7 @@ use crate::buffer::ReplayBuffer;
 use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
+use crate::rate_limit::RateLimit;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
@@ -260,7 +261,12 @@ impl ReplayBuffer {
         options: &SaveOptions,
     ) -> Result<(), PersistError> {
         // A dump that froze a storage a swap has just replaced dumps the new one.
-        while !dump(&self.state(), dir.as_ref(), options)? {}
+        let limit = self
+            .limiter
+            .as_ref()
+            .and_then(|l| l.stats())
+            .map(|s| s.limit);
+        while !dump(&self.state(), dir.as_ref(), options, limit)? {}
         Ok(())
     }
 
@@ -322,7 +328,12 @@ impl CompactFields {
 }
 
 /// Dumps `inner`; `false` (nothing written) if a swap retired its storage meanwhile.
-fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, PersistError> {
+fn dump(
+    inner: &State,
+    dir: &Path,
+    options: &SaveOptions,
+    limit: Option<RateLimit>,
+) -> Result<bool, PersistError> {
     fs::create_dir_all(dir).at(dir)?;
     // One dump into a directory at a time, from any thread or process: two would
     // both write the next generation's files over each other and delete the one
@@ -426,6 +437,7 @@ fn dump(inner: &State, dir: &Path, options: &SaveOptions) -> Result<bool, Persis
         save_hooks: save_hooks.len(),
         rows,
         write_count,
+        rate_limit: limit.map(Into::into),
     });
     dir::sync_dir(dir)?;
     if let Err(e) = meta.write(dir) {

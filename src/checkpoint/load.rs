@@ -26,6 +26,7 @@ use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
+use crate::rate_limit::RateLimit;
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
@@ -34,15 +35,19 @@ use crate::storage::{atomic_copy, Draw, Storage};
 
 impl ReplayBuffer {
     /// A buffer rebuilt from a checkpoint that [`save`](Self::save) wrote (TorchRL's
-    /// `restore` on a fresh buffer): same configuration, on the heap, with every row,
-    /// priority, trajectory table, open epoch and random-stream position of the buffer
-    /// that was saved. Its `sample` calls then draw what the saved buffer's would
-    /// have drawn next.
+    /// `restore` on a fresh buffer): same configuration and rate limit, on the heap,
+    /// with every row, priority, trajectory table, open epoch and random-stream
+    /// position of the buffer that was saved. Its `sample` calls then draw what the
+    /// saved buffer's would have drawn next; its limit counts the rows loaded as
+    /// inserted, none sampled.
     ///
     /// A damaged, truncated or unreadable checkpoint is refused with an error naming
     /// the file and the problem.
     pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<ReplayBuffer, PersistError> {
-        load_built(dir.as_ref(), |b| b)
+        load_built(dir.as_ref(), |b, limit| match limit {
+            Some(limit) => b.rate_limit(limit),
+            None => b,
+        })
     }
 
     /// Loads a checkpoint into this buffer (TorchRL's `loads`): its rows, sampler
@@ -129,18 +134,32 @@ impl ReplayBuffer {
     }
 }
 
-/// A buffer of a checkpoint's configuration, changed by `tweak`, loaded with the
-/// checkpoint.
+/// A buffer of a checkpoint's configuration, changed by `tweak` (given the rate limit
+/// the checkpoint records, if any), loaded with the checkpoint. A limit's counts start
+/// at the rows loaded, as [`ReplayBuffer::restore`]'s do.
 pub(crate) fn load_built(
     dir: &Path,
-    tweak: impl FnOnce(ReplayBufferBuilder) -> ReplayBufferBuilder,
+    tweak: impl FnOnce(ReplayBufferBuilder, Option<RateLimit>) -> ReplayBufferBuilder,
 ) -> Result<ReplayBuffer, PersistError> {
     let (meta, checkpoint) = read_meta(dir)?;
-    let rb = build(dir, &meta, tweak)?;
+    let limit = match &checkpoint.rate_limit {
+        Some(recorded) => Some(recorded.limit().map_err(|e| {
+            PersistError::new(
+                dir,
+                PersistKind::Corrupt(format!("meta.json's rate limit: {e}")),
+            )
+        })?),
+        None => None,
+    };
+    let rb = build(dir, &meta, |b| tweak(b, limit))?;
     let inner = rb.state();
     read_into(&inner, dir, &checkpoint, false)?;
     inner.policy.reload(&inner.core);
+    let rows = inner.core.storage.len();
     drop(inner);
+    if let Some(limiter) = &rb.limiter {
+        limiter.restart(rows);
+    }
     Ok(rb)
 }
 

@@ -293,6 +293,50 @@ impl RateLimitStats {
     }
 }
 
+/// A limit as a checkpoint's `meta.json` records it. JSON has no infinities: an
+/// unbounded side of the band is left out.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitMeta {
+    min_size_to_sample: u64,
+    samples_per_insert: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    insert_timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sample_timeout: Option<Duration>,
+}
+
+impl From<RateLimit> for LimitMeta {
+    fn from(limit: RateLimit) -> LimitMeta {
+        LimitMeta {
+            min_size_to_sample: limit.min_size_to_sample,
+            samples_per_insert: limit.samples_per_insert,
+            min_diff: Some(limit.min_diff).filter(|d| d.is_finite()),
+            max_diff: Some(limit.max_diff).filter(|d| d.is_finite()),
+            insert_timeout: limit.insert_timeout,
+            sample_timeout: limit.sample_timeout,
+        }
+    }
+}
+
+impl LimitMeta {
+    /// The limit recorded, checked as [`RateLimit::new`] checks one.
+    pub(crate) fn limit(&self) -> Result<RateLimit, RateLimitError> {
+        Ok(RateLimit::new(
+            self.min_size_to_sample,
+            self.samples_per_insert,
+            self.min_diff.unwrap_or(f64::NEG_INFINITY),
+            self.max_diff.unwrap_or(f64::INFINITY),
+        )?
+        .insert_timeout(self.insert_timeout)
+        .sample_timeout(self.sample_timeout))
+    }
+}
+
 /// A buffer's limiter: its process's own, or a shared buffer's, which every process
 /// attached to the region keeps together (`shared.rs`).
 #[derive(Debug)]
