@@ -643,6 +643,47 @@ mod damage {
         assert!(e.is_corrupt() && e.to_string().contains("checksum"), "{e}");
     }
 
+    /// What meta.json records beside the configuration and no file's checksum covers
+    /// (a rate limit, the list of files) fails the checkpoint record's checksum: a
+    /// flipped digit of the limit loaded as another limit, and an epochs file struck
+    /// from the list loaded as a fresh epoch.
+    #[test]
+    fn a_damaged_limit_or_file_list_in_meta_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = replaybuf::RateLimit::new(5, 2.0, -490.0, 1e6).unwrap();
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(100)
+            .sampler(WithoutReplacement::new())
+            .rate_limit(limit)
+            .build()
+            .unwrap();
+        exercise(&rb);
+        rb.sample(3).unwrap();
+        rb.save(dir.path()).unwrap();
+        ReplayBuffer::from_checkpoint(dir.path()).unwrap();
+        let meta = dir.path().join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        let damaged = [
+            text.replace("\"samples_per_insert\": 2.0", "\"samples_per_insert\": 3.0"),
+            text.replace("\"min_diff\": -490.0", "\"min_diff\": -590.0"),
+        ];
+        for damaged in damaged {
+            assert_ne!(damaged, text);
+            std::fs::write(&meta, damaged).unwrap();
+            let e = ReplayBuffer::from_checkpoint(dir.path()).unwrap_err();
+            assert!(e.is_corrupt() && e.to_string().contains("checksum"), "{e}");
+        }
+        // The epochs file struck from the list (valid JSON still).
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let files = value["checkpoint"]["files"].as_array_mut().unwrap();
+        let before = files.len();
+        files.retain(|f| f["part"] != "epochs");
+        assert_eq!(files.len(), before - 1);
+        std::fs::write(&meta, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+        let e = ReplayBuffer::from_checkpoint(dir.path()).unwrap_err();
+        assert!(e.is_corrupt() && e.to_string().contains("checksum"), "{e}");
+    }
+
     #[test]
     fn a_missing_file_is_named() {
         let dir = tempfile::tempdir().unwrap();

@@ -52,6 +52,11 @@ pub(crate) struct DirMeta {
     /// A checkpoint's files and state (absent for a file-backed storage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) checkpoint: Option<CheckpointMeta>,
+    /// The xxh3 of `checkpoint` as written (see [`checksum`]): a damaged value no file's
+    /// checksum covers (its rate limit, its list of files) is refused. Absent in
+    /// checkpoints written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint_xxh3: Option<u64>,
 }
 
 impl DirMeta {
@@ -64,6 +69,7 @@ impl DirMeta {
             config_xxh3: Some(config_checksum(&config)),
             config,
             checkpoint: None,
+            checkpoint_xxh3: None,
         }
     }
 
@@ -116,6 +122,13 @@ impl DirMeta {
                 "meta.json's configuration does not match its checksum".to_owned(),
             ));
         }
+        if meta.checkpoint_xxh3.is_some()
+            && meta.checkpoint_xxh3 != meta.checkpoint.as_ref().map(checksum)
+        {
+            return Err(corrupt(
+                "meta.json's checkpoint record does not match its checksum".to_owned(),
+            ));
+        }
         Ok(meta)
     }
 
@@ -135,6 +148,7 @@ impl DirMeta {
     pub(crate) fn write(&self, dir: &Path) -> Result<(), PersistError> {
         let meta = DirMeta {
             config_xxh3: Some(config_checksum(&self.config)),
+            checkpoint_xxh3: self.checkpoint.as_ref().map(checksum),
             ..self.clone()
         };
         let json = serde_json::to_vec_pretty(&meta).expect("a meta always serialises");
@@ -142,11 +156,16 @@ impl DirMeta {
     }
 }
 
-/// The xxh3 of `config`'s compact JSON: the same for a configuration read back from
+/// The xxh3 of `config`'s compact JSON (see [`checksum`]).
+pub(crate) fn config_checksum(config: &Config) -> u64 {
+    checksum(config)
+}
+
+/// The xxh3 of `value`'s compact JSON: the same for a value read back from
 /// `meta.json` as for the one written (fields in declaration order; floats written
 /// as the shortest text that reads back to the same value).
-pub(crate) fn config_checksum(config: &Config) -> u64 {
-    let json = serde_json::to_vec(config).expect("a configuration always serialises");
+fn checksum(value: &impl Serialize) -> u64 {
+    let json = serde_json::to_vec(value).expect("a meta always serialises");
     xxhash_rust::xxh3::xxh3_64(&json)
 }
 
