@@ -35,6 +35,7 @@ from ._native import (
     MARK_START,
     MARK_TRUNCATED,
     MARK_VALID,
+    PADDING_INDEX,
     EpochEnd,
     RateLimitClosed,
     ReplayBuffer,
@@ -72,6 +73,7 @@ __all__ = [
     "MARK_START",
     "MARK_END",
     "MARK_TRUNCATED",
+    "PADDING_INDEX",
 ]
 __version__ = "0.1.0"
 

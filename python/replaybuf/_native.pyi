@@ -13,6 +13,7 @@ StrPath = Union[str, "PathLike[str]"]
 MARK_VALID: int
 MARK_START: int
 MARK_END: int
+PADDING_INDEX: int
 MARK_TRUNCATED: int
 
 class ReplayBufferError(Exception):

@@ -20,15 +20,15 @@ use pyo3::types::{
     PyBool, PyDict, PyInt, PyList, PySlice, PyTuple, PyWeakrefMethods, PyWeakrefReference,
 };
 use replaybuf::sampler::Marks;
-use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec};
+use replaybuf::{Batch, DType, Destination, Key, Learner, ReplayBuffer, Spec, PADDING_INDEX};
 
 use crate::arrays::{dict_of_batch, span, with_borrowed, Spans};
 use crate::config;
-use crate::convert::field_array;
+use crate::convert::{asarray, field_array};
 use crate::errors::{index_error, key_error, py_err, type_error, value_error};
 use crate::fields::{
-    dtype_from_py, dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, spec_from_example,
-    spec_from_py,
+    dtype_from_py, dtype_of_descr, flatten, key_from_py, key_to_py, numpy_dtype, refuse_reserved,
+    spec_from_example, spec_from_py,
 };
 use crate::gil;
 use crate::recycle::{Recycler, Want};
@@ -158,6 +158,8 @@ impl Drop for Buffer {
 
 impl Buffer {
     fn wrap(py: Python<'_>, rb: ReplayBuffer, shared: Option<String>) -> PyResult<Buffer> {
+        // A checkpoint's or a region's spec, made in Rust, was not checked on the way in.
+        refuse_reserved(rb.spec())?;
         let fields = rb
             .spec()
             .fields()
@@ -415,6 +417,13 @@ impl Buffer {
         })
     }
 }
+
+/// Why a read-only buffer (`open_dataset`'s, or one built with an `Immutable()`
+/// writer) refuses `clear` and `loads`, as it does every other write.
+const READ_ONLY_CLEAR: &str =
+    "this buffer is read-only (open_dataset, or an Immutable() writer): clear is refused";
+const READ_ONLY_LOADS: &str =
+    "this buffer is read-only (open_dataset, or an Immutable() writer): loads is refused";
 
 /// How long `loads` queues for the buffer before it stands aside (and looks for a
 /// Ctrl-C), and for how long it stands aside.
@@ -907,6 +916,16 @@ impl Buffer {
             )));
         }
         let rows = index.len();
+        // One entry a row in each of the others too: the batch size's cut below takes
+        // whole rows of each array, and a weight of another length was cut mid-value.
+        for ((name, _), array) in self.metadata(py).iter().zip(&arrays[self.fields.len()..]) {
+            if array.shape() != [rows] {
+                return Err(value_error(format!(
+                    "sample_into: `{name}` has shape {:?}, expected ({rows},) as `index`",
+                    array.shape()
+                )));
+            }
+        }
         // Distinct arrays: a dict may hold one array under two keys.
         let spans = Spans(arrays.iter().map(span).collect());
         let mut starts: Vec<(usize, usize)> =
@@ -974,10 +993,23 @@ impl Buffer {
                 gil::detach(py, || rb.update_priority(index_s, g, priority_s))
             }
             None => {
-                let current = gil::detach(py, || rb.get_many(index_s)).map_err(py_err)?;
-                gil::detach(py, || {
-                    rb.update_priority(index_s, current.generations(), priority_s)
-                })
+                // The rows there now, and their generations; a slice batch's padding
+                // (no row) keeps its place, for the update to skip.
+                let rows: Vec<u64> = index_s
+                    .iter()
+                    .copied()
+                    .filter(|&i| i != PADDING_INDEX)
+                    .collect();
+                let current = gil::detach(py, || rb.get_many(&rows)).map_err(py_err)?;
+                let mut found = current.generations().iter();
+                let generations: Vec<u64> = index_s
+                    .iter()
+                    .map(|&i| match i {
+                        PADDING_INDEX => 0,
+                        _ => *found.next().expect("one generation a row asked for"),
+                    })
+                    .collect();
+                gil::detach(py, || rb.update_priority(index_s, &generations, priority_s))
             }
         }
         .map_err(py_err)?;
@@ -987,11 +1019,17 @@ impl Buffer {
     /// The priority of the row at `index`, as last set (None if not prioritized, or no
     /// row is there).
     fn priority(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
-        let index = match index.extract::<i64>() {
-            Ok(i) => u64::try_from(i).map_err(|_| index_error(format!("index {i} is negative")))?,
+        let index = match (index.extract::<u64>(), index.extract::<i64>()) {
+            (Ok(i), _) => i,
+            (_, Ok(i)) => return Err(index_error(format!("index {i} is negative"))),
             // Past 64 bits: no row is there (it was an OverflowError).
-            Err(_) if index.is_instance_of::<PyInt>() => return Ok(None),
-            Err(e) => return Err(e),
+            _ if index.is_instance_of::<PyInt>() => return Ok(None),
+            _ => {
+                return Err(type_error(format!(
+                    "priority takes one int index, got {}",
+                    index.get_type().name()?
+                )))
+            }
         };
         Ok(self.handle(py)?.priority(index))
     }
@@ -1054,9 +1092,7 @@ impl Buffer {
         let rb = self.handle(py)?;
         if rb.is_read_only() {
             // As every other write of a dataset is refused (it emptied the rows).
-            return Err(value_error(
-                "this buffer is a read-only dataset (open_dataset): clear is refused",
-            ));
+            return Err(value_error(READ_ONLY_CLEAR));
         }
         gil::detach(py, || rb.clear());
         Ok(())
@@ -1088,6 +1124,10 @@ impl Buffer {
             py.check_signals()?;
             gil::detach(py, || std::thread::sleep(LOADS_ASIDE));
         };
+        if rb.is_read_only() {
+            // Its rows replaced: a write, as `clear` is.
+            return Err(value_error(READ_ONLY_LOADS));
+        }
         gil::detach(py, || {
             here.learners.lock().clear();
             rb.restore(&path)
@@ -1173,21 +1213,42 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
 
 /// The storage positions `index` names (an int, an array of ints of any shape,
 /// flattened, or a mask of booleans, one for each stored row): a negative one counts
-/// back from the rows `rb` stores, as a list's index does; one before the first row
-/// is an `IndexError`.
+/// back through the positions that hold rows, in storage order, as a list's index
+/// counts back through the list (-1 is the last stored row: position `len - 1` until
+/// a clear, after which positions go on from where the ring was, or where several
+/// shards leave gaps); one before the first row is an `IndexError`. A mask's
+/// booleans are those positions', in that order.
 fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let rows = rb.len() as u64;
     let from_end = |i: i64| -> PyResult<u64> {
         match u64::try_from(i) {
             Ok(i) => Ok(i),
-            Err(_) => rows
-                .checked_sub(i.unsigned_abs())
+            Err(_) => usize::try_from(i.unsigned_abs() - 1)
+                .ok()
+                .and_then(|k| rb.stored_position_from_end(k))
                 .ok_or_else(|| index_error(format!("index {i} is out of bounds for {rows} rows"))),
         }
     };
     if let Ok(i) = index.extract::<i64>() {
         return Ok(vec![from_end(i)?]);
     }
+    // Many indices counting back look up one list (each alone scans from the end).
+    let stored = std::cell::OnceCell::new();
+    let from_end_of_many = |i: i64| -> PyResult<u64> {
+        match u64::try_from(i) {
+            Ok(i) => Ok(i),
+            Err(_) => {
+                let stored: &Vec<u64> = stored.get_or_init(|| rb.stored_positions(None));
+                stored
+                    .len()
+                    .checked_sub(i.unsigned_abs() as usize)
+                    .map(|k| stored[k])
+                    .ok_or_else(|| {
+                        index_error(format!("index {i} is out of bounds for {rows} rows"))
+                    })
+            }
+        }
+    };
     // An integer past `i64`, alone or in a list (numpy makes those objects or floats):
     // a position no buffer has, not a value of the wrong type.
     let is_int =
@@ -1210,17 +1271,21 @@ fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> 
     }
     let (array, kind) = array_of_kind(index, "biu", "integers")?;
     if kind == "b" {
+        let stored = rb.stored_positions(None);
         let shape: Vec<usize> = array.getattr("shape")?.extract()?;
-        if shape != [rows as usize] {
+        if shape != [stored.len()] {
             return Err(index_error(format!(
-                "a mask of shape {shape:?} for {rows} rows: it needs one boolean a row"
+                "a mask of shape {shape:?} for {} rows: it needs one boolean a row",
+                stored.len()
             )));
         }
-        let at = array
+        let at: Vec<usize> = array
             .py()
             .import("numpy")?
-            .call_method1("flatnonzero", (&array,))?;
-        return at.call_method0("tolist")?.extract();
+            .call_method1("flatnonzero", (&array,))?
+            .call_method0("tolist")?
+            .extract()?;
+        return Ok(at.into_iter().map(|k| stored[k]).collect());
     }
     let unsigned = kind == "u";
     let dtype = if unsigned { "uint64" } else { "int64" };
@@ -1232,7 +1297,7 @@ fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> 
         list.extract()
     } else {
         let signed: Vec<i64> = list.extract()?;
-        signed.into_iter().map(from_end).collect()
+        signed.into_iter().map(from_end_of_many).collect()
     }
 }
 
@@ -1244,7 +1309,7 @@ fn array_of_kind<'py>(
     kinds: &str,
     what: &str,
 ) -> PyResult<(Bound<'py, PyAny>, String)> {
-    let array = x.py().import("numpy")?.call_method1("asarray", (x,))?;
+    let array = asarray(x, what)?;
     if array.getattr("size")?.extract::<usize>()? == 0 {
         return Ok((array, String::new()));
     }

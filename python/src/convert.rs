@@ -17,7 +17,34 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::prelude::*;
 use pyo3::types::IntoPyDict;
 
-use crate::errors::type_error;
+use crate::errors::{type_error, value_error};
+
+/// numpy's array of `value` (`what` names it in an error). A tensor that requires
+/// grad (a TD error straight from the loss) is read as its detached self, as TorchRL
+/// reads it. What numpy cannot make an array of (a ragged list, a tensor of a dtype
+/// numpy lacks) is one of our errors, numpy's or torch's as its cause.
+pub(crate) fn asarray<'py>(value: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    let detached;
+    let value = if value.hasattr("requires_grad")? && value.getattr("requires_grad")?.is_truthy()? {
+        detached = value.call_method0("detach")?;
+        &detached
+    } else {
+        value
+    };
+    py.import("numpy")?
+        .call_method1("asarray", (value,))
+        .map_err(|cause| {
+            let message = format!("{what} cannot be read as an array: {cause}");
+            let err = if cause.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
+                value_error(message)
+            } else {
+                type_error(message)
+            };
+            err.set_cause(py, Some(cause));
+            err
+        })
+}
 
 /// `value` (anything but an ndarray) as an array of `descr`, the dtype of the field
 /// `key`; refused with a type error where the conversion would change a value.
@@ -27,9 +54,7 @@ pub(crate) fn field_array<'py>(
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     let np = value.py().import("numpy")?;
-    let array = np
-        .call_method1("asarray", (value,))?
-        .cast_into::<PyUntypedArray>()?;
+    let array = asarray(value, &format!("`{key}`"))?.cast_into::<PyUntypedArray>()?;
     let found = array.dtype();
     if found.is_equiv_to(descr) {
         return Ok(array);

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use replaybuf::{DType, Key, Spec};
 
+use crate::convert::asarray;
 use crate::errors::{py_err, type_error, value_error};
 
 /// A key as Python spells it: `"obs"`, or `("next", "obs")` when nested.
@@ -148,13 +149,35 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
             "a spec is a list of (key, dtype, shape) or a dict {key: (dtype, shape)}",
         ));
     }
-    fields
+    let spec = fields
         .into_iter()
         .fold(Spec::builder(), |b, (key, dtype, shape)| {
             b.field(key, dtype, shape)
         })
         .build()
-        .map_err(py_err)
+        .map_err(py_err)?;
+    refuse_reserved(&spec)?;
+    Ok(spec)
+}
+
+/// The names a sample's dict gives what it carries besides the fields.
+const SAMPLE_ENTRIES: [&str; 4] = ["index", "generation", "weight", "marks"];
+
+/// Refuses a spec with a top-level field a sample's own entries would overwrite.
+pub(crate) fn refuse_reserved(spec: &Spec) -> PyResult<()> {
+    match spec.fields().iter().find_map(|f| {
+        let mut parts = f.key().components();
+        match (parts.next(), parts.len()) {
+            (Some(name), 0) if SAMPLE_ENTRIES.contains(&name) => Some(name),
+            _ => None,
+        }
+    }) {
+        Some(name) => Err(value_error(format!(
+            "a field may not be named `{name}`: a sample's dict holds its {name} under \
+             that key (one of {SAMPLE_ENTRIES:?}); nest it, e.g. (\"data\", \"{name}\")"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A spec from one example transition: a dict (nested dicts for nested keys) of arrays
@@ -162,10 +185,9 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
 /// `batch_dims` leading dimensions.
 pub(crate) fn spec_from_example(example: &Bound<'_, PyAny>, batch_dims: usize) -> PyResult<Spec> {
     let py = example.py();
-    let np = py.import("numpy")?;
     let mut builder = Spec::builder();
     for (key, value) in flatten(example)? {
-        let array = np.call_method1("asarray", (value,))?;
+        let array = asarray(&value, &format!("the example's `{}`", key_to_py(py, &key)?))?;
         let shape: Vec<usize> = array.getattr("shape")?.extract()?;
         if shape.len() < batch_dims {
             return Err(value_error(format!(
@@ -177,7 +199,9 @@ pub(crate) fn spec_from_example(example: &Bound<'_, PyAny>, batch_dims: usize) -
         let dtype = dtype_from_py(&array.getattr("dtype")?)?;
         builder = builder.field(key, dtype, &shape[batch_dims..]);
     }
-    builder.build().map_err(py_err)
+    let spec = builder.build().map_err(py_err)?;
+    refuse_reserved(&spec)?;
+    Ok(spec)
 }
 
 /// A dict's leaves with their full keys: nested dicts open into tuple keys, and a

@@ -26,5 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MARK_START", 2u8)?;
     m.add("MARK_END", 4u8)?;
     m.add("MARK_TRUNCATED", 8u8)?;
+    // The index of a slice batch's padding rows (no row), which an update skips.
+    m.add("PADDING_INDEX", replaybuf::PADDING_INDEX)?;
     Ok(())
 }

@@ -11,7 +11,8 @@
 //! shared by every view and detached copy of the tensor), a `memoryview` or other
 //! buffer export, a DLPack capsule, the dict a sample returned. So a reference count
 //! of one means no Python object can read the memory, and writing it is as private as
-//! writing a new array. Numpy relies on the same fact to reuse temporaries in place.
+//! writing a new array. All but a weak reference, which counts nothing and can still
+//! hand the array back: an array someone refers to weakly is never taken again. Numpy relies on the same fact to reuse temporaries in place.
 //! The test runs with the GIL held, the only time a count can change, and a recycled
 //! array is referenced by the sample that takes it before the GIL is released, so no
 //! other sample takes it too. A free-threaded interpreter running without the GIL gives
@@ -148,6 +149,7 @@ fn reusable(array: &Py<PyUntypedArray>, want: &Want<'_, '_>) -> bool {
             | npyffi::NPY_ARRAY_OWNDATA;
         if a.flags & flags != flags
             || !a.base.is_null()
+            || !a.weakreflist.is_null()
             || a.descr != want.descr.as_ptr().cast()
             || a.nd as usize != want.shape.len()
         {

@@ -737,3 +737,142 @@ def test_every_exception_class_is_a_replaybuffer_error_and_its_builtin():
     for cls, builtin in pairs:
         assert issubclass(cls, ReplayBufferError) and issubclass(cls, builtin)
         assert cls.__module__ == "replaybuf"
+
+
+# ------------------------------------------- found by the forty-first session's hunt
+
+
+def test_sample_into_checks_every_array_against_the_index_under_a_batch_size():
+    # A generation or weight of another length than the index, with a batch size
+    # below the arrays' room, panicked (a PanicException, no Exception at all).
+    rb = ReplayBuffer(
+        16,
+        spec={"x": ("float32", ())},
+        batch_size=1,
+        sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4),
+    )
+    rb.extend({"x": np.arange(8, dtype=np.float32)})
+    for short in ("generation", "weight"):
+        out = {
+            "x": np.zeros(4, np.float32),
+            "index": np.zeros(4, np.uint64),
+            "generation": np.zeros(4, np.uint64),
+            "weight": np.zeros(4, np.float32),
+        }
+        out[short] = out[short][:3].copy()
+        with pytest.raises(ReplayBufferError, match=f"`{short}` has shape"):
+            rb.sample_into(out)
+    out["weight"] = np.zeros(4, np.float32)
+    assert rb.sample_into(out) == 1
+
+
+def test_a_padded_slice_batch_updates_its_priorities_without_generations():
+    rb = ReplayBuffer(
+        64,
+        spec={"x": ("float32", ()), "traj": ("int64", ())},
+        seed=0,
+        sampler=replaybuf.Slice(
+            slice_len=4,
+            traj_key="traj",
+            strict_length=False,
+            prioritized=replaybuf.Prioritized(1.0, 0.4),
+        ),
+    )
+    ids = np.arange(20)
+    rb.extend({"x": ids.astype(np.float32), "traj": ids // 2})  # trajectories of 2 steps
+    b = rb.sample(8)
+    padding = b["index"] == replaybuf.PADDING_INDEX
+    assert padding.any()
+    applied, stale = rb.update_priority(b["index"], np.full(8, 5.0))
+    assert (applied, stale) == (int((~padding).sum()), 0)
+    for i in b["index"][~padding]:
+        assert rb.priority(int(i)) == 5.0
+
+
+@pytest.mark.parametrize("name", ["index", "generation", "weight", "marks"])
+def test_a_field_named_as_a_sample_entry_is_refused(name):
+    # Its values came back as the sample's own entry, silently.
+    with pytest.raises(ReplayBufferError, match=f"may not be named `{name}`"):
+        ReplayBuffer(8, spec={name: ("float32", ()), "x": ("float32", ())})
+    with pytest.raises(ReplayBufferError, match=f"may not be named `{name}`"):
+        ReplayBuffer(8, example={name: np.float32(1), "x": np.float32(2)})
+    rb = ReplayBuffer(8, spec={("data", name): ("float32", ())})  # nested: its own key
+    rb.extend({("data", name): np.array([7.0, 8.0], np.float32)})
+    assert rb.get(1)[("data", name)].tolist() == [8.0]
+
+
+def test_a_dataset_refuses_loads_as_it_refuses_clear(tmp_path):
+    rb = ReplayBuffer(16, spec={"x": ("int64", ())})
+    rb.extend({"x": np.arange(10)})
+    rb.dumps(tmp_path / "c")
+    rb.extend({"x": np.array([100])})
+    rb.dumps(tmp_path / "o")
+    ds = ReplayBuffer.open_dataset(tmp_path / "c")
+    for call in (lambda: ds.loads(tmp_path / "o"), ds.clear):
+        with pytest.raises(ReplayBufferError, match="read-only"):
+            call()
+    assert ds.read_all_in_order()["x"].tolist() == list(range(10))
+
+
+def test_a_sample_array_someone_refers_to_weakly_is_not_written_again():
+    import weakref
+
+    rb = ReplayBuffer(32, spec={"x": ("float32", ())}, seed=1)
+    rb.extend({"x": np.arange(32, dtype=np.float32)})
+    b = rb.sample(4)
+    kept, first = weakref.ref(b["x"]), b["x"].copy()
+    del b
+    gc.collect()
+    for _ in range(8):
+        later = rb.sample(4)
+        assert later["x"] is not kept()
+    assert (kept() == first).all()
+
+
+def test_inputs_numpy_cannot_read_are_our_errors_and_grad_tensors_are_read_detached():
+    torch = pytest.importorskip("torch")
+    rb = ReplayBuffer(
+        8, spec={"x": ("float32", (2,))}, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.4)
+    )
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot be read as an array") as e:
+        rb.extend({"x": [[1.0, 2.0], [3.0]]})  # ragged
+    assert e.value.__cause__ is not None
+    x = torch.ones(3, 2, requires_grad=True)
+    rb.extend({"x": x * 2})
+    b = rb.sample(3)
+    td_error = (torch.ones(3, requires_grad=True) * 4).abs()
+    assert rb.update_priority(b["index"], td_error) == (3, 0)
+    assert rb.priority(int(b["index"][0])) == 4.0
+    with pytest.raises(replaybuf.ReplayBufferTypeError, match="one int index"):
+        rb.priority(1.5)
+    assert rb.priority(np.uint64(2**64 - 1)) is None
+    with pytest.raises(IndexError, match="negative"):
+        rb.priority(np.int64(-1))
+
+
+def test_negative_indices_and_masks_count_the_positions_that_hold_rows():
+    # After a clear the ring goes on from its cursor, and two shards leave a gap: -1
+    # and a mask named positions 0..len, which held no row.
+    import threading
+
+    rb = ReplayBuffer(32, spec={"x": ("int64", ())})
+    rb.extend({"x": np.arange(10)})
+    rb.clear()
+    rb.extend({"x": np.array([100, 101, 102])})
+    assert rb.get(-1)["x"].tolist() == [102]
+    assert rb.get([-3, -1])["x"].tolist() == [100, 102]
+    assert rb.get(np.array([True, False, True]))["x"].tolist() == [100, 102]
+    rb.write_at(-2, {"x": np.array([7])})
+    assert rb.read_all_in_order()["x"].tolist() == [100, 7, 102]
+    with pytest.raises(IndexError):
+        rb.get(-4)
+
+    rb = ReplayBuffer(32, spec={"x": ("int64", ())}, shards=2)
+    rb.extend({"x": np.arange(4)})
+    t = threading.Thread(target=lambda: rb.extend({"x": np.array([100, 101])}))
+    t.start()
+    t.join()
+    stored = rb.read_all_in_order()
+    assert len(stored["x"]) == 6
+    assert rb.get(-1)["x"].tolist() == stored["x"][-1:].tolist()
+    assert rb.get(np.ones(6, bool))["x"].tolist() == stored["x"].tolist()

@@ -1350,3 +1350,45 @@ def test_replaybuf_collectors_extend_while_a_learner_samples():
             t.join()
     assert not errors
     assert checked > 0 and rb.write_count > 1000
+
+
+def test_a_max_value_writer_takes_an_empty_batch_and_returns_none_for_a_passed_over_add(rl):
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(2), writer=rl.TensorDictMaxValueWriter()
+    )
+    rows = lambda r: TensorDict(  # noqa: E731
+        {
+            "obs": torch.arange(len(r), dtype=torch.float32),
+            ("next", "reward"): torch.tensor(r)[:, None],
+        },
+        [len(r)],
+    )
+    assert rb.extend(rows([])).numel() == 0  # before any row: numpy could not reshape it
+    rb.extend(rows([5.0, 6.0]))
+    assert rb.extend(rows([])).numel() == 0
+    assert len(rb) == 2
+    low = TensorDict({"obs": torch.tensor(9.0), ("next", "reward"): torch.tensor([1.0])}, [])
+    assert rb.add(low) is None  # replaybuf returned -1
+
+
+def test_replaybuf_refuses_non_tensor_entries():
+    # TorchRL stores them; the engine stores tensors only, and they were dropped
+    # without a word (a NonTensorStack came back as an empty TensorDict).
+    from tensordict import NonTensorData, NonTensorStack
+
+    for make in (
+        lambda: NonTensorData("hello", batch_size=[4]),
+        lambda: NonTensorStack(*[NonTensorData(f"s{i}") for i in range(4)]),
+    ):
+        rb = replaybuf.torchrl.TensorDictReplayBuffer(
+            storage=replaybuf.torchrl.LazyTensorStorage(10)
+        )
+        data = TensorDict({"obs": torch.arange(4.0), "nested": {"x": torch.zeros(4)}}, [4])
+        data["nested", "label"] = make()
+        with pytest.raises(TypeError, match="non-tensor"):
+            rb.extend(data)
+        assert len(rb) == 0
+        rb.extend(data.exclude(("nested", "label")))  # and a later write is checked too
+        with pytest.raises(TypeError, match="non-tensor"):
+            rb.extend(data)
+        assert len(rb) == 4

@@ -393,6 +393,32 @@ impl ReplayBuffer {
         Ok(inner.core.read_positions(&draws))
     }
 
+    /// The storage positions among the first `end` (all of them when `None`) that
+    /// hold a row, in storage order: the indices
+    /// [`read_all_in_order`](Self::read_all_in_order) gives, without reading the rows.
+    /// They are `0..len()` until a buffer of one shard is emptied, not where a buffer
+    /// of several shards holds rows in some shards only.
+    pub fn stored_positions(&self, end: Option<usize>) -> Vec<u64> {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        let end = end.map_or(storage.geometry().capacity(), |e| {
+            (e as u64).min(storage.geometry().capacity())
+        });
+        (0..end).filter(|&i| storage.draw_at(i).is_some()).collect()
+    }
+
+    /// The storage position of the `k`-th row back from the last stored one (0: the
+    /// last): `stored_positions(None)[len - 1 - k]`, found from the end without the
+    /// list. `None` when fewer than `k + 1` positions hold a row.
+    pub fn stored_position_from_end(&self, k: usize) -> Option<u64> {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        (0..storage.geometry().capacity())
+            .rev()
+            .filter(|&i| storage.draw_at(i).is_some())
+            .nth(k)
+    }
+
     /// Every stored row among the first `end` storage positions (all of them when
     /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
     pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {

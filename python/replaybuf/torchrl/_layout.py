@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict import TensorDict, TensorDictBase, is_non_tensor, is_tensorclass
 from torch.utils import _pytree
 
 Key = Union[str, Tuple[str, ...]]
@@ -60,6 +60,39 @@ def to_array(value: Any) -> np.ndarray:
     if value.dtype is torch.bfloat16:
         value = value.view(torch.uint16)
     return value.contiguous().numpy()
+
+
+def _non_tensor_entry(td: TensorDictBase, prefix: Tuple[str, ...] = ()) -> Optional[Key]:
+    """The first entry of ``td`` holding non-tensor data (``NonTensorData``,
+    ``NonTensorStack``), if any: a walk over its leaves passes them by, so without
+    this look they were dropped without a word. A TensorDict's own entries are read
+    directly (a microsecond a write); other kinds through their items."""
+    entries = getattr(td, "_tensordict", None)
+    if not isinstance(entries, dict):
+        for key, value in td.items(include_nested=True, leaves_only=False):
+            if is_non_tensor(value):
+                return key
+        return None
+    for name, value in entries.items():
+        if type(value) is torch.Tensor:
+            continue
+        key = prefix + (name,)
+        if is_non_tensor(value):
+            return key[0] if len(key) == 1 else key
+        if isinstance(value, TensorDictBase):
+            found = _non_tensor_entry(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _refuse_non_tensor(td: TensorDictBase, skip: Sequence[Key]) -> None:
+    key = _non_tensor_entry(td)
+    if key is not None and key not in skip:
+        raise TypeError(
+            f"`{key}` holds non-tensor data ({type(td.get(key)).__name__}): replaybuf "
+            "stores tensors only"
+        )
 
 
 def native_key(key: Key) -> Key:
@@ -172,6 +205,7 @@ class TensorDictLayout:
             layout = cls.of(td._tensordict, batch_dims, skip)
             layout.tensorclass = type(td)
             return layout
+        _refuse_non_tensor(td, skip)
         fields = []
         for key, value in td.items(include_nested=True, leaves_only=True):
             if key in skip:
@@ -204,6 +238,7 @@ class TensorDictLayout:
             td = td._tensordict
         if not isinstance(td, TensorDictBase):
             raise TypeError(f"this buffer holds TensorDicts; got a {type(td).__name__}")
+        _refuse_non_tensor(td, self.skip)
         out = {}
         native_of = self._native_of
         for key, value in td.items(True, True):

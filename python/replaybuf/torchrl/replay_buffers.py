@@ -315,7 +315,8 @@ class ReplayBuffer(LazyEngine):
         values = None if field is None else arrays.get(field.native)
         if values is None or values.dtype.kind != "f":
             return np.zeros(rows, bool)
-        return np.isnan(values.reshape(rows, -1)).any(axis=1)
+        # `(rows, -1)` cannot be inferred from an empty batch.
+        return np.isnan(values.reshape(rows, values.size // max(rows, 1))).any(axis=1)
 
     def _index_of_written(self, written: np.ndarray) -> torch.Tensor:
         """TorchRL's index of written rows: flat (-1 where not written), or
@@ -345,7 +346,7 @@ class ReplayBuffer(LazyEngine):
             data = _stack(data)
         return self._extend(data)
 
-    def _add(self, data: Any) -> int:
+    def _add(self, data: Any) -> Optional[int]:
         if self._storage.ndim != 1:
             raise NotImplementedError("add() needs a storage of ndim 1; use extend()")
         native = self._native_to_write(data, 0)
@@ -355,10 +356,11 @@ class ReplayBuffer(LazyEngine):
                 self._write_count_base += int(index != _NOT_WRITTEN)
         else:
             index = native.add(self._layout.arrays(data))
-        return -1 if index == _NOT_WRITTEN else index
+        # TorchRL's max-value writer returns None for an element it does not write.
+        return None if index == _NOT_WRITTEN else index
 
-    def add(self, data: Any) -> int:
-        """Adds one element and returns its index."""
+    def add(self, data: Any) -> Optional[int]:
+        """Adds one element and returns its index (None if the writer passed it over)."""
         if self._transform_modules:
             is_tc = is_tensor_collection(data)
             with _set_dispatch_td_nn_modules(is_tc):

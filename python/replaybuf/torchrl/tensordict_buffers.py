@@ -102,14 +102,15 @@ class TensorDictReplayBuffer(ReplayBuffer):
             self._prioritize_written(written, tensordicts)
         return self._index_of_written(written)
 
-    def add(self, data: TensorDictBase) -> int:
-        """Adds one TensorDict (batch size ``[]``) and returns its index."""
+    def add(self, data: TensorDictBase) -> Optional[int]:
+        """Adds one TensorDict (batch size ``[]``) and returns its index (None if the
+        writer passed it over)."""
         if self._transform_modules:
             data = self._transform.inv(data)
         if data is None:
             return _no_rows(self._storage.ndim)
         index = self._add(data)
-        if self._sampler.prioritized and index >= 0:
+        if self._sampler.prioritized and index is not None:
             self._prioritize_written(np.array([index], np.uint64), data)
         return index
 
