@@ -248,3 +248,130 @@ fn a_killed_restore_into_a_file_backed_buffer_is_refused_not_torn() {
         "no kill landed inside a restore ({opened} opened)"
     );
 }
+
+/// The extending child: opens the file-backed buffer in `REPLAYBUF_EXTEND_DIR` (its
+/// sampler `REPLAYBUF_EXTEND_SAMPLER`) and extends it forever, in chunks of
+/// `EXTEND_CHUNK` rows, saying so after each.
+#[test]
+fn extending_child() {
+    let (Ok(dir), Ok(sampler)) = (
+        std::env::var("REPLAYBUF_EXTEND_DIR"),
+        std::env::var("REPLAYBUF_EXTEND_SAMPLER"),
+    ) else {
+        return;
+    };
+    let rb = extended(Path::new(&dir), &sampler);
+    for i in 0.. {
+        let ids: Vec<u64> = (i * EXTEND_CHUNK..(i + 1) * EXTEND_CHUNK).collect();
+        rb.extend(&rows(&rb, &ids)).unwrap();
+        println!("extended {i}");
+    }
+}
+
+const EXTEND_CHUNK: u64 = 20_000;
+const EXTEND_CAPACITY: usize = 100_000;
+
+fn extended(dir: &Path, sampler: &str) -> ReplayBuffer {
+    let builder = ReplayBuffer::builder(spec()).capacity(EXTEND_CAPACITY);
+    match sampler {
+        "prioritized" => builder.sampler(Prioritized::new(0.6, 0.4)),
+        "fifo" => builder.sampler(replaybuf::sampler::Fifo),
+        _ => builder,
+    }
+    .seed(5)
+    .memmap(dir)
+    .existsok(true)
+    .build()
+    .unwrap()
+}
+
+fn rows(rb: &ReplayBuffer, ids: &[u64]) -> replaybuf::Batch {
+    let mut b = rb.batch([ids.len()]);
+    let payload: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| (0..40).map(move |k| (id * 40 + k) as f32))
+        .collect();
+    b.set("id", ids).unwrap();
+    b.set("payload", &payload).unwrap();
+    b
+}
+
+/// Checks every row of `batch` is whole; its ids.
+fn whole_ids(batch: &replaybuf::Batch) -> Vec<u64> {
+    let ids = batch.column::<u64>("id").unwrap();
+    let payload = batch.column::<f32>("payload").unwrap();
+    for (k, &id) in ids.iter().enumerate() {
+        let want: Vec<f32> = (0..40).map(|j| (id * 40 + j) as f32).collect();
+        assert_eq!(&payload[k * 40..(k + 1) * 40], &want[..], "row {id} torn");
+    }
+    ids.to_vec()
+}
+
+/// A process killed inside an `extend` of a file-backed buffer loses the rows it had
+/// not published, and only those: the reopened buffer counts the rows it can read
+/// (it counted every row the dead extend had claimed), samples (a uniform sample
+/// failed once most of its window was such rows, every draw "landing on slots being
+/// written"), and a FIFO queue hands out every row (it stopped at the first such row,
+/// for good), the next writes' included.
+#[test]
+fn a_killed_extend_of_a_file_backed_buffer_leaves_only_readable_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut short = 0;
+    for run in 0..12 {
+        let sampler = ["uniform", "prioritized", "fifo"][run % 3];
+        let dir = tmp.path().join(format!("mm{run}"));
+        let mut child = common::child("extending_child", &[])
+            .env("REPLAYBUF_EXTEND_DIR", &dir)
+            .env("REPLAYBUF_EXTEND_SAMPLER", sampler)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let done: usize = rng.random_range(1..=7);
+        kill_inside(&mut child, "extended", done, &mut rng);
+        let done = done as u64;
+        let rb = extended(&dir, sampler);
+        let mut ids = whole_ids(&rb.read_all_in_order(None));
+        assert_eq!(
+            ids.len(),
+            rb.len(),
+            "run {run} ({sampler}): every counted row reads"
+        );
+        // One appender: the rows written are the first `write_count`, and the buffer
+        // holds the last of them, none missing.
+        let written = rb.write_count();
+        assert!(
+            written >= done * EXTEND_CHUNK,
+            "run {run}: {written} rows written"
+        );
+        ids.sort_unstable();
+        let held = written.min(EXTEND_CAPACITY as u64);
+        assert_eq!(
+            ids,
+            (written - held..written).collect::<Vec<_>>(),
+            "run {run}"
+        );
+        short += usize::from(written < (done + 1) * EXTEND_CHUNK);
+        let more: Vec<u64> = (1_000_000..1_000_000 + 500).collect();
+        rb.extend(&rows(&rb, &more)).unwrap();
+        if sampler == "fifo" {
+            let mut popped = Vec::new();
+            loop {
+                match rb.sample(4096) {
+                    Ok(b) => popped.extend(whole_ids(&b)),
+                    Err(replaybuf::error::SampleError::Empty) => break,
+                    Err(e) => panic!("run {run}: {e}"),
+                }
+            }
+            let held = (ids.len() + more.len()).min(EXTEND_CAPACITY);
+            assert_eq!(popped.len(), held, "run {run}: every row popped");
+            assert!(popped.ends_with(&more), "run {run}: the new rows last");
+        } else {
+            for _ in 0..20 {
+                whole_ids(&rb.sample(256).unwrap());
+            }
+        }
+    }
+    assert!(short > 0, "no kill landed inside an extend");
+}

@@ -231,7 +231,24 @@ pub(crate) struct CheckpointMeta {
     ///
     /// [`ReplayBuffer::from_checkpoint`]: crate::ReplayBuffer::from_checkpoint
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) rate_limit: Option<crate::rate_limit::LimitMeta>,
+    pub(crate) rate_limit: Option<LimitMeta>,
+}
+
+/// A limit as a checkpoint's `meta.json` records it. JSON has no infinities: an
+/// unbounded side of the band is left out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitMeta {
+    pub(crate) min_size_to_sample: u64,
+    pub(crate) samples_per_insert: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) min_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) insert_timeout: Option<std::time::Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sample_timeout: Option<std::time::Duration>,
 }
 
 /// One file of a checkpoint.

@@ -143,7 +143,7 @@ pub(crate) fn load_built(
 ) -> Result<ReplayBuffer, PersistError> {
     let (meta, checkpoint) = read_meta(dir)?;
     let limit = match &checkpoint.rate_limit {
-        Some(recorded) => Some(recorded.limit().map_err(|e| {
+        Some(recorded) => Some(RateLimit::recorded(recorded).map_err(|e| {
             PersistError::new(
                 dir,
                 PersistKind::Corrupt(format!("meta.json's rate limit: {e}")),

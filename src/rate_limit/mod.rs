@@ -32,6 +32,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use crate::backing::dir::LimitMeta;
 use crate::error::RateLimitError;
 use crate::sync::{Condvar, Mutex};
 
@@ -293,23 +294,7 @@ impl RateLimitStats {
     }
 }
 
-/// A limit as a checkpoint's `meta.json` records it. JSON has no infinities: an
-/// unbounded side of the band is left out.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LimitMeta {
-    min_size_to_sample: u64,
-    samples_per_insert: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    min_diff: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    max_diff: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    insert_timeout: Option<Duration>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    sample_timeout: Option<Duration>,
-}
-
+/// The limit as a checkpoint records it.
 impl From<RateLimit> for LimitMeta {
     fn from(limit: RateLimit) -> LimitMeta {
         LimitMeta {
@@ -323,17 +308,17 @@ impl From<RateLimit> for LimitMeta {
     }
 }
 
-impl LimitMeta {
-    /// The limit recorded, checked as [`RateLimit::new`] checks one.
-    pub(crate) fn limit(&self) -> Result<RateLimit, RateLimitError> {
+impl RateLimit {
+    /// The limit `meta` records, checked as [`RateLimit::new`] checks one.
+    pub(crate) fn recorded(meta: &LimitMeta) -> Result<RateLimit, RateLimitError> {
         Ok(RateLimit::new(
-            self.min_size_to_sample,
-            self.samples_per_insert,
-            self.min_diff.unwrap_or(f64::NEG_INFINITY),
-            self.max_diff.unwrap_or(f64::INFINITY),
+            meta.min_size_to_sample,
+            meta.samples_per_insert,
+            meta.min_diff.unwrap_or(f64::NEG_INFINITY),
+            meta.max_diff.unwrap_or(f64::INFINITY),
         )?
-        .insert_timeout(self.insert_timeout)
-        .sample_timeout(self.sample_timeout))
+        .insert_timeout(meta.insert_timeout)
+        .sample_timeout(meta.sample_timeout))
     }
 }
 

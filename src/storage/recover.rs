@@ -34,6 +34,8 @@ use crate::sync::Ordering;
 pub(crate) struct Recovered {
     /// Slots found marked as being written.
     pub(crate) torn: u64,
+    /// Rows claimed and never published: taken back, or dropped.
+    pub(crate) unpublished: u64,
 }
 
 impl Storage {
@@ -194,6 +196,7 @@ impl Storage {
                     self.drop_if_edited(slot, None);
                 }
             }
+            found.unpublished += self.forget_unpublished(k);
         }
         if let Some(lanes) = self.lanes() {
             for (k, shard) in self.shards().iter().enumerate() {
@@ -210,6 +213,90 @@ impl Storage {
             }
         }
         found
+    }
+
+    /// Forgets the rows of shard `k` that were claimed and never published (their
+    /// writers died), for a recovery alone in the region; returns how many. Left in
+    /// the window, each such row stayed "being written" to every reader for good: a
+    /// FIFO queue waited on it forever, a sample redrew every draw that landed on one
+    /// (a writer killed a million rows into an extend left a buffer whose every
+    /// uniform sample failed), and `len` counted them.
+    ///
+    /// - The window's last such rows, back to its last published one, are taken back:
+    ///   the cursor returns to the first of them ([`Shard::take_back_claims`]), so
+    ///   `len` and `write_count` count only rows that were published. Each slot is
+    ///   left as the next claim of its position expects it: empty on the ring's
+    ///   first lap (`Prev::Empty`); on later laps, the row a lap back if it is still
+    ///   there (the dead writer never began this slot: the row is live again), else
+    ///   that row dropped; the abandoned mark comes down to the new cursor, so the
+    ///   next claim of each takes its slot over (its predecessor is below the mark)
+    ///   while the claims of the lap after wait for their rows as usual.
+    /// - Any other such row (another appender's, left between published ones) is
+    ///   dropped ([`Stamp::dropped`]): readers leave it out, as they leave out a row
+    ///   a lap overwrote, and the next lap's appender takes it over.
+    ///
+    /// A frames buffer's rows link to the rows before them, and a slice buffer's
+    /// lanes count trajectories up to the cursor: there every such row is dropped,
+    /// none taken back (`len` still counts them until the ring laps them).
+    fn forget_unpublished(&self, k: usize) -> u64 {
+        let shard = &self.shards()[k];
+        let ring = *shard.ring();
+        let window = shard.window();
+        let slot_of = |seq: u64, lane: u64| ring.slot(ring.pos(seq), lane);
+        let published = |seq: u64, lane: u64| {
+            let stamp = Stamp::from_bits(self.stamp(slot_of(seq, lane)).load(Ordering::Acquire));
+            stamp.is_published() && stamp.lap() == ring.lap(seq)
+        };
+        let any_published = |seq: u64| (0..ring.width).any(|lane| published(seq, lane));
+        let set = |seq: u64, lane: u64, stamp: Stamp| {
+            self.stamp(slot_of(seq, lane))
+                .store(stamp.to_bits(), Ordering::Release);
+        };
+        let take_back = self.frames().is_none() && self.lanes().is_none();
+        let kept_to = if take_back {
+            (window.lo..window.hi)
+                .rev()
+                .find(|&seq| any_published(seq))
+                .map_or(window.lo, |seq| seq + 1)
+        } else {
+            window.hi
+        };
+        let mut forgotten = 0;
+        for seq in window.lo..kept_to {
+            for lane in 0..ring.width {
+                if !published(seq, lane) {
+                    set(seq, lane, Stamp::dropped(ring.lap(seq), 0));
+                    forgotten += 1;
+                }
+            }
+        }
+        // A prioritized row a lap back lives again only with its raw priority (the
+        // dead writer may have recorded its own row's already): the trees are rebuilt
+        // from the raw words after.
+        let trees = self.trees();
+        let kept_raw = |seq: u64, lane: u64| {
+            let leaf = (ring.pos(seq) * ring.width + lane) as usize;
+            trees
+                .get(k)
+                .is_none_or(|tree| tree.raw(leaf, ring.lap(seq)).is_some())
+        };
+        for seq in kept_to..window.hi {
+            for lane in 0..ring.width {
+                let stamp = match seq.checked_sub(ring.steps) {
+                    None => Stamp::EMPTY,
+                    Some(before) if published(before, lane) && kept_raw(before, lane) => continue,
+                    Some(before) => Stamp::dropped(ring.lap(before), 0),
+                };
+                set(seq, lane, stamp);
+            }
+            forgotten += ring.width;
+        }
+        shard.take_back_claims(kept_to);
+        // Claims from here on are live ones: the next lap's appender of each waits for
+        // its row as usual (and the ones taken back, below the old cursor, a lap
+        // before them, take their slots over as set above).
+        shard.abandoned().store(kept_to, Ordering::Release);
+        forgotten
     }
 
     /// The first slot of a region made before that holds a row its shard never
@@ -338,6 +425,86 @@ mod tests {
         assert_eq!(ids, (0..40).filter(|&i| i != 10).collect::<Vec<_>>());
     }
 
+    fn ids(rb: &ReplayBuffer) -> Vec<u64> {
+        rb.read_all_in_order(None)
+            .column::<u64>("id")
+            .unwrap()
+            .to_vec()
+    }
+
+    /// Rows a dead writer claimed on the ring's first lap and never began: taken back
+    /// (they counted in `len` and `write_count`, and every sample and FIFO pop that
+    /// met one waited on it as a row being written, for good); the next append claims
+    /// their positions again, each found empty as a first lap's slot must be.
+    #[test]
+    fn a_dead_writers_first_lap_claims_are_taken_back() {
+        let rb = buffer(64);
+        extend(&rb, 0..10);
+        let storage = &rb.state().core.storage;
+        let shard = &storage.shards()[0];
+        assert_eq!(shard.claim(20), 10);
+        let ring = *shard.ring();
+        storage.stamp(ring.slot(ring.pos(10), 0)).store(
+            Stamp::writing(0, 0).to_bits(),
+            crate::sync::Ordering::Release,
+        );
+        assert_eq!(rb.len(), 30, "claimed rows count until a recovery");
+        let found = storage.recover();
+        assert_eq!(found.unpublished, 20);
+        assert_eq!((rb.len(), rb.write_count()), (10, 10));
+        for _ in 0..50 {
+            assert!(rb.sample(8).unwrap().index().iter().all(|&i| i < 10));
+        }
+        extend(&rb, 100..105);
+        assert_eq!(
+            ids(&rb),
+            (0..10).chain(100..105).collect::<Vec<_>>(),
+            "the next rows take positions 10.."
+        );
+        assert!(storage.unclaimed_row().is_none());
+    }
+
+    /// On a later lap, the slots a dead writer claimed: those it began lose the row a
+    /// lap back (dropped: reads leave them out), those it never reached keep theirs,
+    /// live again; the cursor goes back, and the next appends take every slot over.
+    /// A dead claim between published rows (another appender's) is dropped.
+    #[test]
+    fn a_dead_writers_later_lap_claims_give_back_the_rows_they_never_touched() {
+        let rb = buffer(64);
+        extend(&rb, 0..70); // positions 0..6 hold ids 64..70
+        let storage = &rb.state().core.storage;
+        let shard = &storage.shards()[0];
+        let ring = *shard.ring();
+        // A dead claim, then a live append's published rows after it: a hole.
+        assert_eq!(shard.claim(2), 70);
+        extend(&rb, 72..74);
+        // The last writer's claim: it began the first three of its ten slots.
+        assert_eq!(shard.claim(10), 74);
+        for seq in 74..77 {
+            storage.stamp(ring.slot(ring.pos(seq), 0)).store(
+                Stamp::writing(ring.lap(seq), 0).to_bits(),
+                crate::sync::Ordering::Release,
+            );
+        }
+        let found = storage.recover();
+        assert_eq!(found.unpublished, 2 + 10);
+        // The cursor back at 74: window 10..74, less the hole (70, 71) and the three
+        // rows whose slots the dead writer began (ids 10..13); ids 13..20, whose
+        // slots it never reached, live again.
+        assert_eq!(rb.write_count(), 74);
+        let mut got = ids(&rb);
+        got.sort_unstable();
+        assert_eq!(got, (13..70).chain(72..74).collect::<Vec<_>>());
+        // The next lap writes over every slot: the dropped, the revived, the hole's.
+        extend(&rb, 200..264);
+        let mut got = ids(&rb);
+        got.sort_unstable();
+        assert_eq!(got, (200..264).collect::<Vec<_>>());
+        for _ in 0..50 {
+            rb.sample(16).unwrap();
+        }
+    }
+
     /// A stream whose writer died (a process killed inside `extend`): its rows' stamps
     /// may show them published over old bytes. Readers leave them out meanwhile; a
     /// recovery drops them and ends the stream; later appends write over them.
@@ -380,15 +547,16 @@ mod tests {
                 "position {pos}"
             );
         }
-        // Appends go on after the dead claim, and the next lap's take the dropped
-        // slots over, streaming.
+        // The dead claim is taken back: appends go on from its first row, taking the
+        // dropped slots over, streaming.
+        assert_eq!(rb.write_count(), ROWS);
         for first in (ROWS + 1000..2 * ROWS + 1000).step_by(64_000) {
             extend(&rb, first..first + 64_000);
         }
         let ids = rb.get_many(&[0, 999, 1000, 2999]).unwrap();
         assert_eq!(
             ids.column::<u64>("id").unwrap(),
-            [2 * ROWS, 2 * ROWS + 999, ROWS + 1000, ROWS + 2999]
+            [ROWS + 1000, ROWS + 1999, ROWS + 2000, ROWS + 3999]
         );
     }
 }

@@ -358,6 +358,19 @@ impl Shard {
         }
     }
 
+    /// Takes back the claims at and past `seq`, none of them published: the cursor
+    /// goes back to `seq` (never below the rows that left the window), and a FIFO
+    /// sampler's mark with it. For a recovery alone in the region
+    /// (`storage/recover.rs`), which first makes the slots of those claims what the
+    /// next claim of each expects.
+    pub(crate) fn take_back_claims(&self, seq: u64) {
+        let w = self.window();
+        debug_assert!((w.lo..=w.hi).contains(&seq), "{seq} outside {w:?}");
+        self.cursor()
+            .store(seq.clamp(w.lo, w.hi), Ordering::Release);
+        self.sanitize();
+    }
+
     /// A FIFO sampler's rows taken so far (`ShardWord::Popped`, `sampler/fifo.rs`).
     #[inline]
     pub(crate) fn popped(&self) -> &AtomicU64 {
