@@ -325,7 +325,11 @@ fn bad_updates_are_refused_and_change_nothing() {
     // Named as what they are (the message said "value 0 is -0.5").
     assert_eq!(
         rb.set_beta(-0.5).unwrap_err().to_string(),
-        "beta is -0.5; it must be finite and at least 0 (an alpha at most 2^20)"
+        "beta is -0.5; it must be finite and at least 0"
+    );
+    assert_eq!(
+        rb.set_alpha(2e6).unwrap_err().to_string(),
+        "alpha is 2000000; it must be finite and at least 0, and at most 2^20"
     );
     assert!(matches!(
         rb.set_alpha(f64::NAN).unwrap_err(),

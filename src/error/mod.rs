@@ -452,7 +452,10 @@ pub enum PriorityError {
     },
     /// An alpha or beta given to `set_alpha` or `set_beta` is NaN, infinite or
     /// negative (or an alpha past 2^20, which no mass can take).
-    #[error("{name} is {value}; it must be finite and at least 0 (an alpha at most 2^20)")]
+    #[error(
+        "{name} is {value}; it must be finite and at least 0{limit}",
+        limit = if *name == "alpha" { ", and at most 2^20" } else { "" }
+    )]
     InvalidSetting {
         /// `"alpha"` or `"beta"`.
         name: &'static str,

@@ -275,13 +275,14 @@ pub struct RateLimitStats {
     pub inserts: u64,
     /// Rows sampled through the limiter.
     pub samples: u64,
-    /// Inserts that had to wait, and their total wait.
+    /// Inserts that had to wait, and then went in (a wait that timed out, or that
+    /// closing or an interrupt ended, counts nowhere: it changed nothing).
     pub insert_waits: u64,
-    /// The total time inserts waited.
+    /// The total time those inserts waited.
     pub insert_waited: Duration,
-    /// Samples that had to wait.
+    /// Samples that had to wait, and then went in.
     pub sample_waits: u64,
-    /// The total time samples waited.
+    /// The total time those samples waited.
     pub sample_waited: Duration,
     /// Whether the limiter is closed.
     pub closed: bool,
