@@ -1392,3 +1392,22 @@ def test_replaybuf_refuses_non_tensor_entries():
         with pytest.raises(TypeError, match="non-tensor"):
             rb.extend(data)
         assert len(rb) == 4
+
+
+def test_replaybuf_existsok_opens_the_rows_a_dropped_buffer_left_from_the_start(tmp_path):
+    # They came back only with the first write, beside its rows; before it the
+    # buffer read as empty.
+    rl = replaybuf.torchrl
+    rows = lambda n, first: TensorDict({"obs": torch.arange(first, first + n).float()}, [n])  # noqa: E731
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyMemmapStorage(8, scratch_dir=tmp_path))
+    rb.extend(rows(5, 0))
+    del rb
+    gc.collect()
+    again = rl.TensorDictReplayBuffer(
+        storage=rl.LazyMemmapStorage(8, scratch_dir=tmp_path, existsok=True), batch_size=2
+    )
+    assert len(again) == 5
+    assert again[:]["obs"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert again.sample()["obs"].shape == (2,)
+    assert again.extend(rows(3, 100)).tolist() == [5, 6, 7]
+    assert len(again) == again.write_count == 8

@@ -32,7 +32,10 @@ Differences from TorchRL, on purpose
   stored.
 - **Storage is host memory or a file.** ``device=`` says where samples are handed
   out; rows are stored by the engine, not as tensors on that device.
-  ``LazyMemmapStorage`` keeps replaybuf's file format under ``scratch_dir``.
+  ``LazyMemmapStorage`` keeps replaybuf's file format under ``scratch_dir``; with
+  ``existsok=True`` over a directory a buffer of this module wrote, the new buffer
+  opens its rows and goes on from them, from the start (TorchRL starts an empty
+  buffer there and writes over it).
 - **Epochs.** A sampler without replacement covers the rows stored when its epoch
   began; writes during an epoch do not restart it (TorchRL reshuffles when the length
   changes). ``SliceSamplerWithoutReplacement`` cuts every trajectory into consecutive
@@ -41,7 +44,8 @@ Differences from TorchRL, on purpose
 - **Random streams.** Draws come from the engine's generators, seeded from
   ``generator=``'s seed or, without one, from torch's global generator when the
   buffer is made: ``torch.manual_seed`` makes runs repeatable, but the rows drawn are
-  not the ones TorchRL would draw.
+  not the ones TorchRL would draw. ``set_rng`` takes effect when the engine buffer is
+  made, on the first write: called after it, it changes nothing (TorchRL reseeds).
 - **Checkpoints.** ``dumps``/``loads`` write replaybuf's checkpoint (crash-safe,
   checksummed; priorities and sampler state included) plus ``torchrl.json``; the
   directory is not TorchRL's layout. Save hooks get the stored rows in storage order
@@ -67,7 +71,9 @@ tree covers the storage, in float64). ``ImmutableDatasetWriter`` needs a
 :class:`TensorStorage` built from the dataset's rows. On an ``ndim=2`` storage,
 ``rb[:]`` reads every step; ``add``, ``write_all`` and other indexing need ``ndim=1``.
 Item assignment (``rb[index] = data``) rewrites stored rows: a position that holds
-none is an ``IndexError`` (TorchRL writes it without counting it), and on a slice
+none is an ``IndexError`` (TorchRL writes it without counting it), a negative index
+counts back from the rows stored, as reading ``rb[-1]`` does in both (TorchRL's
+assignment counts it back from the capacity), and on a slice
 sampler's buffer a rewrite that would move a row to another trajectory (its id, end or
 truncation flag) is refused whole. A ``PrioritizedSliceSampler`` draws a slice's start
 by priority among rows that can start one: ``span`` is not applied, and with

@@ -149,6 +149,9 @@ class LazyEngine:
         """Puts ``native`` in service; ``_native`` is set last, so a thread that
         finds it set finds everything else set too."""
         self._layout, self._envs, self._device = layout, envs, device
+        remember = getattr(self._storage, "_remember", None)
+        if remember is not None:
+            remember(layout.to_json(), envs)
         self._plan = SamplePlan(self._sampler, layout, envs if self._storage.ndim == 2 else 0)
         # Sampled positions as torch indexes with, converted by nobody.
         native.index_dtype = np.int64

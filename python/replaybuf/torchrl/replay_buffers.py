@@ -11,6 +11,7 @@ copy.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -30,7 +31,7 @@ from .._native import EpochEnd, ReplayBufferValueError
 from .._native import ReplayBuffer as NativeReplayBuffer
 from . import _checkpoint
 from ._engine import LazyEngine
-from ._layout import Layout
+from ._layout import Layout, layout_from_json
 from ._sample_info import SamplePlan
 from .samplers import PrioritizedSampler, RandomSampler, Sampler
 from .storages import LazyTensorStorage, Storage, TensorStorage
@@ -265,6 +266,12 @@ class ReplayBuffer(LazyEngine):
         self._storage._rb = self
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
+        remembered = getattr(self._storage, "_remembered", lambda: None)()
+        if remembered is not None:
+            # A directory an earlier buffer of this face wrote, opened again: its rows
+            # are there from the start.
+            layout = layout_from_json(json.dumps(remembered["layout"]))
+            self._ensure_native_for(layout, remembered["envs"])
 
     # ----------------------------------------------------------------- writing
 

@@ -9,6 +9,7 @@ in replaybuf's engine, never in tensors owned by the storage object.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -155,6 +156,28 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._auto_cleanup = scratch_dir is None if auto_cleanup is None else auto_cleanup
         # What the directory held before the engine buffer was made in it.
         self._before: Optional[set] = None
+
+    # The face's record of the rows' fields, beside the engine's files: a buffer made
+    # over the directory with ``existsok`` has its rows from the start (it had none
+    # until its first write, which then brought the old rows back beside the new).
+    _LAYOUT_FILE = "torchrl-layout.json"
+
+    def _remember(self, layout: dict, envs: int) -> None:
+        if self.scratch_dir is not None and os.path.isdir(self.scratch_dir):
+            path = os.path.join(self.scratch_dir, self._LAYOUT_FILE)
+            with open(path, "w") as f:
+                json.dump({"layout": layout, "envs": envs}, f)
+
+    def _remembered(self) -> Optional[dict]:
+        """The fields of the rows an earlier buffer left in the directory, if this one
+        opens them (``existsok``)."""
+        if not self.existsok or self.scratch_dir is None:
+            return None
+        try:
+            with open(os.path.join(self.scratch_dir, self._LAYOUT_FILE)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
 
     def _native_kwargs(self) -> dict:
         directory = self.scratch_dir
