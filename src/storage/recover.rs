@@ -223,7 +223,7 @@ impl Storage {
     /// uniform sample failed), and `len` counted them.
     ///
     /// - The window's last such rows, back to its last published one, are taken back:
-    ///   the cursor returns to the first of them ([`Shard::take_back_claims`]), so
+    ///   the cursor returns to the first of them ([`Shard::take_back_claims`](super::shard::Shard::take_back_claims)), so
     ///   `len` and `write_count` count only rows that were published. Each slot is
     ///   left as the next claim of its position expects it: empty on the ring's
     ///   first lap (`Prev::Empty`); on later laps, the row a lap back if it is still
