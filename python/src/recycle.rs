@@ -12,7 +12,8 @@
 //! buffer export, a DLPack capsule, the dict a sample returned. So a reference count
 //! of one means no Python object can read the memory, and writing it is as private as
 //! writing a new array. All but a weak reference, which counts nothing and can still
-//! hand the array back: an array someone refers to weakly is never taken again. Numpy relies on the same fact to reuse temporaries in place.
+//! hand the array back: an array someone refers to weakly is never taken again.
+//! Numpy relies on the same fact to reuse temporaries in place.
 //! The test runs with the GIL held, the only time a count can change, and a recycled
 //! array is referenced by the sample that takes it before the GIL is released, so no
 //! other sample takes it too. A free-threaded interpreter running without the GIL gives

@@ -26,7 +26,7 @@ use crate::spec::Spec;
 use crate::state::{State, StateCell};
 use crate::storage::geometry::Geometry;
 use crate::storage::layout::Global;
-use crate::storage::Draw;
+use crate::storage::{Draw, Storage};
 use crate::sync::{Backoff, Guard, MutexGuard};
 use crate::writer::Writer;
 use std::sync::Arc;
@@ -400,11 +400,9 @@ impl ReplayBuffer {
     /// of several shards holds rows in some shards only.
     pub fn stored_positions(&self, end: Option<usize>) -> Vec<u64> {
         let inner = self.state();
-        let storage = &inner.core.storage;
-        let end = end.map_or(storage.geometry().capacity(), |e| {
-            (e as u64).min(storage.geometry().capacity())
-        });
-        (0..end).filter(|&i| storage.draw_at(i).is_some()).collect()
+        stored_below(&inner.core.storage, end)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// The storage position of the `k`-th row back from the last stored one (0: the
@@ -423,11 +421,9 @@ impl ReplayBuffer {
     /// `None`), in storage order, with their indices (TorchRL's `rb[:end]`).
     pub fn read_all_in_order(&self, end: Option<usize>) -> Batch {
         let inner = self.state();
-        let storage = &inner.core.storage;
-        let end = end.map_or(storage.geometry().capacity(), |e| {
-            (e as u64).min(storage.geometry().capacity())
-        });
-        let draws: Vec<Draw> = (0..end).filter_map(|i| storage.draw_at(i)).collect();
+        let draws: Vec<Draw> = stored_below(&inner.core.storage, end)
+            .map(|(_, d)| d)
+            .collect();
         inner.core.read_positions(&draws)
     }
 
@@ -487,6 +483,14 @@ impl ReplayBuffer {
             limiter.restart(0);
         }
     }
+}
+
+/// The positions among the first `end` of `storage` (all of them when `None`) that
+/// hold a row, in storage order, each with its draw.
+fn stored_below(storage: &Storage, end: Option<usize>) -> impl Iterator<Item = (u64, Draw)> + '_ {
+    let capacity = storage.geometry().capacity();
+    let end = end.map_or(capacity, |e| (e as u64).min(capacity));
+    (0..end).filter_map(|i| storage.draw_at(i).map(|d| (i, d)))
 }
 
 /// Running an operation against the current state, and through the rate limit.

@@ -23,6 +23,7 @@
 //!
 //! Layer: algos.
 
+use super::geometry::Ring;
 use super::layout::ShardWord;
 use super::stamp::Stamp;
 use super::Storage;
@@ -55,10 +56,6 @@ impl Storage {
         shard.abandoned().fetch_max(window.hi, Ordering::AcqRel);
         let ring = *shard.ring();
         let positions = window.positions(ring.steps);
-        let published_at = |slot: u64, seq: u64| {
-            let stamp = self.stamp_at(slot);
-            stamp.is_published() && stamp.lap() == ring.lap(seq)
-        };
         if let Some(tree) = self.trees().get(k) {
             // Leaves of rows the dead writer claimed but never published.
             for pos in 0..ring.steps {
@@ -68,20 +65,34 @@ impl Storage {
                 for lane in 0..ring.width {
                     let (slot, leaf) = (ring.slot(pos, lane), (pos * ring.width + lane) as usize);
                     let l = tree.leaf(leaf);
-                    if l.value() > 0 && !published_at(slot, seq) {
+                    if l.value() > 0 && !self.published_at(&ring, slot, seq) {
                         tree.clear_abandoned(leaf, l.lap());
                     }
                 }
             }
         }
-        if let Some(lanes) = self.lanes() {
-            for lane in 0..ring.width {
-                lanes.recover(self.words(), k, lane, window.hi, |seq| {
-                    let slot = ring.slot(ring.pos(seq), lane);
-                    published_at(slot, seq)
-                        .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
-                });
-            }
+        self.recover_lanes(k, window.hi);
+    }
+
+    /// Whether `slot` holds the published row of `seq`, a step of `ring`.
+    fn published_at(&self, ring: &Ring, slot: u64, seq: u64) -> bool {
+        let stamp = self.stamp_at(slot);
+        stamp.is_published() && stamp.lap() == ring.lap(seq)
+    }
+
+    /// Closes the slice lanes of shard `k` at `cursor` (`Lanes::recover`), counting
+    /// the trajectories its published rows name.
+    fn recover_lanes(&self, k: usize, cursor: u64) {
+        let Some(lanes) = self.lanes() else {
+            return;
+        };
+        let ring = *self.shards()[k].ring();
+        for lane in 0..ring.width {
+            lanes.recover(self.words(), k, lane, cursor, |seq| {
+                let slot = ring.slot(ring.pos(seq), lane);
+                self.published_at(&ring, slot, seq)
+                    .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
+            });
         }
     }
 
@@ -185,8 +196,6 @@ impl Storage {
             }
             shard.sanitize();
             found.torn += self.end_dead_stream(k);
-            let window = shard.window();
-            shard.abandoned().store(window.hi, Ordering::Release);
             let ring = shard.ring();
             for slot in ring.first_slot..ring.first_slot + ring.steps * ring.width {
                 if Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire)).is_writing() {
@@ -198,19 +207,8 @@ impl Storage {
             }
             found.unpublished += self.forget_unpublished(k);
         }
-        if let Some(lanes) = self.lanes() {
-            for (k, shard) in self.shards().iter().enumerate() {
-                let ring = *shard.ring();
-                let cursor = shard.window().hi;
-                for lane in 0..ring.width {
-                    lanes.recover(self.words(), k, lane, cursor, |seq| {
-                        let slot = ring.slot(ring.pos(seq), lane);
-                        let stamp = Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire));
-                        (stamp.is_published() && stamp.lap() == ring.lap(seq))
-                            .then(|| self.words()[self.traj_word(slot)].load(Ordering::Acquire))
-                    });
-                }
-            }
+        for (k, shard) in self.shards().iter().enumerate() {
+            self.recover_lanes(k, shard.window().hi);
         }
         found
     }
@@ -223,14 +221,16 @@ impl Storage {
     /// uniform sample failed), and `len` counted them.
     ///
     /// - The window's last such rows, back to its last published one, are taken back:
-    ///   the cursor returns to the first of them ([`Shard::take_back_claims`](super::shard::Shard::take_back_claims)), so
-    ///   `len` and `write_count` count only rows that were published. Each slot is
-    ///   left as the next claim of its position expects it: empty on the ring's
-    ///   first lap (`Prev::Empty`); on later laps, the row a lap back if it is still
-    ///   there (the dead writer never began this slot: the row is live again), else
-    ///   that row dropped; the abandoned mark comes down to the new cursor, so the
-    ///   next claim of each takes its slot over (its predecessor is below the mark)
-    ///   while the claims of the lap after wait for their rows as usual.
+    ///   the cursor returns to the first of them
+    ///   ([`Shard::take_back_claims`](super::shard::Shard::take_back_claims)), so `len`
+    ///   and `write_count` count only rows that were published. Each slot is left as
+    ///   the next claim of its position expects it: empty on the ring's first lap
+    ///   (`Prev::Empty`); on later laps, the row a lap back if it is still there (the
+    ///   dead writer never began this slot: the row is live again), else that row
+    ///   dropped. The abandoned mark goes to the new cursor, so the next claim of each
+    ///   takes its slot over (its predecessor is below the mark), every claim made
+    ///   before the recovery is covered, and the claims of the lap after wait for
+    ///   their rows as usual.
     /// - Any other such row (another appender's, left between published ones) is
     ///   dropped ([`Stamp::dropped`]): readers leave it out, as they leave out a row
     ///   a lap overwrote, and the next lap's appender takes it over.
@@ -243,10 +243,7 @@ impl Storage {
         let ring = *shard.ring();
         let window = shard.window();
         let slot_of = |seq: u64, lane: u64| ring.slot(ring.pos(seq), lane);
-        let published = |seq: u64, lane: u64| {
-            let stamp = Stamp::from_bits(self.stamp(slot_of(seq, lane)).load(Ordering::Acquire));
-            stamp.is_published() && stamp.lap() == ring.lap(seq)
-        };
+        let published = |seq: u64, lane: u64| self.published_at(&ring, slot_of(seq, lane), seq);
         let any_published = |seq: u64| (0..ring.width).any(|lane| published(seq, lane));
         let set = |seq: u64, lane: u64, stamp: Stamp| {
             self.stamp(slot_of(seq, lane))
