@@ -227,7 +227,8 @@ impl Storage {
     ///   the next claim of its position expects it: empty on the ring's first lap
     ///   (`Prev::Empty`); on later laps, the row a lap back if it is still there (the
     ///   dead writer never began this slot: the row is live again), else that row
-    ///   dropped. The abandoned mark goes to the new cursor, so the next claim of each
+    ///   dropped and evicted from the window (`Shard::evict_below`: they lie at its
+    ///   bottom). The abandoned mark goes to the new cursor, so the next claim of each
     ///   takes its slot over (its predecessor is below the mark), every claim made
     ///   before the recovery is covered, and the claims of the lap after wait for
     ///   their rows as usual.
@@ -293,6 +294,16 @@ impl Storage {
         // its row as usual (and the ones taken back, below the old cursor, a lap
         // before them, take their slots over as set above).
         shard.abandoned().store(kept_to, Ordering::Release);
+        if take_back {
+            // The rows a lap back that the dead writer had begun to overwrite, dropped
+            // above, now lie at the bottom of the window (it wrote its claims in
+            // order): they leave it, so that `len` counts only rows that read (it
+            // counted them: a file-backed buffer killed inside a lapping extend read
+            // 99,989 of the 100,000 rows it counted).
+            let w = shard.window();
+            let first_live = (w.lo..w.hi).find(|&seq| any_published(seq));
+            shard.evict_below(first_live.unwrap_or(w.hi));
+        }
         forgotten
     }
 
@@ -487,11 +498,13 @@ mod tests {
         assert_eq!(found.unpublished, 2 + 10);
         // The cursor back at 74: window 10..74, less the hole (70, 71) and the three
         // rows whose slots the dead writer began (ids 10..13); ids 13..20, whose
-        // slots it never reached, live again.
+        // slots it never reached, live again. The three leave the window (`len`
+        // counted them); the hole counts until the next lap writes over it.
         assert_eq!(rb.write_count(), 74);
         let mut got = ids(&rb);
         got.sort_unstable();
         assert_eq!(got, (13..70).chain(72..74).collect::<Vec<_>>());
+        assert_eq!(rb.len(), got.len() + 2);
         // The next lap writes over every slot: the dropped, the revived, the hole's.
         extend(&rb, 200..264);
         let mut got = ids(&rb);
@@ -545,8 +558,10 @@ mod tests {
             );
         }
         // The dead claim is taken back: appends go on from its first row, taking the
-        // dropped slots over, streaming.
+        // dropped slots over, streaming. The rows a lap back that it dropped left the
+        // window.
         assert_eq!(rb.write_count(), ROWS);
+        assert_eq!(rb.len() as u64, ROWS - 1000);
         for first in (ROWS + 1000..2 * ROWS + 1000).step_by(64_000) {
             extend(&rb, first..first + 64_000);
         }
