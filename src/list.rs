@@ -296,7 +296,10 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             index: Vec::new(),
             generation: Vec::new(),
         };
-        if let Err(e) = inner.sampler.draw(&inner.shards, &windows, rng, n, draws) {
+        if let Err(e) = inner
+            .sampler
+            .draw(&inner.shards, &windows, rng, n, draws, None)
+        {
             return (Err(e), batch);
         }
         let want = inner.sampler.want();
@@ -306,7 +309,8 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         batch.generation = vec![0; draws.len()];
         let read = read_draws(
             draws,
-            inner.sampler.on_miss(&mut redraw),
+            // No process but this one writes a list buffer's items.
+            inner.sampler.on_miss(&mut redraw, &|_| false),
             |d, k, _| {
                 let (value, g, i) = inner.read(d, want)?;
                 items[k] = Some(value);

@@ -421,7 +421,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
             let (inner, mut rng) = self.buffer.call_stream();
             let mut rounds = 0;
             loop {
-                let read = Self::draw_and_read(&inner.core, &mut rng, n, batch);
+                let read = Self::draw_and_read(&inner.core, &mut rng, n, batch, rounds > 0);
                 let (shards, draws) = (inner.core.storage.shards(), &batch.scratch.draws);
                 if inner
                     .core
@@ -435,15 +435,17 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         Ok(())
     }
 
-    /// Draws up to `n` rows and reads them into `batch`.
+    /// Draws up to `n` rows and reads them into `batch`, `again` after a read that
+    /// missed ([`Core::draw`]).
     fn draw_and_read(
         core: &Core,
         rng: &mut Rng,
         n: usize,
         batch: &mut TypedBatch<T>,
+        again: bool,
     ) -> Result<(), SampleError> {
         let scratch = &mut batch.scratch;
-        core.draw(rng, n, scratch)?;
+        core.draw(rng, n, scratch, again)?;
         let m = scratch.draws.len();
         batch.rows.resize(m, T::zeroed());
         batch.index.resize(m, 0);

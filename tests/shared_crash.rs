@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use replaybuf::sampler::Prioritized;
+use replaybuf::sampler::{Fifo, Prioritized};
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 mod common;
@@ -184,8 +184,13 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("hung: {what} did not finish within {secs} s"))
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(answer) => answer,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("hung: {what} did not finish within {secs} s")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} failed (above)"),
+    }
 }
 
 /// A small random-ish delay in microseconds, different every round.
@@ -326,4 +331,69 @@ fn a_live_writer_in_another_pid_namespace_is_not_taken_for_dead() {
         whole(&rb2.read_all_in_order(None));
     });
     still_works(&rb, dir.path(), 1 << 61);
+}
+
+/// A FIFO queue in shared memory whose writer process is killed inside an `extend`
+/// hands out every row that writer published, once and in order, and then the rows
+/// written after: the rows it claimed and never published are skipped, not waited
+/// for.
+#[test]
+fn a_shared_fifo_queue_whose_writer_was_killed_hands_out_every_published_row() {
+    let name = name("fifo");
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(1 << 18)
+        .shards(2)
+        .sampler(Fifo)
+        .seed(11)
+        .shared(&name)
+        .build()
+        .unwrap();
+    // This process's own shard, leased for good; each child writes the other, taking
+    // it over from the child before.
+    let writer = rb.writer();
+    for round in 0..rounds().min(6) {
+        let base = (round + 1) << 40;
+        let mut child = spawn(&[], &name, "writer", base, "");
+        let mut stderr = keep_stderr(&mut child);
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        wait_for(&mut lines, "writing", &mut stderr);
+        std::thread::spawn(move || lines.for_each(drop));
+        std::thread::sleep(jitter(round, 2_000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The queue: the dead writer's published rows, oldest first, with none left
+        // out (a chunk took a few µs: the ring, 2^17 rows a shard, did not lap).
+        let popped = within(60, "popping after a kill", {
+            let rb = rb.clone();
+            move || pop_all(&rb)
+        });
+        assert!(popped.len() >= 32, "round {round}: {} popped", popped.len());
+        assert!(
+            popped.iter().copied().eq(base..base + popped.len() as u64),
+            "round {round}: {} rows popped, {:?}..={:?}",
+            popped.len(),
+            popped.first(),
+            popped.last()
+        );
+        // And the queue goes on.
+        let more: Vec<u64> = (0..100).map(|i| base + (1 << 36) + i).collect();
+        writer.extend(&rows(&rb, &more)).unwrap();
+        let popped = within(60, "popping new rows after a kill", {
+            let rb = rb.clone();
+            move || pop_all(&rb)
+        });
+        assert_eq!(popped, more, "round {round}");
+    }
+}
+
+/// Every row a FIFO buffer hands out until it says it is empty, checked whole.
+fn pop_all(rb: &ReplayBuffer) -> Vec<u64> {
+    let mut popped = Vec::new();
+    loop {
+        match rb.sample(4096) {
+            Ok(batch) => popped.extend(whole(&batch)),
+            Err(replaybuf::error::SampleError::Empty) => return popped,
+            Err(e) => panic!("after {} rows: {e}", popped.len()),
+        }
+    }
 }

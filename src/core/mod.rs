@@ -310,7 +310,7 @@ impl Core {
         out.check_weighted(weighted)?;
         let mut rounds = 0;
         loop {
-            self.draw(rng, n, scratch)?;
+            self.draw(rng, n, scratch, rounds > 0)?;
             let rows = scratch.draws.len();
             out.shape_rows(rows, weighted);
             let mut parts = out.parts(&self.storage, &map);
@@ -361,7 +361,9 @@ impl Core {
         }
     }
 
-    /// Draws up to `n` rows into `scratch.draws`.
+    /// Draws up to `n` rows into `scratch.draws`; `again` after a read of the rows
+    /// last drawn missed, when a FIFO draw leaves out the rows that will never be read
+    /// (`fifo.rs`; the first draw of a sample does not look).
     ///
     /// A uniform sample's draws are fetched first, all their lines at once
     /// (`atomic_copy::prefetch_room`), while they are made, which loads nothing else.
@@ -377,6 +379,7 @@ impl Core {
         rng: &mut Rng,
         n: usize,
         scratch: &mut Scratch,
+        again: bool,
     ) -> Result<(), SampleError> {
         let storage = &self.storage;
         storage.windows(&mut scratch.windows);
@@ -388,6 +391,7 @@ impl Core {
                 rng,
                 n,
                 &mut scratch.draws,
+                again.then_some(&|d| storage.is_abandoned(d)),
             );
         }
         let trees = storage.trees();
@@ -467,11 +471,19 @@ impl Core {
             }
             _ => {
                 let mut redraw = uniform_redraw(shards, windows, rng);
+                // A row its writer never finishes: the writer may be a process that
+                // died (shared mode), whose shard is then taken over and repaired.
+                let lost = |d: Draw| {
+                    let k = d.shard as usize;
+                    self.storage.reclaim_dead_lease(k);
+                    self.storage.reclaim_dead_editor(k);
+                    self.storage.is_abandoned(d)
+                };
                 self.gather(
                     draws,
                     located,
                     self.sampler.want(),
-                    self.sampler.on_miss(&mut redraw),
+                    self.sampler.on_miss(&mut redraw, &lost),
                     dest,
                     generation,
                     index,

@@ -17,6 +17,12 @@
 //! lost). A row that is overwritten anyway (a ring smaller than the queue) is lost:
 //! the mark skips the rows that left the window, and the batch is read again.
 //!
+//! A row that will never be read is skipped: one claimed by a writer that died before
+//! publishing it (in shared mode, the learner that waited on it takes the dead
+//! writer's shard over first), or dropped by an editor that died inside it. A read
+//! that meets one ends, and the batch drawn again stops before it; the next finds it
+//! at the mark and moves the mark past it.
+//!
 //! A batch takes its rows from one shard: the first, from one picked at random on,
 //! that has any. Each shard is a queue of its own (one per collector in shared mode).
 //! A row is counted as `seq * width + lane`, so an ndim-2 shard hands out a step's
@@ -77,21 +83,25 @@ pub(crate) fn row(d: &Draw, width: u64) -> u64 {
 
 /// Lists up to `rows` of shard `k`'s rows not taken yet, as far as the window `w`
 /// shows them, into `out`, without taking them; returns how many. Rows that left the
-/// window untaken are skipped for good.
-fn peek(shards: &[Shard], k: usize, w: Window, rows: u64, out: &mut Vec<Draw>) -> u64 {
+/// window untaken are skipped for good, and so are the rows `lost`, if given, says
+/// will never be read (claimed by a writer that died before publishing them, or
+/// dropped by an editor that died inside them): the mark moves past those at its
+/// head, and a batch ends before any other, which the next batch then finds at its
+/// head. (They held the queue up until the ring lapped them: every batch drawn again
+/// and again.) The caller asks only for a batch drawn again after a read that missed,
+/// so that a batch's first draw loads no row's stamp.
+fn peek(
+    shards: &[Shard],
+    k: usize,
+    w: Window,
+    rows: u64,
+    out: &mut Vec<Draw>,
+    lost: Option<&dyn Fn(Draw) -> bool>,
+) -> u64 {
     let shard = &shards[k];
     let width = shard.ring().width;
     let (lo, end) = (w.lo * width, w.hi * width);
-    let mark = shard.popped();
-    let mut first = mark.load(Ordering::Relaxed);
-    if first < lo {
-        first = mark.fetch_max(lo, Ordering::Relaxed).max(lo);
-    }
-    if first >= end {
-        return 0;
-    }
-    let n = rows.min(end - first);
-    out.extend((first..first + n).map(|r| {
+    let draw = |r: u64| {
         let (seq, lane) = shard.ring().step_lane(r);
         Draw {
             shard: k as u32,
@@ -99,18 +109,39 @@ fn peek(shards: &[Shard], k: usize, w: Window, rows: u64, out: &mut Vec<Draw>) -
             seq,
             ..Draw::default()
         }
-    }));
+    };
+    let mark = shard.popped();
+    let mut first = mark.load(Ordering::Relaxed);
+    if first < lo {
+        first = mark.fetch_max(lo, Ordering::Relaxed).max(lo);
+    }
+    let lost = |r: u64| lost.is_some_and(|lost| lost(draw(r)));
+    // Such a row stays lost (a lap's writer that takes its slot over makes a row of
+    // the next lap), so every learner may move the mark past it.
+    while first < end && lost(first) {
+        first = mark.fetch_max(first + 1, Ordering::Relaxed).max(first + 1);
+    }
+    if first >= end {
+        return 0;
+    }
+    let n = rows.min(end - first);
+    let n = (first + 1..first + n)
+        .position(lost)
+        .map_or(n, |i| i as u64 + 1);
+    out.extend((first..first + n).map(draw));
     n
 }
 
 /// Lists up to `n` rows of the first shard with rows not taken yet, from one picked
-/// at random on; [`SampleError::Empty`] if none has any.
+/// at random on, leaving out the rows `lost` says will never be read ([`peek`]);
+/// [`SampleError::Empty`] if none has any.
 pub(super) fn draw(
     shards: &[Shard],
     windows: &[Window],
     rng: &mut Rng,
     n: usize,
     out: &mut Vec<Draw>,
+    lost: Option<&dyn Fn(Draw) -> bool>,
 ) -> Result<(), SampleError> {
     if n == 0 {
         return Ok(());
@@ -118,7 +149,7 @@ pub(super) fn draw(
     let start = rng.random_range(0..shards.len());
     let found = (0..shards.len())
         .map(|i| (start + i) % shards.len())
-        .any(|k| peek(shards, k, windows[k], n as u64, out) > 0);
+        .any(|k| peek(shards, k, windows[k], n as u64, out, lost) > 0);
     if found {
         Ok(())
     } else {
@@ -151,7 +182,7 @@ fn take(shards: &[Shard], draws: &[Draw]) -> bool {
 /// Whether a FIFO batch read from `draws` stands (`read`: how the read went), after
 /// `rounds` earlier tries: once its rows are taken. `Ok(false)` asks for the batch to
 /// be drawn and read again: another learner took the rows first, or one was
-/// overwritten before it was read (the read then ends `Empty`).
+/// overwritten before it was read, or found lost (the read then ends `Empty`).
 pub(crate) fn settle(
     shards: &[Shard],
     draws: &[Draw],

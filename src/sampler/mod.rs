@@ -39,6 +39,9 @@ const MAX_ATTEMPTS_PER_ROW: u32 = 1 << 20;
 /// Misses after which a redrawing read reloads the shard windows: the writers have
 /// moved on since the snapshot.
 const REFRESH_AFTER_MISSES: u32 = 8;
+/// Misses of a row being written after which a FIFO read asks whether the row is lost
+/// ([`OnMiss::Exact`]): its writer may have died. About a millisecond of waiting.
+const LOST_CHECK_MISSES: u32 = 256;
 
 /// Uniform sampling with replacement (TorchRL `RandomSampler`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -212,14 +215,16 @@ impl SamplerEngine {
     /// What a read of this sampler's draws does with a draw that misses, for the
     /// samplers that draw without trees or lanes: a uniform draw is replaced by a
     /// fresh one (`redraw`), a read by position waits for the row there, and a FIFO
-    /// read waits for its row, or ends if it was overwritten (see [`Self::settle`]).
+    /// read waits for its row, or ends if it was overwritten or is `lost` (see
+    /// [`Self::settle`], [`OnMiss::Exact`]).
     pub(crate) fn on_miss<'a>(
         &self,
         redraw: &'a mut dyn FnMut(bool) -> Option<Draw>,
+        lost: &'a dyn Fn(Draw) -> bool,
     ) -> OnMiss<'a> {
         match self {
             SamplerEngine::WithoutReplacement(_) => OnMiss::Retry,
-            SamplerEngine::Fifo => OnMiss::Exact,
+            SamplerEngine::Fifo => OnMiss::Exact(lost),
             _ => OnMiss::Redraw(redraw),
         }
     }
@@ -243,7 +248,9 @@ impl SamplerEngine {
     }
 
     /// Draws up to `n` rows into `out` (exactly `n`, except for the last batch of a
-    /// without-replacement epoch without `drop_last`).
+    /// without-replacement epoch without `drop_last`, or of a FIFO queue with fewer
+    /// rows waiting). A FIFO queue skips the rows `lost`, if given, says will never be
+    /// read.
     pub(crate) fn draw(
         &self,
         shards: &[Shard],
@@ -251,12 +258,13 @@ impl SamplerEngine {
         rng: &mut Rng,
         n: usize,
         out: &mut Vec<Draw>,
+        lost: Option<&dyn Fn(Draw) -> bool>,
     ) -> Result<(), SampleError> {
         out.clear();
         match self {
             SamplerEngine::Uniform => uniform::draw(shards, windows, rng, n, out),
             SamplerEngine::WithoutReplacement(epochs) => epochs.draw(shards, windows, n, out),
-            SamplerEngine::Fifo => fifo::draw(shards, windows, rng, n, out),
+            SamplerEngine::Fifo => fifo::draw(shards, windows, rng, n, out, lost),
             SamplerEngine::Prioritized(_) => {
                 unreachable!("replaybuf internal error: prioritized draws need the trees")
             }
@@ -278,8 +286,11 @@ pub(crate) enum OnMiss<'a> {
     /// one row (a read by position that may meet a dead process's row).
     RetryUpTo(u32),
     /// As `Retry`, but a row that is gone ends the read with [`SampleError::Empty`]:
-    /// a FIFO batch, which is drawn again.
-    Exact,
+    /// a FIFO batch, which is drawn again. So does a row being written that the
+    /// closure, asked every [`LOST_CHECK_MISSES`] misses, says is lost: its writer
+    /// died (the closure takes the dead writers' shards over first). The next draw
+    /// skips it.
+    Exact(&'a dyn Fn(Draw) -> bool),
 }
 
 /// The uniform redraw: a fresh pick among the live rows of `windows`, reloaded from
@@ -353,15 +364,20 @@ pub(crate) fn read_after_miss(
                 }
                 draw = redraw(refresh).ok_or(SampleError::Empty)?;
             }
-            (OnMiss::Exact, Miss::Gone) => return Err(SampleError::Empty),
+            (OnMiss::Exact(_), Miss::Gone) => return Err(SampleError::Empty),
+            (OnMiss::Exact(lost), Miss::Busy)
+                if misses.is_multiple_of(LOST_CHECK_MISSES) && lost(draw) =>
+            {
+                return Err(SampleError::Empty)
+            }
             // A torn copy retries at once; a row being written is waited for: its
             // writer is inside one extend. A gone row will not come back: a read
             // by position looks at the position again.
-            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, Miss::Torn) => {}
+            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), Miss::Torn) => {}
             (OnMiss::RetryUpTo(_), Miss::Gone) => {
                 return Err(SampleError::Starved { attempts: misses })
             }
-            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact, _) => backoff.snooze(),
+            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), _) => backoff.snooze(),
         }
         match read(draw, k, false) {
             Ok(read) => return Ok(read),

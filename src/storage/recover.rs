@@ -433,6 +433,44 @@ mod tests {
         assert_eq!(ids, (0..40).filter(|&i| i != 10).collect::<Vec<_>>());
     }
 
+    /// A FIFO queue hands out every row around the ones that will never be read: a
+    /// dead claim between published rows, dropped by a recovery (every batch that met
+    /// it was drawn again and again, until the sample gave up as starved), and a row
+    /// being written below the abandoned mark, as a shared shard's takeover leaves a
+    /// dead lease holder's (waited on as a row being written, likewise).
+    #[test]
+    fn a_fifo_queue_skips_the_rows_dead_writers_left() {
+        let rb =
+            ReplayBuffer::builder(Spec::builder().field("id", DType::U64, []).build().unwrap())
+                .capacity(64)
+                .sampler(crate::sampler::Fifo)
+                .build()
+                .unwrap();
+        extend(&rb, 0..10);
+        let storage = &rb.state().core.storage;
+        let shard = &storage.shards()[0];
+        let ring = *shard.ring();
+        assert_eq!(shard.claim(2), 10);
+        extend(&rb, 12..20);
+        assert_eq!(storage.recover().unpublished, 2);
+        extend(&rb, 20..30);
+        storage.stamp(ring.slot(ring.pos(25), 0)).store(
+            Stamp::writing(ring.lap(25), 0).to_bits(),
+            crate::sync::Ordering::Release,
+        );
+        shard.abandoned().store(30, crate::sync::Ordering::Release);
+        let mut popped = Vec::new();
+        loop {
+            match rb.sample(7) {
+                Ok(b) => popped.extend_from_slice(b.column::<u64>("id").unwrap()),
+                Err(crate::error::SampleError::Empty) => break,
+                Err(e) => panic!("after {popped:?}: {e}"),
+            }
+        }
+        let want: Vec<u64> = (0..10).chain(12..25).chain(26..30).collect();
+        assert_eq!(popped, want);
+    }
+
     fn ids(rb: &ReplayBuffer) -> Vec<u64> {
         rb.read_all_in_order(None)
             .column::<u64>("id")
