@@ -216,14 +216,15 @@ impl SamplerEngine {
     /// samplers that draw without trees or lanes: a uniform draw is replaced by a
     /// fresh one (`redraw`), a read by position waits for the row there, and a FIFO
     /// read waits for its row, or ends if it was overwritten or is `lost` (see
-    /// [`Self::settle`], [`OnMiss::Exact`]).
+    /// [`Self::settle`], [`OnMiss::Exact`]); an epoch's read waits for its row, or
+    /// takes the epoch's next one in place of a `lost` row.
     pub(crate) fn on_miss<'a>(
-        &self,
+        &'a self,
         redraw: &'a mut dyn FnMut(bool) -> Option<Draw>,
         lost: &'a dyn Fn(Draw) -> bool,
     ) -> OnMiss<'a> {
         match self {
-            SamplerEngine::WithoutReplacement(_) => OnMiss::Retry,
+            SamplerEngine::WithoutReplacement(epochs) => OnMiss::Retry { lost, epochs },
             SamplerEngine::Fifo => OnMiss::Exact(lost),
             _ => OnMiss::Redraw(redraw),
         }
@@ -280,8 +281,15 @@ pub(crate) enum OnMiss<'a> {
     /// Replace it by a fresh draw (sampling with replacement). The closure is told
     /// when to reload its snapshot of the shards first: the writers have moved on.
     Redraw(&'a mut dyn FnMut(bool) -> Option<Draw>),
-    /// Read the same position again until its row is whole (reads by position).
-    Retry,
+    /// Read the same position again until its row is whole: an epoch's draw, which
+    /// takes a later lap's row there too. A row that is gone (dropped), or being
+    /// written and `lost`, asked every [`LOST_CHECK_MISSES`] misses, says will never
+    /// be (as for `Exact`), is replaced by the epoch's next row; the read ends with
+    /// [`SampleError::EpochEnd`] if none is left.
+    Retry {
+        lost: &'a dyn Fn(Draw) -> bool,
+        epochs: &'a without_replacement::Epochs<Draw>,
+    },
     /// As `Retry`, giving up with [`SampleError::Starved`] after this many misses of
     /// one row (a read by position that may meet a dead process's row).
     RetryUpTo(u32),
@@ -365,6 +373,17 @@ pub(crate) fn read_after_miss(
                 draw = redraw(refresh).ok_or(SampleError::Empty)?;
             }
             (OnMiss::Exact(_), Miss::Gone) => return Err(SampleError::Empty),
+            (OnMiss::Retry { lost, epochs }, miss)
+                if matches!(miss, Miss::Gone)
+                    || misses.is_multiple_of(LOST_CHECK_MISSES) && lost(draw) =>
+            {
+                // A row dropped (its editor died), or a writer that died inside it.
+                let mut next = Vec::with_capacity(1);
+                if !epochs.take_more(1, &mut next) {
+                    return Err(SampleError::EpochEnd);
+                }
+                draw = next[0];
+            }
             (OnMiss::Exact(lost), Miss::Busy)
                 if misses.is_multiple_of(LOST_CHECK_MISSES) && lost(draw) =>
             {
@@ -373,11 +392,11 @@ pub(crate) fn read_after_miss(
             // A torn copy retries at once; a row being written is waited for: its
             // writer is inside one extend. A gone row will not come back: a read
             // by position looks at the position again.
-            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), Miss::Torn) => {}
+            (OnMiss::Retry { .. } | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), Miss::Torn) => {}
             (OnMiss::RetryUpTo(_), Miss::Gone) => {
                 return Err(SampleError::Starved { attempts: misses })
             }
-            (OnMiss::Retry | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), _) => backoff.snooze(),
+            (OnMiss::Retry { .. } | OnMiss::RetryUpTo(_) | OnMiss::Exact(_), _) => backoff.snooze(),
         }
         match read(draw, k, false) {
             Ok(read) => return Ok(read),

@@ -9,7 +9,9 @@
 //! Only that turnover takes a lock.
 //!
 //! A position is read as it is when the batch is copied: if collectors have replaced
-//! the row since the epoch began, the newer row at the same position is returned.
+//! the row since the epoch began, the newer row at the same position is returned. A
+//! row that will never be read (dropped, or claimed by a writer that died before
+//! publishing it) is replaced in the batch by the epoch's next row.
 //!
 //! Layer: algos.
 

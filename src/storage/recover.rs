@@ -358,7 +358,7 @@ impl Storage {
 
 #[cfg(all(test, not(replaybuf_loom)))]
 mod tests {
-    use crate::error::AccessError;
+    use crate::error::{AccessError, SampleError};
     use crate::storage::stamp::Stamp;
     use crate::{DType, ReplayBuffer, Spec};
 
@@ -440,35 +440,75 @@ mod tests {
     /// dead lease holder's (waited on as a row being written, likewise).
     #[test]
     fn a_fifo_queue_skips_the_rows_dead_writers_left() {
-        let rb =
-            ReplayBuffer::builder(Spec::builder().field("id", DType::U64, []).build().unwrap())
-                .capacity(64)
-                .sampler(crate::sampler::Fifo)
-                .build()
-                .unwrap();
+        let rb = ids_only(64).sampler(crate::sampler::Fifo).build().unwrap();
         extend(&rb, 0..10);
         let storage = &rb.state().core.storage;
         let shard = &storage.shards()[0];
-        let ring = *shard.ring();
         assert_eq!(shard.claim(2), 10);
         extend(&rb, 12..20);
         assert_eq!(storage.recover().unpublished, 2);
         extend(&rb, 20..30);
-        storage.stamp(ring.slot(ring.pos(25), 0)).store(
-            Stamp::writing(ring.lap(25), 0).to_bits(),
-            crate::sync::Ordering::Release,
-        );
+        leave(storage, 25, Stamp::writing);
         shard.abandoned().store(30, crate::sync::Ordering::Release);
-        let mut popped = Vec::new();
-        loop {
-            match rb.sample(7) {
-                Ok(b) => popped.extend_from_slice(b.column::<u64>("id").unwrap()),
-                Err(crate::error::SampleError::Empty) => break,
-                Err(e) => panic!("after {popped:?}: {e}"),
-            }
-        }
+        let popped = sampled_until(&rb, 7, |e| matches!(e, SampleError::Empty));
         let want: Vec<u64> = (0..10).chain(12..25).chain(26..30).collect();
         assert_eq!(popped, want);
+    }
+
+    /// An epoch without replacement hands out every other row once when one of its
+    /// rows is a dead writer's, never to be published, or was dropped (it waited on
+    /// such a row, and failed every sample as starved, 2^20 tries later).
+    #[test]
+    fn an_epoch_without_replacement_skips_a_row_a_dead_writer_left() {
+        let rb = ids_only(64)
+            .sampler(crate::sampler::WithoutReplacement::new())
+            .seed(3)
+            .build()
+            .unwrap();
+        extend(&rb, 0..20);
+        let storage = &rb.state().core.storage;
+        leave(storage, 5, Stamp::writing);
+        storage.shards()[0]
+            .abandoned()
+            .store(20, crate::sync::Ordering::Release);
+        // And a row a dead editor's recovery dropped (read again until a lap wrote a
+        // newer row there).
+        leave(storage, 12, Stamp::dropped);
+        let mut got = sampled_until(&rb, 4, |e| matches!(e, SampleError::EpochEnd));
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (0..20).filter(|&i| i != 5 && i != 12).collect::<Vec<_>>()
+        );
+    }
+
+    /// The ids of samples of `n` rows, one after another, until one fails as `end`
+    /// says it should; any other failure fails the test.
+    fn sampled_until(rb: &ReplayBuffer, n: usize, end: fn(&SampleError) -> bool) -> Vec<u64> {
+        let mut got = Vec::new();
+        loop {
+            match rb.sample(n) {
+                Ok(b) => got.extend_from_slice(b.column::<u64>("id").unwrap()),
+                Err(e) if end(&e) => return got,
+                Err(e) => panic!("after {got:?}: {e}"),
+            }
+        }
+    }
+
+    /// A buffer of one `id` column, of `capacity` rows, one shard.
+    fn ids_only(capacity: usize) -> crate::ReplayBufferBuilder {
+        let spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        ReplayBuffer::builder(spec).capacity(capacity)
+    }
+
+    /// Stores the stamp `stamp(lap, 0)` in the slot of row `seq` (shard 0, lane 0), as
+    /// a writer or an editor that died there left it.
+    fn leave(storage: &super::Storage, seq: u64, stamp: fn(u32, u32) -> Stamp) {
+        let ring = *storage.shards()[0].ring();
+        storage.stamp(ring.slot(ring.pos(seq), 0)).store(
+            stamp(ring.lap(seq), 0).to_bits(),
+            crate::sync::Ordering::Release,
+        );
     }
 
     fn ids(rb: &ReplayBuffer) -> Vec<u64> {
