@@ -810,13 +810,18 @@ fn list_buffers_round_trip_and_refuse_damage() {
 fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
     use std::panic::{catch_unwind, AssertUnwindSafe};
     let dir = tempfile::tempdir().unwrap();
+    // Each gets the buffer and the directory it is being saved to.
     type Reentry = fn(&ReplayBuffer, &Path);
-    let reentries: [(&str, Reentry); 3] = [
+    let reentries: [(&str, Reentry); 4] = [
         ("extend", |rb, _| {
             rb.extend(&rows(rb, 900, 1, 1)).map(drop).unwrap()
         }),
         ("clear", |rb, _| rb.clear()),
-        ("save", |rb, dir| rb.save(dir.join("again")).unwrap()),
+        ("save", |rb, dest| {
+            rb.save(dest.with_extension("again")).unwrap()
+        }),
+        // The directory's lock, which the outer save holds, waited for good.
+        ("save here", |rb, dest| rb.save(dest).unwrap()),
     ];
     for (what, reentry) in reentries {
         for through_progress in [false, true] {
@@ -826,10 +831,10 @@ fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
                 .build()
                 .unwrap();
             fill(&rb, 20);
-            let (inner, path) = (rb.clone(), dir.path().to_path_buf());
+            let dest = dir.path().join(format!("{what}-{through_progress}"));
+            let (inner, path) = (rb.clone(), dest.clone());
             let (tx, rx) = std::sync::mpsc::channel();
             let saving = rb.clone();
-            let dest = dir.path().join(format!("{what}-{through_progress}"));
             std::thread::spawn(move || {
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     if through_progress {

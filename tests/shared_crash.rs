@@ -353,14 +353,7 @@ fn a_shared_fifo_queue_whose_writer_was_killed_hands_out_every_published_row() {
     let writer = rb.writer();
     for round in 0..rounds().min(6) {
         let base = (round + 1) << 40;
-        let mut child = spawn(&[], &name, "writer", base, "");
-        let mut stderr = keep_stderr(&mut child);
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        wait_for(&mut lines, "writing", &mut stderr);
-        std::thread::spawn(move || lines.for_each(drop));
-        std::thread::sleep(jitter(round, 2_000));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill_a_writer_inside_an_extend(&name, base, round);
         // The queue: the dead writer's published rows, oldest first, with none left
         // out (a chunk took a few µs: the ring, 2^17 rows a shard, did not lap).
         let popped = within(60, "popping after a kill", {
@@ -396,4 +389,46 @@ fn pop_all(rb: &ReplayBuffer) -> Vec<u64> {
             Err(e) => panic!("after {} rows: {e}", popped.len()),
         }
     }
+}
+
+/// A rewrite after a collector process was killed inside an `extend` rewrites: the
+/// editor waits for the appenders inside the shard to leave, and the dead one's
+/// shard is taken over (it waited for good, the dead appender counted inside).
+#[test]
+fn a_rewrite_after_a_collector_was_killed_inside_an_extend_goes_through() {
+    let name = name("rewrite");
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(1 << 16)
+        .shards(1)
+        .seed(11)
+        .shared(&name)
+        .build()
+        .unwrap();
+    for round in 0..rounds().min(6) {
+        let base = (round + 1) << 40;
+        kill_a_writer_inside_an_extend(&name, base, round);
+        let new = base + (1 << 36);
+        let first = within(60, "a rewrite after a kill", {
+            let rb = rb.clone();
+            move || {
+                rb.write_at(&[0], &rows(&rb, &[new])).unwrap();
+                whole(&rb.read_all_in_order(None))[0]
+            }
+        });
+        assert_eq!(first, new, "round {round}");
+    }
+}
+
+/// Starts a writer child on the shared buffer `name`, writing ids from `base` on, and
+/// kills it a moment (up to 2 ms, varying with `round`) after its first extend:
+/// most often inside one.
+fn kill_a_writer_inside_an_extend(name: &str, base: u64, round: u64) {
+    let mut child = spawn(&[], name, "writer", base, "");
+    let mut stderr = keep_stderr(&mut child);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    wait_for(&mut lines, "writing", &mut stderr);
+    std::thread::spawn(move || lines.for_each(drop));
+    std::thread::sleep(jitter(round, 2_000));
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

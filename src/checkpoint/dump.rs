@@ -334,6 +334,10 @@ fn dump(
     options: &SaveOptions,
     limit: Option<RateLimit>,
 ) -> Result<bool, PersistError> {
+    // A save from this save's hooks or progress reports panics, saying why, before it
+    // takes the directory's lock, which this save holds if it names the same one
+    // (it waited there for good).
+    inner.core.storage.refuse_reentry();
     fs::create_dir_all(dir).at(dir)?;
     // One dump into a directory at a time, from any thread or process: two would
     // both write the next generation's files over each other and delete the one

@@ -62,7 +62,9 @@
 use smallvec::SmallVec;
 
 use super::layout::Global;
-use super::shard::{EditGuard, FreezeGuard as ShardFreeze, IsFrozen, Shard};
+use super::shard::{
+    EditGuard, FreezeGuard as ShardFreeze, IsFrozen, Shard, DEAD_WRITER_CHECK_WAITS,
+};
 use super::stamp::Claim;
 use super::Storage;
 use crate::sync::{fence, AtomicU64, Backoff, Ordering};
@@ -75,8 +77,6 @@ std::thread_local! {
     /// address), or 0: a save's hooks and progress reports run inside its freeze.
     static FROZEN_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
-/// Waits on a shard that does not drain between checks that its writer still lives.
-const DEAD_WRITER_CHECK_WAITS: u32 = 4096;
 
 /// A write refused because a swap retired the storage it was made against: nothing
 /// was written, and the caller redoes it on the buffer's current state.
@@ -168,7 +168,7 @@ impl Storage {
     /// that save's thaw, which only its own return brings. A contract the docs of
     /// `register_save_hook` and `SaveOptions::progress` state; a hang would say
     /// nothing of it.
-    fn refuse_reentry(&self) {
+    pub(crate) fn refuse_reentry(&self) {
         #[cfg(not(replaybuf_loom))]
         if FROZEN_HERE.with(std::cell::Cell::get) == self.freeze_id() {
             panic!(
@@ -223,7 +223,8 @@ impl Storage {
     pub(crate) fn enter_edit(&self, k: usize) -> Result<Editing<'_>, Retired> {
         self.refuse_reentry();
         let held = self.hold_edit(k);
-        let guard = self.shards()[k].enter_edit(self.freezer_holder());
+        let guard =
+            self.shards()[k].enter_edit(self.freezer_holder(), || self.reclaim_dead_lease(k));
         let editing = Editing {
             guards: smallvec::smallvec![guard],
             _held: smallvec::smallvec![held],
@@ -252,8 +253,8 @@ impl Storage {
             .map(|k| self.hold_edit(k))
             .collect();
         let guards = self.enter_all(Shard::try_enter_edit, |_, guard| drop(guard))?;
-        for guard in &guards {
-            guard.wait_for_plain_appenders();
+        for (k, guard) in guards.iter().enumerate() {
+            guard.wait_for_plain_appenders(|| self.reclaim_dead_lease(k));
         }
         Ok(Editing {
             guards,

@@ -69,6 +69,9 @@ use crate::region::Block;
 use crate::shared::procs::ProcTable;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
+/// Waits on a shard that does not drain between checks that its writer still lives.
+pub(crate) const DEAD_WRITER_CHECK_WAITS: u32 = 4096;
+
 /// The occupancy word (`ShardWord::Occupancy`):
 ///
 /// ```text
@@ -488,16 +491,17 @@ impl Shard {
         self.occupancy().fetch_sub(unit, Ordering::Release);
     }
 
-    /// Enters the shard as an editor, waiting for plain appenders inside to leave.
-    /// Waits while the shard is frozen.
-    pub(crate) fn enter_edit(&self, me: u64) -> EditGuard<'_> {
+    /// Enters the shard as an editor, waiting for plain appenders inside to leave
+    /// (`stalled`: see [`EditGuard::wait_for_plain_appenders`]). Waits while the shard
+    /// is frozen.
+    pub(crate) fn enter_edit(&self, me: u64, stalled: impl FnMut()) -> EditGuard<'_> {
         let guard = loop {
             match self.try_enter_edit() {
                 Ok(guard) => break guard,
                 Err(IsFrozen) => self.wait_thawed(me),
             }
         };
-        guard.wait_for_plain_appenders();
+        guard.wait_for_plain_appenders(stalled);
         guard
     }
 
@@ -691,11 +695,19 @@ pub(crate) struct EditGuard<'a> {
 impl EditGuard<'_> {
     /// Waits until no plain appender is inside the shard: those inside finish their
     /// one extend (they wait for nothing but their own slots' predecessors), and those
-    /// that come later see the editor and claim by compare-exchange.
-    pub(crate) fn wait_for_plain_appenders(&self) {
+    /// that come later see the editor and claim by compare-exchange. Calls `stalled`
+    /// every [`DEAD_WRITER_CHECK_WAITS`] waits: in a shared region the appender may be
+    /// a process that died inside, whose unit would never leave (the caller takes its
+    /// lease over, which clears its units).
+    pub(crate) fn wait_for_plain_appenders(&self, mut stalled: impl FnMut()) {
         let mut backoff = Backoff::new();
+        let mut waits = 0u32;
         while self.shard.occupancy().load(Ordering::Acquire) & PLAIN_MASK != 0 {
             backoff.snooze();
+            waits = waits.wrapping_add(1);
+            if waits.is_multiple_of(DEAD_WRITER_CHECK_WAITS) {
+                stalled();
+            }
         }
     }
 }
