@@ -131,6 +131,11 @@ mod imp {
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
+
+        /// The lock if no one holds it; `None` at once otherwise.
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
     }
 
     /// A condition variable for the cold handoffs (prefetch workers and their

@@ -188,12 +188,22 @@ impl Member {
 
     /// If shard `k`'s editor process died: takes its `Editor` word over, repairs the
     /// shard (`Storage::recover_editor`) and gives the word back.
+    ///
+    /// Nothing while another thread of this process holds the shard's editors: it is
+    /// counting one in or out, or waiting in [`Member::begin_edit`] for the word,
+    /// which takes it over from a dead holder itself. Waiting for that thread here
+    /// could wait for good: the callers are a freeze waiting for its shards to drain
+    /// and an appender waiting for a slot, and the word's live holder may be another
+    /// process's editor waiting for that very freeze to thaw (or for that appender to
+    /// leave), while the thread in `begin_edit` waits for the word.
     pub(crate) fn reclaim_dead_editor(&self, storage: &Storage, k: usize) {
         let word = self.shards[k].word(ShardWord::Editor);
         if word.load(Ordering::Acquire) == 0 {
             return;
         }
-        let inside = self.editors[k].lock();
+        let Some(inside) = self.editors[k].try_lock() else {
+            return;
+        };
         if *inside == 0 {
             self.repair_if_dead(word, || storage.recover_editor(k));
         }
