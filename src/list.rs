@@ -225,8 +225,14 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
     }
 
     /// Appends past the write policy.
+    ///
+    /// No value is dropped inside the claim: a value's drop is the caller's code, and
+    /// one that panicked there left the shard's appender unit counted (every save
+    /// waited for good) and the claim's later slots unwritten (every append of their
+    /// positions, and every read of them, waited for good). The values the append
+    /// itself laps go before it claims; the values it replaces, after it leaves.
     fn append(&self, values: impl IntoIterator<Item = T>) -> Written {
-        let values: Vec<T> = values.into_iter().collect();
+        let mut values: Vec<T> = values.into_iter().collect();
         let inner = &self.inner;
         let k = if inner.shards.len() == 1 {
             0
@@ -239,12 +245,13 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let shard = &inner.shards[k];
         let ring = *shard.ring();
         let steps = values.len() as u64;
+        let skip = steps.saturating_sub(ring.steps) as usize;
+        values.drain(..skip);
+        let mut replaced = Vec::with_capacity(values.len());
         // As an appender, so that a checkpoint's freeze waits for this append.
         let claim = shard.enter_append(1);
         let first = shard.claim(steps);
-        let skip = steps.saturating_sub(ring.steps) as usize;
-        for (step, value) in shard::steps_of(&ring, first, steps).zip(values.into_iter().skip(skip))
-        {
+        for (step, value) in shard::steps_of(&ring, first, steps).zip(values) {
             let slot = &inner.slots[ring.slot(step.pos, 0) as usize];
             // Wait for the slot's previous value, as the row storage's appenders do, so
             // that a writer that lapped a slower one never has its value replaced by
@@ -253,12 +260,13 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             while slot.load().map(|e| e.seq) != step.prev {
                 backoff.snooze();
             }
-            slot.store(Some(Arc::new(Entry {
+            replaced.push(slot.swap(Some(Arc::new(Entry {
                 seq: step.seq,
                 value,
-            })));
+            }))));
         }
         shard.leave_append(claim);
+        drop(replaced);
         let mut written = Written::new(steps, RowOrder::Flat);
         written.push(ring, first, 0);
         written

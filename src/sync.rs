@@ -211,6 +211,11 @@ mod imp {
         pub(crate) fn store(&self, value: Option<Arc<T>>) {
             self.0.store(value)
         }
+
+        /// Stores `value`; the value it replaced.
+        pub(crate) fn swap(&self, value: Option<Arc<T>>) -> Option<Arc<T>> {
+            self.0.swap(value)
+        }
     }
 
     /// An atomically replaceable `Arc<T>` (`arc_swap::ArcSwap`): a load takes no lock
@@ -442,6 +447,10 @@ mod imp {
 
         pub(crate) fn store(&self, value: Option<Arc<T>>) {
             *self.0.lock().expect("poisoned") = value;
+        }
+
+        pub(crate) fn swap(&self, value: Option<Arc<T>>) -> Option<Arc<T>> {
+            std::mem::replace(&mut *self.0.lock().expect("poisoned"), value)
         }
     }
 

@@ -699,3 +699,42 @@ fn list_buffer_holds_any_clone_type() {
     rb.clear();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }
+
+/// A list buffer whose values panic when dropped: the append that replaces one
+/// panics, after it has stored all its values, and the buffer goes on (the panic
+/// came inside the append's claim: its later slots were never written, and the next
+/// append of their positions, and a save, waited for good).
+#[test]
+fn a_list_value_that_panics_when_dropped_leaves_a_working_buffer() {
+    #[derive(Clone, serde::Serialize, serde::Deserialize)]
+    struct Loud(u32);
+    impl Drop for Loud {
+        fn drop(&mut self) {
+            if self.0 == 1 && !std::thread::panicking() {
+                panic!("value 1 dropped");
+            }
+        }
+    }
+    let rb = ListBuffer::<Loud>::builder().capacity(4).build().unwrap();
+    rb.extend((0..4).map(Loud)).unwrap();
+    let lapping = rb.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lapping.extend((10..14).map(Loud)).map(drop)
+    }));
+    assert!(outcome.is_err(), "dropping value 1 panicked");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let after = rb.clone();
+    #[allow(clippy::disallowed_methods)] // a hang shows as a timeout
+    std::thread::spawn(move || {
+        after.extend((20..26).map(Loud)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        after.save(dir.path()).unwrap();
+        let mut got: Vec<u32> = (0..4).map(|i| after.get(i).unwrap().0).collect();
+        got.sort_unstable();
+        tx.send(got).unwrap();
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the appends and the save after the panic return");
+    assert_eq!(got, [22, 23, 24, 25]);
+}
