@@ -1724,7 +1724,11 @@ impl Storage {
             return false;
         }
         // A newer row there (a lap after) is a row too: a read by position takes it.
-        !(stamp.is_published() && lap_cmp(stamp.lap(), lap) != Cmp::Less)
+        // So is one being rewritten in place: its editor lives (a dead editor's row is
+        // dropped by its recovery), and publishes it again. (It was taken for lost,
+        // which a FIFO queue or an epoch would skip.)
+        let row = stamp.is_published() || stamp.is_being_edited();
+        !(row && lap_cmp(stamp.lap(), lap) != Cmp::Less)
     }
 
     /// The row currently at storage `index`, as a draw, or `None` if the position is

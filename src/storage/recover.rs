@@ -482,6 +482,28 @@ mod tests {
         );
     }
 
+    /// A row being rewritten in place below the abandoned mark is a live editor's,
+    /// not abandoned (a FIFO queue or an epoch that met it while its editor was slow
+    /// would have skipped it); a row an appender marked there is a dead writer's.
+    #[test]
+    fn a_row_being_edited_below_the_abandoned_mark_is_not_abandoned() {
+        let rb = ids_only(64).build().unwrap();
+        extend(&rb, 0..20);
+        let storage = &rb.state().core.storage;
+        storage.shards()[0]
+            .abandoned()
+            .store(20, crate::sync::Ordering::Release);
+        leave(storage, 5, |lap, _| Stamp::writing(lap, 1));
+        leave(storage, 6, Stamp::writing);
+        let draw = |seq| crate::storage::Draw {
+            seq,
+            ..crate::storage::Draw::default()
+        };
+        assert!(!storage.is_abandoned(draw(5)));
+        assert!(storage.is_abandoned(draw(6)));
+        assert!(!storage.is_abandoned(draw(7)));
+    }
+
     /// The ids of samples of `n` rows, one after another, until one fails as `end`
     /// says it should; any other failure fails the test.
     fn sampled_until(rb: &ReplayBuffer, n: usize, end: fn(&SampleError) -> bool) -> Vec<u64> {
