@@ -364,14 +364,7 @@ fn a_killed_extend_of_a_file_backed_buffer_leaves_only_readable_rows() {
         let more: Vec<u64> = (1_000_000..1_000_000 + 500).collect();
         rb.extend(&rows(&rb, &more)).unwrap();
         if sampler == "fifo" {
-            let mut popped = Vec::new();
-            loop {
-                match rb.sample(4096) {
-                    Ok(b) => popped.extend(whole_ids(&b)),
-                    Err(replaybuf::error::SampleError::Empty) => break,
-                    Err(e) => panic!("run {run}: {e}"),
-                }
-            }
+            let popped = common::pop_all(&rb, 4096, whole_ids);
             let held = (ids.len() + more.len()).min(EXTEND_CAPACITY);
             assert_eq!(popped.len(), held, "run {run}: every row popped");
             assert!(popped.ends_with(&more), "run {run}: the new rows last");

@@ -100,14 +100,7 @@ fn each_shard_is_a_queue_and_every_row_comes_out_once() {
     for first in (0..40).step_by(5) {
         rb.extend(&rows(&rb, first..first + 5)).unwrap();
     }
-    let mut seen = Vec::new();
-    loop {
-        match rb.sample(7) {
-            Ok(b) => seen.extend(ids(&b)),
-            Err(SampleError::Empty) => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let seen = common::pop_all(&rb, 7, ids);
     // Extends go round robin over the shards: shard k holds chunks k, k + 4. Its rows
     // come out in their order.
     let mut sorted = seen.clone();

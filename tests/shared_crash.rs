@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use replaybuf::sampler::{Fifo, Prioritized};
+use replaybuf::sampler::{Fifo, Prioritized, Uniform};
 use replaybuf::{DType, ReplayBuffer, ReplayBufferBuilder, Spec};
 
 mod common;
@@ -340,14 +340,7 @@ fn a_live_writer_in_another_pid_namespace_is_not_taken_for_dead() {
 #[test]
 fn a_shared_fifo_queue_whose_writer_was_killed_hands_out_every_published_row() {
     let name = name("fifo");
-    let rb = ReplayBuffer::builder(spec())
-        .capacity(1 << 18)
-        .shards(2)
-        .sampler(Fifo)
-        .seed(11)
-        .shared(&name)
-        .build()
-        .unwrap();
+    let rb = builder(&name, 1 << 18, 2).sampler(Fifo).build().unwrap();
     // This process's own shard, leased for good; each child writes the other, taking
     // it over from the child before.
     let writer = rb.writer();
@@ -358,7 +351,7 @@ fn a_shared_fifo_queue_whose_writer_was_killed_hands_out_every_published_row() {
         // out (a chunk took a few µs: the ring, 2^17 rows a shard, did not lap).
         let popped = within(60, "popping after a kill", {
             let rb = rb.clone();
-            move || pop_all(&rb)
+            move || common::pop_all(&rb, 4096, whole)
         });
         assert!(popped.len() >= 32, "round {round}: {} popped", popped.len());
         assert!(
@@ -373,21 +366,9 @@ fn a_shared_fifo_queue_whose_writer_was_killed_hands_out_every_published_row() {
         writer.extend(&rows(&rb, &more)).unwrap();
         let popped = within(60, "popping new rows after a kill", {
             let rb = rb.clone();
-            move || pop_all(&rb)
+            move || common::pop_all(&rb, 4096, whole)
         });
         assert_eq!(popped, more, "round {round}");
-    }
-}
-
-/// Every row a FIFO buffer hands out until it says it is empty, checked whole.
-fn pop_all(rb: &ReplayBuffer) -> Vec<u64> {
-    let mut popped = Vec::new();
-    loop {
-        match rb.sample(4096) {
-            Ok(batch) => popped.extend(whole(&batch)),
-            Err(replaybuf::error::SampleError::Empty) => return popped,
-            Err(e) => panic!("after {} rows: {e}", popped.len()),
-        }
     }
 }
 
@@ -397,13 +378,7 @@ fn pop_all(rb: &ReplayBuffer) -> Vec<u64> {
 #[test]
 fn a_rewrite_after_a_collector_was_killed_inside_an_extend_goes_through() {
     let name = name("rewrite");
-    let rb = ReplayBuffer::builder(spec())
-        .capacity(1 << 16)
-        .shards(1)
-        .seed(11)
-        .shared(&name)
-        .build()
-        .unwrap();
+    let rb = builder(&name, 1 << 16, 1).sampler(Uniform).build().unwrap();
     for round in 0..rounds().min(6) {
         let base = (round + 1) << 40;
         kill_a_writer_inside_an_extend(&name, base, round);

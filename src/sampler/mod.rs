@@ -39,8 +39,9 @@ const MAX_ATTEMPTS_PER_ROW: u32 = 1 << 20;
 /// Misses after which a redrawing read reloads the shard windows: the writers have
 /// moved on since the snapshot.
 const REFRESH_AFTER_MISSES: u32 = 8;
-/// Misses of a row being written after which a FIFO read asks whether the row is lost
-/// ([`OnMiss::Exact`]): its writer may have died. About a millisecond of waiting.
+/// Misses of a row being written after which a FIFO or epoch read asks whether the row
+/// is lost ([`OnMiss::Exact`], [`OnMiss::Retry`]): its writer may have died. About a
+/// millisecond of waiting.
 const LOST_CHECK_MISSES: u32 = 256;
 
 /// Uniform sampling with replacement (TorchRL `RandomSampler`).

@@ -171,6 +171,24 @@ pub mod rewards {
     }
 }
 
+/// Every row a FIFO buffer hands out, `n` at a time, until it says it is empty: each
+/// batch's ids as `ids` reads them (checking the rows whole, say). Any other failure
+/// fails the test.
+pub fn pop_all(
+    rb: &replaybuf::ReplayBuffer,
+    n: usize,
+    ids: impl Fn(&replaybuf::Batch) -> Vec<u64>,
+) -> Vec<u64> {
+    let mut popped = Vec::new();
+    loop {
+        match rb.sample(n) {
+            Ok(batch) => popped.extend(ids(&batch)),
+            Err(replaybuf::error::SampleError::Empty) => return popped,
+            Err(e) => panic!("after {} rows: {e}", popped.len()),
+        }
+    }
+}
+
 /// Rows of an id, a payload of `bytes`, a flag and a priority (`prio`): rows of
 /// `bytes + 13` bytes, for the streaming tests' rows of any size.
 pub fn payload_spec(bytes: usize) -> replaybuf::Spec {
