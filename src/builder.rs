@@ -168,6 +168,10 @@ impl ReplayBufferBuilder {
         &self.settings.write_policy
     }
 
+    pub(crate) fn chosen_sampler(&self) -> &Sampler {
+        &self.settings.sampler
+    }
+
     /// Checks every choice and reserves the storage (lazily: no page is touched until
     /// written).
     pub fn build(self) -> Result<ReplayBuffer, BuildError> {
@@ -263,6 +267,9 @@ impl ReplayBufferBuilder {
                     DType::F16 | DType::BF16 | DType::F32 | DType::F64
                 ) {
                     return reason("priorities must be a float field");
+                }
+                if field.elements() == 0 {
+                    return reason("a priority field needs at least one value a row");
                 }
                 if !prioritized {
                     return reason("a priority field needs a prioritized sampler");

@@ -319,13 +319,15 @@ impl ReplayBufferEnsemble {
         let call = e.calls.fetch_add(1, Ordering::Relaxed);
         let mut rng = rng::stream(e.seed, rng::Stream::Call(call));
         let shares = self.shares(&mut rng, n);
-        // A member with no row to give fails the sample: found before any member
-        // draws, as a draw moves a member's epoch and rate-limit counts, which a
-        // failed sample must leave alone. (A rate-limited member waits for rows.)
-        let empty =
-            |(b, &share): (&ReplayBuffer, &usize)| share > 0 && b.limiter.is_none() && b.is_empty();
-        if e.buffers.iter().zip(&shares).any(empty) {
-            return Err(SampleError::Empty);
+        // A member with no row to give, or one that would refuse its share, fails the
+        // sample: found before any member draws, as a draw moves a member's epoch and
+        // rate-limit counts, which a failed sample must leave alone. (A rate-limited
+        // member waits for rows.)
+        for (b, &share) in e.buffers.iter().zip(&shares).filter(|(_, &s)| s > 0) {
+            if b.limiter.is_none() && b.is_empty() {
+                return Err(SampleError::Empty);
+            }
+            b.state().core.check_sample(share)?;
         }
         for ((buffer, part), &share) in e.buffers.iter().zip(&mut out.parts).zip(&shares) {
             if share > 0 {

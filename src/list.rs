@@ -92,13 +92,24 @@ impl<T: Clone + Send + Sync> ListBuilder<T> {
     }
 
     /// Builds the buffer and writes `values` into it before any handle exists, past the
-    /// write policy, as `extend` would: how an immutable list dataset gets its values.
+    /// write policy: how an immutable list dataset gets its values. Spread over the
+    /// shards as [`ReplayBufferBuilder::build_from`](crate::ReplayBufferBuilder::build_from)
+    /// spreads its rows, so that up to the capacity all stay.
     pub fn build_from(
         self,
         values: impl IntoIterator<Item = T>,
     ) -> Result<ListBuffer<T>, BuildError> {
         let rb = self.build()?;
-        rb.append(values);
+        let mut values: Vec<T> = values.into_iter().collect();
+        let (n, shards) = (values.len(), rb.inner.shards.len());
+        // Shard `k` takes values `n * k / shards..n * (k + 1) / shards`: the last
+        // shard's first, split off the end.
+        for k in (0..shards).rev() {
+            let part = values.split_off(n * k / shards);
+            if !part.is_empty() {
+                rb.append_to(k, part);
+            }
+        }
         Ok(rb)
     }
 
@@ -232,7 +243,6 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
     /// positions, and every read of them, waited for good). The values the append
     /// itself laps go before it claims; the values it replaces, after it leaves.
     fn append(&self, values: impl IntoIterator<Item = T>) -> Written {
-        let mut values: Vec<T> = values.into_iter().collect();
         let inner = &self.inner;
         let k = if inner.shards.len() == 1 {
             0
@@ -242,6 +252,12 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
                 .fetch_add(1, Ordering::Relaxed)
                 % inner.shards.len() as u64) as usize
         };
+        self.append_to(k, values.into_iter().collect())
+    }
+
+    /// [`ListBuffer::append`] into shard `k`.
+    fn append_to(&self, k: usize, mut values: Vec<T>) -> Written {
+        let inner = &self.inner;
         let shard = &inner.shards[k];
         let ring = *shard.ring();
         let steps = values.len() as u64;

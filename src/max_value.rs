@@ -131,6 +131,9 @@ impl MaxValue {
         if f.dtype() == DType::Bool {
             return key_err("ranks must be a numeric field, not bool");
         }
+        if f.elements() == 0 {
+            return key_err("a rank field needs at least one value a row");
+        }
         if ndim != 1 {
             return err("a max-value writer needs an ndim-1 storage");
         }
@@ -162,29 +165,32 @@ impl MaxValue {
         })
     }
 
-    /// Each row's rank: its rank field's values reduced. Refuses NaN or infinite ones.
+    /// Each row's rank ([`MaxValue::rank`]). Refuses a row that ranks nowhere.
     fn ranks_of(&self, core: &Core, batch: &Batch, rows: usize) -> Result<Vec<Rank>, DataError> {
         let key = core.storage.spec().fields()[self.field].key();
         let values = numeric_column(batch, key)?;
         let per_row = values.len() / batch.len().max(1);
         (0..rows.min(batch.len()))
             .map(|r| {
-                let rank = self
-                    .reduction
-                    .reduce(&values[r * per_row..(r + 1) * per_row]);
-                // A NaN, or infinities of both signs summed, rank nowhere. An infinite
-                // rank (TorchRL takes them) clamps to the largest finite one, as does a
-                // sum of finite values that overflows: the order is kept.
-                if rank.is_nan() {
-                    return Err(DataError::InvalidRank {
-                        key: key.clone(),
-                        row: r,
-                        value: rank,
-                    });
-                }
-                Ok(Rank(rank.clamp(f64::MIN, f64::MAX) + 0.0))
+                let rank = self.rank(&values[r * per_row..(r + 1) * per_row]);
+                rank.map(Rank).ok_or_else(|| DataError::InvalidRank {
+                    key: key.clone(),
+                    row: r,
+                    value: f64::NAN,
+                })
             })
             .collect()
+    }
+
+    /// The rank of a row whose rank field holds `values`: their reduction, or `None`
+    /// for a NaN (infinities of both signs summed, say), which ranks nowhere. An
+    /// infinite rank (TorchRL takes them) clamps to the largest finite one, as does a
+    /// sum of finite values that overflows: the order is kept. Rows coming in and rows
+    /// re-ranked after a swap or a load rank alike: a re-rank that took an infinite
+    /// rank for the lowest dropped the best row first.
+    fn rank(&self, values: &[f64]) -> Option<f64> {
+        let rank = self.reduction.reduce(values);
+        (!rank.is_nan()).then(|| rank.clamp(f64::MIN, f64::MAX) + 0.0)
     }
 
     /// Places the rows of `batch`: appends while the storage has room (shard `first`
@@ -313,19 +319,20 @@ impl MaxValue {
         }
     }
 
-    /// The rank of each row of `rows` (rows already stored somewhere): rows were
-    /// admitted with finite ranks, but rows written under another policy may hold
-    /// anything, and a row without a finite rank ranks lowest.
+    /// The rank of each row of `rows` (rows already stored somewhere), as
+    /// [`MaxValue::rank`] ranks rows coming in; rows written under another policy may
+    /// hold anything, and a row without a rank (a NaN) ranks lowest.
     pub(crate) fn stored_ranks(&self, rows: &Batch) -> Vec<f64> {
         let values =
             numeric_column(rows, rows.spec().fields()[self.field].key()).unwrap_or_default();
         let per_row = values.len() / rows.len().max(1);
         (0..rows.len())
-            .map(|r| match values.get(r * per_row..(r + 1) * per_row) {
-                Some(v) if per_row > 0 && v.iter().all(|x| x.is_finite()) => {
-                    self.reduction.reduce(v).clamp(f64::MIN, f64::MAX) + 0.0
-                }
-                _ => f64::MIN,
+            .map(|r| {
+                values
+                    .get(r * per_row..(r + 1) * per_row)
+                    .filter(|v| !v.is_empty())
+                    .and_then(|v| self.rank(v))
+                    .unwrap_or(f64::MIN)
             })
             .collect()
     }

@@ -33,6 +33,8 @@ use crate::swap::StorageConfig;
 /// Why a typed buffer refuses a max-value writer.
 const MAX_VALUE_TYPED: &str =
     "a typed buffer's rows have no field to rank: a max-value writer needs a ReplayBuffer";
+const SLICE_TYPED: &str = "a typed buffer's rows have no fields to tell trajectories by: \
+                           slice sampling needs a ReplayBuffer with the keys";
 
 /// A replay buffer of `T`s.
 ///
@@ -130,6 +132,11 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
                 reason: MAX_VALUE_TYPED,
             }));
         }
+        if let Sampler::Slice(_) = self.inner.chosen_sampler() {
+            return Err(BuildError::new(BuildErrorKind::Sampler {
+                reason: SLICE_TYPED,
+            }));
+        }
         Ok(TypedBuffer {
             buffer: self.inner.build()?,
             _rows: PhantomData,
@@ -137,12 +144,24 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
     }
 
     /// Builds the buffer and writes `items` into it before any handle exists, past the
-    /// write policy, as [`TypedBuffer::extend`] would: how an immutable typed dataset
-    /// gets its rows (see [`ReplayBufferBuilder::build_from`]).
+    /// write policy: how an immutable typed dataset gets its rows. Spread over the
+    /// shards as [`ReplayBufferBuilder::build_from`] spreads its rows, so that up to the
+    /// capacity all stay.
     pub fn build_from(self, items: &[T]) -> Result<TypedBuffer<T>, BuildError> {
         let rb = self.build()?;
-        rb.append(items)
-            .map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
+        let state = rb.buffer.state();
+        let written = match state.core.storage.geometry() {
+            // Spread over the shards as the untyped buffer's rows are, so that up to
+            // the capacity all stay (one shard's append kept only its ring's share).
+            Geometry::Flat { .. } => {
+                let mut rows = rb.buffer.batch([items.len()]);
+                rows.set(OPAQUE_ROW, bytemuck::cast_slice::<T, u8>(items))
+                    .and_then(|()| state.write_initial(&rows))
+            }
+            Geometry::Grid { .. } => rb.append(items).map(drop),
+        };
+        drop(state);
+        written.map_err(|e| BuildError::new(BuildErrorKind::Rows(e)))?;
         Ok(rb)
     }
 }
@@ -264,6 +283,12 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
 
     /// Replaces the sampler: see [`ReplayBuffer::set_sampler`].
     pub fn set_sampler(&self, sampler: impl Into<Sampler>) -> Result<(), SwapError> {
+        let sampler = sampler.into();
+        if let Sampler::Slice(_) = sampler {
+            return Err(SwapError::build(BuildError::new(BuildErrorKind::Sampler {
+                reason: SLICE_TYPED,
+            })));
+        }
         self.buffer.set_sampler(sampler)
     }
 

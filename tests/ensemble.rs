@@ -313,3 +313,52 @@ fn a_sample_failed_by_an_empty_member_draws_nothing_from_the_others() {
     }
     assert_eq!(seen, 20, "the whole epoch is still there");
 }
+
+/// Nor does a member that refuses its share: a slice member given a share its slices
+/// do not divide, or a prioritized member whose rows all weigh nothing. Its refusal
+/// came after the members before it drew (the epoch gave up 4 of its 8 rows).
+#[test]
+fn a_sample_refused_by_a_later_member_draws_nothing_from_the_others() {
+    let no_mass = member(
+        2,
+        10,
+        ReplayBuffer::builder(spec()).sampler(Prioritized::new(0.6, 0.4).eps(0.0)),
+    );
+    let all = no_mass.read_all_in_order(None);
+    no_mass
+        .update_priority(all.index(), all.generations(), &[0.0; 10])
+        .unwrap();
+    let refusing = [
+        (
+            member(
+                1,
+                20,
+                ReplayBuffer::builder(spec()).sampler(Slice::slice_len(2).traj_key("traj")),
+            ),
+            7,
+        ),
+        (no_mass, 8),
+    ];
+    for (later, n) in refusing {
+        let epochs = member(
+            0,
+            8,
+            ReplayBuffer::builder(spec()).sampler(WithoutReplacement::new()),
+        );
+        let e = ReplayBufferEnsemble::builder([epochs.clone(), later])
+            .sample_from_all(true)
+            .seed(1)
+            .build()
+            .unwrap();
+        let err = e.sample(n).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SampleError::SliceBatchSize { .. } | SampleError::NoMass { .. }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(epochs.epoch_left(), None, "no epoch was opened ({err:?})");
+        assert_eq!(epochs.sample(8).unwrap().len(), 8, "{err:?}");
+    }
+}

@@ -777,13 +777,31 @@ fn other_faces_refuse_slices_with_a_clear_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("slice sampling"), "{e}");
-    // A typed buffer's rows have no fields to tell trajectories by.
+    // A typed buffer's rows have no fields to tell trajectories by, even where its
+    // one opaque field (`row`) would pass for a key: a `u8`'s, which a typed sample
+    // then read as plain rows and panicked.
     let e = replaybuf::typed::TypedBuffer::<[u64; 2]>::builder()
         .capacity(10)
         .sampler(Slice::slice_len(2).traj_key("traj"))
         .build()
         .unwrap_err();
-    assert!(e.to_string().contains("no such field"), "{e}");
+    assert!(e.to_string().contains("slice sampling"), "{e}");
+    let e = replaybuf::typed::TypedBuffer::<u8>::builder()
+        .capacity(8)
+        .sampler(Slice::slice_len(2).traj_key("row"))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("slice sampling"), "{e}");
+    let typed = replaybuf::typed::TypedBuffer::<u8>::builder()
+        .capacity(8)
+        .build()
+        .unwrap();
+    typed.extend(&[0; 8]).unwrap();
+    let e = typed
+        .set_sampler(Slice::slice_len(2).end_key("row"))
+        .unwrap_err();
+    assert!(e.to_string().contains("slice sampling"), "{e}");
+    assert_eq!(typed.sample(4).unwrap().rows(), [0; 4]);
 }
 
 /// `write_all` of a slice buffer rewrites rows within their trajectories, and refuses
@@ -900,4 +918,32 @@ fn prioritized_starts_draw_by_the_mass_of_rows_that_can_start() {
     let (a, b) = (starts[&(1, 2)], starts[&(2, 3)]);
     assert!(a + b >= 495, "{starts:?}");
     assert!((75..=175).contains(&a), "{starts:?}");
+}
+
+/// A `num_slices` sampler's slice length follows the batch size, and an epoch is cut at
+/// one length: a sample of another length starts a new epoch cut at its own. The
+/// open epoch's longer windows overran a shorter slice (a panic), and its shorter ones
+/// made a strict slice short (8 rows of 16, padded).
+#[test]
+fn an_epoch_of_slices_follows_a_change_of_batch_size() {
+    for first in [32, 16] {
+        let rb = buffer(
+            1000,
+            Slice::num_slices(2)
+                .traj_key("traj")
+                .without_replacement(WithoutReplacement::new()),
+        );
+        rb.extend(&rows(&rb, &trajectory(1, 100))).unwrap();
+        let ends = BTreeMap::new();
+        let b = rb.sample(first).unwrap();
+        assert_eq!(b.shape(), [2, first / 2]);
+        check_slices(&b, &ends);
+        for n in [48 - first, first, 48 - first] {
+            let b = rb.sample(n).unwrap();
+            assert_eq!(b.shape(), [2, n / 2], "after {first}");
+            for (_, _, valid) in check_slices(&b, &ends) {
+                assert_eq!(valid, n / 2, "strict slices are whole, after {first}");
+            }
+        }
+    }
 }

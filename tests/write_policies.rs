@@ -8,7 +8,8 @@
 use replaybuf::bytemuck::{Pod, Zeroable};
 use replaybuf::error::{AccessError, DataError};
 use replaybuf::list::ListBuffer;
-use replaybuf::sampler::{Prioritized, WithoutReplacement};
+use replaybuf::sampler::{Prioritized, Reduction, WithoutReplacement};
+use replaybuf::swap::StorageConfig;
 use replaybuf::typed::TypedBuffer;
 use replaybuf::{Batch, DType, ReplayBuffer, Spec, WritePolicy};
 
@@ -110,6 +111,37 @@ fn build_from_spreads_a_full_dataset_over_the_shards() {
             sorted_ids(&rb.read_all_in_order(None)),
             (0..100).collect::<Vec<_>>(),
             "{shards} shards: every row stays"
+        );
+
+        // The typed and list faces' datasets alike: they wrote everything to one
+        // shard, which kept its ring's share (25 of 100 over four shards).
+        let steps: Vec<Step> = (0..100)
+            .map(|i| Step {
+                obs: [0.0; 2],
+                id: i,
+            })
+            .collect();
+        let typed = TypedBuffer::<Step>::builder()
+            .capacity(100)
+            .shards(shards)
+            .write_policy(WritePolicy::Immutable)
+            .build_from(&steps)
+            .unwrap();
+        let mut ids: Vec<u32> = (0..100).map(|i| typed.get(i).unwrap().id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..100).collect::<Vec<_>>(), "typed, {shards} shards");
+        let list = ListBuffer::<u32>::builder()
+            .capacity(100)
+            .shards(shards)
+            .write_policy(WritePolicy::Immutable)
+            .build_from(0..100)
+            .unwrap();
+        let mut values: Vec<u32> = (0..100).map(|i| list.get(i).unwrap()).collect();
+        values.sort_unstable();
+        assert_eq!(
+            values,
+            (0..100).collect::<Vec<_>>(),
+            "list, {shards} shards"
         );
     }
 }
@@ -481,6 +513,61 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
         .write_policy(WritePolicy::max_value("x"))
         .build()
         .is_err());
+}
+
+/// Rows re-ranked from storage (after a swap, a load) rank as they did coming in: an
+/// infinite rank stays on top. A re-rank took every non-finite rank for the lowest,
+/// and a smaller storage dropped the best row, an extend replaced it first.
+#[test]
+fn an_infinite_rank_stays_on_top_after_a_rerank() {
+    let into_smaller = max_value(3, 1);
+    into_smaller
+        .extend(&scored(into_smaller.spec(), 0, &[f32::INFINITY, 1.0, 2.0]))
+        .unwrap();
+    into_smaller
+        .set_storage(StorageConfig::heap().capacity(2))
+        .unwrap();
+    assert_eq!(sorted_ids(&into_smaller.read_all_in_order(None)), [0, 2]);
+
+    let in_place = max_value(3, 1);
+    in_place
+        .extend(&scored(in_place.spec(), 0, &[f32::INFINITY, 1.0, 2.0]))
+        .unwrap();
+    in_place.set_sampler(WithoutReplacement::new()).unwrap();
+    let w = in_place
+        .extend(&scored(in_place.spec(), 10, &[1.5]))
+        .unwrap();
+    assert_eq!(w.rejected().count(), 0);
+    assert_eq!(sorted_ids(&in_place.read_all_in_order(None)), [0, 2, 10]);
+}
+
+/// A rank or priority field of no values a row is refused when the buffer is built: a
+/// median of none panicked on the first extend.
+#[test]
+fn a_rank_or_priority_field_without_values_is_refused() {
+    let spec = Spec::builder()
+        .field("score", DType::F32, [0])
+        .field("id", DType::I64, [])
+        .build()
+        .unwrap();
+    let msg = ReplayBuffer::builder(spec.clone())
+        .capacity(4)
+        .write_policy(WritePolicy::MaxValue {
+            rank_key: "score".into(),
+            reduction: Reduction::Median,
+        })
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("at least one value"), "{msg}");
+    let msg = ReplayBuffer::builder(spec)
+        .capacity(4)
+        .sampler(Prioritized::new(0.6, 0.4).reduction(Reduction::Median))
+        .priority_key("score")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("at least one value"), "{msg}");
 }
 
 /// A typed buffer is not built with a max-value writer, but its untyped buffer may be

@@ -289,6 +289,24 @@ impl Core {
         result.map(drop)
     }
 
+    /// Refuses now a sample of `n` rows that [`Core::sample_to`] would refuse before
+    /// drawing: a batch a slice sampler cannot split into its slices, or a prioritized
+    /// storage whose rows have no mass to draw from (an empty one is left to the
+    /// caller, which may wait for rows). For a caller about to draw from several
+    /// buffers at once (an ensemble), whose later buffer's refusal would otherwise come
+    /// after the earlier ones drew: a draw moves a buffer's epoch and rate-limit counts.
+    pub(crate) fn check_sample(&self, n: usize) -> Result<(), SampleError> {
+        if let Some(slice) = self.sampler.slice_state() {
+            slice.cfg.sample_layout(n)?;
+        } else if self.sampler.prioritized().is_some()
+            && self.storage.len() > 0
+            && Masses::new(&self.storage.trees()).is_empty()
+        {
+            return Err(self.massless());
+        }
+        Ok(())
+    }
+
     /// Samples up to `n` rows into `out`, with `scratch` as working room; returns the
     /// rows written (fewer than `n` only when a without-replacement epoch ends short,
     /// or a FIFO queue has fewer rows waiting).

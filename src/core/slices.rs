@@ -35,10 +35,7 @@ impl Core {
         scratch: &mut Scratch,
     ) -> Result<usize, SampleError> {
         let cfg = &state.cfg;
-        let (slices, len) = cfg.layout(n).ok_or(SampleError::SliceBatchSize {
-            batch: n,
-            divisor: cfg.divisor(),
-        })?;
+        let (slices, len) = cfg.sample_layout(n)?;
         let spec = self.storage.spec();
         let map = out.column_map(spec)?;
         out.check_weighted(state.priorities.is_some())?;
@@ -116,9 +113,6 @@ impl Core {
         map: &[usize],
     ) -> Result<usize, SampleError> {
         let (len, strict) = (picker.len, picker.cfg.strict_length);
-        // The longest trajectory, when a new epoch found no window at all: rows, but
-        // none in a trajectory as long as a strict slice.
-        let mut too_short = None;
         let in_rows = |e| match e {
             SampleError::NotEnough {
                 requested,
@@ -129,26 +123,47 @@ impl Core {
             },
             e => e,
         };
-        epochs
-            .take(
-                slices,
-                |out| {
-                    let trajectories = picker.refresh();
-                    let words = self.storage.words();
-                    slice::epoch_windows(picker.lanes, words, picker.views, len, strict, out);
-                    if out.is_empty() && trajectories > 0 && strict {
-                        too_short = slice::longest(picker.lanes, words, picker.views);
-                    }
-                },
-                windows,
-            )
-            .map_err(|e| match (e, too_short) {
-                (SampleError::Empty, Some(longest)) => SampleError::TrajectoriesTooShort {
-                    slice_len: len as usize,
-                    longest,
-                },
-                (e, _) => in_rows(e),
-            })?;
+        // Whether a window was cut for slices of this sample's length. An epoch is cut
+        // at one length, and a `num_slices` sampler's length follows the batch size: a
+        // window cut longer overran its slice (a panic), and one cut shorter made a
+        // strict slice short.
+        let fits = |w: &slice::SliceWindow| {
+            let rows = w.to - w.from;
+            rows <= len && (!strict || rows == len)
+        };
+        for fresh in [false, true] {
+            // The longest trajectory, when a new epoch found no window at all: rows,
+            // but none in a trajectory as long as a strict slice.
+            let mut too_short = None;
+            epochs
+                .take(
+                    slices,
+                    |out| {
+                        let trajectories = picker.refresh();
+                        let words = self.storage.words();
+                        slice::epoch_windows(picker.lanes, words, picker.views, len, strict, out);
+                        if out.is_empty() && trajectories > 0 && strict {
+                            too_short = slice::longest(picker.lanes, words, picker.views);
+                        }
+                    },
+                    windows,
+                )
+                .map_err(|e| match (e, too_short) {
+                    (SampleError::Empty, Some(longest)) => SampleError::TrajectoriesTooShort {
+                        slice_len: len as usize,
+                        longest,
+                    },
+                    (e, _) => in_rows(e),
+                })?;
+            if fresh || windows.iter().all(fits) {
+                break;
+            }
+            // The open epoch was cut at another length: a new one is cut at this one.
+            // (A window that still does not fit, cut by a learner of another length in
+            // between, is skipped below.)
+            epochs.close();
+            windows.clear();
+        }
         self.prefetch_windows(windows);
         let len = len as usize;
         out.shape_slices(slices, len, false);
@@ -163,7 +178,8 @@ impl Core {
                     break;
                 }
             }
-            if self.read_window(&windows[next], read * len, len, &mut parts) {
+            if fits(&windows[next]) && self.read_window(&windows[next], read * len, len, &mut parts)
+            {
                 read += 1;
             }
             next += 1;

@@ -60,7 +60,7 @@
 use rand::RngExt;
 
 use crate::dtype::DType;
-use crate::error::BuildErrorKind;
+use crate::error::{BuildErrorKind, SampleError};
 use crate::key::Key;
 use crate::region::Block;
 use crate::rng::Rng;
@@ -196,6 +196,8 @@ impl Slice {
     /// `drop_last`, when fewer than `num_slices` are left) the sample gets
     /// [`SampleError::EpochEnd`](crate::error::SampleError::EpochEnd) and the next one starts
     /// a new epoch; otherwise the last batch has fewer slices. `span` does not apply.
+    /// With `num_slices`, whose slices' length follows the batch size, a sample of
+    /// another length than the open epoch's windows starts a new epoch cut at its own.
     pub fn without_replacement(mut self, epochs: WithoutReplacement) -> Self {
         self.without_replacement = Some(epochs);
         self
@@ -225,6 +227,14 @@ impl Slice {
         Some(match self.shape {
             SliceShape::Count(c) => (c, n / c),
             SliceShape::Len(l) => (n / l, l),
+        })
+    }
+
+    /// [`Slice::layout`] for a sample of `n` rows, or the sample's refusal.
+    pub(crate) fn sample_layout(&self, n: usize) -> Result<(usize, usize), SampleError> {
+        self.layout(n).ok_or(SampleError::SliceBatchSize {
+            batch: n,
+            divisor: self.divisor(),
         })
     }
 
