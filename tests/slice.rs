@@ -947,3 +947,72 @@ fn an_epoch_of_slices_follows_a_change_of_batch_size() {
         }
     }
 }
+
+/// `span` applies to prioritized slices as to uniform ones (it was ignored): a strict
+/// slice drawn by its start may start up to the right span nearer its trajectory's
+/// end, cut off there; a window holding the drawn row may hang over both ends.
+#[test]
+fn prioritized_slices_take_the_span() {
+    use replaybuf::sampler::{Prioritized, SlicePriority};
+    for (over, span, firsts, lengths) in [
+        // Trajectories of 12, slices of 4: starts 0..=8 without the span, to 10 with
+        // a right span of 2 (slices of 3 and 2 rows).
+        (SlicePriority::Start, (0, 0), 0..=8, 4..=4),
+        (SlicePriority::Start, (usize::MAX, 2), 0..=10, 2..=4),
+        (SlicePriority::Window, (0, 0), 0..=8, 4..=4),
+        (
+            SlicePriority::Window,
+            (usize::MAX, usize::MAX),
+            0..=11,
+            1..=4,
+        ),
+    ] {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(64)
+            .sampler(
+                Slice::slice_len(4)
+                    .end_key("done")
+                    .span(span.0, span.1)
+                    .prioritized(Prioritized::new(1.0, 1.0), over),
+            )
+            .seed(5)
+            .build()
+            .unwrap();
+        for id in 1..=3 {
+            rb.extend(&rows(&rb, &trajectory(id, 12))).unwrap();
+        }
+        let ends = BTreeMap::from([(1, 12), (2, 12), (3, 12)]);
+        let (mut seen_firsts, mut seen_lengths) = (BTreeSet::new(), BTreeSet::new());
+        for _ in 0..200 {
+            for (_, first, valid) in check_slices(&rb.sample(16).unwrap(), &ends) {
+                seen_firsts.insert(first);
+                seen_lengths.insert(valid);
+            }
+        }
+        assert_eq!(seen_firsts, firsts.collect(), "{over:?} {span:?}");
+        assert_eq!(seen_lengths, lengths.collect(), "{over:?} {span:?}");
+    }
+
+    // The starts' scan, once picks by the whole mass keep landing where no slice can
+    // start: with a right span of 2, step 8 of 10 can (two rows), step 9 cannot.
+    let slice = Slice::slice_len(4)
+        .traj_key("traj")
+        .span(0, 2)
+        .prioritized(Prioritized::new(1.0, 0.5).eps(1e-12), SlicePriority::Start);
+    let rb = buffer(64, slice);
+    rb.extend(&rows(&rb, &trajectory(1, 10))).unwrap();
+    let index: Vec<u64> = (0..10).collect();
+    let generation = rb.get_many(&index).unwrap().generations().to_vec();
+    let priority: Vec<f64> = (0..10)
+        .map(|i| match i {
+            9 => 1.0,
+            8 => 1e-6,
+            _ => 0.0,
+        })
+        .collect();
+    rb.update_priority(&index, &generation, &priority).unwrap();
+    let batch = rb.sample(40).unwrap();
+    let slices = check_slices(&batch, &BTreeMap::new());
+    let from_step_8 = slices.iter().filter(|&&s| s == (1, 8, 2)).count();
+    assert!(from_step_8 >= 9, "{slices:?}");
+}

@@ -855,6 +855,25 @@ def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
         assert s["priority_weight"].shape == (16,)
 
 
+def test_prioritized_slice_sampler_takes_the_right_span_and_not_the_left(rl):
+    # a slice starts at its drawn row, so TorchRL turns the left span off (warning);
+    # the right one lets a strict slice start nearer its end, cut off there
+    with pytest.warns(UserWarning, match="Left spanning is disabled"):
+        sampler = rl.PrioritizedSliceSampler(
+            100, alpha=1.0, beta=0.5, slice_len=4, traj_key="episode", span=(True, 2)
+        )
+    assert tuple(sampler.span) == (0, 2)
+    rb = rl.TensorDictReplayBuffer(
+        storage=rl.LazyTensorStorage(100), sampler=sampler, batch_size=16
+    )
+    rb.extend(trajectories([10, 10, 10]))
+    priority = torch.zeros(30)
+    priority[18] = 1.0  # episode 1, step 8: two steps left
+    rb.update_priority(torch.arange(30), priority)
+    for _ in range(3):
+        assert rb.sample()["obs"].tolist() == [18.0, 19.0] * 4
+
+
 def test_update_tensordict_priority_of_a_sample_reshaped_to_slices(rl):
     # as losses reshape a slice sample to [num_slices, slice_len]: each slice's
     # td_errors are reduced (max) to one priority, set on the slice's first row

@@ -420,6 +420,7 @@ impl Picker<'_> {
         let p = self.prio.as_ref().expect("a prioritized pick");
         let storage = &self.buffer.storage;
         let words = storage.words();
+        let (_, right) = self.cfg.span_for(self.len);
         let mut trajectories = Vec::new();
         let mut total = 0u64;
         for (view, v) in self.views.iter().enumerate() {
@@ -430,7 +431,7 @@ impl Picker<'_> {
                 if span.hi < span.lo + self.len {
                     continue;
                 }
-                let last = span.hi - self.len;
+                let last = span.hi - self.len + right;
                 let mass: u64 = (span.lo..=last)
                     .map(|seq| mass_of(tree, ring, lane, seq))
                     .fold(0u64, u64::saturating_add);
@@ -493,7 +494,7 @@ impl Picker<'_> {
             start: run.span.start,
             next: run.span.next,
             from: seq,
-            to: seq + self.len,
+            to: (seq + self.len).min(run.span.hi),
             drawn: Some((seq, ring.lap(seq))),
             weight: p.state.weight(mass, p.min.min(mass)),
         })
@@ -518,13 +519,26 @@ impl Picker<'_> {
         if seq < a || seq >= b || (self.cfg.strict_length && b - a < self.len) {
             return Err(NoPick::Again);
         }
+        let (left, right) = self.cfg.span_for(self.len);
         let (from, to) = match p.over {
             SlicePriority::Start => {
+                // A strict slice starts where its trajectory holds all its rows but
+                // the right span's, and is cut at the trajectory's end.
                 let to = (seq + self.len).min(b);
-                if self.cfg.strict_length && to - seq < self.len {
+                if self.cfg.strict_length && to - seq + right < self.len {
                     return Err(NoPick::Again);
                 }
                 (seq, to)
+            }
+            SlicePriority::Window if (left, right) != (0, 0) => {
+                // A window holding the row, hanging over the trajectory's ends by up to
+                // the span, and cut at them. (One always holds it: the window that
+                // starts at the row, or at the trajectory's first row, fits.)
+                let (seq, a, b, len) = (seq as i128, a as i128, b as i128, self.len as i128);
+                let lowest = (seq + 1 - len).max(a - left as i128);
+                let highest = seq.min(b - len + right as i128).max(lowest);
+                let w0 = rng.random_range(lowest..=highest);
+                (w0.max(a) as u64, (w0 + len).min(b) as u64)
             }
             SlicePriority::Window => {
                 let len = self.len.min(b - a);

@@ -211,6 +211,13 @@ impl Slice {
     /// never changed by sampling. Every row of a slice carries the slice's importance
     /// weight: its first row's for [`SlicePriority::Start`], the mean of its rows'
     /// masses for [`SlicePriority::Window`]. Not with `without_replacement`.
+    ///
+    /// `span` applies as it does to uniform slices: a window holding the drawn row
+    /// ([`SlicePriority::Window`]) may hang over either end of its trajectory, and a
+    /// slice that starts at it ([`SlicePriority::Start`]) over its end, by the right
+    /// span (a strict slice may start that many rows nearer the end); the part outside
+    /// is cut off and the slice padded. A start's left span does not apply: its first
+    /// row is the one drawn (TorchRL's `PrioritizedSliceSampler` turns it off too).
     pub fn prioritized(mut self, priorities: Prioritized, over: SlicePriority) -> Self {
         self.prioritized = Some((priorities, over));
         self
@@ -228,6 +235,13 @@ impl Slice {
             SliceShape::Count(c) => (c, n / c),
             SliceShape::Len(l) => (n / l, l),
         })
+    }
+
+    /// The span `(left, right)` for slices of `len` rows: at most `len - 1` each, so
+    /// that at least one row of the trajectory stays in the slice.
+    pub(crate) fn span_for(&self, len: u64) -> (u64, u64) {
+        let cap = len.saturating_sub(1);
+        ((self.span.0 as u64).min(cap), (self.span.1 as u64).min(cap))
     }
 
     /// [`Slice::layout`] for a sample of `n` rows, or the sample's refusal.
@@ -358,11 +372,8 @@ pub(crate) fn pick(
     if b <= a || (cfg.strict_length && b - a < len) {
         return Err(NoPick::Again);
     }
-    let cap = len.saturating_sub(1);
-    let (left, right) = (
-        (cfg.span.0 as u64).min(cap) as i128,
-        (cfg.span.1 as u64).min(cap) as i128,
-    );
+    let (left, right) = cfg.span_for(len);
+    let (left, right) = (left as i128, right as i128);
     let lowest = a as i128 - left;
     let highest = (b as i128 - len as i128 + right).max(lowest);
     let w0 = rng.random_range(lowest..=highest);

@@ -9,6 +9,7 @@ anneal (a prioritized sampler's ``alpha`` and ``beta``) reach the engine at once
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, Collection, Optional, Tuple, Union
 
 import torch
@@ -394,6 +395,16 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             strict_length=strict_length,
             span=span,
         )
+        if self.span[0]:
+            # As TorchRL's: a slice starts at the row drawn, so it cannot hang off its
+            # trajectory's start.
+            warnings.warn(
+                f"Left spanning is disabled for {type(self).__name__} and will be "
+                "automatically turned off.",
+                stacklevel=2,
+            )
+            self.span = (0, self.span[1])
+            self._may_pad = not strict_length or bool(self.span[1])
         PrioritizedSampler.__init__(
             self,
             max_capacity,
