@@ -488,6 +488,42 @@ fn alpha_zero_makes_sampling_uniform() {
     );
 }
 
+/// Shards of unequal sizes count masses in one unit: rows of one priority are drawn
+/// alike and weigh 1. Trees of 4 and 3 leaves (capacity 7 over two shards) each took
+/// their own unit, and the first shard's rows were drawn twice as often, weighing 0.5.
+#[test]
+fn shards_of_unequal_sizes_draw_rows_of_one_priority_alike() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(7)
+        .shards(2)
+        .sampler(Prioritized::new(1.0, 1.0))
+        .seed(5)
+        .build()
+        .unwrap();
+    for i in 0..7 {
+        rb.extend(&rows(&rb, 1, i)).unwrap();
+    }
+    assert_eq!(rb.len(), 7);
+    let mut counts = std::collections::BTreeMap::new();
+    for _ in 0..50 {
+        let b = rb.sample(256).unwrap();
+        assert!(
+            b.weight().unwrap().iter().all(|&w| (w - 1.0).abs() < 1e-6),
+            "{:?}",
+            b.weight()
+        );
+        for &id in b.column::<i64>("id").unwrap() {
+            *counts.entry(id).or_insert(0usize) += 1;
+        }
+    }
+    // 12,800 draws, 1,829 a row expected.
+    assert_eq!(counts.len(), 7);
+    assert!(
+        counts.values().all(|&c| (1600..2060).contains(&c)),
+        "{counts:?}"
+    );
+}
+
 #[test]
 fn typed_and_multi_env_buffers_sample_by_priority() {
     let rb = TypedBuffer::<[u32; 2]>::builder()

@@ -1944,6 +1944,17 @@ impl StorageParts {
                 }
                 // Raw priorities sit in the slots, after the stamps (`RAW_WORD`).
                 let mut next = at;
+                // Every tree bounds its leaves as the largest does: a draw picks a
+                // shard by its root's mass, so all count masses in one unit, and the
+                // unit follows the bound (`mass_scale.rs`). Trees of 4 and 3 leaves
+                // each took their own, and a row of the first was drawn twice as
+                // often as one of the second at the same priority.
+                let largest = (0..geometry.shards())
+                    .map(|k| geometry.ring(k))
+                    .map(|ring| ring.steps * ring.width)
+                    .max()
+                    .unwrap_or(0);
+                let largest = usize::try_from(largest).ok()?;
                 for k in 0..geometry.shards() {
                     let ring = geometry.ring(k);
                     let first_slot = usize::try_from(ring.first_slot).ok()?;
@@ -1952,7 +1963,8 @@ impl StorageParts {
                         slot_bytes / 8,
                     );
                     let leaves = usize::try_from(ring.steps * ring.width).ok()?;
-                    let tree = TreeLayout::new(leaves, next, with_max, Some(raws));
+                    let tree =
+                        TreeLayout::new(leaves, next, with_max, Some(raws)).bounded_as(largest);
                     next = next.checked_add(tree.words())?;
                     tree_layouts.push(tree);
                 }

@@ -349,6 +349,15 @@ impl TreeLayout {
         layout
     }
 
+    /// This block, its leaves bounded as those of a tree of `leaves` leaves (at least
+    /// its own): the bound of a storage's largest tree, for every tree of it.
+    pub(crate) fn bounded_as(self, leaves: usize) -> TreeLayout {
+        TreeLayout {
+            value_max: value_max(leaves.max(self.leaves)),
+            ..self
+        }
+    }
+
     /// This block, its leaf changers counted at word `changers` of the region, and
     /// whether its marks are set said at word `marks_set`.
     pub(crate) fn counted_at(self, changers: usize, marks_set: usize) -> TreeLayout {
