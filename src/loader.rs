@@ -244,6 +244,10 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             if self.prefetch > MAX_PREFETCH {
                 return err("prefetch keeps at most 1,024 batches ready");
             }
+            if self.thread_name.contains('\0') {
+                // `std::thread::Builder::spawn` panics on one.
+                return err("a worker thread's name cannot hold a NUL byte");
+            }
             let workers = if has_epochs(&inner.core.sampler) {
                 1
             } else {

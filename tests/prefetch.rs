@@ -448,3 +448,18 @@ fn a_prefetch_depth_past_the_bound_is_refused() {
     assert!(e.contains("at most 1,024"), "{e}");
     assert!(at(replaybuf::loader::MAX_PREFETCH).is_ok());
 }
+
+/// A worker name holding a NUL byte is refused: the thread's spawn panicked on it.
+#[test]
+fn a_worker_name_with_a_nul_byte_is_refused() {
+    let rb = buffer(64);
+    let e = rb
+        .loader()
+        .batch_size(4)
+        .prefetch(1)
+        .thread_name("a\0b")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("NUL"), "{e}");
+}

@@ -524,6 +524,51 @@ fn shards_of_unequal_sizes_draw_rows_of_one_priority_alike() {
     );
 }
 
+/// A row's priorities that reduce to an infinite one are refused, changing nothing:
+/// the mean of `f64::MAX` twice was taken, became the largest priority seen, and a
+/// file-backed buffer then refused to reopen as corrupt.
+#[test]
+fn priorities_that_reduce_to_infinity_are_refused() {
+    for reduction in [Reduction::Mean, Reduction::Sum] {
+        let rb = buffer(8, Prioritized::new(0.6, 0.4).reduction(reduction));
+        rb.extend(&rows(&rb, 2, 0)).unwrap();
+        let g = rb.get_many(&[0, 1]).unwrap().generations().to_vec();
+        let err = rb
+            .update_priority(&[0, 1], &g, &[1.0, 2.0, f64::MAX, f64::MAX])
+            .unwrap_err();
+        assert!(
+            matches!(err, PriorityError::Invalid { position: 2, value } if value.is_infinite()),
+            "{reduction:?}: {err:?}"
+        );
+        assert_eq!((rb.priority(0), rb.priority(1)), (Some(1.0), Some(1.0)));
+        rb.extend(&rows(&rb, 1, 2)).unwrap();
+        assert_eq!(
+            rb.priority(2),
+            Some(1.0),
+            "{reduction:?}: the largest seen is 1"
+        );
+    }
+    let spec = Spec::builder()
+        .field("id", DType::I64, [])
+        .field("td", DType::F64, [2])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(8)
+        .sampler(Prioritized::new(0.6, 0.4).reduction(Reduction::Sum))
+        .priority_key("td")
+        .build()
+        .unwrap();
+    let mut b = rb.batch([2]);
+    b.set("td", &[1.0, 1.0, f64::MAX, f64::MAX]).unwrap();
+    let err = rb.extend(&b).unwrap_err();
+    assert!(
+        matches!(err, DataError::InvalidPriority { row: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(rb.len(), 0);
+}
+
 #[test]
 fn typed_and_multi_env_buffers_sample_by_priority() {
     let rb = TypedBuffer::<[u32; 2]>::builder()

@@ -118,6 +118,22 @@ fn samples_wait_for_the_min_size_and_time_out() {
     assert_eq!((s.inserts, s.samples, s.sample_waits), (10, 12, 0));
 }
 
+/// A timeout no `Instant` can count waits as none does: adding `Duration::MAX` to
+/// the wait's start panicked.
+#[test]
+fn the_longest_timeout_waits_until_the_limit_lets_it_through() {
+    let limit = RateLimit::min_size(2).sample_timeout(Some(Duration::MAX));
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    rb.extend(&rows(&rb, 0, 1)).unwrap();
+    let learner = {
+        let rb = rb.clone();
+        std::thread::spawn(move || rb.sample(1).map(|b| b.len()))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    rb.extend(&rows(&rb, 1, 1)).unwrap();
+    assert_eq!(learner.join().expect("no panic").unwrap(), 1);
+}
+
 #[test]
 fn an_insert_waiting_on_learners_is_freed_by_a_sample_a_new_limit_or_closing() {
     let rb = builder(64)

@@ -103,13 +103,20 @@ impl Core {
                 value: values[at],
             });
         }
-        Ok(Some(
-            values
-                .chunks(per_row)
-                .take(batch.len())
-                .map(|row| state.reduction.reduce(row))
-                .collect(),
-        ))
+        let reduced: Vec<f64> = values
+            .chunks(per_row)
+            .take(batch.len())
+            .map(|row| state.reduction.reduce(row))
+            .collect();
+        // Finite values whose sum or mean is not (`f64::MAX` twice).
+        if let Some(row) = reduced.iter().position(|&p| !prioritized::valid(p)) {
+            return Err(DataError::InvalidPriority {
+                key: key.clone(),
+                row,
+                value: reduced[row],
+            });
+        }
+        Ok(Some(reduced))
     }
 
     /// The raw priorities of an append's rows (`None` unless prioritized): from
@@ -286,6 +293,14 @@ impl Core {
             let p = state
                 .reduction
                 .reduce(&priority[row * per_row..(row + 1) * per_row]);
+            if !prioritized::valid(p) {
+                // Finite values whose sum or mean is not (`f64::MAX` twice).
+                return Err(PriorityError::Invalid {
+                    position: row * per_row,
+                    value: p,
+                }
+                .into());
+            }
             match self.row_is(&positions, at, g) {
                 Row::Live { shard, leaf, lap } => live.push((shard, leaf, lap, p)),
                 Row::Replaced if replaced == Replaced::Skip => done.stale += 1,

@@ -442,7 +442,8 @@ pub enum PriorityError {
         /// Priorities given.
         priorities: usize,
     },
-    /// A priority is NaN, infinite or negative.
+    /// A priority is NaN, infinite or negative; or a row's priorities reduce to an
+    /// infinite one (the sum or mean of huge ones), `position` the row's first.
     #[error("priority {position} is {value}; it must be finite and at least 0")]
     Invalid {
         /// Its position in the slice given.

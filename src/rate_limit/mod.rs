@@ -582,7 +582,9 @@ impl RateLimiter {
                 Side::Insert => insert_timeout,
                 Side::Sample => sample_timeout,
             };
-            let deadline = timeout.map(|t| start + t);
+            // A timeout past what an `Instant` can count (`Duration::MAX`) waits as
+            // none does: the sum panicked.
+            let deadline = timeout.and_then(|t| start.checked_add(t));
             let interrupt = interrupt.get_or_insert_with(|| Interrupt::new(start));
             (c, _) = self.queue(side).wait_until(c, interrupt.wake_at(deadline));
             if may_go(&c.limit, c.inserts, c.samples, side) || c.closed {
