@@ -125,13 +125,12 @@ fn the_longest_timeout_waits_until_the_limit_lets_it_through() {
     let limit = RateLimit::min_size(2).sample_timeout(Some(Duration::MAX));
     let rb = builder(64).rate_limit(limit).build().unwrap();
     rb.extend(&rows(&rb, 0, 1)).unwrap();
-    let learner = {
-        let rb = rb.clone();
-        std::thread::spawn(move || rb.sample(1).map(|b| b.len()))
-    };
-    std::thread::sleep(Duration::from_millis(50));
-    rb.extend(&rows(&rb, 1, 1)).unwrap();
-    assert_eq!(learner.join().expect("no panic").unwrap(), 1);
+    std::thread::scope(|s| {
+        let learner = s.spawn(|| rb.sample(1).map(|b| b.len()));
+        std::thread::sleep(Duration::from_millis(50));
+        rb.extend(&rows(&rb, 1, 1)).unwrap();
+        assert_eq!(learner.join().expect("no panic").unwrap(), 1);
+    });
 }
 
 #[test]
