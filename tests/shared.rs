@@ -535,6 +535,7 @@ fn a_killed_learner_blocks_no_writer_and_no_checkpoint() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // the loom facade rule is for the library
 fn a_shared_buffer_round_trips_through_a_checkpoint() {
     let name = name("ckpt");
     let mut rb = builder(&name, 2).build().unwrap();
@@ -556,6 +557,15 @@ fn a_shared_buffer_round_trips_through_a_checkpoint() {
     // Its writers go on after the load.
     rb.writer().extend(&chunk(&rb, 3, 0, 10)).unwrap();
     assert_eq!(rb.len(), 310);
+    // And it saves again: the freeze its save held, copied in with the checkpoint's
+    // control words, was kept as this live process's, and the next freeze waited on
+    // it for good.
+    let again = tempfile::tempdir().unwrap();
+    let saver = rb.clone();
+    let (done, saved) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(saver.save(again.path()).map(drop)));
+    let saved = saved.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(matches!(saved, Ok(Ok(()))), "{saved:?}");
 }
 
 /// A handle attached with settings that write a longer configuration (a seed, a

@@ -186,9 +186,14 @@ impl Storage {
             ] {
                 shard.word(w).store(0, Ordering::Release);
             }
-            // A lease or a freeze of a process that still runs is this process's own
-            // (a shared buffer loading a checkpoint, alone): it stays.
-            for w in [ShardWord::Lease, ShardWord::Freezer, ShardWord::Editor] {
+            // No freeze goes on: nobody else is here, and the `FROZEN` bit went with
+            // the occupancy word. A freezer word naming this process is a save's,
+            // copied in with a checkpoint's control words: kept, every later freeze
+            // waited on it for good.
+            shard.word(ShardWord::Freezer).store(0, Ordering::Release);
+            // A lease of a process that still runs is this process's own (a shared
+            // buffer loading a checkpoint, alone): it stays.
+            for w in [ShardWord::Lease, ShardWord::Editor] {
                 let holder = shard.word(w).load(Ordering::Acquire);
                 if !self.holder_alive(holder) {
                     shard.word(w).store(0, Ordering::Release);
