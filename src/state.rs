@@ -288,6 +288,14 @@ impl State {
             unswapped(self.core.append(None, &prepared))?;
             return Ok(());
         };
+        if self.core.storage.frames().is_some() {
+            // A row's stack is rebuilt from the rows before it in its ring, and the
+            // rows were checked as one stream: one ring, as every extend of such a
+            // buffer (`Core::pick_shard`). Spread, a shard's first rows stacked
+            // copies of their own frame, and the row before each split was lost.
+            unswapped(self.core.append(Some(0), &prepared))?;
+            return Ok(());
+        }
         let shards = self.core.storage.shards().len() as u64;
         let n = prepared.steps;
         for k in 0..shards {

@@ -577,6 +577,71 @@ fn a_checkpoint_keeps_the_compact_rows() {
     assert!(e.contains("(no frames vs frames)"), "{e}");
 }
 
+/// Without `next_of` fields, episode ends take no side slot, and so no rows out: 200
+/// steps of short episodes kept 128 rows of 200.
+#[test]
+fn stacks_alone_keep_every_row_whatever_the_episode_ends() {
+    let depth = 2;
+    let spec = Arc::new(spec(depth));
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(200)
+        .frames(Frames::new().stack("obs", depth).terminal_slots(4))
+        .build()
+        .unwrap();
+    let mut ids = 0;
+    let steps = stream(depth, 200, 17, &mut ids);
+    assert!(steps.iter().filter(|s| s.done || s.truncated).count() > 8);
+    rb.extend(&batch_of(&spec, &steps, &[200])).unwrap();
+    // The newest row waits for its successor's frame (`trim`): 199 of 200.
+    let by_id: HashMap<i64, Step> = steps.iter().map(|s| (s.id, s.clone())).collect();
+    let rows: Vec<_> = all_rows(&rb).into_iter().flatten().collect();
+    assert_eq!(rows.len(), 199);
+    let obs = |row: &[Vec<u8>]| row[0].clone();
+    for row in &rows {
+        let id = i64::from_le_bytes(row[1].clone().try_into().unwrap());
+        assert_eq!(obs(row), by_id[&id].obs);
+    }
+}
+
+/// A dataset of a frames buffer of two shards goes into one ring, as its extends do:
+/// spread, the second shard's first rows stacked copies of their own frame.
+#[test]
+fn build_from_keeps_a_frames_dataset_in_one_ring() {
+    let depth = 4;
+    let spec = Arc::new(spec(depth));
+    let mut ids = 0;
+    let steps = stream(depth, 40, 5, &mut ids);
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(128)
+        .shards(2)
+        .frames(frames(depth, StackFill::Repeat))
+        .build_from(&batch_of(&spec, &steps, &[40]))
+        .unwrap();
+    let by_id: HashMap<i64, Step> = steps.iter().map(|s| (s.id, s.clone())).collect();
+    let rows: Vec<_> = all_rows(&rb).into_iter().flatten().collect();
+    assert!(rows.len() >= 39, "{} rows", rows.len());
+    for row in &rows {
+        let id = i64::from_le_bytes(row[1].clone().try_into().unwrap());
+        assert_eq!(row, &expected(&spec, &by_id[&id]), "row of step {id}");
+    }
+}
+
+/// A stack whose frames hold no bytes is refused at build: its extend panicked.
+#[test]
+fn a_stack_of_empty_frames_is_refused() {
+    let spec = Spec::builder()
+        .field("obs", DType::U8, [4, 0])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap();
+    let err = ReplayBuffer::builder(spec)
+        .capacity(16)
+        .frames(Frames::new().stack("obs", 4))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("no bytes"), "{err}");
+}
+
 #[test]
 fn episode_ends_past_the_side_slots_take_their_rows_out() {
     let depth = 2;

@@ -196,6 +196,9 @@ impl FrameLayout {
             if depth_of[i] != 0 {
                 return Err(format!("{key} is declared a stack twice"));
             }
+            if spec.fields()[i].bytes() == 0 {
+                return Err(format!("the stack {key}'s frames hold no bytes"));
+            }
             depth_of[i] = *depth;
         }
         let mut next_of = vec![None; spec.fields().len()];
@@ -476,7 +479,10 @@ impl Storage {
         let mut word = StepWord::after(*last);
         if frames.ends(src, r) {
             word.0 |= TERMINAL;
-            if let Some(seq) = seq {
+            // Without `next_of` fields a side slot holds nothing, and taking one over
+            // would take the older rows out for nothing (200 rows of short episodes
+            // kept 128).
+            if let Some(seq) = seq.filter(|_| !frames.nexts.is_empty()) {
                 word.0 |= self.write_side(k, seq, lane, src, r) << SIDE_SHIFT;
             }
         }
