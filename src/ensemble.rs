@@ -336,8 +336,7 @@ impl ReplayBufferEnsemble {
                 buffer.limited_sample(share, || {
                     let inner = buffer.state();
                     inner.core.sample_into(&mut rng, share, part)?;
-                    inner.transforms.apply(part)?;
-                    Ok(part.len())
+                    inner.transforms.apply_drawn(part)
                 })?;
             }
         }

@@ -69,7 +69,11 @@ impl Learner {
         // The state is loaded after the rate limit's wait, as every sample path does:
         // one loaded before a long wait may have been swapped out meanwhile.
         self.buffer.limited_sample(rows, || {
-            self.buffer.state().core.sample_to(rng, rows, dest, scratch)
+            Ok(self
+                .buffer
+                .state()
+                .core
+                .sample_to(rng, rows, dest, scratch)?)
         })
     }
 
@@ -80,8 +84,7 @@ impl Learner {
             .limited_sample(n, || {
                 let inner = self.buffer.state();
                 inner.core.sample_into(rng, n, batch)?;
-                inner.transforms.apply(batch)?;
-                Ok(batch.len())
+                inner.transforms.apply_drawn(batch)
             })
             .map(drop)
     }

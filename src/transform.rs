@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::batch::Batch;
+use crate::buffer::SampleFailed;
 use crate::error::{DataError, SampleError, Stage};
 use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
 
@@ -134,6 +135,19 @@ impl Default for Transforms {
 }
 
 impl Transforms {
+    /// [`Transforms::apply`] on a batch just drawn: its rows, or the transforms'
+    /// failure after them (the rate limit counts them drawn all the same).
+    #[inline]
+    pub(crate) fn apply_drawn(&self, batch: &mut Batch) -> Result<usize, SampleFailed> {
+        match self.apply(batch) {
+            Ok(()) => Ok(batch.len()),
+            Err(error) => Err(SampleFailed {
+                drawn: batch.len(),
+                error,
+            }),
+        }
+    }
+
     /// Runs the forward transforms on a sampled batch, in order.
     #[inline]
     pub(crate) fn apply(&self, batch: &mut Batch) -> Result<(), SampleError> {

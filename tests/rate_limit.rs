@@ -361,3 +361,26 @@ fn a_batch_an_extend_would_refuse_is_refused_before_it_waits_for_room() {
     });
     assert_eq!(rb.rate_limit_stats().unwrap().inserts, 4);
 }
+
+/// A sample whose transform fails after the draw counts its rows as sampled: a FIFO
+/// queue gave them up. Given back, the limit counted 4 rows in an empty queue, and an
+/// extend waited for learners that had nothing to take.
+#[test]
+fn a_sample_whose_transform_fails_counts_the_rows_it_took() {
+    let rb = builder(64)
+        .sampler(replaybuf::sampler::Fifo)
+        .rate_limit(
+            RateLimit::queue(4)
+                .unwrap()
+                .insert_timeout(Some(Duration::from_secs(5))),
+        )
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 4)).unwrap();
+    rb.append_transform(replaybuf::Transform::new(|_: &mut replaybuf::Batch| {
+        Err(DataError::Immutable)
+    }));
+    assert!(rb.sample(4).is_err());
+    assert_eq!(rb.rate_limit_stats().unwrap().samples, 4);
+    rb.extend(&rows(&rb, 4, 1)).unwrap();
+}

@@ -339,8 +339,7 @@ impl ReplayBuffer {
         self.limited_sample(n, || {
             let (inner, mut rng) = self.call_stream();
             inner.core.sample_into(&mut rng, n, &mut batch)?;
-            inner.transforms.apply(&mut batch)?;
-            Ok(batch.len())
+            inner.transforms.apply_drawn(&mut batch)
         })?;
         Ok(batch)
     }
@@ -363,8 +362,7 @@ impl ReplayBuffer {
         self.limited_sample(n, || {
             let (inner, mut rng) = self.call_stream();
             inner.core.sample_into(&mut rng, n, batch)?;
-            inner.transforms.apply(batch)?;
-            Ok(batch.len())
+            inner.transforms.apply_drawn(batch)
         })
         .map(drop)
     }
@@ -493,6 +491,22 @@ fn stored_below(storage: &Storage, end: Option<usize>) -> impl Iterator<Item = (
     (0..end).filter_map(|i| storage.draw_at(i).map(|d| (i, d)))
 }
 
+/// A sample that failed, and the rows it drew before it did: a transform fails after
+/// the draw, whose rows an epoch or a FIFO queue gave up, so they count as sampled.
+/// Given back, a FIFO queue's rate limit counted 4 rows waiting in an empty queue,
+/// and its collectors waited for learners that had nothing to take.
+#[derive(Debug)]
+pub(crate) struct SampleFailed {
+    pub(crate) drawn: usize,
+    pub(crate) error: SampleError,
+}
+
+impl From<SampleError> for SampleFailed {
+    fn from(error: SampleError) -> Self {
+        SampleFailed { drawn: 0, error }
+    }
+}
+
 /// Running an operation against the current state, and through the rate limit.
 impl ReplayBuffer {
     /// Runs `insert`, of `rows` rows, through the rate limit if there is one: `check`s
@@ -522,7 +536,7 @@ impl ReplayBuffer {
 
     /// Runs `sample`, of `rows` rows, through the rate limit if there is one: waits
     /// for its turn, counts the rows, and takes back those it did not draw (`sample`
-    /// returns how many it did).
+    /// returns how many it did, or failing, how many it drew first).
     ///
     /// A buffer the limit lets a sample into may still find no row to take: the
     /// insert the limit counted has not claimed its rows yet (a FIFO queue's, or a
@@ -533,19 +547,23 @@ impl ReplayBuffer {
     pub(crate) fn limited_sample(
         &self,
         rows: usize,
-        mut sample: impl FnMut() -> Result<usize, SampleError>,
+        mut sample: impl FnMut() -> Result<usize, SampleFailed>,
     ) -> Result<usize, SampleError> {
         let Some(limiter) = &self.limiter else {
-            return sample();
+            return sample().map_err(|f| f.error);
         };
         let mut grace: Option<(Instant, Backoff)> = None;
         loop {
             let counted = limiter.sample(rows as u64)?;
             let out = sample();
+            let drawn = match &out {
+                Ok(n) => *n,
+                Err(f) => f.drawn,
+            };
+            let out = out.map_err(|f| f.error);
             if !counted {
                 return out;
             }
-            let drawn = *out.as_ref().unwrap_or(&0);
             limiter.refund_samples(rows.saturating_sub(drawn) as u64);
             // Empty, with inserts counted: their rows are on their way.
             let in_flight = || limiter.stats().is_some_and(|s| s.inserts > 0);
