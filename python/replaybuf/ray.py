@@ -71,6 +71,8 @@ __all__ = ["RayReplayBuffer", "RayWriter", "ReplayBufferUnavailable"]
 
 # A sample's entries that are per row but not fields.
 _INDEX = "index"
+# The index of no row: a short slice's padding, a row a max-value writer passed over.
+_PADDING = np.uint64(replaybuf.PADDING_INDEX)
 
 
 class ReplayBufferUnavailable(replaybuf.ReplayBufferError, ConnectionError):
@@ -300,11 +302,21 @@ class RayReplayBuffer:
         if index.size and index.dtype.kind == "i" and index.min() < 0:
             raise replaybuf.ReplayBufferIndexError(f"index {index.min()} is negative")
         index = index.astype(np.uint64).reshape(-1)
-        return index % self.num_actors, index // self.num_actors
+        # A padding row's index (a short slice's) goes to actor 0, which skips it, as
+        # a single buffer skips it.
+        padding = index == _PADDING
+        shard = np.where(padding, np.uint64(0), index % np.uint64(self.num_actors))
+        local = np.where(padding, _PADDING, index // np.uint64(self.num_actors))
+        return shard, local
 
     def _global(self, local: np.ndarray, k: int) -> np.ndarray:
-        """Actor ``k``'s local indices as global ones (what ``_split`` undoes)."""
-        return local * np.uint64(self.num_actors) + np.uint64(k)
+        """Actor ``k``'s local indices as global ones (what ``_split`` undoes); the
+        padding index (a short slice's padding, a row a writer did not write) stays
+        itself: it wrapped around into another actor's index."""
+        local = np.asarray(local, dtype=np.uint64)
+        global_ = local * np.uint64(self.num_actors) + np.uint64(k)
+        # `[()]`: a scalar (an add's index) stays one.
+        return np.where(local == _PADDING, _PADDING, global_)[()]
 
     def _merge(self, parts) -> Dict[Any, np.ndarray]:
         """One dict of rows from ``(actor, rows)`` pairs, their indices made global."""

@@ -509,6 +509,33 @@ def test_slices_over_actors_split_by_whole_slices():
         RayReplayBuffer(64, spec=spec, num_actors=2, sampler=replaybuf.Slice(num_slices=2))
 
 
+def test_padding_rows_keep_the_padding_index_over_actors():
+    # Made global, the padding index wrapped around into another actor's index
+    # (2**64 - 2 from actor 0 of 2), and an update of the sample's rows was refused
+    # as out of range instead of skipping the padding as one buffer does.
+    spec = {**SPEC, ("next", "done"): ("bool", ())}
+    rb = RayReplayBuffer(
+        64,
+        spec=spec,
+        num_actors=2,
+        local_writes=False,
+        seed=0,
+        batch_size=8,
+        sampler=replaybuf.Slice(slice_len=4, strict_length=False),
+    )
+    chunk = rows(range(16))
+    chunk[("next", "done")] = np.arange(16) % 2 == 1  # trajectories of 2
+    rb.extend(chunk)
+    for _ in range(4):
+        s = rb.sample()
+        index = s["index"].reshape(-1, 4)
+        assert (index[:, 2:] == replaybuf.PADDING_INDEX).all(), index
+        assert (index[:, :2] < 64).all(), index
+    shard, local = rb._split(s["index"])
+    assert (local[index.reshape(-1) == replaybuf.PADDING_INDEX] == replaybuf.PADDING_INDEX).all()
+    assert (rb._global(local, 0)[shard == 0] == s["index"][shard == 0]).all()
+
+
 def test_add_takes_nested_dicts_and_python_values_as_a_local_buffer():
     spec = {"x": ("float32", ()), ("next", "obs"): ("float32", (2,))}
     rb = RayReplayBuffer(8, spec=spec, num_actors=2, local_writes=False, seed=1)
