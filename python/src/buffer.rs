@@ -392,7 +392,7 @@ impl Buffer {
                 let (ptr, len) = spans.0[i];
                 std::slice::from_raw_parts_mut(ptr, len)
             };
-            let words = |i: usize| -> &mut [u64] { bytemuck::cast_slice_mut(bytes(i)) };
+            let words = |i: usize| -> &mut [u64] { cast_span(bytes(i)) };
             let mut dest = Destination::new(
                 spec,
                 rows,
@@ -403,18 +403,26 @@ impl Buffer {
             .map_err(py_err)?;
             let mut next = fields + 2;
             if prioritized {
-                dest = dest
-                    .with_weight(bytemuck::cast_slice_mut(bytes(next)))
-                    .map_err(py_err)?;
+                dest = dest.with_weight(cast_span(bytes(next))).map_err(py_err)?;
                 next += 1;
             }
             if slices {
-                let marks: &mut [Marks] = bytemuck::cast_slice_mut(bytes(next));
+                let marks: &mut [Marks] = cast_span(bytes(next));
                 dest = dest.with_marks(marks).map_err(py_err)?;
             }
             here.with_learner(&rb, |l| l.sample_to(&mut dest))
                 .map_err(py_err)
         })
+    }
+}
+
+/// An array's bytes as its elements. An empty array's data may sit at any address
+/// (numpy calls it aligned all the same), and a cast checks the address even of no
+/// bytes: a misaligned empty `index` array panicked inside `sample_into`.
+fn cast_span<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
+    match bytes {
+        [] => &mut [],
+        bytes => bytemuck::cast_slice_mut(bytes),
     }
 }
 
@@ -1181,12 +1189,17 @@ impl Buffer {
 /// `sample` returns, the common case, which then costs no numpy call), else
 /// `numpy.require(x, T, ["C", "A"]).reshape(-1)`.
 fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<T>>> {
+    let py = x.py();
     if let Ok(a) = x.cast::<PyArray1<T>>() {
         if a.is_c_contiguous() && a.is_aligned() {
+            // An empty one's data may sit anywhere (numpy calls it aligned all the
+            // same), and a slice of it must not: a fresh one.
+            if a.len() == 0 {
+                return Ok(PyArray1::zeros(py, 0, false));
+            }
             return Ok(a.clone());
         }
     }
-    let py = x.py();
     // Numbers only, converted as their values allow: integers (non-negative ones for
     // indices and generations), or any number for priorities. A float index was
     // truncated, a negative one an OverflowError, a string numpy's own ValueError.
@@ -1196,7 +1209,8 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
     } else {
         array_of_kind(x, "iuf", "numbers")?
     };
-    if integers && kind == "i" {
+    // (`min` of none is numpy's ValueError.)
+    if integers && kind == "i" && array.getattr("size")?.extract::<usize>()? > 0 {
         let min = array.call_method0("min")?.extract::<i64>()?;
         if min < 0 {
             return Err(index_error(format!(
@@ -1204,11 +1218,15 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
             )));
         }
     }
-    py.import("numpy")?
+    let flat = py
+        .import("numpy")?
         .call_method1("require", (array, numpy::dtype::<T>(py), ["C", "A"]))?
         .call_method1("reshape", (-1,))?
-        .cast_into::<PyArray1<T>>()
-        .map_err(Into::into)
+        .cast_into::<PyArray1<T>>()?;
+    if flat.len() == 0 {
+        return Ok(PyArray1::zeros(py, 0, false));
+    }
+    Ok(flat)
 }
 
 /// The storage positions `index` names (an int, an array of ints of any shape,

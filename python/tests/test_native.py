@@ -402,6 +402,29 @@ def test_sample_into_refuses_arrays_it_cannot_fill():
     assert rb.sample_into(good) == 4
 
 
+def misaligned_empty(dtype):
+    """An empty array whose data sits one byte off its dtype's alignment: numpy calls
+    it aligned (it has no elements)."""
+    return np.ndarray((0,), dtype, buffer=bytearray(9), offset=1)
+
+
+def test_empty_arrays_anywhere_in_memory_are_taken_not_a_panic():
+    # A cast of no bytes checked their address: a PanicException from inside the call.
+    rb = buffer(n=10, sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4))
+    out = out_arrays(rb, 0)
+    out["index"] = misaligned_empty(rb.index_dtype)
+    out["generation"] = misaligned_empty(np.uint64)
+    out["weight"] = misaligned_empty(np.float32)
+    try:
+        assert rb.sample_into(out) == 0
+    except ReplayBufferError:
+        pass
+    assert rb.update_priority(
+        misaligned_empty(np.uint64), misaligned_empty(np.float64), misaligned_empty(np.uint64)
+    ) == (0, 0)
+    assert rb.update_priority(np.zeros(0, np.int64), [], np.zeros(0, np.int64)) == (0, 0)
+
+
 def test_sample_into_names_an_index_of_the_wrong_shape():
     rb = buffer(capacity=32, n=10)
     out = out_arrays(rb, 3)
