@@ -329,3 +329,33 @@ fn a_reopening_with_longer_settings_finds_the_rows() {
         );
     }
 }
+
+/// A file-backed buffer that restored a checkpoint reopens with the checkpoint's seed,
+/// and samples as a buffer loaded from the checkpoint does: its directory kept the
+/// seed it was built with, under the checkpoint's stream counters.
+#[test]
+fn a_restored_buffer_reopens_with_the_checkpoints_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, store) = (dir.path().join("ck"), dir.path().join("rb"));
+    let src = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .seed(1)
+        .build()
+        .unwrap();
+    src.extend(&chunk(&src, 0..40)).unwrap();
+    src.sample(8).unwrap();
+    src.save(&ck).unwrap();
+    let builder = || ReplayBuffer::builder(spec()).capacity(64).memmap(&store);
+    {
+        let mut rb = builder().seed(2).build().unwrap();
+        rb.restore(&ck).unwrap();
+        assert_eq!(rb.seed(), 1);
+    }
+    let again = builder().existsok(true).build().unwrap();
+    assert_eq!(again.seed(), 1);
+    let loaded = ReplayBuffer::from_checkpoint(&ck).unwrap();
+    assert_eq!(
+        again.sample(16).unwrap().index(),
+        loaded.sample(16).unwrap().index()
+    );
+}

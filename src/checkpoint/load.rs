@@ -63,7 +63,9 @@ impl ReplayBuffer {
     /// into it (every file checked first), so a load hook that fails on them, or a
     /// compact or epochs part that fails to decode, leaves the region holding the
     /// checkpoint's rows, some hooked and some not. Such a buffer's hooks should not
-    /// fail on rows its checkpoints hold.
+    /// fail on rows its checkpoints hold. A file-backed buffer's directory then records
+    /// the checkpoint's seed; if that write fails, the error comes after the buffer
+    /// holds the checkpoint.
     pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         let (meta, checkpoint) = read_meta(dir)?;
@@ -124,11 +126,20 @@ impl ReplayBuffer {
         new.memmap = old.memmap.clone();
         new.policy.reload(&new.core);
         let rows = new.core.storage.len();
+        #[cfg(not(replaybuf_loom))]
+        let record = new.memmap.clone().map(|dir| (dir, new.config.clone()));
         self.cell.publish(new);
         // The rows loaded count as inserted: a limit's samples wait for rows the
         // buffer holds, not for ones it already has (they waited for good).
         if let Some(limiter) = &self.limiter {
             limiter.restart(rows);
+        }
+        // A file-backed buffer's directory records the checkpoint's seed, which its
+        // region's stream counters go on from: reopened, it took the old one and
+        // sampled other rows than the checkpoint's buffer.
+        #[cfg(not(replaybuf_loom))]
+        if let Some((store, config)) = record {
+            DirMeta::new(DirKind::Memmap, config).write(&store)?;
         }
         Ok(())
     }
