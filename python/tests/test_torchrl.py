@@ -488,6 +488,15 @@ def test_immutable_dataset(rl):
         rb.extend(transitions(2))
 
 
+def test_a_prefilled_tensor_storage_holds_rows_no_writer_wrote(rl):
+    # its data is there from the start: write_count counts the writes after it
+    rb = rl.TensorDictReplayBuffer(storage=rl.TensorStorage(transitions(12)))
+    assert (len(rb), rb.write_count) == (12, 0)
+    rb.extend(transitions(3, start=100))
+    assert (len(rb), rb.write_count) == (12, 3)
+    assert sorted(rb[:]["step"].tolist()) == list(range(3, 12)) + [100, 101, 102]
+
+
 # ----------------------------------------------------------------- without replacement
 
 

@@ -266,6 +266,9 @@ class ReplayBuffer(LazyEngine):
         self._storage._rb = self
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
+            # TorchRL's TensorStorage holds its data from the start, written by no
+            # writer: write_count starts at 0.
+            self._write_count_base -= self.write_count
         remembered = getattr(self._storage, "_remembered", lambda: None)()
         if remembered is not None:
             # A directory an earlier buffer of this face wrote, opened again: its rows
