@@ -506,6 +506,41 @@ fn every_sampler_returns_rows_of_the_stream() {
     }
 }
 
+/// A slice sampler reads the rows a frames buffer can rebuild: the newest row waits
+/// for its successor's frame, and a window reading it failed, so a buffer of one short
+/// trajectory was picked from 2^20 times and ended `Starved`.
+#[test]
+fn slices_leave_out_the_row_that_cannot_be_rebuilt_yet() {
+    let depth = 2;
+    let spec = Arc::new(spec(depth));
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(64)
+        .sampler(
+            Slice::slice_len(4)
+                .end_key("done")
+                .truncated_key("truncated")
+                .strict_length(false),
+        )
+        .frames(frames(depth, StackFill::Repeat))
+        .build()
+        .unwrap();
+    let mut ids = 0;
+    let mut rng = || 99u32; // no episode ends
+    let mut env = Env::new(depth, StackFill::Repeat, &mut ids);
+    let steps: Vec<Step> = (0..3).map(|_| env.step(&mut ids, &mut rng)).collect();
+    rb.extend(&batch_of(&spec, &steps, &[3])).unwrap();
+    let batch = rb.sample(8).unwrap();
+    let action = batch.column::<i64>("action").unwrap();
+    for slice in 0..2 {
+        let rows = &action[slice * 4..slice * 4 + 4];
+        assert_eq!(rows[..2], [steps[0].id, steps[1].id], "{action:?}");
+        assert_eq!(rows[2..], [0, 0], "{action:?}");
+        for k in 0..2 {
+            assert_eq!(row_of(&batch, slice * 4 + k), expected(&spec, &steps[k]));
+        }
+    }
+}
+
 #[test]
 fn a_checkpoint_keeps_the_compact_rows() {
     let depth = 4;

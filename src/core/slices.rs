@@ -342,13 +342,24 @@ impl Picker<'_> {
             p.masses = Masses::new(p.trees);
             p.first_view.clear();
         }
-        for (k, shard) in self.buffer.storage.shards().iter().enumerate() {
-            let lo = shard.window().lo;
+        let storage = &self.buffer.storage;
+        for (k, shard) in storage.shards().iter().enumerate() {
+            // A frames buffer's rows that cannot be rebuilt (the newest, which waits
+            // for its successor's frame) are left out: a window reading one failed,
+            // and a buffer of one short trajectory was picked from until `Starved`.
+            let (lo, below) = match storage.frames() {
+                Some(_) => {
+                    let w = storage.sampleable(k);
+                    (w.lo, w.hi)
+                }
+                None => (shard.window().lo, u64::MAX),
+            };
             if let Some(p) = &mut self.prio {
                 p.first_view.push(self.views.len());
             }
             for lane in 0..shard.ring().width {
-                let v = self.lanes.view(words, k, lane, lo);
+                let mut v = self.lanes.view(words, k, lane, lo);
+                v.tail = v.tail.min(below);
                 total += v.trajectories();
                 self.views.push(v);
                 self.cumulative.push(total);

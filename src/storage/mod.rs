@@ -1783,7 +1783,7 @@ impl Storage {
     }
 
     /// Shard `k`'s live window, less a frames buffer's rows that cannot be rebuilt.
-    fn sampleable(&self, k: usize) -> Window {
+    pub(crate) fn sampleable(&self, k: usize) -> Window {
         let shard = &self.shards[k];
         let w = shard.window();
         match &self.frames {
