@@ -535,8 +535,8 @@ fn slices_leave_out_the_row_that_cannot_be_rebuilt_yet() {
         let rows = &action[slice * 4..slice * 4 + 4];
         assert_eq!(rows[..2], [steps[0].id, steps[1].id], "{action:?}");
         assert_eq!(rows[2..], [0, 0], "{action:?}");
-        for k in 0..2 {
-            assert_eq!(row_of(&batch, slice * 4 + k), expected(&spec, &steps[k]));
+        for (k, step) in steps[..2].iter().enumerate() {
+            assert_eq!(row_of(&batch, slice * 4 + k), expected(&spec, step));
         }
     }
 }
