@@ -921,3 +921,40 @@ fn list_checkpoints_keep_the_queue_and_refuse_what_they_cannot_hold() {
     let e = replaybuf::checkpoint::inspect(&path).unwrap_err();
     assert!(e.to_string().contains("ListBuffer::from_checkpoint"), "{e}");
 }
+
+/// Loads hold the checkpoint directory's lock beside saves: a save deleted the
+/// generation a load was reading (`Missing`, or a file-backed buffer's region half
+/// written). Loads and saves of one directory in two threads: every load whole. And
+/// a save hook that loads the checkpoint it is part of is refused, not left waiting
+/// on its own lock.
+#[test]
+fn loads_and_saves_of_one_directory_take_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(2000)
+        .seed(3)
+        .build()
+        .unwrap();
+    fill(&rb, 2000);
+    rb.save(dir.path()).unwrap();
+    std::thread::scope(|s| {
+        let saver = s.spawn(|| {
+            for _ in 0..20 {
+                rb.save(dir.path()).unwrap();
+            }
+        });
+        for _ in 0..20 {
+            let loaded = ReplayBuffer::from_checkpoint(dir.path()).unwrap();
+            assert_eq!(loaded.len(), 2000);
+        }
+        saver.join().unwrap();
+    });
+
+    let path = dir.path().to_path_buf();
+    rb.register_save_hook(move |_| {
+        let e = ReplayBuffer::from_checkpoint(&path).unwrap_err();
+        assert!(e.to_string().contains("already"), "{e}");
+        Ok(())
+    });
+    rb.save(dir.path()).unwrap();
+}

@@ -193,10 +193,11 @@ pub(crate) fn temp_name(dir: &Path, name: &str) -> PathBuf {
 pub(crate) const LOCK: &str = ".lock";
 
 /// Takes `dir`'s lock, waiting while another thread or process holds it: an
-/// exclusive `flock` of `dir/.lock`, given back when the file drops (or its process
+/// exclusive `flock` of `dir/.lock`, given back when the guard drops (or its process
 /// dies: the kernel lets go of a dead process's locks, so the wait ends).
-pub(crate) fn lock(dir: &Path) -> Result<File, PersistError> {
+pub(crate) fn lock(dir: &Path) -> Result<DirLock, PersistError> {
     let path = dir.join(LOCK);
+    let held = DirLock::enter(dir)?;
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -204,7 +205,86 @@ pub(crate) fn lock(dir: &Path) -> Result<File, PersistError> {
         .open(&path)
         .at(&path)?;
     file.lock().at(&path)?;
-    Ok(file)
+    Ok(held.with(file))
+}
+
+/// A reader's hold on checkpoint directory `dir`: a shared `flock` of `dir/.lock`, so
+/// that no save (which holds it exclusively, [`lock`]) deletes the generation being
+/// read; loads hold it together. Without a lock file where this process may not
+/// write one (read-only media), no save can have run: the read goes on unlocked.
+pub(crate) fn lock_shared(dir: &Path) -> Result<DirLock, PersistError> {
+    let path = dir.join(LOCK);
+    let held = DirLock::enter(dir)?;
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+            {
+                Ok(file) => file,
+                // Not a directory at all: the read that follows names the problem.
+                Err(_) => return Ok(held),
+            }
+        }
+        Err(e) => return Err(PersistError::io(&path, e)),
+    };
+    file.lock_shared().at(&path)?;
+    Ok(held.with(file))
+}
+
+thread_local! {
+    /// The directories this thread holds the lock of ([`lock`], [`lock_shared`]).
+    static HELD: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A directory's lock, held until dropped.
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    dir: PathBuf,
+    _file: Option<File>,
+}
+
+impl DirLock {
+    /// Notes that this thread takes `dir`'s lock; refused if it holds it already: a
+    /// save's hook that loads the checkpoint it writes (or a load's hook that saves
+    /// into it) would wait on its own lock for good.
+    fn enter(dir: &Path) -> Result<DirLock, PersistError> {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.contains(&dir) {
+                return Err(PersistError::new(
+                    &dir,
+                    PersistKind::Busy(
+                        "this thread is saving or loading this directory already (a hook \
+                         that loads or saves the checkpoint it is part of)",
+                    ),
+                ));
+            }
+            held.push(dir.clone());
+            Ok(())
+        })?;
+        Ok(DirLock { dir, _file: None })
+    }
+
+    fn with(mut self, file: File) -> DirLock {
+        self._file = Some(file);
+        self
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|held| {
+            let mut held = held.borrow_mut();
+            if let Some(at) = held.iter().rposition(|d| *d == self.dir) {
+                held.swap_remove(at);
+            }
+        });
+    }
 }
 
 /// Flushes a directory's entries (new names, renames) to disk.

@@ -70,6 +70,9 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
         fs::create_dir_all(dir).at(dir)?;
+        // One save at a time, as `ReplayBuffer::save`'s: two wrote one generation's
+        // files over each other and deleted the one before.
+        let _saving = dir::lock(dir)?;
         let previous = fs::read(dir.join(dir::META))
             .ok()
             .and_then(|b| serde_json::from_slice::<ListMeta>(&b).ok());
@@ -173,6 +176,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
     /// an error naming the file.
     pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<ListBuffer<T>, PersistError> {
         let dir = dir.as_ref();
+        let _reading = dir::lock_shared(dir)?;
         let meta_path = dir.join(dir::META);
         let bytes = match fs::read(&meta_path) {
             Ok(b) => b,

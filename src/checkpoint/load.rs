@@ -68,6 +68,9 @@ impl ReplayBuffer {
     /// holds the checkpoint.
     pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
         let dir = dir.as_ref();
+        // Held until every file is read: a save meanwhile deleted the generation a
+        // file-backed buffer's region was half written from.
+        let _reading = crate::backing::dir::lock_shared(dir)?;
         let (meta, checkpoint) = read_meta(dir)?;
         let old: Arc<State> = Arc::clone(&self.state());
         if let Some(what) = old.config.layout_difference(&meta.config) {
@@ -152,6 +155,8 @@ pub(crate) fn load_built(
     dir: &Path,
     tweak: impl FnOnce(ReplayBufferBuilder, Option<RateLimit>) -> ReplayBufferBuilder,
 ) -> Result<ReplayBuffer, PersistError> {
+    // Held until every file is read: a save meanwhile deleted them.
+    let _reading = crate::backing::dir::lock_shared(dir)?;
     let (meta, checkpoint) = read_meta(dir)?;
     let limit = match &checkpoint.rate_limit {
         Some(recorded) => Some(RateLimit::recorded(recorded).map_err(|e| {
