@@ -793,6 +793,22 @@ fn list_buffers_round_trip_and_refuse_damage() {
         })
         .unwrap();
     assert!(ListBuffer::<u64>::from_checkpoint(dir.path()).is_err());
+    // A seed changed in meta.json's text is refused, as a row buffer's is: it loaded
+    // and drew other rows.
+    let meta_path = dir.path().join("meta.json");
+    let meta = std::fs::read_to_string(&meta_path).unwrap();
+    let seed = meta
+        .lines()
+        .find(|l| l.trim_start().starts_with("\"seed\""))
+        .unwrap()
+        .to_owned();
+    let other = seed.replace(|c: char| c.is_ascii_digit(), "7");
+    assert_ne!(seed, other);
+    std::fs::write(&meta_path, meta.replace(&seed, &other)).unwrap();
+    let e = ListBuffer::<(String, Vec<u32>)>::from_checkpoint(dir.path()).unwrap_err();
+    assert!(e.is_corrupt() && e.to_string().contains("checksum"), "{e}");
+    std::fs::write(&meta_path, &meta).unwrap();
+    assert!(ListBuffer::<(String, Vec<u32>)>::from_checkpoint(dir.path()).is_ok());
     let mut bytes = std::fs::read(&items).unwrap();
     bytes[30] ^= 4;
     std::fs::write(&items, &bytes).unwrap();

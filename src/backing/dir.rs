@@ -164,7 +164,7 @@ pub(crate) fn config_checksum(config: &Config) -> u64 {
 /// The xxh3 of `value`'s compact JSON: the same for a value read back from
 /// `meta.json` as for the one written (fields in declaration order; floats written
 /// as the shortest text that reads back to the same value).
-fn checksum(value: &impl Serialize) -> u64 {
+pub(crate) fn checksum(value: &impl Serialize) -> u64 {
     let json = serde_json::to_vec(value).expect("a meta always serialises");
     xxhash_rust::xxh3::xxh3_64(&json)
 }

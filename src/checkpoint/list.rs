@@ -58,6 +58,25 @@ struct ListMeta {
     next_shard: u64,
     generation: u64,
     files: Vec<FileMeta>,
+    /// The xxh3 of this meta as written with no checksum ([`dir::checksum`]): a seed,
+    /// a cursor or a file list damaged in the text loaded silently (absent in
+    /// checkpoints from before it was kept).
+    #[serde(default)]
+    meta_xxh3: Option<u64>,
+}
+
+impl ListMeta {
+    /// Whether the fields are those the checksum was taken of (or there is none).
+    fn whole(&self) -> bool {
+        let Some(sum) = self.meta_xxh3 else {
+            return true;
+        };
+        let plain = ListMeta {
+            meta_xxh3: None,
+            ..self.clone()
+        };
+        dir::checksum(&plain) == sum
+    }
 }
 
 const KIND: &str = "list";
@@ -156,6 +175,11 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             next_shard: inner.global(Global::NextShard).load(Ordering::Relaxed),
             generation: g,
             files,
+            meta_xxh3: None,
+        };
+        let meta = ListMeta {
+            meta_xxh3: Some(dir::checksum(&meta)),
+            ..meta
         };
         dir::sync_dir(dir)?;
         dir::write_atomic(
@@ -209,6 +233,12 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         }
         let meta: ListMeta = serde_json::from_value(value)
             .map_err(|e| corrupt(&meta_path, format!("meta.json: {e}")))?;
+        if !meta.whole() {
+            return Err(corrupt(
+                &meta_path,
+                "its fields do not match its checksum".to_owned(),
+            ));
+        }
         let sampler = meta
             .sampler
             .sampler()
