@@ -166,6 +166,19 @@ fn new_rows_enter_with_the_max_priority() {
     set(&within, 0, 0.1);
     within.extend(&rows(&within, 1, 2)).unwrap();
     assert_eq!(within.priority(2), Some(2.0), "the largest stored now");
+
+    // With alpha 0 every mass is one, and the heaviest leaf (the first) gave its
+    // priority, 0.5, not the largest.
+    let flat = buffer(
+        8,
+        Prioritized::new(0.0, 0.4).max_priority_within_buffer(true),
+    );
+    flat.extend(&rows(&flat, 3, 0)).unwrap();
+    for (i, p) in [(0, 0.5), (1, 3.0), (2, 1.0)] {
+        set(&flat, i, p);
+    }
+    flat.extend(&rows(&flat, 1, 3)).unwrap();
+    assert_eq!(flat.priority(3), Some(3.0));
 }
 
 /// `clear` forgets the largest priority seen: new rows after it enter at 1 again, as

@@ -266,17 +266,33 @@ impl Priorities {
         }
     }
 
-    /// The priority of new rows: the largest seen, or the largest stored now.
+    /// The priority of new rows: the largest seen, or the largest stored now (found
+    /// by the max tree; with alpha 0, whose masses are all one, by a pass over every
+    /// row).
     pub(crate) fn new_row_priority(&self, trees: &[Tree<'_>]) -> f64 {
         if !self.config.max_priority_within_buffer {
             return f64::from_bits(self.word(Global::MaxSeen).load(Ordering::Relaxed));
         }
+        let largest = |found: Option<f64>, p: f64| Some(found.map_or(p, |a| a.max(p)));
+        if self.alpha() == 0.0 {
+            // Every stored row's mass is one, and the heaviest leaf says nothing of
+            // the priorities (the leftmost's was taken): their largest is a pass over
+            // the raw words (TorchRL keeps the raw largest for alpha 0 too).
+            return trees
+                .iter()
+                .flat_map(|t| {
+                    (0..t.layout().leaves).filter_map(move |i| {
+                        let leaf = t.leaf(i);
+                        (leaf.value() > 0).then(|| t.raw(i, leaf.lap())).flatten()
+                    })
+                })
+                .fold(None, largest)
+                .unwrap_or(INITIAL_PRIORITY);
+        }
         trees
             .iter()
             .filter_map(|t| t.argmax().and_then(|i| t.raw(i, t.leaf(i).lap())))
-            .fold(None, |acc: Option<f64>, p| {
-                Some(acc.map_or(p, |a| a.max(p)))
-            })
+            .fold(None, largest)
             .unwrap_or(INITIAL_PRIORITY)
     }
 
