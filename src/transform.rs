@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::batch::Batch;
-use crate::buffer::SampleFailed;
+use crate::error::SampleFailed;
 use crate::error::{DataError, SampleError, Stage};
 use crate::sync::{self, ArcCell, AtomicBool, Mutex, Ordering};
 

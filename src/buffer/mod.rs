@@ -16,7 +16,7 @@ use crate::builder::ReplayBufferBuilder;
 use crate::core::Attempt;
 use crate::core::Written;
 use crate::error::persist::PersistError;
-use crate::error::{AccessError, DataError, SampleError};
+use crate::error::{AccessError, DataError, SampleError, SampleFailed};
 use crate::learner::Learner;
 use crate::policy::Admit;
 use crate::rate_limit::Limiter;
@@ -489,22 +489,6 @@ fn stored_below(storage: &Storage, end: Option<usize>) -> impl Iterator<Item = (
     let capacity = storage.geometry().capacity();
     let end = end.map_or(capacity, |e| (e as u64).min(capacity));
     (0..end).filter_map(|i| storage.draw_at(i).map(|d| (i, d)))
-}
-
-/// A sample that failed, and the rows it drew before it did: a transform fails after
-/// the draw, whose rows an epoch or a FIFO queue gave up, so they count as sampled.
-/// Given back, a FIFO queue's rate limit counted 4 rows waiting in an empty queue,
-/// and its collectors waited for learners that had nothing to take.
-#[derive(Debug)]
-pub(crate) struct SampleFailed {
-    pub(crate) drawn: usize,
-    pub(crate) error: SampleError,
-}
-
-impl From<SampleError> for SampleFailed {
-    fn from(error: SampleError) -> Self {
-        SampleFailed { drawn: 0, error }
-    }
 }
 
 /// Running an operation against the current state, and through the rate limit.

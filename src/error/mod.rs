@@ -513,6 +513,22 @@ pub struct PriorityUpdate {
     pub stale: usize,
 }
 
+/// A sample that failed, and the rows it drew before it did: a transform fails after
+/// the draw, whose rows an epoch or a FIFO queue gave up, so they count as sampled.
+/// Given back, a FIFO queue's rate limit counted 4 rows waiting in an empty queue,
+/// and its collectors waited for learners that had nothing to take.
+#[derive(Debug)]
+pub(crate) struct SampleFailed {
+    pub(crate) drawn: usize,
+    pub(crate) error: SampleError,
+}
+
+impl From<SampleError> for SampleFailed {
+    fn from(error: SampleError) -> Self {
+        SampleFailed { drawn: 0, error }
+    }
+}
+
 /// Why a sample was not drawn. The buffer and the sampler's state are unchanged, except
 /// for [`SampleError::EpochEnd`], which closes the epoch it reports.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
