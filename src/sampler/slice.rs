@@ -194,7 +194,7 @@ impl Slice {
     /// lane order, to all learners together. A window whose rows collectors have
     /// replaced since the epoch began is skipped. When the windows run out (with
     /// `drop_last`, when fewer than `num_slices` are left) the sample gets
-    /// [`SampleError::EpochEnd`](crate::error::SampleError::EpochEnd) and the next one starts
+    /// [`SampleError::EpochEnd`] and the next one starts
     /// a new epoch; otherwise the last batch has fewer slices. `span` does not apply.
     /// With `num_slices`, whose slices' length follows the batch size, a sample of
     /// another length than the open epoch's windows starts a new epoch cut at its own.
