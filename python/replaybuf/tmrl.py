@@ -67,12 +67,19 @@ _SAMPLE_COLUMNS = ("act", "obs", "rew", "terminated", "truncated")
 
 def _exactly(key: str, array: np.ndarray, target: np.dtype) -> np.ndarray:
     """``array`` as ``target``, refused where a value would not survive: an integer
-    outside the field's range (300 into int8 was stored as 44), or a float beyond it
-    (1e6 into float16 was stored as inf), as the numpy face refuses them."""
+    outside the field's range (300 into int8 was stored as 44, uint8 200 into int8 as
+    -56), or a float beyond it (1e6 into float16 was stored as inf), as the numpy face
+    refuses them."""
     out = np.ascontiguousarray(array, dtype=target)
     if array.dtype == target or array.size == 0:
         return out
-    if np.issubdtype(target, np.integer) or target == np.bool_:
+    integers = np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_
+    if np.issubdtype(target, np.integer) and integers:
+        # Against the range, in Python's integers: a cast between one width's signed
+        # and unsigned types casts back whole (uint8 200 into int8 was stored as -56).
+        info = np.iinfo(target)
+        kept = info.min <= int(array.min()) and int(array.max()) <= info.max
+    elif np.issubdtype(target, np.integer) or target == np.bool_:
         kept = np.array_equal(out.astype(array.dtype), array)
     else:
         with np.errstate(invalid="ignore"):

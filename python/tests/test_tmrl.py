@@ -319,7 +319,13 @@ def test_values_a_field_cannot_hold_are_refused_and_keep_the_reset_sample():
     assert len(memory) == 1
     with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
         memory.append_buffer([obs_sample(np.array([300, -200, 128]))])
+    # One width's unsigned values cast back whole from the signed type: uint8 200 was
+    # stored as -56.
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
+        memory.append_buffer([obs_sample(np.array([200, 0, 0], np.uint8))])
     assert len(memory) == 1
+    memory.append_buffer([obs_sample(np.array([100, 0, 1], np.uint8))])
+    assert len(memory) == 2
     memory = Memory()
     memory.append_buffer([obs_sample(np.zeros(3, np.float16))] * 2)
     with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
