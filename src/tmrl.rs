@@ -246,6 +246,15 @@ impl TmrlBuilder {
                 return bad(key, "must be one bool per transition");
             }
         }
+        if self.buffer.ndim() != 1 {
+            // Its transitions are one stream's: an ndim-2 buffer's count every
+            // environment's, and `get_transition` read environment 0 alone (every
+            // item past its steps an IndexError), while every append was refused.
+            return bad(
+                &keys.obs,
+                "a tmrl memory holds one stream of transitions: an ndim-1 buffer",
+            );
+        }
         if self.batch_size == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroBatchSize));
         }

@@ -320,3 +320,17 @@ fn transitions_are_items_oldest_first_once_the_memory_wraps() {
     assert_eq!((0..4).map(prev).collect::<Vec<_>>(), [2, 3, 4, 5]);
     assert!(m.get_transition(4).is_err());
 }
+
+/// An ndim-2 buffer is refused: its length counted every environment's rows while
+/// `get_transition` read environment 0 alone, and every append was refused.
+#[test]
+fn an_ndim2_buffer_is_refused() {
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(8)
+        .ndim(2)
+        .envs(2)
+        .build()
+        .unwrap();
+    let e = TmrlMemory::builder(rb).build().unwrap_err();
+    assert!(e.to_string().contains("ndim-1"), "{e}");
+}
