@@ -3,8 +3,9 @@
 //!
 //! - `batch_process` ([`ReplayBufferTrainer::extend`]): a collector's batch of shape
 //!   `[E, T]` (E environments, T steps) is flattened into `E * T` transitions, dropping
-//!   the steps its mask marks invalid, or padded to `max_dims` as whole trajectories,
-//!   and extended into the buffer;
+//!   the steps its mask marks invalid (without a mask, each environment's last step is
+//!   marked truncated in `("next", "truncated")`, as TorchRL's), or padded to
+//!   `max_dims` as whole trajectories, and extended into the buffer;
 //! - `process_optim_batch` ([`ReplayBufferTrainer::sample`]): the optimisation batch
 //!   is sampled (through a [`Loader`], so it can be prefetched);
 //! - `post_loss` ([`ReplayBufferTrainer::update_priority`]): the batch's new
@@ -271,6 +272,22 @@ impl ReplayBufferTrainer {
             let dst = dst.as_bytes_mut();
             for (k, &r) in keep.iter().enumerate() {
                 dst[k * bytes..(k + 1) * bytes].copy_from_slice(&src[r * bytes..(r + 1) * bytes]);
+            }
+        }
+        if self.mask_key.is_none() {
+            // As TorchRL's: without a mask, each environment's last step is marked
+            // truncated before the rows are laid end to end, so that no trajectory
+            // runs from one environment's last step into the next one's first.
+            let truncated = Key::from(("next", "truncated"));
+            if spec
+                .field(&truncated)
+                .is_some_and(|(_, f)| f.dtype() == DType::Bool && f.elements() == 1)
+            {
+                let steps = collected.shape().last().copied().unwrap_or(0);
+                let marks = out.column_mut::<bool>(&truncated)?;
+                for last in marks.chunks_mut(steps.max(1)).filter_map(|c| c.last_mut()) {
+                    *last = true;
+                }
             }
         }
         Ok(out)

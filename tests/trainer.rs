@@ -83,6 +83,32 @@ fn flattening_stores_every_valid_step_in_order() {
     assert_eq!(trainer.collector_batch(2, 3).shape(), &[2, 3]);
 }
 
+/// Without a mask, each environment's last step is marked truncated before the rows
+/// are laid end to end, as TorchRL's trainer marks it: one environment's last step ran
+/// into the next one's first as one trajectory.
+#[test]
+fn flattening_without_a_mask_truncates_each_environments_last_step() {
+    let spec = Spec::builder()
+        .field("obs", DType::F32, [2])
+        .field("id", DType::I64, [])
+        .field(("next", "truncated"), DType::Bool, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec.clone())
+        .capacity(100)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let trainer = ReplayBufferTrainer::builder(rb.clone()).build().unwrap();
+    trainer.extend(&collected(&spec, 2, 3, None)).unwrap();
+    let all = rb.read_all_in_order(None);
+    assert_eq!(ids(&all), [0, 1, 2, 100, 101, 102]);
+    assert_eq!(
+        all.column::<bool>(("next", "truncated")).unwrap(),
+        [false, false, true, false, false, true]
+    );
+}
+
 /// The trajectory buffer of `steps`-step padded rows: the step fields (without
 /// the collector's mask) with a leading `steps`, and the padding mask.
 fn trajectory_spec(steps: usize) -> Spec {
