@@ -426,6 +426,21 @@ fn a_bad_region_is_refused_with_a_reason() {
     assert!(found.problem.is_some() && !found.is_stale(), "{found:?}");
     replaybuf::shared::remove(&name).unwrap();
     assert!(!std::path::Path::new(&path).exists());
+    // Made but not yet sized (0 bytes), as an attach racing its creator finds it:
+    // waited for, where it was refused at once as corrupt.
+    let name = name_unsized();
+    let path = path_of(&name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    let t = Instant::now();
+    let e = ReplayBuffer::attach(&name).unwrap_err();
+    assert!(t.elapsed() >= Duration::from_secs(1), "{e}");
+    assert!(e.to_string().contains("not finished"), "{e}");
+    std::fs::remove_file(&path).unwrap();
     // Another format version.
     let name = name_v();
     let rb = builder(&name, 1).build().unwrap();
@@ -440,6 +455,10 @@ fn a_bad_region_is_refused_with_a_reason() {
 
 fn name_v() -> String {
     name("version")
+}
+
+fn name_unsized() -> String {
+    name("unsized")
 }
 
 #[test]

@@ -104,8 +104,21 @@ pub(crate) fn read_config(name: &str) -> Result<Config, PersistError> {
 fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), PersistError> {
     let started = Instant::now();
     let region = loop {
+        let not_ready = || -> Result<(), PersistError> {
+            if started.elapsed() >= READY_WAIT {
+                return Err(header_error(&shown(name), HeaderProblem::NotReady));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        };
         let region = match Region::open_shared(object) {
             Ok(r) => r,
+            // Made but not sized yet: its creator is on its way. It was refused as
+            // corrupt (0 bytes) when an attach raced the build.
+            Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                not_ready()?;
+                continue;
+            }
             Err(OpenError::Foreign(Foreign { owner, mode, me })) => {
                 return Err(PersistError::new(
                     shown(name),
@@ -128,12 +141,7 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), Pe
             // as zeroes until its header is written, and is ready last.
             Err(HeaderProblem::NotReady)
             | Err(HeaderProblem::TooShort { .. })
-            | Err(HeaderProblem::Magic { found: 0 }) => {
-                if started.elapsed() >= READY_WAIT {
-                    return Err(header_error(&shown(name), HeaderProblem::NotReady));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            | Err(HeaderProblem::Magic { found: 0 }) => not_ready()?,
             Err(p) => return Err(header_error(&shown(name), p)),
             Ok(_) => break region,
         }

@@ -162,7 +162,15 @@ impl Region {
             return Err(OpenError::Foreign(foreign));
         }
         let bytes = u64::try_from(stat.st_size).unwrap_or(0);
-        if bytes % 8 != 0 || bytes == 0 {
+        if bytes == 0 {
+            // Made (`O_EXCL`) but not yet sized: its creator is on its way, and an
+            // attacher waits for it as for the header (`WouldBlock`).
+            return Err(OpenError::Io(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the shared region is not sized yet",
+            )));
+        }
+        if bytes % 8 != 0 {
             return Err(OpenError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("the shared region is {bytes} bytes long, not a whole number of words"),
