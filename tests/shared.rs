@@ -507,6 +507,22 @@ fn a_writer_waits_out_a_lease_given_back_within_half_a_second() {
     assert!(holder.wait().unwrap().success());
 }
 
+/// A region whose header records a process table of another size is listed with its
+/// problem: the table's walks read 64 entries whatever the header said (a panic).
+#[test]
+fn a_region_listing_survives_a_damaged_process_table_size() {
+    let name = name("procs");
+    let rb = builder(&name, 1).build().unwrap();
+    let path = path_of(&name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[64..72].copy_from_slice(&1u64.to_le_bytes()); // Procs, header word 8
+    std::fs::write(&path, &bytes).unwrap();
+    let listed = replaybuf::shared::list();
+    let found = listed.iter().find(|r| r.name == name).expect("listed");
+    assert!(found.problem.is_some(), "{found:?}");
+    drop(rb);
+}
+
 #[test]
 fn a_crashed_creators_region_is_found_stale_and_removed() {
     let name = name("crashed");

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::procs::ProcTable;
+use super::procs::{ProcTable, PROCS};
 use crate::backing::shm::shown;
 use crate::error::persist::{PersistError, PersistKind};
 use crate::region::shared::{self, object_name, OpenError};
@@ -95,7 +95,9 @@ fn info(name: &str) -> RegionInfo {
                 .checked_mul(PROC_WORDS)
                 .and_then(|w| w.checked_add(at))
                 .is_some_and(|end| end <= region.words().len());
-            if n == 0 || !fits {
+            // The table's walks cover `PROCS` entries: one of another size was read
+            // past (a panic, or words beyond the region).
+            if n != PROCS || !fits {
                 found.problem = Some("no process table (not a shared buffer)".to_owned());
                 return found;
             }
