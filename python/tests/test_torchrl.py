@@ -1439,3 +1439,9 @@ def test_replaybuf_existsok_opens_the_rows_a_dropped_buffer_left_from_the_start(
     assert again.sample()["obs"].shape == (2,)
     assert again.extend(rows(3, 100)).tolist() == [5, 6, 7]
     assert len(again) == again.write_count == 8
+    # empty() empties it, as TorchRL's: it renewed the engine buffer, which reopened
+    # the directory's rows.
+    again.empty()
+    assert len(again) == again.write_count == 0
+    assert again.extend(rows(2, 200)).tolist() == [0, 1]
+    assert again[:]["obs"].tolist() == [200.0, 201.0]

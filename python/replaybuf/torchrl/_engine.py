@@ -186,4 +186,7 @@ class LazyEngine:
         # Dropping the only references closes the engine buffer (and its files).
         self._native = self._sampler._native = None
         self._storage._release()
+        forget = getattr(self._storage, "_forget_rows", None)
+        if forget is not None:
+            forget()
         self._install(self._make_native(layout, envs), layout, envs, device)

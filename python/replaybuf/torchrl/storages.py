@@ -188,6 +188,20 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
         return {"memmap": directory, "existsok": self.existsok}
 
+    def _forget_rows(self) -> None:
+        """Removes the engine buffer's files, where it reopened them (``existsok``
+        over a directory an earlier buffer wrote): an ``empty`` that renewed the
+        engine buffer reopened them, rows and all."""
+        directory = self.scratch_dir
+        if directory is None or self._before is None:
+            return
+        for name in ("meta.json", "storage.bin"):
+            if name in self._before:
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass
+
     def _release(self) -> None:
         """Removes the files the engine buffer made in the directory (and only
         those)."""
