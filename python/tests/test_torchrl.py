@@ -864,6 +864,20 @@ def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
         assert s["priority_weight"].shape == (16,)
 
 
+def test_a_sample_written_back_in_place_takes_its_priority_update(rl):
+    # the rewrite made each row a new generation, and the update of the sample's
+    # index took them for overwritten rows and skipped them
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=0.5, storage=rl.LazyTensorStorage(8), batch_size=4
+    )
+    rb.extend(transitions(8))
+    s = rb.sample()
+    s["obs"] += 1
+    rb[s["index"]] = s
+    rb.update_priority(s["index"], torch.full((4,), 1e6))
+    assert torch.isin(rb.sample(256)["index"], s["index"]).float().mean() > 0.9
+
+
 def test_prioritized_slice_sampler_takes_the_right_span_and_not_the_left(rl):
     # a slice starts at its drawn row, so TorchRL turns the left span off (warning);
     # the right one lets a strict slice start nearer its end, cut off there

@@ -665,6 +665,10 @@ class ReplayBuffer(LazyEngine):
             raise EmptyStorageError("Cannot set elements of a non-initialized storage.")
         if self._storage.ndim != 1:
             raise NotImplementedError("item assignment needs a storage of ndim 1")
+        # A rewritten row is a new generation of it: an update of the latest
+        # sample's index then took its rows for overwritten and skipped them, where
+        # TorchRL applies it (`rb[s["index"]] = s`, then the sample's priorities).
+        self._last = None
         if isinstance(index, tuple) and len(index) == 1:
             self[index[0]] = value
             return
@@ -733,6 +737,7 @@ class ReplayBuffer(LazyEngine):
         if self._transform_modules:
             with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
                 data = self._transform.inv(data)
+        self._last = None  # as for `rb[index] = data`
         self._native_to_write(data, 1).write_all(self._layout.arrays(data), end)
 
     def empty(self, empty_write_count: bool = True) -> None:
