@@ -864,6 +864,17 @@ def test_prioritized_slice_sampler_draws_windows_from_high_priority_starts(rl):
         assert s["priority_weight"].shape == (16,)
 
 
+def test_a_tuple_index_reads_and_writes_one_element_of_the_stored_data(rl):
+    # it read rows 1 and 0 where TorchRL reads the element (1, 0), which a write of
+    # rb[1, 0] sets
+    rb = rl.ReplayBuffer(storage=rl.LazyTensorStorage(5))
+    rb.extend(torch.arange(10.0).reshape(5, 2))
+    assert rb[1, 0].item() == 2.0
+    rb[1, 0] = 5.0
+    assert rb[1, 0].item() == 5.0
+    assert rb[:][1].tolist() == [5.0, 3.0]
+
+
 def test_a_sample_written_back_in_place_takes_its_priority_update(rl):
     # the rewrite made each row a new generation, and the update of the sample's
     # index took them for overwritten rows and skipped them

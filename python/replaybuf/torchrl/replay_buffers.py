@@ -637,13 +637,18 @@ class ReplayBuffer(LazyEngine):
 
     def __getitem__(self, index: Any) -> Any:
         """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage order),
-        ``rb[:end]``, ``rb[indices]``; ``rb[key]`` is ``rb[:][key]``."""
+        ``rb[:end]``, ``rb[indices]``; ``rb[key]`` and any other tuple index are
+        ``rb[:][index]``, as ``rb[index] = data`` takes them."""
         if isinstance(index, str) or (
             isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
         ):
             return self[:][index]
         if isinstance(index, tuple) and len(index) == 1:
             return self[index[0]]
+        if isinstance(index, tuple):
+            # An index into the stored data's dimensions (`rb[1, 0]`: element (1, 0)),
+            # as TorchRL's `storage[index]`: it read rows 1 and 0.
+            return self[:][index]
         data = self._read(index)
         if not isinstance(index, (int, np.integer)) and self._collate_fn is not None:
             data = self._collate_fn(data)
