@@ -33,8 +33,14 @@ use crate::swap::StorageConfig;
 /// Why a typed buffer refuses a max-value writer.
 const MAX_VALUE_TYPED: &str =
     "a typed buffer's rows have no field to rank: a max-value writer needs a ReplayBuffer";
-const SLICE_TYPED: &str = "a typed buffer's rows have no fields to tell trajectories by: \
-                           slice sampling needs a ReplayBuffer with the keys";
+
+/// Why a typed buffer refuses a slice sampler, at build and in `set_sampler`.
+fn slice_refused() -> BuildError {
+    BuildError::new(BuildErrorKind::Sampler {
+        reason: "a typed buffer's rows have no fields to tell trajectories by: slice \
+                 sampling needs a ReplayBuffer with the keys",
+    })
+}
 
 /// A replay buffer of `T`s.
 ///
@@ -133,9 +139,7 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
             }));
         }
         if let Sampler::Slice(_) = self.inner.chosen_sampler() {
-            return Err(BuildError::new(BuildErrorKind::Sampler {
-                reason: SLICE_TYPED,
-            }));
+            return Err(slice_refused());
         }
         Ok(TypedBuffer {
             buffer: self.inner.build()?,
@@ -285,9 +289,7 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     pub fn set_sampler(&self, sampler: impl Into<Sampler>) -> Result<(), SwapError> {
         let sampler = sampler.into();
         if let Sampler::Slice(_) = sampler {
-            return Err(SwapError::build(BuildError::new(BuildErrorKind::Sampler {
-                reason: SLICE_TYPED,
-            })));
+            return Err(SwapError::build(slice_refused()));
         }
         self.buffer.set_sampler(sampler)
     }

@@ -1191,12 +1191,8 @@ impl Buffer {
 fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<T>>> {
     let py = x.py();
     if let Ok(a) = x.cast::<PyArray1<T>>() {
-        if a.is_c_contiguous() && a.is_aligned() {
-            // An empty one's data may sit anywhere (numpy calls it aligned all the
-            // same), and a slice of it must not: a fresh one.
-            if a.len() == 0 {
-                return Ok(PyArray1::zeros(py, 0, false));
-            }
+        // (An empty one is made afresh below.)
+        if a.is_c_contiguous() && a.is_aligned() && a.len() > 0 {
             return Ok(a.clone());
         }
     }
@@ -1224,6 +1220,8 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
         .call_method1("reshape", (-1,))?
         .cast_into::<PyArray1<T>>()?;
     if flat.len() == 0 {
+        // An empty array's data may sit anywhere (numpy calls it aligned all the
+        // same), and a slice of it must not: a fresh one.
         return Ok(PyArray1::zeros(py, 0, false));
     }
     Ok(flat)

@@ -198,14 +198,18 @@ pub(crate) const LOCK: &str = ".lock";
 pub(crate) fn lock(dir: &Path) -> Result<DirLock, PersistError> {
     let path = dir.join(LOCK);
     let held = DirLock::enter(dir)?;
-    let file = OpenOptions::new()
+    let file = open_lock_file(&path).at(&path)?;
+    file.lock().at(&path)?;
+    Ok(held.with(file))
+}
+
+/// Opens `path`, a directory's lock file, making it if there is none.
+fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .at(&path)?;
-    file.lock().at(&path)?;
-    Ok(held.with(file))
+        .open(path)
 }
 
 /// A reader's hold on checkpoint directory `dir`: a shared `flock` of `dir/.lock`, so
@@ -217,18 +221,11 @@ pub(crate) fn lock_shared(dir: &Path) -> Result<DirLock, PersistError> {
     let held = DirLock::enter(dir)?;
     let file = match File::open(&path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            match OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-            {
-                Ok(file) => file,
-                // Not a directory at all: the read that follows names the problem.
-                Err(_) => return Ok(held),
-            }
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match open_lock_file(&path) {
+            Ok(file) => file,
+            // Not a directory at all: the read that follows names the problem.
+            Err(_) => return Ok(held),
+        },
         Err(e) => return Err(PersistError::io(&path, e)),
     };
     file.lock_shared().at(&path)?;
