@@ -13,7 +13,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::dtype::{DType, Element};
-use crate::error::DataError;
+use crate::error::{DataError, SampleError};
 use crate::key::KeyLike;
 use crate::sampler::slice::{Marks, SliceWindow};
 use crate::spec::{Field, Spec};
@@ -153,6 +153,23 @@ pub(crate) struct Scratch {
     pub(crate) cumulative: Vec<u64>,
     /// Slice sampling: the batch's windows.
     pub(crate) slices: Vec<SliceWindow>,
+}
+
+impl Scratch {
+    /// Room for the draws of a sample of `rows` rows, or [`SampleError::TooLarge`]
+    /// where the allocator cannot give it: a sample's size is the caller's to choose,
+    /// and one past memory is refused rather than aborting the process.
+    pub(crate) fn room(&mut self, rows: usize) -> Result<(), SampleError> {
+        room(&mut self.draws, rows, rows)?;
+        room(&mut self.located, rows, rows)
+    }
+}
+
+/// Reserves room for `len` items in `items`, a sample of `rows` rows' part.
+pub(crate) fn room<T>(items: &mut Vec<T>, len: usize, rows: usize) -> Result<(), SampleError> {
+    items
+        .try_reserve(len.saturating_sub(items.len()))
+        .map_err(|_| SampleError::TooLarge { rows })
 }
 
 /// The parts of a batch the sampling path fills, borrowed apart.
@@ -436,6 +453,29 @@ impl Batch {
         }
         self.marks = None;
         self.reshape(&[rows]);
+    }
+
+    /// Makes room for a sample of `rows` rows (with a weight each when `weighted`) and
+    /// its draws, writing nothing, or refuses it as [`SampleError::TooLarge`]: called
+    /// before a sample is counted or drawn, so that one past memory fails cleanly.
+    pub(crate) fn room_for_sample(
+        &mut self,
+        rows: usize,
+        weighted: bool,
+    ) -> Result<(), SampleError> {
+        for (c, f) in self.columns.iter_mut().zip(self.spec.fields()) {
+            let bytes = rows
+                .checked_mul(f.bytes())
+                .ok_or(SampleError::TooLarge { rows })?;
+            c.own();
+            room(&mut c.words, bytes.div_ceil(8), rows)?;
+        }
+        room(&mut self.index, rows, rows)?;
+        room(&mut self.generation, rows, rows)?;
+        if weighted {
+            room(self.weight.get_or_insert_with(Vec::new), rows, rows)?;
+        }
+        self.scratch.room(rows)
     }
 
     /// Turns this batch into a slice batch of shape `[slices, len]` (see

@@ -323,11 +323,16 @@ impl ReplayBufferEnsemble {
         // sample: found before any member draws, as a draw moves a member's epoch and
         // rate-limit counts, which a failed sample must leave alone. (A rate-limited
         // member waits for rows.)
-        for (b, &share) in e.buffers.iter().zip(&shares).filter(|(_, &s)| s > 0) {
+        // So does a sample past memory.
+        out.batch.room_for_sample(n, false)?;
+        let members = e.buffers.iter().zip(&mut out.parts).zip(&shares);
+        for ((b, part), &share) in members.filter(|(_, &s)| s > 0) {
             if b.limiter.is_none() && b.is_empty() {
                 return Err(SampleError::Empty);
             }
-            b.state().core.check_sample(share)?;
+            let core = &b.state().core;
+            core.check_sample(share)?;
+            core.room_for_sample(share, part)?;
         }
         for ((buffer, part), &share) in e.buffers.iter().zip(&mut out.parts).zip(&shares) {
             if share > 0 {

@@ -10,6 +10,7 @@
 //!
 //! Layer: faces.
 
+use crate::batch;
 use crate::builder;
 use crate::core::Written;
 use crate::error::{AccessError, BuildError, BuildErrorKind, DataError, SampleError};
@@ -293,7 +294,8 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         let inner = &self.inner;
         let call = inner.global(Global::Calls).fetch_add(1, Ordering::Relaxed);
         let mut rng: Rng = rng::stream(inner.seed, rng::Stream::Call(call));
-        let mut draws = Vec::with_capacity(n);
+        let mut draws = Vec::new();
+        batch::room(&mut draws, n, n)?;
         let mut rounds = 0;
         loop {
             let (read, batch) = self.draw_and_read(&mut rng, n, &mut draws);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use smallvec::smallvec;
 
-use crate::batch::Scratch;
+use crate::batch::{self, Scratch};
 use crate::buffer::ReplayBuffer;
 use crate::builder::ReplayBufferBuilder;
 use crate::checkpoint::dump::SaveOptions;
@@ -190,6 +190,18 @@ impl<T> TypedBatch<T> {
             weight: None,
             scratch: Scratch::default(),
         }
+    }
+
+    /// Makes room for a sample of `rows` values (with weights when `weighted`) and its
+    /// draws, or refuses one past memory, as `Batch::room_for_sample` does.
+    fn room(&mut self, rows: usize, weighted: bool) -> Result<(), SampleError> {
+        batch::room(&mut self.rows, rows, rows)?;
+        batch::room(&mut self.index, rows, rows)?;
+        batch::room(&mut self.generation, rows, rows)?;
+        if weighted {
+            batch::room(self.weight.get_or_insert_with(Vec::new), rows, rows)?;
+        }
+        self.scratch.room(rows)
     }
 
     /// The sampled values.
@@ -444,6 +456,8 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
 
     /// Samples `n` values into `batch`, through the rate limit if there is one.
     fn sample_n_into(&self, n: usize, batch: &mut TypedBatch<T>) -> Result<(), SampleError> {
+        let weighted = self.buffer.state().core.sampler.prioritized().is_some();
+        batch.room(n, weighted)?;
         self.buffer.limited_sample(n, || {
             let (inner, mut rng) = self.buffer.call_stream();
             let mut rounds = 0;

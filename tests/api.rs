@@ -658,6 +658,9 @@ fn typed_buffer() {
         rb.sample_into(&mut reused).unwrap_err(),
         SampleError::NoBatchSize
     );
+    for n in [usize::MAX, 1 << 40] {
+        assert_eq!(rb.sample(n).unwrap_err(), SampleError::TooLarge { rows: n });
+    }
     assert!(
         TypedBuffer::<()>::builder().capacity(4).build().is_err(),
         "zero-sized rows are refused"
@@ -689,6 +692,9 @@ fn list_buffer_holds_any_clone_type() {
             capacity: 4
         }
     );
+    for n in [usize::MAX, 1 << 40] {
+        assert_eq!(rb.sample(n).unwrap_err(), SampleError::TooLarge { rows: n });
+    }
     assert!(ListBuffer::<u8>::builder().capacity(0).build().is_err());
     // A capacity past the memory is an error (it aborted the process).
     let e = ListBuffer::<u8>::builder()

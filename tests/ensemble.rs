@@ -226,6 +226,13 @@ fn same_seed_same_samples_and_errors_pass_through() {
         .build()
         .unwrap();
     assert_eq!(e.sample(4).unwrap_err(), SampleError::Empty);
+    let e = ReplayBufferEnsemble::builder([uniform(0), uniform(1)])
+        .sample_from_all(true)
+        .build()
+        .unwrap();
+    for n in [usize::MAX, 1 << 40] {
+        assert_eq!(e.sample(n).unwrap_err(), SampleError::TooLarge { rows: n });
+    }
     let e = ReplayBufferEnsemble::builder([uniform(0)]).build().unwrap();
     assert_eq!(e.sample_default().unwrap_err(), SampleError::NoBatchSize);
     assert_eq!(

@@ -384,3 +384,34 @@ fn a_sample_whose_transform_fails_counts_the_rows_it_took() {
     assert_eq!(rb.rate_limit_stats().unwrap().samples, 4);
     rb.extend(&rows(&rb, 4, 1)).unwrap();
 }
+
+#[test]
+fn a_sample_too_large_to_hold_is_refused_before_it_counts() {
+    let limit = RateLimit::min_size(1).sample_timeout(SHORT);
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    rb.extend(&rows(&rb, 0, 10)).unwrap();
+    let before = rb.rate_limit_stats().unwrap();
+    for n in [usize::MAX, usize::MAX / 2, 1 << 62] {
+        let err = rb.sample(n).unwrap_err();
+        assert!(matches!(err, SampleError::TooLarge { .. }), "{n}: {err}");
+    }
+    // Past what the allocator gives, short of overflowing a size: a terabyte of rows.
+    let err = rb.sample(1 << 40).unwrap_err();
+    assert!(matches!(err, SampleError::TooLarge { .. }), "{err}");
+    assert_eq!(rb.rate_limit_stats().unwrap(), before);
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+    // The same, at the builder's batch size.
+    let rb = builder(64)
+        .rate_limit(limit)
+        .batch_size(1 << 40)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 10)).unwrap();
+    let before = rb.rate_limit_stats().unwrap();
+    let err = rb.sample_into(&mut rb.batch([0])).unwrap_err();
+    assert!(matches!(err, SampleError::TooLarge { .. }), "{err}");
+    let err = rb.sample_default().unwrap_err();
+    assert!(matches!(err, SampleError::TooLarge { .. }), "{err}");
+    assert_eq!(rb.rate_limit_stats().unwrap(), before);
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+}

@@ -336,6 +336,7 @@ impl ReplayBuffer {
     /// Samples `n` rows into a new batch, with their `index` and `generations`.
     pub fn sample(&self, n: usize) -> Result<Batch, SampleError> {
         let mut batch = self.batch([0]);
+        self.state().core.room_for_sample(n, &mut batch)?;
         self.limited_sample(n, || {
             let (inner, mut rng) = self.call_stream();
             inner.core.sample_into(&mut rng, n, &mut batch)?;
@@ -358,7 +359,12 @@ impl ReplayBuffer {
     /// size, no allocation happens. Draws the builder's `batch_size` rows, or as many
     /// as `batch` holds when none was set.
     pub fn sample_into(&self, batch: &mut Batch) -> Result<(), SampleError> {
-        let n = self.state().core.batch_size_for(batch)?;
+        let n = {
+            let core = &self.state().core;
+            let n = core.batch_size_for(batch)?;
+            core.room_for_sample(n, batch)?;
+            n
+        };
         self.limited_sample(n, || {
             let (inner, mut rng) = self.call_stream();
             inner.core.sample_into(&mut rng, n, batch)?;

@@ -289,6 +289,12 @@ impl Core {
         result.map(drop)
     }
 
+    /// Makes room in `batch` for a sample of `n` rows, or refuses one past memory
+    /// ([`SampleError::TooLarge`]); before the sample is counted or drawn.
+    pub(crate) fn room_for_sample(&self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
+        batch.room_for_sample(n, self.sampler.prioritized().is_some())
+    }
+
     /// Refuses now a sample of `n` rows that [`Core::sample_to`] would refuse before
     /// drawing: a batch a slice sampler cannot split into its slices, or a prioritized
     /// storage whose rows have no mass to draw from (an empty one is left to the
@@ -318,6 +324,7 @@ impl Core {
         out: &mut impl SampleOut,
         scratch: &mut Scratch,
     ) -> Result<usize, SampleError> {
+        scratch.room(n)?;
         if let Some(slice) = self.sampler.slice_state() {
             return self.sample_slices(slice, rng, n, out, scratch);
         }

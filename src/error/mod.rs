@@ -553,6 +553,12 @@ pub enum SampleError {
         /// Rows stored.
         available: usize,
     },
+    /// A sample of more rows than memory can hold: nothing was drawn or counted.
+    #[error("a sample of {rows} rows does not fit in memory")]
+    TooLarge {
+        /// Rows asked for.
+        rows: usize,
+    },
     /// The without-replacement epoch ran out; the next call starts a new epoch.
     #[error("the epoch ran out; the next sample starts a new one")]
     EpochEnd,
