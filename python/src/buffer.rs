@@ -1052,6 +1052,31 @@ impl Buffer {
         self.dict_of_batch(py, &batch)
     }
 
+    /// The storage positions `index` names, as `get` reads them (uint64, flattened):
+    /// an int, an array of ints (a negative one counting back through the positions
+    /// that hold rows), or a mask of one boolean a stored row.
+    fn positions<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let rb = self.handle(py)?;
+        Ok(PyArray1::from_vec(py, positions(&rb, index)?))
+    }
+
+    /// The storage positions among the first `end` (all when None) that hold a row,
+    /// in storage order (uint64): those whose rows `read_all_in_order` gives.
+    #[pyo3(signature = (end = None))]
+    fn stored_positions<'py>(
+        &self,
+        py: Python<'py>,
+        end: Option<usize>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let rb = self.handle(py)?;
+        let stored = gil::detach(py, || rb.stored_positions(end));
+        Ok(PyArray1::from_vec(py, stored))
+    }
+
     /// Every stored row among the first `end` positions (all when None), in storage
     /// order (TorchRL's `rb[:end]`).
     #[pyo3(signature = (end = None))]

@@ -155,6 +155,43 @@ def test_torchrl_face_storages_take_frames(storage, tmp_path):
     assert rb.write_count == before + 40
 
 
+def test_torchrl_face_indexes_a_frames_buffers_stored_rows():
+    # A negative index, a slice and a mask pick among the rows `rb[:]` reads: a frames
+    # buffer leaves out the steps whose stacks it cannot rebuild (the oldest) and the
+    # last one (its next frame not yet stored). Positions counted back from `len`
+    # named those, and `rb[-1]` raised.
+    rl = pytest.importorskip("replaybuf.torchrl")
+    torch = pytest.importorskip("torch")
+    frames = Frames(stack={"pixels": DEPTH}, next_of={("next", "pixels"): "pixels"})
+    data = rollout(600, seed=5)
+    for capacity in (200, 1000):
+        rb = rl.TensorDictReplayBuffer(
+            storage=rl.LazyTensorStorage(capacity, frames=frames), batch_size=32
+        )
+        for a in range(0, 600, 40):
+            rb.extend(data[a : a + 40])
+        stored = rb[:]
+        assert len(stored) < len(rb)
+        for k in (-1, -2, -len(stored)):
+            assert (rb[k]["pixels"] == stored[k]["pixels"]).all(), k
+            assert rb[k]["action"] == stored[k]["action"], k
+        with pytest.raises(IndexError):
+            rb[-len(stored) - 1]
+        picks = [
+            slice(-10, None),
+            slice(2, 5),
+            slice(None, 7),
+            slice(None, None, 3),
+            torch.tensor([[-1, -3], [-len(stored), -2]]),
+            torch.arange(len(stored)) % 3 == 0,
+        ]
+        for index in picks:
+            assert (rb[index]["action"] == stored[index]["action"]).all(), index
+            assert (rb[index]["pixels"] == stored[index]["pixels"]).all(), index
+        with pytest.raises(IndexError, match="mask"):
+            rb[torch.ones(len(rb), dtype=torch.bool)]
+
+
 def test_a_truncation_flag_given_alone_ends_episodes():
     # Frames(truncated=...) without done=: the flag was dropped, and a truncated
     # step's next observation became the next episode's first.

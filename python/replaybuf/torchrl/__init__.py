@@ -73,7 +73,10 @@ tree covers the storage, in float64). ``ImmutableDatasetWriter`` needs a
 Item assignment (``rb[index] = data``) rewrites stored rows: a position that holds
 none is an ``IndexError`` (TorchRL writes it without counting it), a negative index
 counts back from the rows stored, as reading ``rb[-1]`` does in both (TorchRL's
-assignment counts it back from the capacity), and on a slice
+assignment counts it back from the capacity). On a frames buffer, whose ``rb[:]``
+leaves out the steps it cannot rebuild, a negative index, a slice and a mask pick
+among the rows ``rb[:]`` reads, as indexing it would (a mask has one boolean for each
+of them); a non-negative index is a storage position, as TorchRL's. On a slice
 sampler's buffer a rewrite that would move a row to another trajectory (its id, end or
 truncation flag) is refused whole. A ``PrioritizedSliceSampler`` draws a slice's start
 by priority among rows that can start one: ``span`` is not applied, and with

@@ -44,15 +44,6 @@ _NOT_WRITTEN = 2**64 - 1
 CPU = torch.device("cpu")
 
 
-def _from_end(i: int, rows: int) -> int:
-    """Position ``i`` of ``rows`` stored rows, counted from the end when negative, as
-    a tensor's index is; one before the first row is an ``IndexError``, as TorchRL's
-    storages raise it (not an ``OverflowError`` from the unsigned index below)."""
-    if i < -rows:
-        raise IndexError(f"index {i} is out of bounds for {rows} rows")
-    return i + rows if i < 0 else i
-
-
 class SampleRefusedError(ReplayBufferValueError, RuntimeError):
     """The engine cannot draw the batch asked for (no trajectory long enough for a
     slice; fewer rows than a batch without replacement and ``drop_last``): a
@@ -591,13 +582,8 @@ class ReplayBuffer(LazyEngine):
             if index != slice(None):
                 raise NotImplementedError("an ndim-2 buffer is read whole: rb[:]")
             return self._read_ndim2()
-        if (
-            isinstance(index, slice)
-            and index.step in (None, 1)
-            and index.start in (None, 0)
-            and (index.stop or 0) >= 0
-        ):
-            out = native.read_all_in_order(index.stop)
+        if isinstance(index, slice) and index in (slice(None), slice(0, None)):
+            out = native.read_all_in_order()
             return rows(out, (len(out["index"]),), CPU)
         positions, shape = self._rows_at(index)
         if shape == ():
@@ -610,30 +596,33 @@ class ReplayBuffer(LazyEngine):
         return data
 
     def _rows_at(self, index: Any) -> Tuple[np.ndarray, Tuple[int, ...]]:
-        """The engine positions ``index`` names among the stored rows (an int, a
-        slice, an array or tensor of ints, or a boolean mask), flattened, and the
-        shape indexing gives their rows (``()`` for one int)."""
-        n = len(self._native)
+        """The engine positions ``index`` names (an int, a slice, an array or tensor of
+        ints, or a boolean mask), flattened, and the shape indexing gives their rows
+        (``()`` for one int). A non-negative int is a storage position, as TorchRL's;
+        a negative one counts back through the stored rows, those ``rb[:]`` reads in
+        storage order, and a slice and a mask pick among them: as indexing ``rb[:]``
+        would. (A buffer of one shard holds its k-th stored row at position k until it
+        is full; a frames buffer leaves out the steps it cannot yet rebuild, and its
+        last position may hold none.)"""
+        native = self._native
         if isinstance(index, slice):
-            a = np.arange(n)[index]
+            a = native.stored_positions()[index].astype(np.int64)
             return a, a.shape
         if isinstance(index, (int, np.integer)) or (
             isinstance(index, torch.Tensor) and index.ndim == 0
         ):
-            return np.array([_from_end(int(index), n)], np.int64), ()
+            return native.positions(int(index)).astype(np.int64), ()
         a = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
         if a.dtype == bool:
-            if a.shape != (n,):
+            stored = native.stored_positions()
+            if a.shape != stored.shape:
                 raise IndexError(
                     f"The shape of the mask {list(a.shape)} at index 0 does not match the "
-                    f"shape of the indexed tensor [{n}] at index 0"
+                    f"shape of the indexed tensor [{len(stored)}] at index 0"
                 )
-            a = np.nonzero(a)[0]
-        shape = a.shape
-        a = a.reshape(-1)
-        if len(a) and a.min() < -n:
-            _from_end(int(a.min()), n)
-        return np.where(a < 0, a + n, a), shape
+            a = stored[a].astype(np.int64)
+            return a, a.shape
+        return native.positions(a.reshape(-1)).astype(np.int64), a.shape
 
     def __getitem__(self, index: Any) -> Any:
         """Stored rows by position: ``rb[i]``, ``rb[:]`` (every row, in storage order),
@@ -729,8 +718,8 @@ class ReplayBuffer(LazyEngine):
         return _pytree.tree_unflatten(out, treespec)
 
     def read_all_in_order(self, end: Optional[int] = None) -> Any:
-        """Every stored row among the first ``end`` positions, in storage order
-        (``rb[:end]``; ``rb[:]`` when None)."""
+        """The first ``end`` stored rows (every one when None), in storage order:
+        ``rb[:end]``."""
         return self[:] if end is None else self[:end]
 
     def write_all(self, data: Any, end: Optional[int] = None) -> None:
