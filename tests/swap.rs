@@ -537,3 +537,73 @@ fn a_buffer_with_frames_keeps_its_storage() {
     assert!(obs.chunks(2).all(|s| s[0] + 1 == s[1]), "{obs:?}");
     assert!(next.chunks(2).all(|s| s[0] + 1 == s[1]), "{next:?}");
 }
+
+/// The windows of `batch` (slices of 5), each checked to be consecutive steps of one
+/// episode (`rows` ends one every 10 ids).
+fn check_windows(batch: &Batch) {
+    for w in ids(batch).chunks(5) {
+        assert!(w.windows(2).all(|p| p[1] == p[0] + 1), "{w:?}");
+        assert_eq!(w[0] / 10, w[4] / 10, "a window crosses an episode: {w:?}");
+    }
+}
+
+#[test]
+fn merged_shards_keep_each_ones_open_trajectory_apart() {
+    // Each shard ends on an episode still open (ids 10..13 and 110..113): merged into
+    // one ring, one ran on into the next shard's rows as one trajectory.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .shards(2)
+        .sampler(Slice::slice_len(5).end_key("done"))
+        .seed(5)
+        .build()
+        .unwrap();
+    let (w0, w1) = (rb.writer(), rb.writer());
+    assert_ne!(w0.shard(), w1.shard());
+    w0.extend(&rows(&rb, 0, 13)).unwrap();
+    w1.extend(&rows(&rb, 100, 13)).unwrap();
+    rb.set_storage(StorageConfig::heap().shards(1)).unwrap();
+    for _ in 0..50 {
+        check_windows(&rb.sample(40).unwrap());
+    }
+    // The newest shard's writer goes on with its episode (no break between its rows
+    // and what it appends next): 10..15 is a window.
+    let w = rb.writer();
+    w.extend(&rows(&rb, if w0.shard() == 0 { 13 } else { 113 }, 7))
+        .unwrap();
+    let mut seen_joined = false;
+    for _ in 0..50 {
+        let batch = rb.sample(40).unwrap();
+        check_windows(&batch);
+        seen_joined |= ids(&batch)
+            .chunks(5)
+            .any(|w| w[0] % 100 == 10 && w[4] % 100 == 14);
+    }
+    assert!(
+        seen_joined,
+        "the carried episode and its continuation are one trajectory"
+    );
+}
+
+#[test]
+fn a_split_shards_older_run_ends_its_trajectory() {
+    // Splitting one shard in two sends the older rows (0..15, the episode 10..20 cut
+    // in the middle) to shard 1: a collector bound to shard 1 then wrote its episode
+    // on as the cut one's continuation.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(Slice::slice_len(5).end_key("done"))
+        .seed(5)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 30)).unwrap();
+    rb.set_storage(StorageConfig::heap().shards(2)).unwrap();
+    let writers: Vec<_> = (0..2).map(|_| rb.writer()).collect();
+    for w in &writers {
+        w.extend(&rows(&rb, 200 + 100 * w.shard() as u64, 10))
+            .unwrap();
+    }
+    for _ in 0..50 {
+        check_windows(&rb.sample(40).unwrap());
+    }
+}

@@ -186,6 +186,12 @@ impl Lanes {
         words[b + TAIL].store(cursor, Ordering::Release);
     }
 
+    /// Ends lane `lane` of shard `k`'s last trajectory: the next row begins a new
+    /// one. The caller has the region to itself, between appends.
+    pub(crate) fn end_trajectory(&self, words: &[AtomicU64], k: usize, lane: u64) {
+        words[self.block(k, lane) + LAST_FLAGS].store(FLAG_DONE, Ordering::Relaxed);
+    }
+
     /// A snapshot of lane `lane` of shard `k` whose live rows start at `lo`.
     pub(crate) fn view(&self, words: &[AtomicU64], k: usize, lane: u64, lo: u64) -> LaneView {
         let b = self.block(k, lane);

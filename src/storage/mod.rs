@@ -1842,6 +1842,17 @@ impl Storage {
         }
     }
 
+    /// Ends the last trajectory of every lane of shard `k`: the next row appended
+    /// begins a new one, whatever the last row's flags. For a storage nobody else uses
+    /// yet (a swap's copy, which carries several old shards' rows into one ring).
+    pub(crate) fn end_trajectories(&self, k: usize) {
+        if let Some(lanes) = self.lanes() {
+            for lane in 0..self.shards[k].ring().width {
+                lanes.end_trajectory(self.words(), k, lane);
+            }
+        }
+    }
+
     /// Starts a new, empty storage's rings at lap `lap`: every shard's cursor, floor
     /// and abandoned mark at its first sequence number of that lap, and every slice
     /// lane's turn there too. Its rows then have generations no row of a lower lap

@@ -25,6 +25,25 @@ struct CarriedRun {
     shard: usize,
     steps: u64,
     draws: Vec<Draw>,
+    /// The rows of each old shard in `draws`, oldest first: a trajectory left open
+    /// at the end of one does not go on into the next.
+    runs: Vec<usize>,
+    /// Whether the trajectory open at its newest row goes on in another new shard (a
+    /// split's older run): the rows appended next begin a new one.
+    cut: bool,
+}
+
+impl CarriedRun {
+    /// One run of `draws`, `steps` steps long.
+    fn whole(shard: usize, steps: u64, draws: Vec<Draw>) -> CarriedRun {
+        CarriedRun {
+            shard,
+            steps,
+            runs: vec![draws.len()],
+            draws,
+            cut: false,
+        }
+    }
 }
 
 /// Copies `old`'s rows into `new` (see the module docs).
@@ -88,30 +107,46 @@ pub(super) fn carry(old: &State, new: &mut State) {
         (_, Geometry::Grid { .. }) => grid_parts(&old.core.storage, &new.core.storage),
     };
     for part in parts.into_iter().filter(|p| !p.draws.is_empty()) {
-        let rows = old.core.read_positions(&part.draws);
-        let order = match new.core.storage.geometry() {
+        let storage = &new.core.storage;
+        let shard = &storage.shards()[part.shard];
+        let width = shard.ring().width;
+        let order = match storage.geometry() {
             Geometry::Flat { .. } => RowOrder::Flat,
             Geometry::Grid { .. } => RowOrder::TimeMajor {
-                envs: new.core.storage.shards()[part.shard].ring().width,
+                envs: width,
                 env0: 0,
             },
         };
-        let src = new
-            .core
-            .source(&rows, order)
-            .expect("replaybuf internal error: a buffer's rows do not fit its own spec");
-        let priorities =
-            keep_priorities.map(|default| raws(&old.core.storage, &part.draws, default));
-        let rows = Prepared {
-            steps: part.steps,
-            src,
-            priorities,
-        };
-        let shard = &new.core.storage.shards()[part.shard];
         let first = shard.window().hi;
-        new.core
-            .append(Some(part.shard), &rows)
-            .expect("replaybuf internal error: a storage retired before it was published");
+        let mut at = 0;
+        for (r, &len) in part.runs.iter().enumerate() {
+            if r > 0 {
+                storage.end_trajectories(part.shard);
+            }
+            let draws = &part.draws[at..at + len];
+            at += len;
+            let rows = old.core.read_positions(draws);
+            let src = new
+                .core
+                .source(&rows, order)
+                .expect("replaybuf internal error: a buffer's rows do not fit its own spec");
+            let priorities = keep_priorities.map(|default| raws(&old.core.storage, draws, default));
+            let rows = Prepared {
+                steps: if part.runs.len() == 1 {
+                    part.steps
+                } else {
+                    len as u64 / width
+                },
+                src,
+                priorities,
+            };
+            new.core
+                .append(Some(part.shard), &rows)
+                .expect("replaybuf internal error: a storage retired before it was published");
+        }
+        if part.cut {
+            storage.end_trajectories(part.shard);
+        }
         carry_fifo_mark(&old.core.storage, &part, shard, first);
     }
     new.policy.reload(&new.core);
@@ -221,22 +256,30 @@ fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<CarriedRun> {
     let (n, m) = (steps.len(), sources.len());
     let cap = |t: usize| steps[t] as usize;
     let mut parts: Vec<CarriedRun> = (0..n)
-        .map(|shard| CarriedRun {
-            shard,
-            steps: 0,
-            draws: Vec::new(),
-        })
+        .map(|shard| CarriedRun::whole(shard, 0, Vec::new()))
         .collect();
     if n <= m {
         let k = m / n;
         let mut sources: Vec<Option<Vec<Draw>>> = sources.into_iter().map(Some).collect();
         for (t, part) in parts.iter_mut().enumerate() {
             // Oldest first: the highest run number first.
-            for r in (0..k).rev() {
-                let j = t + n * bitrev(r, k);
-                part.draws.extend(sources[j].take().unwrap_or_default());
+            let mut runs: Vec<Vec<Draw>> = (0..k)
+                .rev()
+                .map(|r| sources[t + n * bitrev(r, k)].take().unwrap_or_default())
+                .collect();
+            // The newest rows that fit: the oldest runs give up theirs first.
+            let mut over = runs
+                .iter()
+                .map(Vec::len)
+                .sum::<usize>()
+                .saturating_sub(cap(t));
+            for run in &mut runs {
+                let dropped = over.min(run.len());
+                run.drain(..dropped);
+                over -= dropped;
             }
-            part.draws = newest(&part.draws, cap(t)).to_vec();
+            part.runs = runs.iter().map(Vec::len).filter(|&len| len > 0).collect();
+            part.draws = runs.concat();
         }
     } else {
         let k = n / m;
@@ -249,7 +292,11 @@ fn flat_parts(sources: Vec<Vec<Draw>>, steps: &[u64]) -> Vec<CarriedRun> {
                 let later: usize = targets[r + 1..].iter().map(|&u| cap(u)).sum();
                 let even = end.div_ceil(k - r);
                 let take = even.max(end.saturating_sub(later)).min(cap(t));
-                parts[t].draws = rows[end - take..end].to_vec();
+                parts[t] = CarriedRun {
+                    // Run 0 is the newest: older ones end where a newer one goes on.
+                    cut: r > 0,
+                    ..CarriedRun::whole(t, 0, rows[end - take..end].to_vec())
+                };
                 end -= take;
             }
         }
@@ -295,11 +342,7 @@ fn grid_parts(old: &Storage, new: &Storage) -> Vec<CarriedRun> {
             for i in 0..h {
                 draws.extend(group.iter().map(|c| c[c.len() - h + i]));
             }
-            parts.push(CarriedRun {
-                shard: t,
-                steps: h as u64,
-                draws,
-            });
+            parts.push(CarriedRun::whole(t, h as u64, draws));
         }
     } else {
         let all = in_time_order(old);
@@ -313,11 +356,7 @@ fn grid_parts(old: &Storage, new: &Storage) -> Vec<CarriedRun> {
             for i in 0..h {
                 draws.extend_from_slice(&rows[i * envs + first..][..width]);
             }
-            parts.push(CarriedRun {
-                shard: t,
-                steps: h as u64,
-                draws,
-            });
+            parts.push(CarriedRun::whole(t, h as u64, draws));
         }
     }
     parts

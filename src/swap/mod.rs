@@ -142,7 +142,11 @@ impl ReplayBuffer {
     ///   what a split made restores each shard as it was: a writer whose shard stays
     ///   its own keeps its rows in the order it wrote them. Each shard keeps the
     ///   newest rows it has room for. A writer bound to shard `s` writes shard
-    ///   `s % shards` afterwards.
+    ///   `s % shards` afterwards. With a slice sampler, an old shard's run is its
+    ///   own trajectories: one left open at the end of a run ends there (it does not
+    ///   go on into the next run's rows, nor, in a split's older run, into what the
+    ///   upper shard's writer appends next), except in each shard's newest run,
+    ///   which its writer goes on with.
     /// - ndim 2 with the same environments: every environment's column keeps its
     ///   steps in time order. A new shard's columns share one cursor, so when shards
     ///   that wrote different numbers of steps merge, the new shard keeps the newest
