@@ -79,6 +79,7 @@ impl Learner {
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
     pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
+        self.buffer.state().core.room_for_sample(n, batch)?;
         let rng = &mut self.rng;
         self.buffer
             .limited_sample(n, || {

@@ -21,9 +21,10 @@
 //!   lock; the learner's take holds it only to pop an item and push back the buffer
 //!   it replaces;
 //! - a fill that ends a without-replacement epoch pauses every worker until the
-//!   learner has taken that end: no draw of the next epoch starts before the learner
-//!   has seen the last one end, and a loader dropped at an epoch's end has not
-//!   started the next one;
+//!   learner has taken that end and asks again: no draw of the next epoch starts
+//!   before the learner asks for it, and a loader dropped at an epoch's end, before
+//!   or after the learner saw it end, has not started the next one (one loader an
+//!   epoch loses no row of the next);
 //! - any other error pauses the workers too, and is handed over only if its fill
 //!   started after the learner asked (each take counts as an ask, and each fill
 //!   carries the count it started at): an error prepared ahead is dropped and a fresh
@@ -35,6 +36,9 @@
 //!   epoch (dropped, the learner never learnt of them);
 //! - a fill that panics (a user's closure) stops the workers; the learner's next take
 //!   resumes the panic on its own thread;
+//! - the learner's wait for an item ends, as a rate-limited wait does, when the check
+//!   its thread put in force says so (`RateLimit::interruptible`), with
+//!   [`RateLimitError::Interrupted`];
 //! - dropping the handle sets `stop`, wakes everyone and joins every worker: a worker
 //!   in the middle of a fill finishes that fill (one waiting on the buffer's rate
 //!   limit gives up within 50 ms: `RateLimit::interruptible`) and exits, nothing waits on the
@@ -56,8 +60,10 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
+use std::time::Instant;
 
-use crate::error::SampleError;
+use crate::error::{RateLimitError, SampleError};
+use crate::rate_limit::Interrupt;
 use crate::sync::{thread, Arc, Condvar, Mutex};
 
 /// How long a worker with no room naps between looks (the kernel adds its timer slack,
@@ -89,8 +95,10 @@ struct Slots<T> {
     /// The handle is gone: workers exit.
     stop: bool,
     /// An error (an epoch's end, say) is queued: no fill starts until the learner
-    /// takes it.
+    /// takes it (an epoch's end: until it asks again after).
     paused: bool,
+    /// The learner took an epoch's end: its next ask lifts the pause.
+    resume_on_ask: bool,
     /// A fill panicked with this payload; the learner's next take resumes it.
     panic: Option<Box<dyn Any + Send>>,
     /// A fill panicked (and the learner was told): nothing more will come.
@@ -148,6 +156,7 @@ impl<T: Send + 'static> Prefetch<T> {
                 busy: 0,
                 stop: false,
                 paused: false,
+                resume_on_ask: false,
                 panic: None,
                 poisoned: false,
             }),
@@ -215,6 +224,11 @@ impl<T: Send + 'static> Prefetch<T> {
         let mut st = self.handoff.slots.lock();
         st.asks += 1;
         let ask = st.asks;
+        let mut interrupt = None;
+        if std::mem::take(&mut st.resume_on_ask) {
+            st.paused = false;
+            self.handoff.room.notify_all();
+        }
         loop {
             if let Some(payload) = st.panic.take() {
                 st.poisoned = true;
@@ -230,8 +244,13 @@ impl<T: Send + 'static> Prefetch<T> {
                     return with(&mut st, item);
                 };
                 // The learner has seen the error (or it was dropped): fills may start
-                // again, the next epoch's included.
-                st.paused = false;
+                // again; after an epoch's end, at the learner's next ask, so that
+                // nothing of the next epoch is drawn before it is asked for.
+                if matches!(e, SampleError::EpochEnd) {
+                    st.resume_on_ask = true;
+                } else {
+                    st.paused = false;
+                }
                 // An epoch's end, and a pipeline stage's failure (a user's closure:
                 // it says nothing of the buffer that asking again would change, and
                 // its rows were drawn), are handed over whenever prepared.
@@ -243,7 +262,14 @@ impl<T: Send + 'static> Prefetch<T> {
                 self.handoff.room.notify_one();
                 continue;
             }
-            st = self.handoff.ready.wait(st);
+            // A wait for the workers, who may wait on the buffer's rate limit with no
+            // timeout: it ends as that wait would, when the thread's check says so
+            // (`RateLimit::interruptible`: Python's Ctrl-C).
+            let interrupt = interrupt.get_or_insert_with(|| Interrupt::new(Instant::now()));
+            if interrupt.stops() {
+                return with(&mut st, Err(RateLimitError::Interrupted.into()));
+            }
+            st = self.handoff.ready.wait_until(st, interrupt.wake_at(None)).0;
         }
     }
 }

@@ -135,16 +135,15 @@ impl Default for Transforms {
 }
 
 impl Transforms {
-    /// [`Transforms::apply`] on a batch just drawn: its rows, or the transforms'
+    /// [`Transforms::apply`] on a batch just drawn: the rows drawn (counted before
+    /// the transforms, which may change the batch's length), or the transforms'
     /// failure after them (the rate limit counts them drawn all the same).
     #[inline]
     pub(crate) fn apply_drawn(&self, batch: &mut Batch) -> Result<usize, SampleFailed> {
+        let drawn = batch.len();
         match self.apply(batch) {
-            Ok(()) => Ok(batch.len()),
-            Err(error) => Err(SampleFailed {
-                drawn: batch.len(),
-                error,
-            }),
+            Ok(()) => Ok(drawn),
+            Err(error) => Err(SampleFailed { drawn, error }),
         }
     }
 

@@ -344,3 +344,20 @@ fn iteration_ends_when_an_epoch_runs_out_and_loses_no_row() {
         100
     );
 }
+
+#[test]
+fn a_loader_batch_past_memory_is_refused() {
+    // It aborted the process on the batch's allocation (a buffer's own sample
+    // refused it).
+    let rb = buffer(16);
+    rb.extend(&rows(&rb, 16, 0)).unwrap();
+    for n in [usize::MAX, 1 << 40] {
+        let mut loader = rb.loader().batch_size(n).build().unwrap();
+        assert_eq!(loader.sample().unwrap_err(), SampleError::TooLarge { rows: n });
+        let mut batches = rb.batches(n);
+        assert_eq!(
+            batches.next().unwrap().unwrap_err(),
+            SampleError::TooLarge { rows: n }
+        );
+    }
+}

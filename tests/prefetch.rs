@@ -463,3 +463,68 @@ fn a_worker_name_with_a_nul_byte_is_refused() {
         .to_string();
     assert!(e.contains("NUL"), "{e}");
 }
+
+#[test]
+fn a_loader_dropped_after_its_epoch_ended_leaves_the_next_epoch_whole() {
+    // Once the learner took an epoch's end, the workers drew the next epoch's first
+    // batches ahead, and a loader dropped then (one loader per epoch) took those rows
+    // out of the next epoch for good.
+    use replaybuf::sampler::WithoutReplacement;
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(WithoutReplacement::new())
+        .seed(5)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 64, 0)).unwrap();
+    for workers in [1, 2] {
+        for _ in 0..3 {
+            let mut loader = rb
+                .loader()
+                .batch_size(8)
+                .prefetch(2)
+                .workers(workers)
+                .build()
+                .unwrap();
+            let mut ids: Vec<i64> = Vec::new();
+            for batch in &mut loader {
+                ids.extend(batch.unwrap().column::<i64>("id").unwrap());
+            }
+            ids.sort_unstable();
+            assert_eq!(ids, (0..64).collect::<Vec<_>>(), "{workers} workers");
+            // Time for the workers to fill, were they free to, before the drop.
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+}
+
+#[test]
+fn a_learner_waiting_on_its_workers_ends_when_its_threads_check_says_so() {
+    // The workers wait on the rate limit (no timeout) for rows that have not come:
+    // the learner's wait for them did not end on its thread's check (Ctrl-C from
+    // Python), where a sample made inline did.
+    use replaybuf::error::SampleError;
+    use replaybuf::{RateLimit, RateLimitError};
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(8)
+        .rate_limit(RateLimit::min_size(4))
+        .seed(5)
+        .build()
+        .unwrap();
+    let mut loader = rb.loader().batch_size(2).prefetch(1).build().unwrap();
+    fn stop() -> bool {
+        true
+    }
+    within_a_minute(move || {
+        let got = RateLimit::interruptible(stop, || loader.sample());
+        assert!(
+            matches!(
+                got,
+                Err(SampleError::RateLimited(RateLimitError::Interrupted))
+            ),
+            "{got:?}"
+        );
+        rb.extend(&rows(&rb, 8, 0)).unwrap();
+        assert_eq!(loader.sample().unwrap().len(), 2);
+    });
+}

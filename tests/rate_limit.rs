@@ -415,3 +415,21 @@ fn a_sample_too_large_to_hold_is_refused_before_it_counts() {
     assert_eq!(rb.rate_limit_stats().unwrap(), before);
     assert_eq!(rb.sample(4).unwrap().len(), 4);
 }
+
+#[test]
+fn a_sample_counts_the_rows_drawn_whatever_its_transforms_keep() {
+    // A transform that makes a batch of one row out of four: four were drawn (a
+    // queue popped them), and the count said one.
+    let rb = builder(64)
+        .sampler(replaybuf::sampler::Fifo)
+        .rate_limit(RateLimit::queue(8).unwrap())
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 8)).unwrap();
+    rb.append_transform(replaybuf::Transform::new(|b: &mut replaybuf::Batch| {
+        *b = replaybuf::Batch::zeros(b.spec().clone(), [1]);
+        Ok(())
+    }));
+    assert_eq!(rb.sample(4).unwrap().len(), 1);
+    assert_eq!(rb.rate_limit_stats().unwrap().samples, 4);
+}

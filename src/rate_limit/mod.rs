@@ -47,7 +47,7 @@ thread_local! {
 /// A waiting call's turns with the check in force on its thread, if any
 /// ([`RateLimit::interruptible`]): every [`RateLimit::INTERRUPT_EVERY`] of its wait,
 /// however often it wakes meanwhile.
-struct Interrupt {
+pub(crate) struct Interrupt {
     check: Option<fn() -> bool>,
     /// When the check is next due.
     due: Instant,
@@ -55,7 +55,7 @@ struct Interrupt {
 
 impl Interrupt {
     /// The check in force on this thread, first due a period from `start`.
-    fn new(start: Instant) -> Interrupt {
+    pub(crate) fn new(start: Instant) -> Interrupt {
         Interrupt {
             check: INTERRUPT.with(Cell::get),
             due: start + RateLimit::INTERRUPT_EVERY,
@@ -64,7 +64,7 @@ impl Interrupt {
 
     /// When to stop sleeping: at `deadline` (`None`: never), or earlier, when the
     /// check is due.
-    fn wake_at(&self, deadline: Option<Instant>) -> Option<Instant> {
+    pub(crate) fn wake_at(&self, deadline: Option<Instant>) -> Option<Instant> {
         match self.check {
             None => deadline,
             Some(_) => Some(deadline.map_or(self.due, |d| d.min(self.due))),
@@ -77,7 +77,7 @@ impl Interrupt {
     }
 
     /// Whether the check, if due, says to stop waiting.
-    fn stops(&mut self) -> bool {
+    pub(crate) fn stops(&mut self) -> bool {
         let Some(check) = self.check else {
             return false;
         };
