@@ -727,6 +727,91 @@ mod damage {
         assert!(refused(dir.path()).is_missing());
     }
 
+    /// `e` and its causes, in one line.
+    fn said(e: &replaybuf::error::PersistError) -> String {
+        let mut said = e.to_string();
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            said = format!("{said}: {c}");
+            cause = c.source();
+        }
+        said
+    }
+
+    /// Runs `f` on a thread of its own, failing if it takes a minute.
+    fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .spawn(move || done.send(f()))
+            .unwrap();
+        wait.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("hung")
+    }
+
+    /// A FIFO or a device where a file belongs is refused by loads and by `inspect`
+    /// (a FIFO's open waited for a writer for good; `/dev/zero` as meta.json was read
+    /// until memory ran out), and so is a file named outside the directory (`inspect`
+    /// read it).
+    #[test]
+    fn a_fifo_a_device_or_a_name_outside_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path());
+        let path = dir.path().to_path_buf();
+        let slots = file(&path, "slots");
+        let saved = std::fs::read(&slots).unwrap();
+        std::fs::remove_file(&slots).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&slots)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (e, whole) = within_a_minute({
+            let path = path.clone();
+            move || {
+                let e = refused(&path);
+                let whole = replaybuf::checkpoint::inspect(&path).map(|i| i.is_whole());
+                (e, whole)
+            }
+        });
+        assert!(said(&e).contains("not a regular file"), "{}", said(&e));
+        assert!(!whole.unwrap(), "inspect calls a FIFO whole");
+        std::fs::remove_file(&slots).unwrap();
+        std::fs::write(&slots, saved).unwrap();
+        ReplayBuffer::from_checkpoint(&path).unwrap();
+
+        let meta = path.join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        std::fs::remove_file(&meta).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &meta).unwrap();
+        let (e, inspected) = within_a_minute({
+            let path = path.clone();
+            move || {
+                (
+                    refused(&path),
+                    replaybuf::checkpoint::inspect(&path).is_err(),
+                )
+            }
+        });
+        assert!(said(&e).contains("not a regular file"), "{}", said(&e));
+        assert!(inspected);
+        std::fs::remove_file(&meta).unwrap();
+
+        // A file named outside, with the record's checksum struck (it is optional).
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value.as_object_mut().unwrap().remove("checkpoint_xxh3");
+        let name = slots.file_name().unwrap().to_str().unwrap();
+        for f in value["checkpoint"]["files"].as_array_mut().unwrap() {
+            if f["name"] == name {
+                f["name"] = format!("../{name}").into();
+            }
+        }
+        std::fs::write(&meta, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+        let e = refused(&path);
+        assert!(e.to_string().contains("outside"), "{e}");
+        let e = replaybuf::checkpoint::inspect(&path).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
+    }
+
     #[test]
     fn a_checkpoint_of_another_spec_is_a_mismatch() {
         let dir = tempfile::tempdir().unwrap();

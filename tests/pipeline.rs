@@ -353,7 +353,10 @@ fn a_loader_batch_past_memory_is_refused() {
     rb.extend(&rows(&rb, 16, 0)).unwrap();
     for n in [usize::MAX, 1 << 40] {
         let mut loader = rb.loader().batch_size(n).build().unwrap();
-        assert_eq!(loader.sample().unwrap_err(), SampleError::TooLarge { rows: n });
+        assert_eq!(
+            loader.sample().unwrap_err(),
+            SampleError::TooLarge { rows: n }
+        );
         let mut batches = rb.batches(n);
         assert_eq!(
             batches.next().unwrap().unwrap_err(),

@@ -25,11 +25,11 @@ use workloads::Workload;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Collector threads of the demonstration.
-    #[arg(long, default_value_t = 2)]
+    /// Collector threads of the demonstration (at most 256).
+    #[arg(long, default_value_t = 2, value_parser = threads)]
     collectors: usize,
-    /// Learner threads of the demonstration.
-    #[arg(long, default_value_t = 2)]
+    /// Learner threads of the demonstration (at most 256).
+    #[arg(long, default_value_t = 2, value_parser = threads)]
     learners: usize,
     /// How long the demonstration runs.
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
@@ -57,12 +57,13 @@ enum Command {
         /// directory). It runs only when named: `--workload persist`.
         #[arg(long)]
         scratch: Option<std::path::PathBuf>,
-        /// Seconds each concurrent configuration runs, in all.
-        #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
+        /// Seconds each concurrent configuration runs, in all (more than 0).
+        #[arg(long, default_value_t = 3.0, value_parser = parse_bench_seconds)]
         seconds: f64,
         /// Rounds a concurrent workload's configurations take turns in, each run for
-        /// its seconds over the rounds (1: each configuration in one piece).
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        /// its seconds over the rounds (1: each configuration in one piece; at most
+        /// 1,000).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
         rounds: u64,
         /// Concurrent configurations as WRITERSxLEARNERS (e.g. 1x1,8x8).
         #[arg(long, value_delimiter = ',', value_parser = parse_config)]
@@ -101,13 +102,20 @@ enum ShmAction {
     /// (no live process uses it) or foreign (not this user's alone: not opened, never
     /// stale).
     List,
-    /// Remove regions by name, or every stale one.
+    /// Remove regions by name, or every stale one. A named region that is not stale
+    /// (a live process uses it, its creator is still making it, or it is foreign) is
+    /// refused unless `--force` is given.
     Remove {
         /// The regions' names.
+        #[arg(required_unless_present = "stale")]
         names: Vec<String>,
         /// Every region no live process uses.
         #[arg(long)]
         stale: bool,
+        /// Remove the named regions even if they are in use: processes that have one
+        /// mapped keep using it, but nothing can attach to it by name any more.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -132,22 +140,35 @@ fn shm(action: ShmAction) {
                 );
             }
         }
-        ShmAction::Remove { names, stale } => {
-            let mut names = names;
-            if stale {
-                names.extend(
-                    replaybuf::shared::list()
-                        .into_iter()
-                        .filter(|r| r.is_stale())
-                        .map(|r| r.name),
-                );
-            }
+        ShmAction::Remove {
+            names,
+            stale,
+            force,
+        } => {
+            let regions = replaybuf::shared::list();
             let mut failed = false;
+            let mut names: Vec<String> = names
+                .into_iter()
+                .filter(|name| {
+                    let in_use = regions.iter().find(|r| &r.name == name).filter(|r| !r.is_stale());
+                    match in_use {
+                        Some(r) if !force => {
+                            eprintln!("replaybuf shm remove: {name} is not stale ({}): pass --force to remove it anyway", why_in_use(r));
+                            failed = true;
+                            false
+                        }
+                        _ => true,
+                    }
+                })
+                .collect();
+            if stale {
+                names.extend(regions.into_iter().filter(|r| r.is_stale()).map(|r| r.name));
+            }
             for name in names {
                 match replaybuf::shared::remove(&name) {
                     Ok(()) => println!("removed {name}"),
                     Err(e) => {
-                        eprintln!("replaybuf shm remove: {e}");
+                        eprintln!("replaybuf shm remove: {}", with_causes(&e));
                         failed = true;
                     }
                 }
@@ -156,6 +177,29 @@ fn shm(action: ShmAction) {
                 std::process::exit(1);
             }
         }
+    }
+}
+
+/// `e` and the errors that caused it, in one line (an I/O error's reason is its
+/// cause: "meta.json: I/O failed: not a regular file").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut said = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        said = format!("{said}: {c}");
+        cause = c.source();
+    }
+    said
+}
+
+/// Why a region that is not stale is kept, in words.
+fn why_in_use(r: &replaybuf::shared::RegionInfo) -> String {
+    if r.foreign {
+        "foreign: not this user's alone".to_owned()
+    } else if !r.live.is_empty() {
+        format!("used by processes {:?}", r.live)
+    } else {
+        "its creator is still making it".to_owned()
     }
 }
 
@@ -211,7 +255,29 @@ fn parse_config(s: &str) -> Result<(usize, usize), String> {
         Ok(_) => Err(format!("`{s}`: at most {MAX_THREADS} writers and learners")),
         Err(e) => Err(format!("`{s}`: {e}")),
     };
-    Ok((n(w)?, n(l)?))
+    match (n(w)?, n(l)?) {
+        (0, 0) => Err(format!("`{s}`: no writer and no learner")),
+        config => Ok(config),
+    }
+}
+
+/// A count of the demonstration's threads of one kind: at most [`MAX_THREADS`] (a
+/// huge one panicked making their handles).
+fn threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= MAX_THREADS => Ok(n),
+        Ok(_) => Err(format!("`{s}`: at most {MAX_THREADS} threads")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
+/// A bench run's length: as [`parse_seconds`], and more than 0 (a run of none
+/// printed figures of 0 that measured nothing).
+fn parse_bench_seconds(s: &str) -> Result<f64, String> {
+    match parse_seconds(s)? {
+        0.0 => Err(format!("`{s}`: a bench runs for more than 0 seconds")),
+        secs => Ok(secs),
+    }
 }
 
 /// A pace in rows a second: a finite number, one or more (`1e6` and `1000000`
@@ -260,7 +326,7 @@ fn main() {
                 }
             }
             Err(e) => {
-                eprintln!("replaybuf inspect: {e}");
+                eprintln!("replaybuf inspect: {}", with_causes(&e));
                 std::process::exit(2);
             }
         },

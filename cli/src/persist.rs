@@ -33,18 +33,19 @@ fn drop_caches() -> bool {
 }
 
 /// Seconds `dd` took with `args`.
-fn dd(args: &[String]) -> f64 {
+fn dd(args: &[String]) -> Result<f64, String> {
     let t = Instant::now();
     let out = Command::new("dd")
         .args(args)
         .output()
-        .expect("dd runs (coreutils)");
-    assert!(
-        out.status.success(),
-        "dd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    t.elapsed().as_secs_f64()
+        .map_err(|e| format!("dd does not run (coreutils): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 fn line(op: &str, secs: f64, bytes: u64, rows: usize, cache: &str) {
@@ -73,18 +74,30 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs the persistence measurements under `scratch` (a fresh directory in it).
+/// Runs the persistence measurements under `scratch` (a fresh directory in it, which
+/// must exist), and removes what it wrote; a failure (a full disk, say) is reported,
+/// with exit status 1.
 pub fn run(quick: bool, scratch: Option<&Path>) {
-    let w = Workload::mujoco(quick);
     let base: PathBuf = scratch.map_or_else(std::env::temp_dir, Path::to_path_buf);
     let work = base.join(format!("replaybuf-persist-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(&work) {
+    if let Err(e) = std::fs::create_dir(&work) {
         eprintln!(
             "replaybuf bench: no scratch directory at {}: {e}",
             work.display()
         );
         std::process::exit(2);
     }
+    let measured = measure(quick, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    if let Err(e) = measured {
+        eprintln!("replaybuf bench: persist: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The persistence measurements, in `work`.
+fn measure(quick: bool, work: &Path) -> Result<(), String> {
+    let w = Workload::mujoco(quick);
     let rb = w.builder(7).build().expect("workload buffer");
     let chunk = w.chunk_data(&rb, w.chunk, 1);
     let writer = rb.writer();
@@ -93,7 +106,8 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
     }
     let ck = work.join("checkpoint");
     let options = SaveOptions::new();
-    rb.save_with(&ck, &options).expect("dumps");
+    rb.save_with(&ck, &options)
+        .map_err(|e| format!("dumps: {e}"))?;
     let bytes = dir_bytes(&ck);
     let blocks = bytes.div_ceil(DD_BLOCK);
     let dd_file = work.join("dd.bin");
@@ -109,11 +123,12 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
             "bs=8M".into(),
             format!("count={blocks}"),
             "conv=fdatasync".into(),
-        ]));
-        std::fs::remove_dir_all(&ck).expect("remove the last checkpoint");
+        ])?);
+        std::fs::remove_dir_all(&ck).map_err(|e| format!("removing the last checkpoint: {e}"))?;
         drop_caches();
         let t = Instant::now();
-        rb.save_with(&ck, &options).expect("dumps");
+        rb.save_with(&ck, &options)
+            .map_err(|e| format!("dumps: {e}"))?;
         dumps.push(t.elapsed().as_secs_f64());
         if !drop_caches() {
             cache = "warm";
@@ -122,10 +137,10 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
             format!("if={}", dd_file.display()),
             "of=/dev/null".into(),
             "bs=8M".into(),
-        ]));
+        ])?);
         drop_caches();
         let t = Instant::now();
-        let loaded = ReplayBuffer::from_checkpoint(&ck).expect("load");
+        let loaded = ReplayBuffer::from_checkpoint(&ck).map_err(|e| format!("load: {e}"))?;
         load.push(t.elapsed().as_secs_f64());
         assert_eq!(loaded.len(), rb.len());
     }
@@ -139,5 +154,5 @@ pub fn run(quick: bool, scratch: Option<&Path>) {
         cache,
     );
     line("load", median(load), bytes, w.capacity, cache);
-    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
 }

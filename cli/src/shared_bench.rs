@@ -37,11 +37,23 @@ pub fn run(args: &BenchArgs, w: Workload) {
     }
 }
 
-/// The collector process: `replaybuf bench-collector NAME SECONDS [--quick]`.
+/// The collector process: `replaybuf bench-collector NAME SECONDS [--quick]`. It
+/// writes only into a region its parent bench made (named `bench-{parent pid}-...`):
+/// run by hand on a user's region, it wrote random rows into it.
 pub fn collector(name: &str, seconds: f64, quick: bool) {
+    let refuse = |why: String| -> ! {
+        eprintln!("replaybuf bench-collector: {why}");
+        std::process::exit(2)
+    };
+    let parents = format!("bench-{}-", std::os::unix::process::parent_id());
+    if !name.starts_with(&parents) {
+        refuse(format!(
+            "`{name}` is not a region of the bench that started this process ({parents}...)"
+        ));
+    }
     let w = Workload::mujoco(quick);
-    let rb = ReplayBuffer::attach(name).expect("the bench's region");
-    let writer = rb.try_writer().expect("a shard of its own");
+    let rb = ReplayBuffer::attach(name).unwrap_or_else(|e| refuse(e.to_string()));
+    let writer = rb.try_writer().unwrap_or_else(|e| refuse(e.to_string()));
     let chunk = w.chunk_data(&rb, w.chunk, 2);
     let ring = rb.capacity() / rb.shards();
     for _ in 0..ring.div_ceil(w.chunk) {

@@ -441,3 +441,25 @@ fn inspect_reports_a_directory_in_use_without_calling_it_damaged() {
         stdout(&out)
     );
 }
+
+#[test]
+fn removing_a_region_in_use_by_name_needs_force() {
+    // It was removed, with a live process mapping it.
+    let name = name("in-use");
+    let _cleanup = Cleanup(path_of(&name));
+    let rb = common::shm::builder(&name).build().unwrap();
+    fill(&rb, 4);
+    let refused = replaybuf(&["shm", "remove", &name]);
+    assert_eq!(refused.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("not stale") && said.contains("--force"),
+        "{said}"
+    );
+    assert!(path_of(&name).exists());
+    let forced = replaybuf(&["shm", "remove", "--force", &name]);
+    assert!(forced.status.success());
+    assert!(!path_of(&name).exists());
+    // Neither names nor --stale: a usage error.
+    assert_eq!(replaybuf(&["shm", "remove"]).status.code(), Some(2));
+}

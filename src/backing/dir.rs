@@ -9,7 +9,7 @@
 //! Layer: core.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,9 @@ use crate::storage::layout::FORMAT_VERSION;
 pub(crate) const FORMAT: &str = "replaybuf";
 /// The metadata file of a buffer directory.
 pub(crate) const META: &str = "meta.json";
+/// The largest `meta.json` read: far past any buffer's (a configuration and a record
+/// per file and shard), short of a damaged one's gigabytes.
+pub(crate) const MAX_META_BYTES: u64 = 64 << 20;
 /// The region file of a file-backed storage.
 pub(crate) const STORAGE: &str = "storage.bin";
 
@@ -109,6 +112,13 @@ impl DirMeta {
         }
         let meta: DirMeta =
             serde_json::from_value(value).map_err(|e| corrupt(format!("meta.json: {e}")))?;
+        let files = meta.checkpoint.iter().flat_map(|c| &c.files);
+        if let Some(f) = files.into_iter().find(|f| !is_plain_name(&f.name)) {
+            return Err(corrupt(format!(
+                "meta.json names a file outside its directory: {:?}",
+                f.name
+            )));
+        }
         if meta.layout_hash != meta.config.layout_hash() {
             return Err(corrupt(
                 "meta.json's layout hash does not match its configuration".to_owned(),
@@ -135,7 +145,11 @@ impl DirMeta {
     /// Reads `dir/meta.json`; [`PersistKind::Missing`] if there is none.
     pub(crate) fn read(dir: &Path) -> Result<DirMeta, PersistError> {
         let path = dir.join(META);
-        match fs::read(&path) {
+        match read_file(&path, MAX_META_BYTES) {
+            Ok(bytes) if bytes.len() as u64 > MAX_META_BYTES => Err(PersistError::new(
+                &path,
+                PersistKind::Corrupt(format!("meta.json is larger than {MAX_META_BYTES} bytes")),
+            )),
             Ok(bytes) => DirMeta::parse(&path, &bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Err(PersistError::new(dir, PersistKind::Missing))
@@ -210,6 +224,47 @@ fn open_lock_file(path: &Path) -> std::io::Result<File> {
         .truncate(false)
         .write(true)
         .open(path)
+}
+
+/// Whether `name` names a file in a directory itself (not a path out of it, nor a
+/// hidden file such as the lock).
+pub(crate) fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['/', '\\']) && !name.starts_with('.')
+}
+
+/// Opens `path` for reading if it is a regular file. A FIFO or a device where a
+/// checkpoint's file belongs (a damaged directory) is refused rather than waited on (a
+/// FIFO's open waits for a writer: `O_NONBLOCK` opens it at once) or read without end
+/// (`/dev/zero`).
+pub(crate) fn open_file(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads the regular file `path` ([`open_file`]) up to `max` bytes and one more: a
+/// longer one is read no further than shows it is (the caller checks the length).
+pub(crate) fn read_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = open_file(path)?;
+    let len = file.metadata()?.len().min(max.saturating_add(1));
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len as usize).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            "the file does not fit in memory",
+        )
+    })?;
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// A reader's hold on checkpoint directory `dir`: a shared `flock` of `dir/.lock`, so

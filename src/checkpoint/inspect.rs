@@ -4,14 +4,13 @@
 //! Layer: api.
 
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
 use super::dump::CHUNK_BYTES;
-use crate::backing::dir::{DirKind, DirMeta, STORAGE};
+use crate::backing::dir::{self, DirKind, DirMeta, STORAGE};
 use crate::buffer::{ReplayBuffer, RowBytes};
 use crate::config::{Config, SamplerMeta};
 use crate::error::persist::{IoAt, PersistError, PersistKind};
@@ -130,7 +129,7 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, PersistError> {
 /// Reads a file whole, checking its length and checksum.
 fn check_file(path: &Path, bytes: u64, xxh3: u64) -> Result<(), String> {
     let run = || -> Result<(), PersistError> {
-        let mut file = File::open(path).at(path)?;
+        let mut file = dir::open_file(path).at(path)?;
         let len = file.metadata().at(path)?.len();
         if len != bytes {
             return Err(PersistError::new(

@@ -202,7 +202,13 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         let dir = dir.as_ref();
         let _reading = dir::lock_shared(dir)?;
         let meta_path = dir.join(dir::META);
-        let bytes = match fs::read(&meta_path) {
+        let bytes = match dir::read_file(&meta_path, dir::MAX_META_BYTES) {
+            Ok(b) if b.len() as u64 > dir::MAX_META_BYTES => {
+                return Err(PersistError::new(
+                    &meta_path,
+                    PersistKind::Corrupt("meta.json is too large".to_owned()),
+                ))
+            }
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(PersistError::new(dir, PersistKind::Missing))
@@ -263,14 +269,14 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             let Some(f) = meta.files.iter().find(|f| f.part == part) else {
                 return Ok(None);
             };
-            if f.name.contains(['/', '\\']) || f.name.starts_with('.') {
+            if !dir::is_plain_name(&f.name) {
                 return Err(corrupt(
                     &meta_path,
                     format!("a file outside it: {:?}", f.name),
                 ));
             }
             let path = dir.join(&f.name);
-            let bytes = match fs::read(&path) {
+            let bytes = match dir::read_file(&path, f.bytes) {
                 Ok(b) => b,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return Err(PersistError::new(&path, PersistKind::Missing))

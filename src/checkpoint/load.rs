@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::dump::{self, CompactFields, Meter};
 use super::epochs;
-use crate::backing::dir::{CheckpointMeta, FileMeta, Part};
+use crate::backing::dir::{self, CheckpointMeta, FileMeta, Part};
 use crate::backing::dir::{DirKind, DirMeta};
 use crate::batch::Batch;
 use crate::buffer::ReplayBuffer;
@@ -232,7 +232,7 @@ impl PartFile {
         record: &FileMeta,
         expected: Option<u64>,
     ) -> Result<PartFile, PersistError> {
-        if record.name.contains(['/', '\\']) || record.name.starts_with('.') {
+        if !dir::is_plain_name(&record.name) {
             return Err(PersistError::new(
                 dir,
                 PersistKind::Corrupt(format!(
@@ -251,7 +251,7 @@ impl PartFile {
                 )),
             ));
         }
-        let file = match File::open(&path) {
+        let file = match dir::open_file(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(PersistError::new(&path, PersistKind::Missing))
