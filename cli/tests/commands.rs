@@ -463,3 +463,22 @@ fn removing_a_region_in_use_by_name_needs_force() {
     // Neither names nor --stale: a usage error.
     assert_eq!(replaybuf(&["shm", "remove"]).status.code(), Some(2));
 }
+
+#[test]
+fn arguments_past_what_a_run_can_do_are_usage_errors() {
+    // Each panicked, never ended, or printed figures that measured nothing.
+    for args in [
+        &["--learners", "100000"][..],
+        &["--collectors", "18446744073709551615"],
+        &["bench", "--seconds", "0"],
+        &["bench", "--rounds", "1000000"],
+        &["bench", "--configs", "0x0"],
+    ] {
+        let out = replaybuf(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    // The hidden collector writes only into its parent bench's region.
+    let out = replaybuf(&["bench-collector", "someones-buffer", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a region of the bench"));
+}
