@@ -812,6 +812,52 @@ mod damage {
         assert!(e.to_string().contains("outside"), "{e}");
     }
 
+    /// Rewrites `part`'s file with `change`, and meta.json's record of it to match
+    /// (its checksum, and the record's own, which is optional, struck).
+    fn rewrite(dir: &Path, part: &str, change: impl FnOnce(&mut Vec<u8>)) {
+        let path = file(dir, part);
+        let mut bytes = std::fs::read(&path).unwrap();
+        change(&mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        let meta = dir.join("meta.json");
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+        value.as_object_mut().unwrap().remove("checkpoint_xxh3");
+        let name = path.file_name().unwrap().to_str().unwrap();
+        for f in value["checkpoint"]["files"].as_array_mut().unwrap() {
+            if f["name"] == name {
+                f["xxh3"] = xxhash_rust::xxh3::xxh3_64(&bytes).into();
+            }
+        }
+        std::fs::write(&meta, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+    }
+
+    /// Words of the control file whose checksum holds but that no save writes: a
+    /// prioritized sampler's alpha of NaN (the load never returned), a cursor moved
+    /// back over written rows (the load dropped them, and the next extend waited for
+    /// good). Refused, as a reopened file-backed directory refuses them.
+    #[test]
+    fn control_words_no_save_writes_are_refused() {
+        let nan = |bytes: &mut Vec<u8>| {
+            let alpha = 0.6f64.to_ne_bytes();
+            let at = bytes
+                .windows(8)
+                .position(|w| w == alpha)
+                .expect("alpha stored");
+            bytes[at..at + 8].copy_from_slice(&f64::NAN.to_ne_bytes());
+        };
+        // The control file starts with shard 0's cursor.
+        let back = |bytes: &mut Vec<u8>| bytes[..8].copy_from_slice(&0u64.to_ne_bytes());
+        for (what, change) in [("alpha", &nan as &dyn Fn(&mut Vec<u8>)), ("cursor", &back)] {
+            let dir = tempfile::tempdir().unwrap();
+            checkpoint(dir.path());
+            rewrite(dir.path(), "control", change);
+            let path = dir.path().to_path_buf();
+            let e = within_a_minute(move || refused(&path));
+            assert!(e.is_corrupt(), "{what}: {e}");
+        }
+    }
+
     #[test]
     fn a_checkpoint_of_another_spec_is_a_mismatch() {
         let dir = tempfile::tempdir().unwrap();
@@ -1059,4 +1105,22 @@ fn loads_and_saves_of_one_directory_take_turns() {
         Ok(())
     });
     rb.save(dir.path()).unwrap();
+}
+
+#[test]
+fn the_compact_format_refuses_fields_of_no_bytes() {
+    // Saved, such a checkpoint's load split its rows into chunks of 0 bytes (a panic).
+    let spec = Spec::builder()
+        .field("o", DType::F32, [0])
+        .field("no", DType::F32, [0])
+        .field("id", DType::U64, [])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec).capacity(8).build().unwrap();
+    rb.extend(&rb.batch([4])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = rb
+        .save_with(dir.path(), &SaveOptions::new().compact("o", "no"))
+        .unwrap_err();
+    assert!(e.to_string().contains("no bytes"), "{e}");
 }

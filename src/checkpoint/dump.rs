@@ -319,6 +319,12 @@ impl CompactFields {
                 "compact format: `{obs}` and `{next}` must be two fields of one dtype and shape"
             ));
         }
+        if n.bytes() == 0 {
+            // Nothing to leave out (a load split the rows into chunks of 0 bytes).
+            return Err(format!(
+                "compact format: `{obs}` and `{next}` hold no bytes"
+            ));
+        }
         Ok(CompactFields {
             obs: o.offset(),
             next: n.offset(),
@@ -450,8 +456,9 @@ fn dump(
     }
     // The new checkpoint stands: the old generation's files go.
     if let Some((old, files)) = previous {
-        for f in files {
-            let _ = fs::remove_file(dir.join(f.name));
+        // Only files in the directory itself (meta.json refuses other names).
+        for f in files.iter().filter(|f| dir::is_plain_name(&f.name)) {
+            let _ = fs::remove_file(dir.join(&f.name));
         }
         remove_generation(dir, old);
     }

@@ -188,8 +188,9 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
             &serde_json::to_vec_pretty(&meta).expect("serialises"),
         )?;
         if let Some(old) = previous {
-            for f in old.files {
-                let _ = fs::remove_file(dir.join(f.name));
+            // Only files in the directory itself: the old meta.json was not checked.
+            for f in old.files.iter().filter(|f| dir::is_plain_name(&f.name)) {
+                let _ = fs::remove_file(dir.join(&f.name));
             }
         }
         Ok(())

@@ -333,8 +333,13 @@ fn read_into(
 ) -> Result<(), PersistError> {
     let storage = &inner.core.storage;
     let layout = storage.layout();
-    let total: u64 = checkpoint.files.iter().map(|f| f.bytes).sum();
-    let mut meter = Meter::new(None, total * (1 + u64::from(verify_first)));
+    // Sizes from meta.json, checked against the layout below: they must not overflow
+    // before they are.
+    let total = checkpoint
+        .files
+        .iter()
+        .fold(0u64, |sum, f| sum.saturating_add(f.bytes));
+    let mut meter = Meter::new(None, total.saturating_mul(1 + u64::from(verify_first)));
     let missing = |part: Part| {
         PersistError::new(
             dir,
@@ -343,6 +348,13 @@ fn read_into(
     };
     let compact = match &checkpoint.compact {
         None => None,
+        // No save writes it (`dump`), and a frames slot is not a row to split.
+        Some(_) if storage.frames().is_some() => {
+            return Err(PersistError::new(
+                dir,
+                PersistKind::Corrupt("a compact checkpoint of a buffer with frames".to_owned()),
+            ))
+        }
         Some((obs, next)) => {
             let key =
                 |k: &Vec<String>| Key::from(&k.iter().map(String::as_str).collect::<Vec<_>>()[..]);
@@ -457,6 +469,19 @@ fn read_into(
     if !load_hooks.is_empty() {
         run_load_hooks(storage, &load_hooks)
             .map_err(|why| PersistError::new(dir, PersistKind::Hook(why)))?;
+    }
+    // What a reopened region is checked for (`ReplayBufferBuilder::build`): the
+    // files' checksums hold for words whose values no save writes (an alpha of NaN:
+    // the recovery below never returned; a cursor moved back over written rows: the
+    // next append waited for good).
+    let damage = inner
+        .core
+        .sampler
+        .damage()
+        .map(|why| format!("its sampler's state: {why}"))
+        .or_else(|| storage.unclaimed_row());
+    if let Some(why) = damage {
+        return Err(PersistError::new(dir, PersistKind::Corrupt(why)));
     }
     inner.core.sampler.recover(storage);
     // Left set by every `?` above: a region whose copy failed is as one cut short.
