@@ -105,7 +105,9 @@ class ReplayBuffer:
     def batch_size(self) -> Optional[int]: ...
     @property
     def index_dtype(self) -> np.dtype[Any]:
-        """The dtype of a sample's ``index``: uint64 unless set to int64."""
+        """The dtype of a sample's ``index``: uint64 unless set to int64. In int64 a
+        short slice's padding index is -1: ``update_priority`` skips it, ``get`` and
+        ``write_at`` read it as the last stored row (leave padding rows out)."""
     @index_dtype.setter
     def index_dtype(self, dtype: npt.DTypeLike) -> None: ...
     @property

@@ -268,6 +268,14 @@ impl Buffer {
                 }
                 Some(_) => {}
             }
+            if arrays[i].is_some() {
+                // By one key and again by its parts (`"x"` and `("x",)`): the last
+                // one given was stored.
+                return Err(key_error(format!(
+                    "field `{}` is given twice",
+                    f.py_key.bind(py)
+                )));
+            }
             arrays[i] = Some(array);
         }
         if let Some(i) = arrays.iter().position(Option::is_none) {
@@ -668,7 +676,10 @@ impl Buffer {
     }
 
     /// The numpy dtype of a sample's `index`: uint64, or int64 once set so (what torch
-    /// indexes with; a TorchRL-style caller then needs no conversion).
+    /// indexes with; a TorchRL-style caller then needs no conversion). In int64, a
+    /// short slice's padding index is -1, which `update_priority` skips as it does
+    /// the uint64 one; `get` and `write_at` read -1 as the last stored row, so leave
+    /// padding rows out (`marks`) before writing a sample back.
     #[getter]
     fn index_dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
         self.index_descr(py)
@@ -819,11 +830,27 @@ impl Buffer {
     /// prioritized sampler and `marks` (uint8: 1 valid, 2 start, 4 end, 8 truncated)
     /// for a slice sampler. Fewer rows only when a without-replacement epoch ends short.
     #[pyo3(signature = (n = None))]
-    fn sample<'py>(&self, py: Python<'py>, n: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
+    fn sample<'py>(
+        &self,
+        py: Python<'py>,
+        n: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let n = n
             .map(|n| {
-                usize::try_from(n)
-                    .map_err(|_| value_error(format!("a batch is a count of rows, not {n}")))
+                let count = || value_error(format!("a batch is a count of rows, not {n}"));
+                if n.is_instance_of::<PyBool>() {
+                    return Err(count());
+                }
+                n.extract::<u64>()
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| match n.is_instance_of::<PyInt>() {
+                        true => count(),
+                        false => type_error(format!(
+                            "a batch size is an int, got {}",
+                            n.get_type().name().map_or(String::new(), |t| t.to_string())
+                        )),
+                    })
             })
             .transpose()?;
         let n = match n.or(self.handle(py)?.batch_size()) {
@@ -988,6 +1015,16 @@ impl Buffer {
         generation: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(usize, usize)> {
         let index_a = flat_array::<u64>(index)?;
+        let numpy = py.import("numpy")?;
+        let shape: Vec<usize> = numpy.call_method1("shape", (priority,))?.extract()?;
+        if shape.len() > 1 && shape[0] != index_a.len() {
+            // Several priorities a row come row by row: a [2, 3] for 3 indices was
+            // regrouped into pairs.
+            return Err(value_error(format!(
+                "priorities of shape {shape:?} for {} indices: one row of them an index",
+                index_a.len()
+            )));
+        }
         let priority_a = flat_array::<f64>(priority)?;
         let rb = self.handle(py)?;
         let index_r = index_a.readonly();
@@ -1027,11 +1064,18 @@ impl Buffer {
     /// The priority of the row at `index`, as last set (None if not prioritized, or no
     /// row is there).
     fn priority(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+        refuse_bool(index)?;
         let index = match (index.extract::<u64>(), index.extract::<i64>()) {
             (Ok(i), _) => i,
             (_, Ok(i)) => return Err(index_error(format!("index {i} is negative"))),
-            // Past 64 bits: no row is there (it was an OverflowError).
-            _ if index.is_instance_of::<PyInt>() => return Ok(None),
+            // Past 64 bits: no row is there (it was an OverflowError); one below zero
+            // is negative, as -1 is.
+            _ if index.is_instance_of::<PyInt>() => {
+                return match index.lt(0)? {
+                    true => Err(index_error(format!("index {index} is negative"))),
+                    false => Ok(None),
+                }
+            }
             _ => {
                 return Err(type_error(format!(
                     "priority takes one int index, got {}",
@@ -1230,10 +1274,15 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
     } else {
         array_of_kind(x, "iuf", "numbers")?
     };
-    // (`min` of none is numpy's ValueError.)
+    // (`min` of none is numpy's ValueError.) In an int64 array, -1 is a slice
+    // sample's padding as an int64 index shows it (`index_dtype`), cast back to it
+    // below (`PADDING_INDEX`); a list's -1 is a mistake.
     if integers && kind == "i" && array.getattr("size")?.extract::<usize>()? > 0 {
         let min = array.call_method0("min")?.extract::<i64>()?;
-        if min < 0 {
+        let padding = x
+            .cast::<PyUntypedArray>()
+            .is_ok_and(|a| a.dtype().is_equiv_to(&numpy::dtype::<i64>(py)));
+        if min < -i64::from(padding) {
             return Err(index_error(format!(
                 "a negative index or generation: {min}"
             )));
@@ -1260,6 +1309,7 @@ fn flat_array<'py, T: numpy::Element>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'
 /// shards leave gaps); one before the first row is an `IndexError`. A mask's
 /// booleans are those positions', in that order.
 fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    refuse_bool(index)?;
     let rows = rb.len() as u64;
     let from_end = |i: i64| -> PyResult<u64> {
         match u64::try_from(i) {
@@ -1342,23 +1392,34 @@ fn positions(rb: &ReplayBuffer, index: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> 
     }
 }
 
+/// Refuses a bool where an index is asked for: Python's `True` is the int 1, and
+/// `rb.get(True)` read row 1 (`numpy.bool_(True)` is a mask).
+fn refuse_bool(x: &Bound<'_, PyAny>) -> PyResult<()> {
+    if x.is_instance_of::<PyBool>() {
+        return Err(type_error("an index is an int, not a bool"));
+    }
+    Ok(())
+}
+
 /// `x` as a numpy array, and its dtype's kind, which must be one of `kinds` (an
-/// empty array's need not: `[]` reads as float64); else a `TypeError` saying `what`
-/// was expected.
+/// empty array's need not: `[]` reads as float64, and its kind is then ""); else a
+/// `TypeError` saying `what` was expected.
 fn array_of_kind<'py>(
     x: &Bound<'py, PyAny>,
     kinds: &str,
     what: &str,
 ) -> PyResult<(Bound<'py, PyAny>, String)> {
     let array = asarray(x, what)?;
-    if array.getattr("size")?.extract::<usize>()? == 0 {
-        return Ok((array, String::new()));
-    }
     let kind = array
         .getattr("dtype")?
         .getattr("kind")?
         .extract::<String>()?;
-    if kind.len() != 1 || !kinds.contains(kind.as_str()) {
+    let known = kind.len() == 1 && kinds.contains(kind.as_str());
+    if array.getattr("size")?.extract::<usize>()? == 0 {
+        // An empty mask is still a mask (of one boolean a stored row).
+        return Ok((array, if known { kind } else { String::new() }));
+    }
+    if !known {
         return Err(type_error(format!(
             "expected {what}, not an array of {}",
             array.getattr("dtype")?

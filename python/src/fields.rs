@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use replaybuf::{DType, Key, Spec};
 
 use crate::convert::asarray;
-use crate::errors::{py_err, type_error, value_error};
+use crate::errors::{key_error, py_err, type_error, value_error};
 
 /// A key as Python spells it: `"obs"`, or `("next", "obs")` when nested.
 pub(crate) fn key_to_py<'py>(py: Python<'py>, key: &Key) -> PyResult<Bound<'py, PyAny>> {
@@ -119,7 +119,14 @@ pub(crate) fn spec_from_py(spec: &Bound<'_, PyAny>) -> PyResult<Spec> {
         PyResult::Ok(())
     };
     if let Ok(d) = spec.cast::<PyDict>() {
-        for (key, value) in d.iter() {
+        // A snapshot: a dtype or shape object's own code may change the dict (pyo3's
+        // iterator panics when it does).
+        for (key, value) in d
+            .items()
+            .iter()
+            .map(|kv| kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>())
+            .collect::<PyResult<Vec<_>>>()?
+        {
             if let Ok(inner) = value.cast::<PyDict>() {
                 let dtype = inner
                     .get_item("dtype")?
@@ -231,6 +238,13 @@ fn flatten_into<'py>(
         let depth = prefix.len();
         prefix.extend(key.components().map(str::to_owned));
         if let Ok(inner) = value.cast::<PyDict>() {
+            if inner.is_empty() {
+                // No field of the spec is an empty group: a key that names none.
+                return Err(key_error(format!(
+                    "`{}` is an empty dict: no field of the spec",
+                    prefix.join(".")
+                )));
+            }
             flatten_into(inner, prefix, out)?;
         } else {
             let parts: Vec<&str> = prefix.iter().map(String::as_str).collect();

@@ -458,6 +458,22 @@ def test_index_dtype_int64_gives_the_same_positions_signed():
     assert rb.index_dtype == np.int64
 
 
+def test_an_int64_padding_index_is_skipped_by_a_priority_update():
+    # A short slice's padding is index -1 in int64: the update refused the sample's
+    # own index as negative.
+    p = replaybuf.Prioritized(alpha=1.0, beta=0.4)
+    sampler = replaybuf.Slice(slice_len=8, traj_key="traj", strict_length=False, prioritized=p)
+    rb = buffer(capacity=64, n=30, sampler=sampler)
+    rb.index_dtype = np.int64
+    batch = rb.sample(16)
+    padding = batch["index"] == -1
+    assert padding.any() and (batch["marks"][padding] & MARK_VALID == 0).all()
+    applied, stale = rb.update_priority(batch["index"], np.full(16, 2.0), batch["generation"])
+    assert applied == (~padding).sum() and stale == 0
+    with raises(IndexError, "negative"):
+        rb.update_priority(np.array([-2, 0]), [1.0, 1.0])
+
+
 # Priorities ---------------------------------------------------------------------------
 
 
@@ -899,3 +915,49 @@ def test_negative_indices_and_masks_count_the_positions_that_hold_rows():
     assert len(stored["x"]) == 6
     assert rb.get(-1)["x"].tolist() == stored["x"][-1:].tolist()
     assert rb.get(np.ones(6, bool))["x"].tolist() == stored["x"].tolist()
+
+
+def test_ambiguous_or_wrongly_typed_arguments_are_refused():
+    rb = buffer(n=5, sampler=replaybuf.Prioritized(alpha=1.0, beta=0.4))
+    before = rb.read_all_in_order()
+    # One field given twice (by its key and by its parts): the last one was stored.
+    with raises(KeyError, "given twice"):
+        rb.extend({**data([7]), ("id",): np.array([8])})
+    with raises(KeyError, "empty dict"):
+        rb.extend({**data([7]), "zz": {}})
+    # A bool is not an index nor a count (True read row 1).
+    with raises(TypeError, "bool"):
+        rb.get(True)
+    with raises(TypeError, "bool"):
+        rb.priority(True)
+    with raises(ValueError, "count of rows"):
+        rb.sample(True)
+    with raises(TypeError, "batch size is an int"):
+        rb.sample(1.5)
+    # Far below zero is negative, as -1 is (it answered None).
+    with raises(IndexError, "negative"):
+        rb.priority(-(2**70))
+    # An empty mask is a mask of the wrong length, not an empty index.
+    with raises(IndexError, "mask"):
+        rb.get(np.zeros(0, bool))
+    # Two priorities a row for three rows, given as two rows of three: regrouped.
+    with raises(ValueError, "one row of them an index"):
+        rb.update_priority([1, 2, 3], [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    after = rb.read_all_in_order()
+    np.testing.assert_array_equal(after["id"], before["id"])
+
+
+def test_a_spec_dict_changed_while_it_is_read_is_an_error_not_a_panic():
+    spec = {}
+
+    class Grows:
+        @property
+        def dtype(self):
+            spec["y"] = ("float32", ())
+            return np.dtype("float32")
+
+    spec["x"] = (Grows(), ())
+    try:
+        ReplayBuffer(4, spec=spec)
+    except ReplayBufferError:
+        pass
