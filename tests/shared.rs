@@ -634,3 +634,32 @@ fn an_attach_with_longer_settings_shares_the_rows() {
         drop(other);
     }
 }
+
+#[test]
+fn a_region_too_new_to_name_its_creator_is_not_stale() {
+    // Made but not sized yet, its header naming no creator: `shm remove --stale`
+    // removed it under the process making it.
+    let name = name("too-new");
+    let path = path_of(&name);
+    let _cleanup = common::shm::Cleanup(path.clone());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    let found = |name: &str| {
+        replaybuf::shared::list()
+            .into_iter()
+            .find(|r| r.name == name)
+            .expect("listed")
+    };
+    let region = found(&name);
+    assert!(region.problem.is_some() && region.recent, "{region:?}");
+    assert!(!region.is_stale(), "{region:?}");
+    // Left so past `RECENT`: its creator died before it wrote the header.
+    let long_ago = std::time::SystemTime::now() - replaybuf::shared::RECENT * 6;
+    file.set_modified(long_ago).unwrap();
+    let region = found(&name);
+    assert!(!region.recent && region.is_stale(), "{region:?}");
+}

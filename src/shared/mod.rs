@@ -34,4 +34,4 @@ pub(crate) mod procs;
 mod regions;
 
 #[cfg(not(replaybuf_loom))]
-pub use regions::{list, remove, RegionInfo};
+pub use regions::{list, remove, RegionInfo, RECENT};

@@ -31,7 +31,14 @@ pub struct RegionInfo {
     /// may open it): it was not opened, so nothing but its name is known of it, and it
     /// is never stale (`problem` says its owner and mode).
     pub foreign: bool,
+    /// Whether it changed in the last [`RECENT`] (its modification time), as a
+    /// region being made does.
+    pub recent: bool,
 }
+
+/// How long after its last change a region with a problem may still be one its
+/// creator is making (before its header names the creator: sized 0, or all zeros).
+pub const RECENT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl RegionInfo {
     /// Whether no live process uses it: left behind by crashed processes, safe to
@@ -41,11 +48,13 @@ impl RegionInfo {
             // Unread: whether anyone uses it is not known, and it is not ours to clear.
             return false;
         }
-        // A region still being laid out has no process yet, but a live creator.
+        // A region still being laid out has no process yet, but a live creator; one
+        // whose header does not name it yet has changed just now.
         let being_made = self.problem.is_some()
-            && self
-                .creator
-                .is_some_and(|pid| super::procs::runs(pid as u32));
+            && (self.recent
+                || self
+                    .creator
+                    .is_some_and(|pid| super::procs::runs(pid as u32)));
         self.live.is_empty() && !being_made
     }
 }
@@ -64,6 +73,9 @@ fn info(name: &str) -> RegionInfo {
         dead: 0,
         problem: None,
         foreign: false,
+        recent: std::fs::symlink_metadata(shown(name))
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().map_or(true, |age| age < RECENT)),
     };
     let region = match object_name(name).map(|o| Region::open_shared(&o)) {
         Ok(Ok(r)) => Arc::new(r),
