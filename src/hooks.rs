@@ -58,14 +58,13 @@ impl Hooks {
 }
 
 /// Runs `hooks` over `batch` in order; the first error's message. A hook must leave
-/// the batch's fields and length as they were.
+/// the batch's fields, in their order, and length as they were: its columns are
+/// copied back by position.
 pub(crate) fn run(hooks: &[Hook], batch: &mut Batch) -> Result<(), String> {
     let (spec, rows) = (batch.spec().clone(), batch.len());
     for hook in hooks {
         hook(batch).map_err(|e| e.to_string())?;
-        if !Arc::ptr_eq(batch.spec(), &spec) && !batch.spec().same_fields(&spec)
-            || batch.len() != rows
-        {
+        if !Arc::ptr_eq(batch.spec(), &spec) && **batch.spec() != *spec || batch.len() != rows {
             return Err(format!(
                 "a hook must change values only, but it left a batch of {} rows with \
                  other fields or length than the {rows} it was given",

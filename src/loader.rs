@@ -104,6 +104,12 @@ impl ReplayBuffer {
             preprocess: None,
             make_fill: Arc::new(|mut learner: Learner, stages: Stages| {
                 let fill: Fill<Batch> = Box::new(move |slot: &mut Option<Batch>| {
+                    // A batch of other fields, given back through `sample_into` or
+                    // `recycle`, is not reused: every fill into it failed.
+                    let spec = learner.buffer().spec();
+                    if slot.as_ref().is_some_and(|b| !b.spec().same_fields(spec)) {
+                        *slot = None;
+                    }
                     let batch = slot.get_or_insert_with(|| learner.buffer().batch([0]));
                     stages.draw(&mut learner, batch)
                 });

@@ -34,8 +34,9 @@
 //!   preprocess or collate) is handed over whenever prepared, as an epoch's end is:
 //!   it says nothing of the buffer, and the rows its fill drew are gone from an
 //!   epoch (dropped, the learner never learnt of them);
-//! - a fill that panics (a user's closure) stops the workers; the learner's next take
-//!   resumes the panic on its own thread;
+//! - a fill that panics (a user's closure) stops the workers; once the learner has
+//!   taken the items prepared before it, its next take resumes the panic on its own
+//!   thread;
 //! - the learner's wait for an item ends, as a rate-limited wait does, when the check
 //!   its thread put in force says so (`RateLimit::interruptible`), with
 //!   [`RateLimitError::Interrupted`];
@@ -230,16 +231,20 @@ impl<T: Send + 'static> Prefetch<T> {
             self.handoff.room.notify_all();
         }
         loop {
-            if let Some(payload) = st.panic.take() {
-                st.poisoned = true;
-                drop(st);
-                panic::resume_unwind(payload);
+            // Items prepared before a fill panicked come first: their rows were drawn.
+            let ready = st.ready.pop_front();
+            if ready.is_none() {
+                if let Some(payload) = st.panic.take() {
+                    st.poisoned = true;
+                    drop(st);
+                    panic::resume_unwind(payload);
+                }
+                assert!(
+                    !st.poisoned,
+                    "replaybuf: a prefetch worker panicked earlier; this loader delivers nothing more"
+                );
             }
-            assert!(
-                !st.poisoned,
-                "replaybuf: a prefetch worker panicked earlier; this loader delivers nothing more"
-            );
-            if let Some(Filled { ticket, item }) = st.ready.pop_front() {
+            if let Some(Filled { ticket, item }) = ready {
                 let Err(e) = &item else {
                     return with(&mut st, item);
                 };

@@ -1124,3 +1124,26 @@ fn the_compact_format_refuses_fields_of_no_bytes() {
         .unwrap_err();
     assert!(e.to_string().contains("no bytes"), "{e}");
 }
+
+#[test]
+fn a_hook_that_reorders_the_fields_fails_the_save() {
+    // The rows come back by column position: a batch of the same fields in another
+    // order passed the check and wrote one field's bytes as another's.
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(40)
+        .seed(4)
+        .build()
+        .unwrap();
+    fill(&rb, 10);
+    rb.register_save_hook(|b| {
+        let mut reversed = Spec::builder();
+        for f in b.spec().fields().iter().rev() {
+            reversed = reversed.field(f.key().clone(), f.dtype(), f.shape());
+        }
+        *b = Batch::zeros(reversed.build().unwrap(), [b.len()]);
+        Ok(())
+    });
+    let e = rb.save(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("values only"), "{e}");
+}

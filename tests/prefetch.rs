@@ -528,3 +528,58 @@ fn a_learner_waiting_on_its_workers_ends_when_its_threads_check_says_so() {
         assert_eq!(loader.sample().unwrap().len(), 2);
     });
 }
+
+#[test]
+fn batches_prepared_before_a_stage_panicked_are_handed_over_first() {
+    // The panic of the third fill came back on the learner's next take, ahead of
+    // the second batch, ready since before it (its rows drawn, never seen).
+    within_a_minute(|| {
+        let rb = buffer(16);
+        rb.extend(&rows(&rb, 16, 0)).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let mut loader = rb
+            .loader()
+            .batch_size(4)
+            .prefetch(2)
+            .preprocess(move |_: &mut Batch| {
+                if seen.fetch_add(1, Ordering::SeqCst) == 2 {
+                    panic!("augmentation bug");
+                }
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        eventually("two batches ready", || loader.ready() == 2);
+        loader.sample().unwrap();
+        eventually("the third fill ran", || calls.load(Ordering::SeqCst) == 3);
+        std::thread::sleep(Duration::from_millis(20)); // its panic stored
+        assert_eq!(loader.sample().unwrap().len(), 4);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.sample()));
+        assert!(caught.is_err());
+    });
+}
+
+#[test]
+fn a_batch_of_other_fields_given_back_is_not_reused() {
+    // `sample_into` keeps the caller's batch as a buffer to fill: one of other
+    // fields made every later fill fail (SpecMismatch), for good with prefetch.
+    use replaybuf::{DType, Spec};
+    let rb = buffer(16);
+    rb.extend(&rows(&rb, 16, 0)).unwrap();
+    let other = Spec::builder().field("z", DType::U8, []).build().unwrap();
+    for prefetch in [0, 1] {
+        let mut loader = rb
+            .loader()
+            .batch_size(4)
+            .prefetch(prefetch)
+            .build()
+            .unwrap();
+        let mut out = Batch::zeros(other.clone(), [4]);
+        loader.sample_into(&mut out).unwrap();
+        assert_eq!(out.len(), 4);
+        for _ in 0..5 {
+            assert_eq!(loader.sample().unwrap().len(), 4, "prefetch {prefetch}");
+        }
+    }
+}

@@ -433,3 +433,22 @@ fn a_sample_counts_the_rows_drawn_whatever_its_transforms_keep() {
     assert_eq!(rb.sample(4).unwrap().len(), 1);
     assert_eq!(rb.rate_limit_stats().unwrap().samples, 4);
 }
+
+#[test]
+fn an_insert_whose_inverse_transform_panics_gives_its_rows_back() {
+    // Counted, never written, never given back: a queue's samples then passed the
+    // limit for rows that did not exist.
+    let rb = builder(64)
+        .rate_limit(RateLimit::min_size(1))
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 4)).unwrap();
+    rb.append_transform(replaybuf::Transform::inverse(|_: &mut replaybuf::Batch| {
+        panic!("inverse bug")
+    }));
+    let before = rb.rate_limit_stats().unwrap();
+    let batch = rows(&rb, 4, 3);
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rb.extend(&batch)));
+    assert!(caught.is_err());
+    assert_eq!(rb.rate_limit_stats().unwrap(), before);
+}

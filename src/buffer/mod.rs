@@ -516,7 +516,15 @@ impl ReplayBuffer {
         };
         check(&self.state())?;
         let counted = limiter.insert(rows as u64)?;
+        // A panic inside (a user's inverse transform, run before anything is
+        // written) gives the rows back as it unwinds: they were counted for good.
+        let refund = OnUnwind(Some(|| {
+            if counted {
+                limiter.refund_inserts(rows as u64);
+            }
+        }));
         let out = insert();
+        refund.disarm();
         if counted {
             let stored = out.as_ref().map_or(0, Stored::stored);
             limiter.refund_inserts(rows.saturating_sub(stored) as u64);
@@ -619,5 +627,23 @@ impl Stored for Written {
 impl Stored for u64 {
     fn stored(&self) -> usize {
         usize::from(*self != u64::MAX)
+    }
+}
+
+/// Runs its closure if dropped armed: as a panic unwinds past it.
+struct OnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnUnwind<F> {
+    /// The code it guards returned: nothing to run.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
     }
 }
