@@ -89,7 +89,8 @@ enum Command {
         action: ShmAction,
     },
     /// Describe a checkpoint or file-backed storage directory: spec, sizes, fill,
-    /// priorities, and whether every file's checksum holds (exit status 1 if not).
+    /// priorities, and whether every file's checksum holds (exit status 1 if not, or
+    /// if its meta.json is damaged; 2 if there is none, or it cannot be read).
     Inspect {
         /// The directory.
         dir: std::path::PathBuf,
@@ -327,7 +328,8 @@ fn main() {
             }
             Err(e) => {
                 eprintln!("replaybuf inspect: {}", with_causes(&e));
-                std::process::exit(2);
+                // Damaged is 1, as a damaged file is; nothing to inspect, 2.
+                std::process::exit(if e.is_corrupt() { 1 } else { 2 });
             }
         },
         Some(Command::Bench {

@@ -93,6 +93,12 @@ fn inspect_reports_contents_and_fails_on_damage() {
         text.contains("DAMAGED") && text.contains("checksum"),
         "{text}"
     );
+    // A damaged meta.json is damage too: status 1 (it was 2, as for no directory).
+    let meta = dir.path().join("meta.json");
+    let text = fs::read_to_string(&meta).unwrap();
+    fs::write(&meta, &text[..text.len() / 2]).unwrap();
+    let out = replaybuf(&["inspect", path]);
+    assert_eq!(out.status.code(), Some(1));
     // No directory at all: an error, status 2.
     let missing = dir.path().join("nothing");
     let out = replaybuf(&["inspect", missing.to_str().unwrap()]);
