@@ -74,13 +74,23 @@ pub(crate) fn field_array<'py>(
     let quiet = np.call_method(
         "errstate",
         (),
-        Some(&[("over", "ignore")].into_py_dict(value.py())?),
+        Some(&[("all", "ignore")].into_py_dict(value.py())?),
     )?;
     quiet.call_method0("__enter__")?;
     let cast = array.call_method1("astype", (descr,));
+    // Integers are exact: one the float rounds (16777217 into float32) changes (cast
+    // back, quietly: past the integers' range it is invalid, and unequal).
+    let back = match &cast {
+        Ok(c) if descr.kind() == b'f' && integer(&found) => {
+            Some(c.call_method1("astype", (&found,)))
+        }
+        _ => None,
+    };
     quiet.call_method1("__exit__", (None::<()>, None::<()>, None::<()>))?;
     let cast = cast?;
-    let kept = if descr.kind() == b'f' {
+    let kept = if let Some(back) = back {
+        np.call_method1("array_equal", (back?, &array))?
+    } else if descr.kind() == b'f' {
         let finite = |a: &Bound<'py, PyAny>| np.call_method1("isfinite", (a,));
         np.call_method1("array_equal", (finite(array.as_any())?, finite(&cast)?))?
     } else {
@@ -88,7 +98,8 @@ pub(crate) fn field_array<'py>(
     };
     if !kept.is_truthy()? {
         return Err(type_error(format!(
-            "`{key}` must be {descr}, got {found} values outside its range"
+            "`{key}` must be {descr}, got {found} values outside its range or that it \
+             cannot hold exactly"
         )));
     }
     Ok(cast.cast_into::<PyUntypedArray>()?)

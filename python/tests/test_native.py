@@ -542,6 +542,8 @@ CHANGED = [
     ("floats into int64", {"i": [0.7, 1.9]}, "got float64 values"),
     ("ints outside uint8", {"u": [300, -1]}, "outside its range"),
     ("float beyond float32", {"f": [1e300, 0.0]}, "outside its range"),
+    # Rounded to 16777216: stored without a word.
+    ("int float32 rounds", {"f": [16777217, 0]}, "cannot hold exactly"),
 ]
 
 
