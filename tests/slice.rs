@@ -1016,3 +1016,61 @@ fn prioritized_slices_take_the_span() {
     let from_step_8 = slices.iter().filter(|&&s| s == (1, 8, 2)).count();
     assert!(from_step_8 >= 9, "{slices:?}");
 }
+
+#[test]
+fn loose_prioritized_slices_start_where_a_whole_slice_fits_or_a_short_trajectory_begins() {
+    // As TorchRL's `PrioritizedSliceSampler(strict_length=False)`: rows 4 and 5 of a
+    // 6-step trajectory started short slices a third of the time, and a 2-step
+    // trajectory's second row started one too.
+    use replaybuf::sampler::{Prioritized, SlicePriority};
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(16)
+        .sampler(
+            Slice::slice_len(3)
+                .traj_key("traj")
+                .strict_length(false)
+                .prioritized(Prioritized::new(1.0, 1.0), SlicePriority::Start),
+        )
+        .seed(3)
+        .build()
+        .unwrap();
+    let mut all = trajectory(0, 6);
+    all.extend(trajectory(1, 2));
+    rb.extend(&rows(&rb, &all)).unwrap();
+    let mut starts = BTreeSet::new();
+    for _ in 0..200 {
+        let batch = rb.sample(30).unwrap();
+        let traj = batch.column::<i64>("traj").unwrap();
+        let step = batch.column::<i64>("step").unwrap();
+        for s in 0..10 {
+            starts.insert((traj[3 * s], step[3 * s]));
+        }
+    }
+    let expected: BTreeSet<_> = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)].into();
+    assert_eq!(starts, expected);
+}
+
+#[test]
+fn an_epoch_window_cut_from_an_open_trajectory_ends_where_the_next_began() {
+    // Cut while trajectory 0 was the lane's last, its window [2, 3] kept no end: row
+    // 3 read as truncated (the trajectory going on) after trajectory 1 had begun at
+    // row 4, where a uniform slice sampler marked it the end.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(16)
+        .sampler(
+            Slice::slice_len(2)
+                .traj_key("traj")
+                .without_replacement(WithoutReplacement::new().shuffle(false)),
+        )
+        .seed(3)
+        .build()
+        .unwrap();
+    let open: Vec<_> = (0..4).map(|t| (0, t, false)).collect();
+    rb.extend(&rows(&rb, &open)).unwrap();
+    rb.sample(2).unwrap(); // the epoch: windows [0, 1] and [2, 3]
+    rb.extend(&rows(&rb, &[(1, 0, false), (1, 1, false)])).unwrap();
+    let batch = rb.sample(2).unwrap();
+    assert_eq!(batch.column::<i64>("step").unwrap(), [2, 3]);
+    let last = batch.marks().unwrap()[1];
+    assert!(last.is_end() && !last.is_truncated(), "{last:?}");
+}

@@ -178,8 +178,18 @@ impl Core {
                     break;
                 }
             }
-            if fits(&windows[next]) && self.read_window(&windows[next], read * len, len, &mut parts)
-            {
+            let mut w = windows[next];
+            if w.next.is_none() {
+                // Cut while its trajectory was the lane's last: whether a row has
+                // begun another since says if its last row ends it (its marks).
+                w.next = picker.lanes.next_start(
+                    self.storage.words(),
+                    w.shard as usize,
+                    u64::from(w.lane),
+                    w.traj,
+                );
+            }
+            if fits(&w) && self.read_window(&w, read * len, len, &mut parts) {
                 read += 1;
             }
             next += 1;
@@ -533,10 +543,13 @@ impl Picker<'_> {
         let (left, right) = self.cfg.span_for(self.len);
         let (from, to) = match p.over {
             SlicePriority::Start => {
-                // A strict slice starts where its trajectory holds all its rows but
-                // the right span's, and is cut at the trajectory's end.
+                // A slice starts where its trajectory holds all its rows but the right
+                // span's, and is cut at the trajectory's end; without strict length, a
+                // trajectory too short for one also starts one at its first row (as
+                // TorchRL's `PrioritizedSliceSampler` zeroes every other start: rows
+                // near an end started short slices).
                 let to = (seq + self.len).min(b);
-                if self.cfg.strict_length && to - seq + right < self.len {
+                if (self.cfg.strict_length || seq != a) && to - seq + right < self.len {
                     return Err(NoPick::Again);
                 }
                 (seq, to)

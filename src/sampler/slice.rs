@@ -206,8 +206,9 @@ impl Slice {
     /// Draws slices by priority (TorchRL `PrioritizedSliceSampler`), on the concurrent
     /// sum-trees of a prioritized buffer: every row has a priority, set, updated and
     /// weighted as with [`Prioritized`], and `over` says which rows
-    /// of a slice count. A draw that lands on a row no slice can start at (with
-    /// `strict_length`, too near its trajectory's end) is drawn again: the trees are
+    /// of a slice count. A draw that lands on a row no slice can start at (too near
+    /// its trajectory's end; without `strict_length`, a trajectory shorter than a
+    /// slice starts one at its first row only, as TorchRL's) is drawn again: the trees are
     /// never changed by sampling. Every row of a slice carries the slice's importance
     /// weight: its first row's for [`SlicePriority::Start`], the mean of its rows'
     /// masses for [`SlicePriority::Window`]. Not with `without_replacement`.
@@ -215,7 +216,7 @@ impl Slice {
     /// `span` applies as it does to uniform slices: a window holding the drawn row
     /// ([`SlicePriority::Window`]) may hang over either end of its trajectory, and a
     /// slice that starts at it ([`SlicePriority::Start`]) over its end, by the right
-    /// span (a strict slice may start that many rows nearer the end); the part outside
+    /// span (a slice may start that many rows nearer the end); the part outside
     /// is cut off and the slice padded. A start's left span does not apply: its first
     /// row is the one drawn (TorchRL's `PrioritizedSliceSampler` turns it off too).
     pub fn prioritized(mut self, priorities: Prioritized, over: SlicePriority) -> Self {

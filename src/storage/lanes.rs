@@ -253,6 +253,20 @@ impl Lanes {
         words[b + STATE_WORDS + (n % self.steps[k]) as usize].load(Ordering::Acquire)
     }
 
+    /// Where trajectory `n` of lane `lane` of shard `k` ends, as the lane says now:
+    /// the next one's first sequence number, if one has begun (and its table entry is
+    /// not yet reused).
+    pub(crate) fn next_start(
+        &self,
+        words: &[AtomicU64],
+        k: usize,
+        lane: u64,
+        n: u64,
+    ) -> Option<u64> {
+        let count = words[self.block(k, lane) + COUNT].load(Ordering::Acquire);
+        (n + 1 < count && count <= n + 1 + self.steps[k]).then(|| self.start(words, k, lane, n + 1))
+    }
+
     /// Trajectory `n` of view `v`, as the table says now: where it starts, where the
     /// next one does (none for the view's last), and its live rows.
     #[inline]

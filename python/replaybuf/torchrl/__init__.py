@@ -79,9 +79,9 @@ among the rows ``rb[:]`` reads, as indexing it would (a mask has one boolean for
 of them); a non-negative index is a storage position, as TorchRL's. On a slice
 sampler's buffer a rewrite that would move a row to another trajectory (its id, end or
 truncation flag) is refused whole. A ``PrioritizedSliceSampler`` draws a slice's start
-by priority among rows that can start one: ``span`` is not applied, and with
-``strict_length=False`` any row may start a slice that its trajectory's end then
-shortens (TorchRL shortens only trajectories shorter than the slice). A tensorclass comes
+by priority among rows that can start one, as TorchRL's does (with
+``strict_length=False``, a trajectory shorter than the slice starts one at its first
+row): ``span`` is not applied. A tensorclass comes
 back as its class from the buffer that stored it; one loaded from disk reads back
 TensorDicts.
 """
