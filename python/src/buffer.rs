@@ -151,8 +151,16 @@ impl Here {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        let here = *self.here.get_mut();
         // SAFETY: `here` is always a live `Box` of this buffer's (`Buffer::here`).
-        drop(unsafe { Box::from_raw(*self.here.get_mut()) });
+        if unsafe { &*here }.forks != FORKS.load(Ordering::Relaxed) {
+            // Inherited from the parent by a fork this child never called through:
+            // forgotten, as `Buffer::here` forgets it (dropping it detached the
+            // parent, or unlinked the region the parent made).
+            return;
+        }
+        // SAFETY: as above; nothing uses it after the buffer drops.
+        drop(unsafe { Box::from_raw(here) });
     }
 }
 

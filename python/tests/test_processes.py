@@ -383,3 +383,38 @@ def test_attaching_a_missing_name_raises_an_oserror():
     with pytest.raises(OSError, match="must not hold '/'"):
         replaybuf.ReplayBuffer.attach("a/b")
     assert not os.path.exists(shm_path(missing))
+
+
+FORK_AND_EXIT = """
+import os, sys
+import numpy as np
+import replaybuf
+sys.path.insert(0, {tests!r})
+from _helpers import SPEC, rows
+rb = replaybuf.ReplayBuffer(256, spec=SPEC, shards=2, seed=5, shared={name!r})
+rb.extend(rows(np.arange(32)))
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the interpreter's finalization drops the inherited handle
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+other = replaybuf.ReplayBuffer.attach({name!r})
+other.extend(rows(np.arange(32, 64)))
+assert len(rb) == 64, len(rb)
+print("parent attached")
+"""
+
+
+def test_a_forked_child_exiting_leaves_the_parent_attached(name):
+    """A forked child that exits (finalizing the handle it inherited and never
+    called through) detached its parent: the region's name, which the parent made,
+    was unlinked, and an attach found no buffer there."""
+    import subprocess
+    import sys
+
+    script = FORK_AND_EXIT.format(tests=os.path.dirname(__file__), name=name)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=START_S
+    )
+    assert out.returncode == 0, out.stderr
+    assert "parent attached" in out.stdout

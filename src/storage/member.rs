@@ -221,8 +221,13 @@ impl Member {
 }
 
 impl Drop for Member {
-    /// Leaves the region: leases, entry, and for its creator, the name.
+    /// Leaves the region: leases, entry, and for its creator, the name. A forked
+    /// child's copy of its parent's member leaves nothing: the entry, its leases and
+    /// the name are the parent's, which lives on.
     fn drop(&mut self) {
+        if self.me.pid() != std::process::id() {
+            return;
+        }
         for k in self.leases.lock().drain(..) {
             release_lease(self.shards[k].word(ShardWord::Lease), self.me);
         }
