@@ -663,3 +663,32 @@ fn a_region_too_new_to_name_its_creator_is_not_stale() {
     let region = found(&name);
     assert!(!region.recent && region.is_stale(), "{region:?}");
 }
+
+#[test]
+fn a_restore_keeps_which_process_holds_each_shard() {
+    // A checkpoint's lease words (a heap buffer's: none) were copied over the
+    // region's: this process's shard, its lease gone, went to another writer, and
+    // both wrote it.
+    let name = name("restore-lease");
+    let _cleanup = common::shm::Cleanup(path_of(&name));
+    let mut rb = common::shm::builder(&name).shards(1).build().unwrap();
+    rb.extend(&rb.batch([8])).unwrap(); // takes shard 0's lease
+    let heap = ReplayBuffer::builder(common::shm::spec())
+        .capacity(1024)
+        .shards(1)
+        .seed(5)
+        .build()
+        .unwrap();
+    heap.extend(&heap.batch([4])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    heap.save(dir.path()).unwrap();
+    rb.restore(dir.path()).unwrap();
+    assert_eq!(rb.len(), 4);
+    let other = ReplayBuffer::attach(&name).unwrap();
+    assert!(
+        other.try_writer().is_err(),
+        "another writer took this process's shard"
+    );
+    rb.extend(&rb.batch([2])).unwrap();
+    assert_eq!(rb.len(), 6);
+}

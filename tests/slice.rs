@@ -1068,7 +1068,8 @@ fn an_epoch_window_cut_from_an_open_trajectory_ends_where_the_next_began() {
     let open: Vec<_> = (0..4).map(|t| (0, t, false)).collect();
     rb.extend(&rows(&rb, &open)).unwrap();
     rb.sample(2).unwrap(); // the epoch: windows [0, 1] and [2, 3]
-    rb.extend(&rows(&rb, &[(1, 0, false), (1, 1, false)])).unwrap();
+    rb.extend(&rows(&rb, &[(1, 0, false), (1, 1, false)]))
+        .unwrap();
     let batch = rb.sample(2).unwrap();
     assert_eq!(batch.column::<i64>("step").unwrap(), [2, 3]);
     let last = batch.marks().unwrap()[1];

@@ -30,8 +30,9 @@ use crate::rate_limit::RateLimit;
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
-use crate::storage::layout::Section;
+use crate::storage::layout::{Section, ShardWord};
 use crate::storage::{atomic_copy, Draw, Storage};
+use crate::sync::Ordering;
 
 impl ReplayBuffer {
     /// A buffer rebuilt from a checkpoint that [`save`](Self::save) wrote (TorchRL's
@@ -433,10 +434,23 @@ fn read_into(
                     _ => Section::Lanes,
                 };
                 let base = region_at(section);
+                // A shared region's leases and editor words say which live process
+                // writes or edits each shard now: the saver's, copied over them,
+                // freed this process's shard to another writer, or, their saver
+                // dead, to its next recovery.
+                let holders =
+                    (part == Part::Control && storage.is_shared()).then(|| shard_holders(storage));
                 src.stream(&mut meter, &mut buf, |at, chunk| {
                     atomic_copy::store(storage.words(), base + at as usize, chunk);
                     Ok(())
                 })?;
+                if let Some(holders) = holders {
+                    for (shard, words) in storage.shards().iter().zip(holders) {
+                        for (w, value) in HOLDER_WORDS.into_iter().zip(words) {
+                            shard.word(w).store(value, Ordering::Release);
+                        }
+                    }
+                }
             }
             Part::Slots => match compact {
                 None => {
@@ -489,6 +503,18 @@ fn read_into(
         storage.set_restoring(false);
     }
     Ok(())
+}
+
+/// A shard's words that name the process holding it, not the rows.
+const HOLDER_WORDS: [ShardWord; 2] = [ShardWord::Lease, ShardWord::Editor];
+
+/// Every shard's [`HOLDER_WORDS`], as they are.
+fn shard_holders(storage: &Storage) -> Vec<[u64; 2]> {
+    storage
+        .shards()
+        .iter()
+        .map(|s| HOLDER_WORDS.map(|w| s.word(w).load(Ordering::Acquire)))
+        .collect()
 }
 
 /// Slots without the next-observation field, spread back into their slots.
