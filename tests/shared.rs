@@ -112,6 +112,25 @@ fn shared_child() {
             std::io::stdout().flush().unwrap();
             let _ = std::io::stdin().read_line(&mut String::new());
         }
+        // Writes a chunk, forks a child that sleeps (an environment worker), says
+        // the child's pid, and waits to be killed.
+        "forker" => {
+            writer()
+                .extend(&chunk(&rb, w, w * 1_000_000, CHUNK))
+                .unwrap();
+            // SAFETY: the child only sleeps and exits, both async-signal-safe.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: as above: a sleep and an exit.
+                unsafe {
+                    libc::sleep(60);
+                    libc::_exit(0);
+                }
+            }
+            println!("forked {pid}");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(Duration::from_secs(600));
+        }
         // Writes forever, saying after each chunk how far it got.
         "forever" => {
             let writer = writer();
@@ -691,4 +710,47 @@ fn a_restore_keeps_which_process_holds_each_shard() {
     );
     rb.extend(&rb.batch([2])).unwrap();
     assert_eq!(rb.len(), 6);
+}
+
+#[test]
+fn a_process_killed_while_a_child_it_forked_lives_is_seen_dead() {
+    // The child shared the description that carries the process's liveness lock, and
+    // kept it held: the killed writer stayed "alive" in the table, and a save waited
+    // on its rows for as long as the child ran.
+    let name = name("forker");
+    let _cleanup = common::shm::Cleanup(path_of(&name));
+    let rb = builder(&name, 2).build().unwrap();
+    let mut parent = spawn(&name, "forker", 1, 0);
+    let said = lines(&mut parent)
+        .find(|l| l.contains("forked "))
+        .expect("the forker says its child's pid");
+    let child: i32 = said
+        .split("forked ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let live = || {
+        replaybuf::shared::list()
+            .into_iter()
+            .find(|r| r.name == name)
+            .expect("listed")
+            .live
+    };
+    assert!(live().contains(&parent.id()));
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let gone = Instant::now();
+    while live().contains(&parent.id()) {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "the killed writer still counts as alive, its forked child running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    rb.save(dir.path()).unwrap();
+    // SAFETY: the forker's child, still sleeping.
+    unsafe { libc::kill(child, libc::SIGKILL) };
 }

@@ -35,7 +35,10 @@ pub(crate) enum Backing {
     /// A named shared-memory object.
     #[cfg(not(replaybuf_loom))]
     Shared {
+        /// The mapped object.
         _file: std::fs::File,
+        /// The liveness locks' own description of it.
+        lock: shared::LockFile,
         object: String,
         /// The object `object` named when it was created or opened.
         id: shared::ObjectId,

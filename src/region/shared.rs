@@ -27,6 +27,7 @@
 
 use std::fs::File;
 use std::io;
+use std::sync::atomic::Ordering as AtomicOrdering;
 
 use rustix::fs::{Mode, Stat};
 use rustix::shm;
@@ -120,6 +121,99 @@ pub(crate) fn object_name(name: &str) -> Result<String, &'static str> {
     Ok(format!("/{PREFIX}{name}"))
 }
 
+/// An open shared-memory object whose open file description carries this process's
+/// liveness locks (`shared/liveness.rs`), kept from forked children: a child's copy of
+/// the descriptor is pointed at `/dev/null` as the child starts (`pthread_atfork`),
+/// so that the locks live through the parent alone and its death shows while a child
+/// it forked (an environment worker, say) lives on. It kept a killed collector
+/// "alive", and a save waiting on its rows, for as long as the child ran. The
+/// description is one of its own, not the mapping's: a mapping holds its description
+/// too, and a child inherits the mapping. A child uses a shared buffer by attaching to
+/// it anew (the Python face does so on its first call); the handle it inherited can no
+/// longer lock, and is refused a writer.
+#[derive(Debug)]
+pub(crate) struct LockFile(File);
+
+/// The descriptors of every [`LockFile`] open (-1: a free slot). Past [`FORK_SLOTS`]
+/// at once, a child keeps its copy of the rest, as before.
+static HELD_FDS: [std::sync::atomic::AtomicI32; FORK_SLOTS] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; FORK_SLOTS];
+const FORK_SLOTS: usize = 256;
+
+impl LockFile {
+    fn new(file: File) -> LockFile {
+        use std::os::fd::AsRawFd;
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: `in_child` is an `extern "C"` function that lives for the whole
+        // process and does only what a freshly forked child may (see it).
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(in_child));
+        });
+        let fd = file.as_raw_fd();
+        let _ = HELD_FDS.iter().find(|slot| {
+            slot.compare_exchange(-1, fd, AtomicOrdering::AcqRel, AtomicOrdering::Relaxed)
+                .is_ok()
+        });
+        LockFile(file)
+    }
+}
+
+impl std::ops::Deref for LockFile {
+    type Target = File;
+
+    fn deref(&self) -> &File {
+        &self.0
+    }
+}
+
+impl Drop for LockFile {
+    /// Forgets the descriptor before it closes: its number may name another file next.
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        let fd = self.0.as_raw_fd();
+        let _ = HELD_FDS.iter().find(|slot| {
+            slot.compare_exchange(fd, -1, AtomicOrdering::AcqRel, AtomicOrdering::Relaxed)
+                .is_ok()
+        });
+    }
+}
+
+/// A second open file description of `file`'s object (opened again through
+/// `/proc/self/fd`), for its liveness locks alone; where there is no `/proc`, a
+/// descriptor of `file`'s own description (a forked child then keeps its parent
+/// alive, as it holds the mapping).
+fn lock_description(file: &File, id: ObjectId) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let again = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    match again {
+        Ok(again) if ObjectId::of(&rustix::fs::fstat(&again)?) == id => Ok(again),
+        _ => file.try_clone(),
+    }
+}
+
+/// The fork handler of a child: points its copy of every [`LockFile`]'s descriptor
+/// at `/dev/null` (`dup2` replaces it in one step, so the number stays open for the
+/// `File` that owns it). Only async-signal-safe calls: `open`, `dup2`, `close`.
+extern "C" fn in_child() {
+    // SAFETY: a NUL-terminated path; the descriptors are this process's own.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null < 0 {
+            return;
+        }
+        for slot in &HELD_FDS {
+            let fd = slot.load(AtomicOrdering::Acquire);
+            if fd >= 0 {
+                libc::dup2(null, fd);
+            }
+        }
+        libc::close(null);
+    }
+}
+
 impl Region {
     /// Creates the shared-memory object `object` of `len` zero words, owner-only, and
     /// maps it. Fails with `AlreadyExists` if the name is taken.
@@ -198,6 +292,7 @@ impl Region {
             map,
             len,
             Backing::Shared {
+                lock: LockFile::new(lock_description(&file, id)?),
                 _file: file,
                 object: object.to_owned(),
                 id,
@@ -209,7 +304,7 @@ impl Region {
     /// table's liveness locks are taken through it (`shared/liveness.rs`).
     pub(crate) fn shared_file(&self) -> Option<&File> {
         match &self.backing {
-            Backing::Shared { _file: file, .. } => Some(file),
+            Backing::Shared { lock, .. } => Some(lock),
             _ => None,
         }
     }

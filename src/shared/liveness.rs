@@ -16,8 +16,10 @@
 //! reported by `F_OFD_GETLK` (no lock conflicts with its own description): the table
 //! remembers which entries it locked (`ProcTable`).
 //!
-//! A child that `fork`s inherits the description, and with it the lock: a holder stays
-//! alive while a forked child of it lives.
+//! A child that a holder `fork`s would inherit the description, and with it the lock,
+//! keeping its parent alive for as long as it ran: the locks are taken through a
+//! description of their own, which a child's copy of lets go of as it starts
+//! (`region/shared.rs`, `LockFile`).
 //!
 //! Layer: algos.
 
