@@ -352,10 +352,15 @@ impl ReplayBufferBuilder {
                         .map_err(|e| BuildError::new(BuildErrorKind::Persist(e)))?;
                 let mut storage = opened.storage;
                 if !storage.join(opened.fresh) {
-                    return err(BuildErrorKind::Writer {
-                        reason: "every entry of the shared region's process table is held \
-                                 by a live process (64 at most)",
-                    });
+                    // Not damage: the region is full of live processes (an attach
+                    // reported it as a damaged configuration).
+                    return err(BuildErrorKind::Persist(PersistError::new(
+                        crate::backing::shm::shown(name),
+                        PersistKind::Busy(
+                            "every entry of the shared region's process table is held by a \
+                             live process (64 at most)",
+                        ),
+                    )));
                 }
                 if !opened.fresh && self.settings.seed.is_none() {
                     seed = opened.config.seed;

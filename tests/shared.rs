@@ -754,3 +754,20 @@ fn a_process_killed_while_a_child_it_forked_lives_is_seen_dead() {
     // SAFETY: the forker's child, still sleeping.
     unsafe { libc::kill(child, libc::SIGKILL) };
 }
+
+#[test]
+fn a_full_process_table_is_said_so_not_called_damage() {
+    // The 65th member's attach was refused as a damaged configuration.
+    let name = name("full-table");
+    let _cleanup = common::shm::Cleanup(path_of(&name));
+    let rb = common::shm::builder(&name).build().unwrap();
+    let members: Vec<ReplayBuffer> = (0..63)
+        .map(|_| ReplayBuffer::attach(&name).unwrap())
+        .collect();
+    let e = ReplayBuffer::attach(&name).unwrap_err();
+    assert!(!e.is_corrupt(), "{e}");
+    assert!(e.to_string().contains("process table is held"), "{e}");
+    drop(members);
+    ReplayBuffer::attach(&name).unwrap();
+    drop(rb);
+}
