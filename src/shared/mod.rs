@@ -20,7 +20,9 @@
 //! - freezes (checkpoints) name their process, so a freeze whose process died is
 //!   lifted by the writers waiting on it.
 //!
-//! A learner holds nothing a writer waits for: a dead learner blocks nobody.
+//! A learner holds nothing a writer waits for: a dead learner blocks nobody (a rate
+//! limit's inserts wait for samples, as they would for a learner that stopped, until
+//! their timeout).
 //!
 //! Each process keeps its own random streams' positions only in the region's shared
 //! counters, and its own without-replacement epochs.
