@@ -771,3 +771,33 @@ fn a_full_process_table_is_said_so_not_called_damage() {
     ReplayBuffer::attach(&name).unwrap();
     drop(rb);
 }
+
+#[test]
+fn an_attach_during_a_live_restore_is_told_to_wait_not_to_remove() {
+    // It read the restoring mark as a restore that died ("damaged ... remove it"),
+    // while this process was in the middle of one.
+    let name = name("restoring");
+    let _cleanup = common::shm::Cleanup(path_of(&name));
+    let mut rb = common::shm::builder(&name).build().unwrap();
+    rb.extend(&rb.batch([8])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    rb.save(dir.path()).unwrap();
+    rb.register_load_hook(|_| {
+        std::thread::sleep(Duration::from_millis(400));
+        Ok(())
+    });
+    std::thread::scope(|s| {
+        let attacher = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(150));
+            ReplayBuffer::attach(&name).unwrap_err()
+        });
+        rb.restore(dir.path()).unwrap();
+        let e = attacher.join().unwrap();
+        assert!(
+            !e.is_corrupt() && e.to_string().contains("restoring"),
+            "{e}"
+        );
+    });
+    assert_eq!(rb.len(), 8);
+    ReplayBuffer::attach(&name).unwrap();
+}
