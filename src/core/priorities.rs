@@ -103,19 +103,21 @@ impl Core {
                 value: values[at],
             });
         }
-        let reduced: Vec<f64> = values
+        let reduced = values
             .chunks(per_row)
             .take(batch.len())
-            .map(|row| state.reduction.reduce(row))
-            .collect();
-        // Finite values whose sum or mean is not (`f64::MAX` twice).
-        if let Some(row) = reduced.iter().position(|&p| !prioritized::valid(p)) {
-            return Err(DataError::InvalidPriority {
-                key: key.clone(),
-                row,
-                value: reduced[row],
-            });
-        }
+            .enumerate()
+            .map(|(row, values)| {
+                state
+                    .reduction
+                    .reduce_valid(values)
+                    .map_err(|value| DataError::InvalidPriority {
+                        key: key.clone(),
+                        row,
+                        value,
+                    })
+            })
+            .collect::<Result<Vec<f64>, _>>()?;
         Ok(Some(reduced))
     }
 
@@ -292,15 +294,11 @@ impl Core {
             }
             let p = state
                 .reduction
-                .reduce(&priority[row * per_row..(row + 1) * per_row]);
-            if !prioritized::valid(p) {
-                // Finite values whose sum or mean is not (`f64::MAX` twice).
-                return Err(PriorityError::Invalid {
+                .reduce_valid(&priority[row * per_row..(row + 1) * per_row])
+                .map_err(|value| PriorityError::Invalid {
                     position: row * per_row,
-                    value: p,
-                }
-                .into());
-            }
+                    value,
+                })?;
             match self.row_is(&positions, at, g) {
                 Row::Live { shard, leaf, lap } => live.push((shard, leaf, lap, p)),
                 Row::Replaced if replaced == Replaced::Skip => done.stale += 1,

@@ -60,6 +60,18 @@ impl Reduction {
         }
     }
 
+    /// [`reduce`](Self::reduce), refusing a result that is no priority (finite
+    /// values whose sum or mean is not: `f64::MAX` twice); `Err` holds it.
+    #[inline]
+    pub(crate) fn reduce_valid(self, values: &[f64]) -> Result<f64, f64> {
+        let p = self.reduce(values);
+        if valid(p) {
+            Ok(p)
+        } else {
+            Err(p)
+        }
+    }
+
     fn reduce_many(self, values: &[f64]) -> f64 {
         match self {
             Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
