@@ -144,18 +144,7 @@ impl DirMeta {
 
     /// Reads `dir/meta.json`; [`PersistKind::Missing`] if there is none.
     pub(crate) fn read(dir: &Path) -> Result<DirMeta, PersistError> {
-        let path = dir.join(META);
-        match read_file(&path, MAX_META_BYTES) {
-            Ok(bytes) if bytes.len() as u64 > MAX_META_BYTES => Err(PersistError::new(
-                &path,
-                PersistKind::Corrupt(format!("meta.json is larger than {MAX_META_BYTES} bytes")),
-            )),
-            Ok(bytes) => DirMeta::parse(&path, &bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(PersistError::new(dir, PersistKind::Missing))
-            }
-            Err(e) => Err(PersistError::io(&path, e)),
-        }
+        DirMeta::parse(&dir.join(META), &read_meta(dir)?)
     }
 
     /// Writes `dir/meta.json` crash-safely (see [`write_atomic`]).
@@ -249,6 +238,23 @@ pub(crate) fn open_file(path: &Path) -> io::Result<File> {
         ));
     }
     Ok(file)
+}
+
+/// The bytes of `dir/meta.json` (a regular file of at most [`MAX_META_BYTES`]);
+/// [`PersistKind::Missing`] if there is none.
+pub(crate) fn read_meta(dir: &Path) -> Result<Vec<u8>, PersistError> {
+    let path = dir.join(META);
+    match read_file(&path, MAX_META_BYTES) {
+        Ok(bytes) if bytes.len() as u64 > MAX_META_BYTES => Err(PersistError::new(
+            &path,
+            PersistKind::Corrupt(format!("meta.json is larger than {MAX_META_BYTES} bytes")),
+        )),
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(PersistError::new(dir, PersistKind::Missing))
+        }
+        Err(e) => Err(PersistError::io(&path, e)),
+    }
 }
 
 /// Reads the regular file `path` ([`open_file`]) up to `max` bytes and one more: a

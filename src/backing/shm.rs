@@ -93,26 +93,10 @@ pub(crate) fn open(
 }
 
 /// Whether a live process holds an entry of `region`'s process table, at `procs`
-/// (its words' offset and entries, as the header says); the region comes back.
-fn anyone_lives(region: Region, (at, n): (u64, u64)) -> (Region, bool) {
-    use crate::shared::procs::{ProcTable, PROCS};
-    let region = Arc::new(region);
-    let (at, n) = (at as usize, n as usize);
-    let fits = n == PROCS
-        && n.checked_mul(layout::PROC_WORDS)
-            .and_then(|w| w.checked_add(at))
-            .is_some_and(|end| end <= region.words().len());
-    let lives = fits && {
-        let table = ProcTable::new(crate::region::Block::new(
-            &region,
-            at,
-            n * layout::PROC_WORDS,
-        ));
-        !table.live().is_empty()
-    };
-    let region = Arc::try_unwrap(region)
-        .expect("replaybuf internal error: the process table outlived its look");
-    (region, lives)
+/// (as the header says).
+fn anyone_lives(region: Region, procs: (u64, u64)) -> bool {
+    crate::shared::procs::ProcTable::in_region(&Arc::new(region), procs)
+        .is_some_and(|table| !table.live().is_empty())
 }
 
 /// The configuration the shared region `name` records.
@@ -173,9 +157,7 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), Pe
     if info.restoring {
         // A live process in the table is the restorer (a restore into a shared region
         // has it alone): not damage, and not to be removed.
-        let (region, restorer_lives) = anyone_lives(region, info.procs);
-        drop(region);
-        let kind = match restorer_lives {
+        let kind = match anyone_lives(region, info.procs) {
             true => PersistKind::Busy(
                 "another process is restoring a checkpoint into it: attach once it is done",
             ),

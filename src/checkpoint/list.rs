@@ -203,19 +203,7 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         let dir = dir.as_ref();
         let _reading = dir::lock_shared(dir)?;
         let meta_path = dir.join(dir::META);
-        let bytes = match dir::read_file(&meta_path, dir::MAX_META_BYTES) {
-            Ok(b) if b.len() as u64 > dir::MAX_META_BYTES => {
-                return Err(PersistError::new(
-                    &meta_path,
-                    PersistKind::Corrupt("meta.json is too large".to_owned()),
-                ))
-            }
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(PersistError::new(dir, PersistKind::Missing))
-            }
-            Err(e) => return Err(PersistError::io(&meta_path, e)),
-        };
+        let bytes = dir::read_meta(dir)?;
         let corrupt = |path: &Path, why: String| PersistError::new(path, PersistKind::Corrupt(why));
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| corrupt(&meta_path, format!("not JSON: {e}")))?;

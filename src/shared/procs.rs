@@ -44,7 +44,7 @@
 
 use std::sync::Arc;
 
-use crate::region::Block;
+use crate::region::{Block, Region};
 use crate::storage::layout::PROC_WORDS;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -117,6 +117,19 @@ impl ProcTable {
             block,
             held: Arc::default(),
         }
+    }
+
+    /// The table of `region` at `procs` (its words' offset and entries, as the
+    /// region's header says), if the header's numbers fit: the table's walks cover
+    /// `PROCS` entries, and one of another size was read past (a panic, or words
+    /// beyond the region).
+    pub(crate) fn in_region(region: &Arc<Region>, (at, n): (u64, u64)) -> Option<ProcTable> {
+        let (at, n) = (usize::try_from(at).ok()?, usize::try_from(n).ok()?);
+        let fits = n
+            .checked_mul(PROC_WORDS)
+            .and_then(|w| w.checked_add(at))
+            .is_some_and(|end| end <= region.words().len());
+        (n == PROCS && fits).then(|| ProcTable::new(Block::new(region, at, n * PROC_WORDS)))
     }
 
     fn word(&self, entry: usize, w: usize) -> &AtomicU64 {

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use super::procs::{ProcTable, PROCS};
+use super::procs::ProcTable;
 use crate::backing::shm::shown;
 use crate::error::persist::{PersistError, PersistKind};
 use crate::region::shared::{self, object_name, OpenError};
-use crate::region::{Block, Region};
-use crate::storage::layout::{self, PROC_WORDS};
+use crate::region::Region;
+use crate::storage::layout;
 
 /// One shared region on this machine, as [`list`] finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,22 +101,13 @@ fn info(name: &str) -> RegionInfo {
         Some(layout::header(region.words(), layout::Header::CreatorPid)).filter(|&p| p != 0);
     match layout::read_header(region.words()) {
         Err(p) => found.problem = Some(p.to_string()),
-        Ok(h) => {
-            let (at, n) = (h.procs.0 as usize, h.procs.1 as usize);
-            let fits = n
-                .checked_mul(PROC_WORDS)
-                .and_then(|w| w.checked_add(at))
-                .is_some_and(|end| end <= region.words().len());
-            // The table's walks cover `PROCS` entries: one of another size was read
-            // past (a panic, or words beyond the region).
-            if n != PROCS || !fits {
-                found.problem = Some("no process table (not a shared buffer)".to_owned());
-                return found;
+        Ok(h) => match ProcTable::in_region(&region, h.procs) {
+            None => found.problem = Some("no process table (not a shared buffer)".to_owned()),
+            Some(table) => {
+                found.live = table.live();
+                found.dead = table.dead();
             }
-            let table = ProcTable::new(Block::new(&region, at, n * PROC_WORDS));
-            found.live = table.live();
-            found.dead = table.dead();
-        }
+        },
     }
     found
 }

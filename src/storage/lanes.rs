@@ -182,7 +182,7 @@ impl Lanes {
             }
         }
         words[b + COUNT].store(count, Ordering::Release);
-        words[b + LAST_FLAGS].store(FLAG_DONE, Ordering::Relaxed);
+        self.end_trajectory(words, k, lane);
         words[b + TAIL].store(cursor, Ordering::Release);
     }
 
