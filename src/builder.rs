@@ -362,6 +362,14 @@ impl ReplayBufferBuilder {
                         ),
                     )));
                 }
+                // Marked for a restore after the attach looked (`Storage::begin_restore`):
+                // the restorer, which did not see this process join, copies on.
+                if !opened.fresh && storage.restoring() {
+                    return err(BuildErrorKind::Persist(PersistError::new(
+                        crate::backing::shm::shown(name),
+                        PersistKind::Busy(crate::backing::shm::RESTORING),
+                    )));
+                }
                 if !opened.fresh && self.settings.seed.is_none() {
                     seed = opened.config.seed;
                     config.seed = seed;

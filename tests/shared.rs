@@ -773,6 +773,27 @@ fn a_full_process_table_is_said_so_not_called_damage() {
 }
 
 #[test]
+fn a_restore_is_refused_while_another_buffer_of_this_process_is_attached() {
+    // Only other processes were looked for: a second attachment in this process had
+    // the checkpoint's rows copied in under its learners and writers.
+    let name = name("restore-twin");
+    let _cleanup = common::shm::Cleanup(path_of(&name));
+    let mut rb = common::shm::builder(&name).build().unwrap();
+    rb.extend(&rb.batch([8])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    rb.save(dir.path()).unwrap();
+    rb.extend(&rb.batch([4])).unwrap();
+    let twin = ReplayBuffer::attach(&name).unwrap();
+    let e = rb.restore(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("attached"), "{e}");
+    assert_eq!((rb.len(), twin.len()), (12, 12), "nothing loaded");
+    twin.writer().extend(&twin.batch([1])).unwrap();
+    drop(twin);
+    rb.restore(dir.path()).unwrap();
+    assert_eq!(rb.len(), 8);
+}
+
+#[test]
 fn an_attach_during_a_live_restore_is_told_to_wait_not_to_remove() {
     // It read the restoring mark as a restore that died ("damaged ... remove it"),
     // while this process was in the middle of one.

@@ -92,6 +92,10 @@ pub(crate) fn open(
     }
 }
 
+/// Why an attach is refused while a live process restores a checkpoint into the region.
+pub(crate) const RESTORING: &str =
+    "another process is restoring a checkpoint into it: attach once it is done";
+
 /// Whether a live process holds an entry of `region`'s process table, at `procs`
 /// (as the header says).
 fn anyone_lives(region: Region, procs: (u64, u64)) -> bool {
@@ -158,9 +162,7 @@ fn attach_region(name: &str, object: &str) -> Result<(Region, Config, usize), Pe
         // A live process in the table is the restorer (a restore into a shared region
         // has it alone): not damage, and not to be removed.
         let kind = match anyone_lives(region, info.procs) {
-            true => PersistKind::Busy(
-                "another process is restoring a checkpoint into it: attach once it is done",
-            ),
+            true => PersistKind::Busy(RESTORING),
             false => PersistKind::Corrupt(crate::backing::file::INTERRUPTED_RESTORE.to_owned()),
         };
         return Err(PersistError::new(shown(name), kind));

@@ -87,14 +87,10 @@ impl ReplayBuffer {
                 ),
             ));
         }
-        if old.core.storage.is_shared() && !old.core.storage.other_processes().is_empty() {
-            return Err(PersistError::new(
-                dir,
-                PersistKind::Busy(
-                    "other processes are attached to this shared buffer; a load would \
-                     replace their rows under them",
-                ),
-            ));
+        // Looked for again as the region is marked (`read_into`): one that attaches
+        // while the files are checked is refused then.
+        if !old.core.storage.other_members().is_empty() {
+            return Err(PersistError::new(dir, PersistKind::Busy(ATTACHED)));
         }
         // This buffer's own configuration, with the checkpoint's seed: the layouts agree.
         let refused = |why: String| {
@@ -416,8 +412,8 @@ fn read_into(
     // the checkpoint goes into it, rows and stamps in any order, so that a process
     // killed meanwhile leaves a region refused when opened again, not one of torn
     // rows under published stamps. The mark goes once everything is in.
-    if verify_first {
-        storage.set_restoring(true);
+    if verify_first && storage.begin_restore().is_err() {
+        return Err(PersistError::new(dir, PersistKind::Busy(ATTACHED)));
     }
     let mut omit = Vec::new();
     let mut kept = Vec::new();
@@ -504,6 +500,10 @@ fn read_into(
     }
     Ok(())
 }
+
+/// Why a shared buffer's restore is refused while another member is attached.
+const ATTACHED: &str = "other processes (or other buffers of this one) are attached to this \
+                        shared buffer; a load would replace their rows under them";
 
 /// A shard's words that name the process holding it, not the rows.
 const HOLDER_WORDS: [ShardWord; 2] = [ShardWord::Lease, ShardWord::Editor];

@@ -226,9 +226,15 @@ impl ProcTable {
     /// The live processes in the table, by pid (as each registered it: a pid of its
     /// own PID namespace).
     pub(crate) fn live(&self) -> Vec<u32> {
+        self.live_except(None)
+    }
+
+    /// [`ProcTable::live`] but for the entry of `me`: the other members, among them
+    /// another attachment of `me`'s own process.
+    pub(crate) fn live_except(&self, me: Option<Holder>) -> Vec<u32> {
         (0..PROCS)
             .map(|e| self.word(e, OWNER).load(Ordering::Acquire))
-            .filter(|&o| o != 0 && self.alive(o))
+            .filter(|&o| o != 0 && Some(Holder(o)) != me && self.alive(o))
             .map(|o| Holder(o).pid())
             .collect()
     }

@@ -299,4 +299,35 @@ mod tests {
         drop(state);
         assert_eq!(rb.writer().shard(), other, "free for the next writer");
     }
+
+    /// The two sides of a restore's race with an attach (`Storage::begin_restore`):
+    /// a restore is refused while another member lives, its own process's other
+    /// attachments included, and leaves the mark as it found it; once marked, a
+    /// member that joins sees the mark.
+    #[test]
+    fn a_restore_marks_the_region_only_with_no_other_member_and_a_joiner_sees_it() {
+        let name = format!("test-member-restore-{}", std::process::id());
+        let spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        let rb = ReplayBuffer::builder(spec)
+            .capacity(64)
+            .shared(&name)
+            .build()
+            .unwrap();
+        let state = rb.state();
+        let storage = &state.core.storage;
+        assert!(storage.other_members().is_empty());
+        let other = ReplayBuffer::attach(&name).unwrap();
+        assert_eq!(storage.other_members(), vec![std::process::id()]);
+        assert_eq!(storage.begin_restore(), Err(vec![std::process::id()]));
+        assert!(!storage.restoring(), "the mark is left as it was");
+        drop(other);
+        storage.begin_restore().unwrap();
+        let joiner = ReplayBuffer::attach(&name).unwrap_err();
+        assert!(joiner.to_string().contains("restoring"), "{joiner}");
+        // One that got past the attach's look joins and then sees the mark.
+        assert!(storage.restoring());
+        storage.set_restoring(false);
+        drop(state);
+        drop(ReplayBuffer::attach(&name).unwrap());
+    }
 }

@@ -678,12 +678,17 @@ impl Storage {
         }
     }
 
-    /// Pids of the other live processes of a shared region (none elsewhere).
-    pub(crate) fn other_processes(&self) -> Vec<u32> {
-        let me = std::process::id();
+    /// Pids of the live members of a shared region other than this storage's own
+    /// membership (none elsewhere): other processes, and other attachments of this
+    /// one, whose handles a restore would replace the rows under just the same.
+    pub(crate) fn other_members(&self) -> Vec<u32> {
+        #[cfg(not(replaybuf_loom))]
+        let me = self.member.as_ref().map(|m| m.holder());
+        #[cfg(replaybuf_loom)]
+        let me = None;
         self.procs
             .as_ref()
-            .map(|t| t.live().into_iter().filter(|&p| p != me).collect())
+            .map(|t| t.live_except(me))
             .unwrap_or_default()
     }
 
@@ -745,6 +750,35 @@ impl Storage {
     pub(crate) fn set_restoring(&self, restoring: bool) {
         self.words()[layout::Header::Restoring as usize]
             .store(u64::from(restoring), crate::sync::Ordering::SeqCst);
+    }
+
+    /// Marks the region as having a checkpoint copied into it ([`Storage::set_restoring`])
+    /// if no other member of a shared region lives; else leaves the mark as it was and
+    /// returns the others' pids.
+    ///
+    /// A process attaching meanwhile joins the table and then looks for the mark
+    /// ([`Storage::restoring`]), each side with a `SeqCst` fence between its store and
+    /// its load, so that one of the two sees the other: the attacher backs out, or
+    /// the restore is refused. Looking at the table only, then marking the region,
+    /// let a process that joined in between write rows while the checkpoint's went in.
+    pub(crate) fn begin_restore(&self) -> Result<(), Vec<u32>> {
+        let mark = &self.words()[layout::Header::Restoring as usize];
+        let before = mark.swap(1, Ordering::SeqCst);
+        crate::sync::fence(Ordering::SeqCst);
+        let others = self.other_members();
+        if others.is_empty() {
+            return Ok(());
+        }
+        mark.store(before, Ordering::SeqCst);
+        Err(others)
+    }
+
+    /// Whether the region is marked as having a checkpoint copied into it: read by a
+    /// process that just joined a shared region's table (see [`Storage::begin_restore`]).
+    #[cfg(not(replaybuf_loom))]
+    pub(crate) fn restoring(&self) -> bool {
+        crate::sync::fence(Ordering::SeqCst);
+        self.words()[layout::Header::Restoring as usize].load(Ordering::SeqCst) != 0
     }
 
     /// How a slice buffer tells where its trajectories end, if this is one.
