@@ -201,7 +201,7 @@ pub(crate) const LOCK: &str = ".lock";
 pub(crate) fn lock(dir: &Path) -> Result<DirLock, PersistError> {
     let path = dir.join(LOCK);
     let held = DirLock::enter(dir)?;
-    let file = open_lock_file(&path).at(&path)?;
+    let file = lock_held(open_lock_file(&path).at(&path)?);
     file.lock().at(&path)?;
     Ok(held.with(file))
 }
@@ -281,9 +281,9 @@ pub(crate) fn lock_shared(dir: &Path) -> Result<DirLock, PersistError> {
     let path = dir.join(LOCK);
     let held = DirLock::enter(dir)?;
     let file = match File::open(&path) {
-        Ok(file) => file,
+        Ok(file) => lock_held(file),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => match open_lock_file(&path) {
-            Ok(file) => file,
+            Ok(file) => lock_held(file),
             // Not a directory at all: the read that follows names the problem.
             Err(_) => return Ok(held),
         },
@@ -302,7 +302,25 @@ thread_local! {
 #[derive(Debug)]
 pub(crate) struct DirLock {
     dir: PathBuf,
-    _file: Option<File>,
+    _file: Option<LockHeld>,
+}
+
+/// A lock file's descriptor, which a child forked while the lock is held points at
+/// `/dev/null` (`region/shared.rs`, `LockFile`): the lock belongs to the file's
+/// description, and a child forked during a save (a worker started by another thread)
+/// held it on through its copy, never dropped, so that the next save waited for the
+/// child to exit.
+#[cfg(not(replaybuf_loom))]
+type LockHeld = crate::region::shared::LockFile;
+#[cfg(replaybuf_loom)]
+type LockHeld = File;
+
+/// `file` as a [`LockHeld`], before it is locked.
+fn lock_held(file: File) -> LockHeld {
+    #[cfg(not(replaybuf_loom))]
+    return LockHeld::new(file);
+    #[cfg(replaybuf_loom)]
+    file
 }
 
 impl DirLock {
@@ -328,7 +346,7 @@ impl DirLock {
         Ok(DirLock { dir, _file: None })
     }
 
-    fn with(mut self, file: File) -> DirLock {
+    fn with(mut self, file: LockHeld) -> DirLock {
         self._file = Some(file);
         self
     }

@@ -220,7 +220,7 @@ fn create(
 /// to read a copy of it.
 fn lock(region: &Region, path: &Path, access: Access) -> Result<(), PersistError> {
     let file = region
-        .file()
+        .lock_file()
         .expect("replaybuf internal error: a file region without its file");
     let locked = match access {
         Access::Write => file.try_lock(),

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
 
+use super::shared::{own_description, LockFile};
 use super::{Backing, Region};
 
 /// How an existing file is mapped.
@@ -78,13 +79,18 @@ impl Region {
                 memmap2::MmapRaw::from(map)
             }
         };
-        Ok(Region::mapped(map, len, Backing::File(file)))
+        // Its locks (`backing/file.rs`) on a description of their own, which a forked
+        // child lets go of: the mapping holds `file`'s, and a child inherits the
+        // mapping, so that a child (a worker forked by a trainer) kept the directory
+        // "in use" after its parent died.
+        let lock = LockFile::new(own_description(&file, false)?);
+        Ok(Region::mapped(map, len, Backing::File { file, lock }))
     }
 
     /// Writes the region's dirty pages to its file (nothing for other backings).
     pub(crate) fn flush(&self) -> io::Result<()> {
         match &self.backing {
-            Backing::File(file) => {
+            Backing::File { file, .. } => {
                 self.map.flush()?;
                 file.sync_all()
             }
@@ -95,7 +101,16 @@ impl Region {
     /// The file behind the region, if it has one.
     pub(crate) fn file(&self) -> Option<&File> {
         match &self.backing {
-            Backing::File(file) => Some(file),
+            Backing::File { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
+    /// The description of the file behind the region that holds its locks, if it has
+    /// one: not the mapping's, which a forked child inherits.
+    pub(crate) fn lock_file(&self) -> Option<&File> {
+        match &self.backing {
+            Backing::File { lock, .. } => Some(lock),
             _ => None,
         }
     }

@@ -31,7 +31,11 @@ pub(crate) enum Backing {
     Heap,
     /// A mapped file, kept open.
     #[cfg(not(replaybuf_loom))]
-    File(std::fs::File),
+    File {
+        file: std::fs::File,
+        /// Its locks' own description of it.
+        lock: shared::LockFile,
+    },
     /// A named shared-memory object.
     #[cfg(not(replaybuf_loom))]
     Shared {

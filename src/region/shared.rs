@@ -141,7 +141,10 @@ static HELD_FDS: [std::sync::atomic::AtomicI32; FORK_SLOTS] =
 const FORK_SLOTS: usize = 256;
 
 impl LockFile {
-    fn new(file: File) -> LockFile {
+    /// `file`, whose descriptor a child forked from now on has pointed at `/dev/null`.
+    /// The file's own description holds its locks, so it must be one nothing else
+    /// holds (no mapping: [`own_description`]).
+    pub(crate) fn new(file: File) -> LockFile {
         use std::os::fd::AsRawFd;
         static AT_FORK: std::sync::Once = std::sync::Once::new();
         // SAFETY: `in_child` is an `extern "C"` function that lives for the whole
@@ -179,14 +182,15 @@ impl Drop for LockFile {
 }
 
 /// A second open file description of `file`'s object (opened again through
-/// `/proc/self/fd`), for its liveness locks alone; where there is no `/proc`, a
-/// descriptor of `file`'s own description (a forked child then keeps its parent
-/// alive, as it holds the mapping).
-fn lock_description(file: &File, id: ObjectId) -> io::Result<File> {
+/// `/proc/self/fd`, writable if `write`), for locks alone; where there is no `/proc`,
+/// a descriptor of `file`'s own description (a forked child then keeps the locks, as
+/// it holds the mapping of that description).
+pub(crate) fn own_description(file: &File, write: bool) -> io::Result<File> {
     use std::os::fd::AsRawFd;
+    let id = ObjectId::of(&rustix::fs::fstat(file)?);
     let again = std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(write)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
     match again {
         Ok(again) if ObjectId::of(&rustix::fs::fstat(&again)?) == id => Ok(again),
@@ -292,7 +296,7 @@ impl Region {
             map,
             len,
             Backing::Shared {
-                lock: LockFile::new(lock_description(&file, id)?),
+                lock: LockFile::new(own_description(&file, true)?),
                 _file: file,
                 object: object.to_owned(),
                 id,
