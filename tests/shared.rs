@@ -773,6 +773,28 @@ fn a_full_process_table_is_said_so_not_called_damage() {
 }
 
 #[test]
+fn a_collector_that_comes_after_another_left_takes_an_empty_shard() {
+    // Leases were taken in turn from a start of the process's pid: each attachment of
+    // this process started at the shard the one before it filled, and pushed its rows
+    // out while three shards stood empty.
+    let name = name("emptiest");
+    let rb = builder(&name, 4).build().unwrap();
+    let per_shard = rb.capacity() / 4;
+    let rows = per_shard * 3 / 4;
+    for w in 1..=3u64 {
+        let collector = ReplayBuffer::attach(&name).unwrap();
+        collector.extend(&chunk(&collector, w, 0, rows)).unwrap();
+    }
+    assert_eq!(rb.len(), 3 * rows, "every collector's rows are kept");
+    let mut kept: Vec<u64> = whole(&rb.read_all_in_order(None))
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect();
+    kept.dedup();
+    assert_eq!(kept.len(), 3, "one shard each: {kept:?}");
+}
+
+#[test]
 fn a_restore_is_refused_while_another_buffer_of_this_process_is_attached() {
     // Only other processes were looked for: a second attachment in this process had
     // the checkpoint's rows copied in under its learners and writers.
