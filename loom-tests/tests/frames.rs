@@ -65,3 +65,52 @@ fn a_rebuild_racing_the_collector_that_laps_its_frames_is_whole() {
         collector.join().unwrap();
     });
 }
+
+/// One row that ends its episode: `obs` `[i, i]`, `next_obs` `[i + 100, i + 100]`.
+fn episode_end(rb: &ReplayBuffer, i: u64) -> Batch {
+    let mut batch = rb.batch([1]);
+    batch.set("obs", &[i, i]).expect("obs");
+    batch.set("next_obs", &[i + 100, i + 100]).expect("next_obs");
+    batch.set("done", &[1u8]).expect("done");
+    batch
+}
+
+#[test]
+fn two_appenders_ending_episodes_into_one_side_slot_write_it_in_turn() {
+    // Both came to the one side slot at once and wrote their next values into it
+    // together: a row's `next_obs` half its own, half the other's, under its tag.
+    run_model("frames side slot vs two appenders", || {
+        let rb = ReplayBuffer::builder(spec())
+            .capacity(4)
+            .seed(1)
+            .frames(
+                Frames::new()
+                    .next_of("obs", "next_obs")
+                    .ends("done", None)
+                    .terminal_slots(1),
+            )
+            .build()
+            .expect("a valid buffer");
+        let appenders: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|i| {
+                let rb = rb.clone();
+                loom::thread::spawn(move || {
+                    rb.extend(&episode_end(&rb, i)).unwrap();
+                })
+            })
+            .collect();
+        if let Ok(batch) = rb.sample(1) {
+            let obs = batch.column::<u64>("obs").unwrap();
+            let next = batch.column::<u64>("next_obs").unwrap();
+            assert_eq!(
+                next,
+                [obs[0] + 100, obs[0] + 100],
+                "row {obs:?} has another row's next value"
+            );
+        }
+        for a in appenders {
+            a.join().unwrap();
+        }
+    });
+}

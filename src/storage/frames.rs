@@ -28,13 +28,15 @@
 //!
 //! A shard's side slots form a ring of their own: the `c`-th episode end of the shard
 //! takes slot `c % slots` (`c` from the shard's side counter). Its tag is the row's
-//! slot sequence (`seq * width + lane`) plus one, written like a stamp: zero while the
-//! slot is rewritten, the tag once it is whole. The appender holds the row's slot
-//! while it writes the side slot, so a reader that sees the row published sees its
-//! side slot whole, until a later episode end takes the slot over. Then the row, and
-//! every older row of the shard, leaves the buffer: the appender raises the shard's
-//! floor past it, so that a buffer keeps its last `capacity` steps or its last `slots`
-//! episode ends, whichever is fewer, and never a row without its next value.
+//! slot sequence (`seq * width + lane`) plus one, written like a stamp: taken while the
+//! slot is rewritten, the tag once it is whole. An appender takes the slot only from
+//! the tag of a whole one, so that two appenders that come to one slot write it in turn
+//! (`take_side`). The appender holds the row's slot while it writes the side slot, so a
+//! reader that sees the row published sees its side slot whole, until a later episode
+//! end takes the slot over. Then the row, and every older row of the shard, leaves the
+//! buffer: the appender raises the shard's floor past it, so that a buffer keeps its
+//! last `capacity` steps or its last `slots` episode ends, whichever is fewer, and
+//! never a row without its next value.
 //!
 //! Layer: algos (storage).
 
@@ -58,6 +60,47 @@ const TERMINAL: u64 = 1 << 8;
 const SIDE_SHIFT: u32 = 32;
 /// The deepest stack: its steps since the episode began fit the word's 8 bits.
 pub(crate) const MAX_DEPTH: usize = 255;
+/// A side slot's tag while an appender writes it (no row's tag: tags are slot
+/// sequences plus one, below 2^63).
+pub(super) const SIDE_TAKEN: u64 = 1 << 63;
+/// The side slot of a step whose appender got none ([`take_side`] gave up): its row
+/// misses, as one whose side slot was taken over does.
+const NO_SIDE: u64 = u32::MAX as u64;
+/// How long an appender waits for another to finish writing the side slot both came
+/// to (microseconds, unless it died inside: then the recovery frees it).
+#[cfg(not(replaybuf_loom))]
+const SIDE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Takes side slot `tag` for an appender's write: marks it [`SIDE_TAKEN`] once no
+/// other appender holds it, and returns what it held; `None` if another held it past
+/// [`SIDE_PATIENCE`].
+///
+/// Two appenders of a shard come to one slot when `slots` episode ends fall between
+/// their counts, and writing it at once they interleaved their bytes under the tag of
+/// whichever stored its tag last, a next value of two rows that the reader took whole
+/// (two collectors ending episodes into one slot: 26,608 of 32,768 bytes of a row's
+/// `next_obs` the other's). Taken with `Acquire`, the slot's new bytes also come
+/// after the last holder's.
+fn take_side(tag: &crate::sync::AtomicU64) -> Option<u64> {
+    #[cfg(not(replaybuf_loom))]
+    let started = std::time::Instant::now();
+    let mut backoff = crate::sync::Backoff::new();
+    loop {
+        let cur = tag.load(Ordering::Relaxed);
+        if cur & SIDE_TAKEN == 0
+            && tag
+                .compare_exchange(cur, SIDE_TAKEN, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(cur);
+        }
+        #[cfg(not(replaybuf_loom))]
+        if started.elapsed() > SIDE_PATIENCE {
+            return None;
+        }
+        backoff.snooze();
+    }
+}
 
 /// What a slot's frames word says about its row's step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,6 +176,14 @@ impl Side {
     /// The word of shard `k`'s side slot `pos`: its tag, with the data after it.
     fn slot_at(&self, k: usize, pos: u64) -> usize {
         self.base[k] + 1 + pos as usize * self.slot_words
+    }
+}
+
+impl FrameLayout {
+    /// The word of shard `k`'s side slot `pos`'s tag.
+    #[cfg(test)]
+    pub(super) fn side_tag_at(&self, k: usize, pos: u64) -> usize {
+        self.side.slot_at(k, pos)
     }
 }
 
@@ -503,11 +554,13 @@ impl Storage {
         let pos = count % side.slots;
         let at = side.slot_at(k, pos);
         let tag = &words[at];
-        let old = tag.swap(0, Ordering::Relaxed);
+        let Some(old) = take_side(tag) else {
+            return NO_SIDE;
+        };
         if let Some(old_seq) = old.checked_sub(1).map(|t| t / width) {
             shard.evict_below(old_seq + 1);
         }
-        // SYNC POINT: the zero tag is visible before any byte of the new data (pairs
+        // SYNC POINT: the taken tag is visible before any byte of the new data (pairs
         // with the reader's fence in `read_side`).
         fence(Ordering::Release);
         for n in &frames.nexts {
@@ -517,6 +570,22 @@ impl Storage {
         // SYNC POINT: publishes the data (pairs with the reader's Acquire load).
         tag.store(seq * width + lane + 1, Ordering::Release);
         pos
+    }
+
+    /// Frees the side slots of shard `k` that an appender took and never gave back
+    /// ([`SIDE_TAKEN`]: it died inside `write_side`), for a recovery of the shard,
+    /// whose appenders are all gone. Left taken, each made every later episode end
+    /// that came to it wait out [`SIDE_PATIENCE`].
+    pub(super) fn free_dead_sides(&self, k: usize) {
+        let Some(frames) = self.frames() else {
+            return;
+        };
+        for pos in 0..frames.side.slots {
+            let tag = &self.words()[frames.side.slot_at(k, pos)];
+            if tag.load(Ordering::Acquire) & SIDE_TAKEN != 0 {
+                tag.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// Copies the side slot `pos` of shard `k` for row `seq`, `lane` into the next
@@ -533,6 +602,10 @@ impl Storage {
         let frames = self.frames_layout();
         let side = &frames.side;
         let width = self.shards[k].ring().width;
+        if pos >= side.slots {
+            // `NO_SIDE`: its appender never got one.
+            return Err(Miss::Gone);
+        }
         let at = side.slot_at(k, pos);
         let tag = &self.words()[at];
         let want = seq * width + lane + 1;

@@ -52,6 +52,7 @@ impl Storage {
             tree.forget_appenders();
         }
         self.end_dead_stream(k);
+        self.free_dead_sides(k);
         let window = shard.window();
         shard.abandoned().fetch_max(window.hi, Ordering::AcqRel);
         let ring = *shard.ring();
@@ -201,6 +202,7 @@ impl Storage {
             }
             shard.sanitize();
             found.torn += self.end_dead_stream(k);
+            self.free_dead_sides(k);
             let ring = shard.ring();
             for slot in ring.first_slot..ring.first_slot + ring.steps * ring.width {
                 if Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire)).is_writing() {
@@ -365,6 +367,7 @@ impl Storage {
 mod tests {
     use crate::error::{AccessError, SampleError};
     use crate::storage::stamp::Stamp;
+    use crate::sync::Ordering;
     use crate::{DType, ReplayBuffer, Spec};
 
     /// Rows of 120-byte slots: 77 MB, a ring appends stream into.
@@ -675,5 +678,53 @@ mod tests {
             ids.column::<u64>("id").unwrap(),
             [ROWS + 1000, ROWS + 1999, ROWS + 2000, ROWS + 3999]
         );
+    }
+
+    /// A side slot whose appender died inside its write stays taken: the next episode
+    /// end that comes to it gives up on it after a wait (its row misses), and the
+    /// recovery frees it for the one after.
+    #[test]
+    fn a_side_slot_a_dead_appender_held_is_freed_by_recovery() {
+        let spec = Spec::builder()
+            .field("obs", DType::U64, [2])
+            .field("next_obs", DType::U64, [2])
+            .field("done", DType::U8, [])
+            .build()
+            .unwrap();
+        let rb = ReplayBuffer::builder(spec)
+            .capacity(8)
+            .frames(
+                crate::Frames::new()
+                    .next_of("obs", "next_obs")
+                    .ends("done", None)
+                    .terminal_slots(1),
+            )
+            .build()
+            .unwrap();
+        let end = |i: u64| {
+            let mut b = rb.batch([1]);
+            b.set("obs", &[i, i]).unwrap();
+            b.set("next_obs", &[i + 100, i + 100]).unwrap();
+            b.set("done", &[1u8]).unwrap();
+            rb.extend(&b).unwrap();
+        };
+        let state = rb.state();
+        let storage = &state.core.storage;
+        let frames = storage.frames().unwrap();
+        let tag = &storage.words()[frames.side_tag_at(0, 0)];
+        tag.store(crate::storage::frames::SIDE_TAKEN, Ordering::Release);
+        let started = std::time::Instant::now();
+        end(1);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(150));
+        assert_eq!(
+            rb.sample(1).unwrap_err(),
+            SampleError::Empty,
+            "its only row has no next value"
+        );
+        storage.recover();
+        assert_eq!(tag.load(Ordering::Acquire), 0);
+        end(2);
+        let row = rb.sample(1).unwrap();
+        assert_eq!(row.column::<u64>("next_obs").unwrap(), [102, 102]);
     }
 }
