@@ -118,6 +118,28 @@ fn samples_wait_for_the_min_size_and_time_out() {
     assert_eq!((s.inserts, s.samples, s.sample_waits), (10, 12, 0));
 }
 
+#[test]
+fn calls_of_no_rows_never_wait() {
+    // An empty extend into a full queue waited out the insert timeout (or for good
+    // without one), and `sample(0)` under a minimum size the sample timeout.
+    let limit = RateLimit::queue(1)
+        .unwrap()
+        .insert_timeout(None)
+        .sample_timeout(None);
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    rb.extend(&rows(&rb, 0, 1)).unwrap();
+    assert_eq!(rb.extend(&rb.batch([0])).unwrap().len(), 0);
+    let rb = builder(64)
+        .rate_limit(RateLimit::min_size(10).sample_timeout(None))
+        .build()
+        .unwrap();
+    assert_eq!(rb.sample(0).unwrap_err(), SampleError::Empty);
+    rb.extend(&rows(&rb, 0, 1)).unwrap();
+    assert_eq!(rb.sample(0).unwrap().len(), 0);
+    let s = rb.rate_limit_stats().unwrap();
+    assert_eq!((s.inserts, s.samples, s.sample_waits), (1, 0, 0));
+}
+
 /// A timeout no `Instant` can count waits as none does: adding `Duration::MAX` to
 /// the wait's start panicked.
 #[test]

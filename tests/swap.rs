@@ -175,6 +175,34 @@ fn updates_sampled_before_a_copy_are_stale_after_it() {
 }
 
 #[test]
+fn updates_sampled_before_a_shrink_are_stale_at_positions_the_new_storage_has_not() {
+    // A row past the new capacity refused the whole update as out of range.
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(100)
+        .sampler(Prioritized::new(1.0, 0.0))
+        .seed(1)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 100)).unwrap();
+    let sampled = rb.sample(32).unwrap();
+    assert!(sampled.index().iter().any(|&i| i >= 10));
+    rb.set_storage(StorageConfig::heap().capacity(10)).unwrap();
+    let done = rb
+        .update_priority(sampled.index(), sampled.generations(), &[5.0; 32])
+        .unwrap();
+    assert_eq!((done.applied, done.stale), (0, 32));
+    let e = rb
+        .update_priority_all(sampled.index(), sampled.generations(), &[5.0; 32])
+        .unwrap_err();
+    assert!(e.to_string().contains("replaced"), "{e}");
+    // A position past the capacity with a generation of this storage is still refused.
+    let fresh = rb.sample(1).unwrap();
+    assert!(rb
+        .update_priority(&[10], fresh.generations(), &[1.0])
+        .is_err());
+}
+
+#[test]
 fn a_slice_sampler_reads_trajectories_of_the_carried_rows() {
     let rb = buffer(200);
     rb.extend(&rows(&rb, 0, 200)).unwrap();

@@ -511,7 +511,9 @@ impl ReplayBuffer {
         check: impl FnOnce(&State) -> Result<(), DataError>,
         insert: impl FnOnce() -> Result<T, DataError>,
     ) -> Result<T, DataError> {
-        let Some(limiter) = &self.limiter else {
+        // A call of no rows changes no count: nothing to wait for (it waited out the
+        // insert timeout, or for good without one, on a full queue).
+        let Some(limiter) = self.limiter.as_ref().filter(|_| rows > 0) else {
             return insert();
         };
         check(&self.state())?;
@@ -547,7 +549,7 @@ impl ReplayBuffer {
         rows: usize,
         mut sample: impl FnMut() -> Result<usize, SampleFailed>,
     ) -> Result<usize, SampleError> {
-        let Some(limiter) = &self.limiter else {
+        let Some(limiter) = self.limiter.as_ref().filter(|_| rows > 0) else {
             return sample().map_err(|f| f.error);
         };
         let mut grace: Option<(Instant, Backoff)> = None;

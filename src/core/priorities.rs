@@ -265,7 +265,7 @@ impl Core {
         // (`replaybuf bench`'s `update-cold-paired`, 256 of a million rows) the update
         // took 1.9 times the plain floor's update; 1.67 with it.
         let geometry = self.storage.geometry();
-        for &i in index {
+        for (&i, &g) in index.iter().zip(generation) {
             if i == crate::batch::PADDING_INDEX {
                 // Padding after a short slice: no row. Its place in `slots` is kept
                 // (the loop below walks them beside `index`) and never read.
@@ -273,6 +273,13 @@ impl Core {
                 continue;
             }
             let Some(at) = geometry.locate(i) else {
+                if self.storage.first_lap() > 0 && self.before_swap(g) {
+                    // A row of a larger storage this buffer had before a swap, at a
+                    // position the new one has not: replaced, as the rows of the
+                    // positions it kept are. It refused the whole update.
+                    slots.push(SWAPPED_OUT);
+                    continue;
+                }
                 let capacity = geometry.capacity();
                 return Err(PriorityError::OutOfRange { index: i, capacity }.into());
             };
@@ -351,11 +358,13 @@ impl Core {
         (k, pos, lane): (u64, u64, u64),
         g: u64,
     ) -> Row {
+        if (k, pos, lane) == SWAPPED_OUT {
+            return Row::Replaced;
+        }
         let ring = self.storage.shards()[k as usize].ring();
         let leaf = pos * ring.width + lane;
         let stamp = self.storage.stamp_of(k as usize, leaf);
-        let first = Stamp::published(self.storage.first_lap() as u32, 0).generation();
-        if stamp == Stamp::EMPTY && stamp::generation_cmp(g, first) == Ordering::Less {
+        if stamp == Stamp::EMPTY && self.before_swap(g) {
             // A row of a storage this buffer had before a swap (`swap/carry.rs`).
             return Row::Replaced;
         }
@@ -379,6 +388,13 @@ impl Core {
         }
     }
 
+    /// Whether generation `g` is of a row of a storage this buffer had before a swap
+    /// (`swap/carry.rs`): older than the laps its storage started at.
+    fn before_swap(&self, g: u64) -> bool {
+        let first = Stamp::published(self.storage.first_lap() as u32, 0).generation();
+        stamp::generation_cmp(g, first) == Ordering::Less
+    }
+
     /// After `empty`: takes the mass of every row no longer live away, so draws land
     /// only on live rows.
     pub(crate) fn clear_emptied(&self) {
@@ -397,6 +413,10 @@ impl Core {
 }
 
 /// What became of a sampled row, by its index and generation.
+/// The place in an update's slots of a row at a position the buffer's storage has
+/// not, of a larger storage before a swap ([`Core::before_swap`]).
+const SWAPPED_OUT: (u64, u64, u64) = (u64::MAX, 0, 0);
+
 enum Row {
     /// Still stored, at this leaf of this shard's tree, in this lap.
     Live { shard: usize, leaf: usize, lap: u32 },
