@@ -744,3 +744,31 @@ fn a_list_value_that_panics_when_dropped_leaves_a_working_buffer() {
         .expect("the appends and the save after the panic return");
     assert_eq!(got, [22, 23, 24, 25]);
 }
+
+#[test]
+fn generations_at_are_those_a_read_of_the_rows_gives() {
+    let rb = buffer(8);
+    rb.extend(&rows(&rb, &[6], 0)).unwrap();
+    let at = [5, 0, 3];
+    let read = rb.get_many(&at).unwrap();
+    assert_eq!(rb.generations_at(&at).unwrap(), read.generations());
+    // Lapped: the new rows' generations.
+    rb.extend(&rows(&rb, &[4], 6)).unwrap();
+    let now = rb.generations_at(&at).unwrap();
+    assert_eq!(now, rb.get_many(&at).unwrap().generations());
+    assert_eq!(now[0], read.generations()[0], "position 5 was not lapped");
+    assert_ne!(now[1], read.generations()[1], "position 0 was");
+    let small = buffer(8);
+    small.extend(&rows(&small, &[2], 0)).unwrap();
+    assert_eq!(
+        small.generations_at(&[1, 2]).unwrap_err(),
+        AccessError::NotWritten { index: 2 }
+    );
+    assert_eq!(
+        small.generations_at(&[8]).unwrap_err(),
+        AccessError::OutOfRange {
+            index: 8,
+            capacity: 8
+        }
+    );
+}

@@ -1053,8 +1053,10 @@ impl Buffer {
                     .copied()
                     .filter(|&i| i != PADDING_INDEX)
                     .collect();
-                let current = gil::detach(py, || rb.get_many(&rows)).map_err(py_err)?;
-                let mut found = current.generations().iter();
+                // From the rows' stamps: copying the rows to read their generations
+                // took 1.1 ms for 256 rows of 28 KB, against 0.05 with them given.
+                let current = gil::detach(py, || rb.generations_at(&rows)).map_err(py_err)?;
+                let mut found = current.iter();
                 let generations: Vec<u64> = index_s
                     .iter()
                     .map(|&i| match i {

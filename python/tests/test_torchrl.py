@@ -1158,6 +1158,13 @@ def test_dumps_loads_round_trip(rl, tmp_path):
     assert loaded.extend(transitions(1, start=99)).tolist() == [3]  # and the write cursor
 
 
+def test_an_ndim2_storage_reports_its_rounded_size(rl):
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10, ndim=2))
+    for _ in range(5):
+        rb.extend(TensorDict({"obs": torch.zeros(3, 2)}, [3, 2]))
+    assert (rb.storage.max_size, len(rb)) == (12, 12)
+
+
 def test_state_dict_round_trip(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(14))
@@ -1167,6 +1174,44 @@ def test_state_dict_round_trip(rl):
     loaded.load_state_dict(state)
     assert loaded[:]["step"].tolist() == [10, 11, 12, 13, 4, 5, 6, 7, 8, 9]
     assert loaded.write_count == 14
+
+
+def test_state_dict_goes_through_torch_load_with_weights_only(rl, tmp_path):
+    # Its files were bytes, which torch.load's default (weights_only=True, torch 2.6
+    # on) refuses to unpickle: a checkpoint holding the buffer could not be loaded.
+    # (TorchRL's own prioritized buffers fail so, on their trees.)
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    rb.extend(transitions(14))
+    torch.save({"rb": rb.state_dict()}, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    loaded = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    loaded.load_state_dict(state["rb"])
+    assert loaded[:]["step"].tolist() == rb[:]["step"].tolist()
+    assert loaded.write_count == 14
+    if rl is replaybuf.torchrl:
+        rb = rl.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=4
+        )
+        rb.extend(transitions(3))
+        rb.update_priority(torch.tensor([1]), torch.tensor([5.0]))
+        torch.save(rb.state_dict(), tmp_path / "prio.pt")
+        loaded = rl.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=4
+        )
+        loaded.load_state_dict(torch.load(tmp_path / "prio.pt", weights_only=True))
+        assert loaded._native.priority(1) == 5.0
+
+
+def test_a_state_dict_of_files_as_bytes_still_loads():
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    rb.extend(transitions(4))
+    state = rb.state_dict()
+    files = state["replaybuf_checkpoint"]
+    old = {"replaybuf_checkpoint": {k: v.numpy().tobytes() for k, v in files.items()}}
+    loaded = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
+    loaded.load_state_dict(old)
+    assert loaded[:]["step"].tolist() == [0, 1, 2, 3]
 
 
 def test_state_dict_of_a_buffer_not_written_yet(rl):

@@ -397,6 +397,29 @@ impl ReplayBuffer {
         Ok(inner.core.read_positions(&draws))
     }
 
+    /// The write generation of the row at each of `indices` now, as
+    /// [`get_many`](Self::get_many) gives them, from the rows' stamps alone (no row is
+    /// copied): what a priority update of whatever rows are at `indices` now passes
+    /// (TorchRL's update by index alone). A row being written gives its new
+    /// generation, which an update then counts as stale. Errors as `get_many`.
+    pub fn generations_at(&self, indices: &[u64]) -> Result<Vec<u64>, AccessError> {
+        let inner = self.state();
+        let storage = &inner.core.storage;
+        let capacity = storage.geometry().capacity();
+        indices
+            .iter()
+            .map(|&index| {
+                if index >= capacity {
+                    return Err(AccessError::OutOfRange { index, capacity });
+                }
+                let draw = storage
+                    .draw_at(index)
+                    .ok_or(AccessError::NotWritten { index })?;
+                Ok(storage.generation_at(draw))
+            })
+            .collect()
+    }
+
     /// The storage positions among the first `end` (all of them when `None`) that
     /// hold a row, in storage order: the indices
     /// [`read_all_in_order`](Self::read_all_in_order) gives, without reading the rows.

@@ -1781,6 +1781,13 @@ impl Storage {
         (!self.is_abandoned(d)).then_some(d)
     }
 
+    /// The write generation of the row in `draw`'s slot now, from its stamp alone
+    /// (that of a row being written: its new one).
+    pub(crate) fn generation_at(&self, draw: Draw) -> u64 {
+        let slot = self.locate(draw).slot;
+        Stamp::from_bits(self.stamp(slot).load(Ordering::Acquire)).generation()
+    }
+
     /// The storage index of `draw`'s position ([`draw_at`](Self::draw_at)'s inverse).
     #[inline]
     pub(crate) fn position_of(&self, draw: Draw) -> u64 {

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict
 
+import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
@@ -119,7 +120,12 @@ def load(rb: Any, path: Any) -> None:
 
 
 def state_dict(rb: Any) -> Dict[str, Any]:
-    """The files of a :func:`dump`, as bytes by relative path."""
+    """The files of a :func:`dump`, as ``uint8`` tensors by relative path.
+
+    Tensors, not ``bytes``: ``torch.load``'s default (``weights_only=True``, since torch
+    2.6, and TorchRL's ``Trainer.load_from_file``) refuses to unpickle ``bytes``, and a
+    checkpoint holding the buffer's state could not be loaded back.
+    """
     with tempfile.TemporaryDirectory(prefix="replaybuf-state-") as d:
         if rb._native is None:
             _dump_unwritten(rb, Path(d))
@@ -129,7 +135,9 @@ def state_dict(rb: Any) -> Dict[str, Any]:
         for root, _, names in os.walk(d):
             for name in names:
                 full = os.path.join(root, name)
-                files[os.path.relpath(full, d)] = Path(full).read_bytes()
+                files[os.path.relpath(full, d)] = torch.from_numpy(
+                    np.fromfile(full, dtype=np.uint8)
+                )
     return {"replaybuf_checkpoint": files}
 
 
@@ -138,5 +146,9 @@ def load_state_dict(rb: Any, state: Dict[str, Any]) -> None:
         for name, data in state["replaybuf_checkpoint"].items():
             full = Path(d, name)
             full.parent.mkdir(parents=True, exist_ok=True)
-            full.write_bytes(data)
+            if isinstance(data, torch.Tensor):
+                data.detach().cpu().contiguous().view(torch.uint8).numpy().tofile(full)
+            else:
+                # A state dict of an earlier version: the files as bytes.
+                full.write_bytes(data)
         load(rb, d)

@@ -149,6 +149,9 @@ class LazyEngine:
         """Puts ``native`` in service; ``_native`` is set last, so a thread that
         finds it set finds everything else set too."""
         self._layout, self._envs, self._device = layout, envs, device
+        # An ndim-2 storage holds whole steps of every env: its size rounds up, as
+        # TorchRL's does (a "full" check against `max_size` read the size asked for).
+        self._storage.max_size = native.capacity
         remember = getattr(self._storage, "_remember", None)
         if remember is not None:
             remember(layout.to_json(), envs)
