@@ -54,6 +54,7 @@ actor is down raises :class:`ReplayBufferUnavailable` (retryable); it never hang
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import sys
 import threading
@@ -77,6 +78,11 @@ _PADDING = np.uint64(replaybuf.PADDING_INDEX)
 
 class ReplayBufferUnavailable(replaybuf.ReplayBufferError, ConnectionError):
     """A buffer actor is down (dead, or restarting with its last checkpoint): retry."""
+
+
+class _NoAnswer(replaybuf.ReplayBufferTimeoutError):
+    """No answer within the caller's timeout: the call is still on its way (unlike a
+    timeout the actor's buffer raised, which ended the call)."""
 
 
 class _BufferActor:
@@ -144,7 +150,16 @@ class _BufferActor:
 
     def _every(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
-            self.checkpoint()
+            # One failed dump (a full disk, a file in the way) stopped every later
+            # one: the thread died with it. It is reported, and the next one tried.
+            try:
+                self.checkpoint()
+            except Exception:  # noqa: BLE001 - any failure of one dump
+                logging.getLogger(__name__).exception(
+                    "periodic checkpoint into %s failed; trying again in %s s",
+                    self._checkpoint,
+                    every_s,
+                )
 
     def ready(self) -> bool:
         return self.restored
@@ -287,9 +302,7 @@ class RayReplayBuffer:
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
             raise ReplayBufferUnavailable(f"a buffer actor is unavailable: {e}") from e
         except GetTimeoutError as e:
-            raise replaybuf.ReplayBufferTimeoutError(
-                f"no answer from the buffer actor within {timeout} s"
-            ) from e
+            raise _NoAnswer(f"no answer from the buffer actor within {timeout} s") from e
 
     def _split(self, index: np.ndarray):
         """Global indices as (actor, local index) arrays; refused as a single buffer
@@ -394,7 +407,10 @@ class RayReplayBuffer:
         if batch_size < 0:
             raise replaybuf.ReplayBufferValueError(f"a batch of {batch_size} rows")
         if self.num_actors == 1:
-            return self._get(self._actors[0].sample.remote(batch_size))
+            # Arrays out of Ray's object store are read-only; a batch of several
+            # actors' rows (concatenated) and one buffer's are not.
+            got = self._get(self._actors[0].sample.remote(batch_size))
+            return {key: a if a.flags.writeable else a.copy() for key, a in got.items()}
         if self._fifo:
             return self._sample_queues(batch_size)
         shares = self._get([a.shares.remote() for a in self._actors])
@@ -454,18 +470,35 @@ class RayReplayBuffer:
         """Sets priorities, each index routed to the actor that holds it; returns
         (applied, stale) summed over the actors."""
         shard, local = self._split(index)
-        priority = np.asarray(priority, dtype=np.float64)
+        try:
+            priority = np.asarray(priority, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise replaybuf.ReplayBufferTypeError(f"priorities must be numbers: {e}") from e
         n = len(local)
-        # One priority a row (or the same number of values each, reduced by the actor).
+        # One priority a row (or the same number of values each, reduced by the actor),
+        # row by row: a [2, 3] for 3 indices was regrouped into pairs.
         lines_up = priority.size == 0 if n == 0 else priority.size and priority.size % n == 0
+        if priority.ndim > 1 and priority.shape[0] != n:
+            lines_up = False
         if not lines_up:
             raise replaybuf.ReplayBufferValueError(
-                f"{n} indices and {priority.size} priorities do not line up"
+                f"{n} indices and priorities of shape {priority.shape} do not line up"
+            )
+        # Checked here, for the whole update: each actor refuses its own part only, and
+        # the others applied theirs.
+        if not np.all(np.isfinite(priority) & (priority >= 0)):
+            raise replaybuf.ReplayBufferValueError(
+                "priorities must be finite and non-negative (NaN, infinite or negative "
+                "ones change nothing)"
+            )
+        gen = None if generation is None else np.asarray(generation, np.uint64).reshape(-1)
+        if gen is not None and len(gen) != n:
+            raise replaybuf.ReplayBufferValueError(
+                f"{n} indices and {len(gen)} generations do not line up"
             )
         if n == 0:
             return 0, 0
         priority = priority.reshape(len(local), -1)
-        gen = None if generation is None else np.asarray(generation, np.uint64).reshape(-1)
         refs = []
         for k in range(self.num_actors):
             mine = shard == k
@@ -631,8 +664,12 @@ class RayWriter:
     several threads.
 
     The first ``extend`` is sent and waited for at once, so that data the buffer
-    refuses raises there; the chunks after it must have the same fields, dtypes and
-    row shapes (else ReplayBufferValueError, and nothing of that chunk is taken).
+    refuses raises there (unless the wait outlasts ``timeout``: the chunk is then on
+    its way, as later ones are); the chunks after it must have the same fields, dtypes
+    and row shapes (else ReplayBufferValueError, and nothing of that chunk is taken).
+    A shipment whose actor's own rate limit timed out is kept and sent again, as one
+    whose actor died; one the buffer refused (a closed rate limit) is dropped, its
+    error raised.
     """
 
     def __init__(
@@ -692,8 +729,15 @@ class RayWriter:
         if self._stage is None:
             # The first chunk goes straight through: refused data raises here.
             k, ref = self._rb._ship(leaves)
-            self._keep(k, self._rb._get(ref, self._timeout))
-            self.acknowledged += _rows_of(leaves)
+            try:
+                self._keep(k, self._rb._get(ref, self._timeout))
+                self.acknowledged += _rows_of(leaves)
+            except _NoAnswer:
+                # Still on its way, and the actor stores it: taken, as a later
+                # chunk's shipment is (raised, the caller sent it again, and its rows
+                # were stored twice).
+                copy = {key: np.array(a) for key, a in leaves.items()}
+                self._in_flight.append((k, ref, copy, None))
             if self._max_rows is None:
                 # From the fields' shapes: a first chunk of no rows has no row to size.
                 row = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in leaves.values())
@@ -795,14 +839,30 @@ class RayWriter:
         k, ref, data, stage = self._in_flight[0]
         try:
             local = self._rb._get(ref, timeout)
-        except ReplayBufferUnavailable:
+        except _NoAnswer:
+            raise  # still on its way: waited for again next time
+        except (ReplayBufferUnavailable, replaybuf.ReplayBufferTimeoutError):
+            # The actor died, or its buffer's own wait (a rate limit's insert
+            # timeout) ran out: nothing stored, sent again with the next call.
             self._in_flight.pop(0)
             self._resend.append((data, stage))
             raise
+        except replaybuf.ReplayBufferError:
+            # Refused (a closed rate limit, rows the buffer will not take): its
+            # rows are dropped with the error. Left in flight, every later call
+            # raised the same error again, and nothing else was ever sent.
+            self._in_flight.pop(0)
+            self._release(stage)
+            raise
         self._in_flight.pop(0)
-        self._spare.append(stage)
+        self._release(stage)
         self._keep(k, local)
         self.acknowledged += _rows_of(data)
+
+    def _release(self, stage) -> None:
+        """Keeps a shipment's stage for a later one (a first chunk's has none)."""
+        if stage is not None:
+            self._spare.append(stage)
 
 
 # How often a writer looks whether the actors whose buffers it writes in place are

@@ -303,6 +303,106 @@ def test_a_writer_is_held_back_by_the_rate_limit_until_its_timeout():
     assert len(rb) == 30 and writer.acknowledged == 30
 
 
+def test_a_first_chunk_that_outlasts_the_wait_is_taken_not_sent_twice():
+    # Its timeout raised while the actor still held the call, which then stored it;
+    # the caller, told nothing was taken, sent it again: its rows stored twice.
+    rb = RayReplayBuffer(
+        1_000, spec=SPEC, rate_limit=replaybuf.RateLimit.queue(20), local_writes=False
+    )
+    rb.extend(rows(range(20)))  # the queue is full
+    writer = rb.writer(max_rows=10, timeout=0.5, indices=True)
+    writer.extend(rows(range(100, 110)))  # held by the actor's limit: on its way
+    assert writer.pending == 10 and writer.acknowledged == 0
+    assert len(rb.sample(20)["id"]) == 20
+    assert len(writer.flush()) == 10
+    assert sorted(whole(rb.read_all()).tolist()) == list(range(20)) + list(range(100, 110))
+
+
+def test_a_shipment_the_actor_timed_out_is_sent_again_and_a_refused_one_dropped():
+    # The shipment's error stayed at the head of the writer's queue: every later call
+    # raised it again, and nothing else was sent.
+    limit = replaybuf.RateLimit.queue(20, insert_timeout=0.3)
+    rb = RayReplayBuffer(1_000, spec=SPEC, rate_limit=limit, local_writes=False)
+    writer = rb.writer(max_rows=10, max_in_flight=1, indices=True)
+    for first in (0, 10, 20):
+        writer.extend(rows(range(first, first + 10)))
+    with pytest.raises(replaybuf.ReplayBufferTimeoutError):
+        writer.flush()  # the third shipment waited out the actor's insert timeout
+    assert writer.pending == 10
+    assert len(rb.sample(20)["id"]) == 20
+    assert len(writer.flush()) == 30  # sent again, and stored
+    assert writer.pending == 0 and writer.acknowledged == 30
+    writer.extend(rows(range(30, 40)))  # the queue full again
+    rb.close_rate_limit()
+    writer.extend(rows(range(40, 50)))
+    with pytest.raises(replaybuf.ReplayBufferError):
+        writer.flush()  # refused by the closed limit: dropped with the error
+    assert writer.pending == 0
+    # Nothing left to raise; the stored shipment's rows, which the raise held back.
+    assert len(writer.flush()) == 10
+    writer.extend(rows(range(40, 50)))  # and the writer goes on
+
+
+def test_a_one_actor_batch_is_writable():
+    rb = RayReplayBuffer(100, spec=SPEC, local_writes=False)
+    rb.extend(rows(range(10)))
+    batch = rb.sample(4)
+    batch["obs"] *= 2  # read-only arrays out of the object store refused this
+
+
+def test_a_bad_priority_update_over_several_actors_changes_nothing():
+    rb = RayReplayBuffer(
+        100,
+        spec=SPEC,
+        num_actors=2,
+        sampler=replaybuf.Prioritized(alpha=0.6, beta=0.4),
+        local_writes=False,
+    )
+    i0, i1 = rb.extend(rows(range(10))), rb.extend(rows(range(10, 20)))
+    before = rb.priority(int(i0[0]))
+    with pytest.raises(replaybuf.ReplayBufferValueError):
+        rb.update_priority([i0[0], i1[0]], [5.0, np.nan])
+    assert rb.priority(int(i0[0])) == before  # the other actor's part went in
+    with pytest.raises(replaybuf.ReplayBufferValueError):
+        rb.update_priority([i0[0], i0[1], i1[0]], np.ones((2, 3)))  # regrouped before
+    with pytest.raises(replaybuf.ReplayBufferValueError):
+        rb.update_priority([i0[0], i1[0]], [1.0, 2.0], generation=[0])
+    with pytest.raises(replaybuf.ReplayBufferTypeError):
+        rb.update_priority([i0[0]], ["high"])
+    assert rb.priority(int(i0[0])) == before
+
+
+def test_periodic_checkpoints_go_on_after_one_fails(tmp_path):
+    rb = RayReplayBuffer(
+        100,
+        spec=SPEC,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every_s=0.2,
+        local_writes=False,
+    )
+    rb.extend(rows(range(5)))
+    shard = tmp_path / "shard-0"
+    deadline = time.monotonic() + 30
+    while not (shard / "meta.json").exists():
+        assert time.monotonic() < deadline, "no periodic checkpoint"
+        time.sleep(0.05)
+    # A file where the checkpoint's directory belongs: the next dumps fail.
+    moved = tmp_path / "moved"
+    shard.rename(moved)
+    shard.write_bytes(b"in the way")
+    time.sleep(0.6)
+    shard.unlink()
+    rb.extend(rows(range(5, 9)))
+    deadline = time.monotonic() + 30
+    while True:
+        if (shard / "meta.json").exists():
+            loaded = replaybuf.ReplayBuffer.from_checkpoint(str(shard))
+            if len(loaded) == 9:
+                break
+        assert time.monotonic() < deadline, "periodic checkpoints stopped"
+        time.sleep(0.05)
+
+
 def test_a_writer_sends_again_what_a_dead_actor_did_not_acknowledge():
     rb = RayReplayBuffer(1_000, spec=SPEC, num_actors=2, local_writes=False)
     writer = rb.writer(max_rows=10, max_in_flight=4, indices=True)
