@@ -327,10 +327,12 @@ impl ReplayBufferEnsemble {
         out.batch.room_for_sample(n, false)?;
         let members = e.buffers.iter().zip(&mut out.parts).zip(&shares);
         for ((b, part), &share) in members.filter(|(_, &s)| s > 0) {
-            if b.limiter.is_none() && b.is_empty() {
+            let core = &b.state().core;
+            // Rows a draw can return: a frames member's `len` counts the steps whose
+            // next one is not written yet, and passed here with none.
+            if b.limiter.is_none() && !core.storage.has_sampleable() {
                 return Err(SampleError::Empty);
             }
-            let core = &b.state().core;
             core.check_sample(share)?;
             core.room_for_sample(share, part)?;
         }

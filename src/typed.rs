@@ -133,6 +133,7 @@ impl<T: Pod + Send + Sync> TypedBuilder<T> {
         if std::mem::size_of::<T>() == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroSizedRow));
         }
+        Spec::opaque(std::mem::size_of::<T>()).map_err(BuildError::from)?;
         if let WritePolicy::MaxValue { .. } = self.inner.chosen_write_policy() {
             return Err(BuildError::new(BuildErrorKind::Writer {
                 reason: MAX_VALUE_TYPED,
@@ -230,8 +231,11 @@ impl<T> TypedBatch<T> {
 impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// Starts a buffer of `T`s.
     pub fn builder() -> TypedBuilder<T> {
+        // A `T` no row can hold (over a gigabyte) is refused by `build`, which lays
+        // the row out again: this one stands in meanwhile. It panicked here.
         let spec = Spec::opaque(std::mem::size_of::<T>())
-            .expect("a Pod type smaller than isize::MAX lays out as one field");
+            .or_else(|_| Spec::opaque(1))
+            .expect("a one-byte row lays out");
         TypedBuilder {
             inner: ReplayBuffer::builder(Arc::new(spec)),
             _rows: PhantomData,
@@ -270,16 +274,14 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
     /// `buffer` as a buffer of `T`s, if its rows are `T`'s size (`path` names where it
     /// came from, for the error).
     fn of_rows(buffer: ReplayBuffer, path: &Path) -> Result<TypedBuffer<T>, PersistError> {
+        let mismatch = |why: String| {
+            PersistError::new(path, crate::error::persist::PersistKind::Mismatch(why))
+        };
         let want = Spec::opaque(std::mem::size_of::<T>())
-            .expect("a Pod type smaller than isize::MAX lays out as one field");
+            .map_err(|e| mismatch(format!("no buffer holds rows of this type: {e}")))?;
         if !buffer.spec().same_fields(&want) {
-            return Err(PersistError::new(
-                path,
-                crate::error::persist::PersistKind::Mismatch(format!(
-                    "not a buffer of {}-byte rows",
-                    std::mem::size_of::<T>()
-                )),
-            ));
+            let size = std::mem::size_of::<T>();
+            return Err(mismatch(format!("not a buffer of {size}-byte rows")));
         }
         Ok(TypedBuffer {
             buffer,

@@ -772,3 +772,17 @@ fn generations_at_are_those_a_read_of_the_rows_gives() {
         }
     );
 }
+
+#[test]
+fn a_typed_buffer_of_rows_too_large_is_refused_not_a_panic() {
+    type Huge = [u8; (1 << 30) + 8];
+    let e = TypedBuffer::<Huge>::builder()
+        .capacity(1)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("row"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let small = TypedBuffer::<u64>::builder().capacity(4).build().unwrap();
+    small.save(dir.path()).unwrap();
+    assert!(TypedBuffer::<Huge>::from_checkpoint(dir.path()).is_err());
+}

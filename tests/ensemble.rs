@@ -369,3 +369,47 @@ fn a_sample_refused_by_a_later_member_draws_nothing_from_the_others() {
         assert_eq!(epochs.sample(8).unwrap().len(), 8, "{err:?}");
     }
 }
+
+#[test]
+fn a_frames_member_with_no_row_to_rebuild_fails_the_sample_before_any_member_draws() {
+    // Its `len` counts its newest step, which waits for the next: the check passed it,
+    // and its refusal came after the member before it had drawn from its epoch.
+    let spec = Spec::builder()
+        .field("obs", DType::U8, [2])
+        .field("next_obs", DType::U8, [2])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap();
+    let rows = |rb: &ReplayBuffer, n: usize| {
+        let mut b = rb.batch([n]);
+        let obs: Vec<u8> = (0..n as u8).flat_map(|i| [i.max(1), i + 1]).collect();
+        let next: Vec<u8> = (0..n as u8).flat_map(|i| [i + 1, i + 2]).collect();
+        b.set("obs", &obs).unwrap();
+        b.set("next_obs", &next).unwrap();
+        b
+    };
+    let a = ReplayBuffer::builder(spec.clone())
+        .capacity(16)
+        .sampler(WithoutReplacement::new().shuffle(false))
+        .build()
+        .unwrap();
+    a.extend(&rows(&a, 4)).unwrap();
+    let b = ReplayBuffer::builder(spec)
+        .capacity(8)
+        .frames(
+            replaybuf::Frames::new()
+                .stack("obs", 2)
+                .next_of("obs", "next_obs"),
+        )
+        .build()
+        .unwrap();
+    b.extend(&rows(&b, 1)).unwrap();
+    assert_eq!(b.len(), 1);
+    let e = ReplayBufferEnsemble::builder([a.clone(), b])
+        .sample_from_all(true)
+        .seed(2)
+        .build()
+        .unwrap();
+    assert_eq!(e.sample(4).unwrap_err(), SampleError::Empty);
+    assert_eq!(a.sample(4).unwrap().len(), 4, "a's epoch is whole");
+}

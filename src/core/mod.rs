@@ -419,6 +419,13 @@ impl Core {
                 again.then_some(&|d| storage.is_abandoned(d)),
             );
         }
+        // A frames buffer whose rows all wait for their next step (or for older
+        // frames) holds mass but no row a draw can return: the uniform sampler says so
+        // at once, where the draws landed on rows left out and were drawn again 2^20
+        // times, for 0.45 s, before a sample failed as starved.
+        if storage.frames().is_some() && scratch.windows.iter().all(|w| w.steps() == 0) {
+            return Err(SampleError::Empty);
+        }
         let trees = storage.trees();
         let masses = Masses::new(&trees);
         if masses.is_empty() {

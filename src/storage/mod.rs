@@ -1601,6 +1601,14 @@ impl Storage {
         if let Some(word) = word {
             // The row's sequence number: the drawn one, or a later lap's.
             let seq = self.seq_seen(&at, seen);
+            // A later lap's row that cannot be rebuilt yet (its lane's newest, whose
+            // next step is not written): a draw of it misses for good. Rebuilt, it
+            // read a step nobody had claimed, busy, and an epoch's draw of a position
+            // the collector had lapped retried it 2^20 times, for 1.4 s, then failed.
+            let sampleable = self.sampleable(draw.shard as usize);
+            if !(sampleable.lo..sampleable.hi).contains(&seq) {
+                return Err(Miss::Gone);
+            }
             self.rebuild(draw.shard as usize, u64::from(draw.lane), seq, word, dst, k)?;
         }
         Ok((seen, at.index))
@@ -1821,6 +1829,11 @@ impl Storage {
     pub(crate) fn windows(&self, out: &mut Vec<Window>) {
         out.clear();
         out.extend((0..self.shards.len()).map(|k| self.sampleable(k)));
+    }
+
+    /// Whether any shard holds a row a draw can return ([`Storage::sampleable`]).
+    pub(crate) fn has_sampleable(&self) -> bool {
+        (0..self.shards.len()).any(|k| self.sampleable(k).steps() > 0)
     }
 
     /// Shard `k`'s live window, less a frames buffer's rows that cannot be rebuilt.
