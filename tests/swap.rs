@@ -635,3 +635,38 @@ fn a_split_shards_older_run_ends_its_trajectory() {
         check_windows(&rb.sample(40).unwrap());
     }
 }
+
+#[test]
+fn a_queue_shrunk_by_a_swap_takes_back_the_inserts_of_the_rows_it_dropped() {
+    // The limit went on counting the 24 rows the swap left behind as waiting: no
+    // collector was held back again, and each sample of an empty queue waited out a
+    // second's grace for them and failed.
+    let limit = replaybuf::RateLimit::queue(32)
+        .unwrap()
+        .insert_timeout(Some(std::time::Duration::from_millis(300)))
+        .sample_timeout(Some(std::time::Duration::from_millis(300)));
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(64)
+        .sampler(replaybuf::sampler::Fifo)
+        .rate_limit(limit)
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 32)).unwrap();
+    rb.set_storage(StorageConfig::heap().capacity(8)).unwrap();
+    let s = rb.rate_limit_stats().unwrap();
+    assert_eq!(
+        s.inserts - s.samples,
+        8,
+        "the rows kept wait, and no others"
+    );
+    assert_eq!(ids(&rb.sample(8).unwrap()), (24..32).collect::<Vec<_>>());
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        rb.sample(1).unwrap_err(),
+        replaybuf::error::SampleError::RateLimited(_)
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_millis(900));
+    // The queue takes 32 new rows before it holds a collector back.
+    rb.extend(&rows(&rb, 100, 8)).unwrap();
+    assert_eq!(rb.sample(8).unwrap().len(), 8);
+}

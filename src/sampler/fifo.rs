@@ -35,7 +35,7 @@ use rand::RngExt;
 use crate::error::SampleError;
 use crate::rng::Rng;
 use crate::storage::shard::{Shard, Window};
-use crate::storage::Draw;
+use crate::storage::{Draw, Storage};
 use crate::sync::Ordering;
 
 /// Rounds a FIFO batch is drawn and read again (another learner took its rows first)
@@ -79,6 +79,20 @@ pub struct Fifo;
 /// A row's place in its shard's queue (its shard's rings are `width` rows a step).
 pub(crate) fn row(d: &Draw, width: u64) -> u64 {
     d.seq * width + u64::from(d.lane)
+}
+
+/// Rows of `storage` a FIFO sampler has not taken yet: those of each shard's window
+/// past its mark.
+pub(crate) fn waiting(storage: &Storage) -> u64 {
+    storage
+        .shards()
+        .iter()
+        .map(|shard| {
+            let (w, width) = (shard.window(), shard.ring().width);
+            let first = shard.popped().load(Ordering::Relaxed).max(w.lo * width);
+            (w.hi * width).saturating_sub(first)
+        })
+        .sum()
 }
 
 /// Lists up to `rows` of shard `k`'s rows not taken yet, as far as the window `w`

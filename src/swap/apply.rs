@@ -63,6 +63,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     let carrying = fresh
         .is_some()
         .then(|| old.core.storage.begin_carry(&frozen));
+    let queued = queue_waiting(&old);
     let mut new = match fresh {
         Some(mut new) => {
             carry::carry(&old, &mut new);
@@ -72,12 +73,28 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     };
     new.hooks = Arc::clone(&old.hooks);
     new.transforms = Arc::clone(&old.transforms);
+    // A queue's rows the swap did not carry will never be taken: their inserts are
+    // taken back, as a clear takes back all of them. Counted, a queue limit held no
+    // collector back again, and each sample waited out the queue's grace for rows that
+    // would never come, and failed.
+    let dropped = queued
+        .zip(queue_waiting(&new))
+        .map(|(q, n)| q.saturating_sub(n));
+    if let (Some(limiter), Some(dropped)) = (&buffer.limiter, dropped.filter(|&d| d > 0)) {
+        limiter.refund_inserts(dropped);
+    }
     buffer.cell.publish(new);
     old.core.storage.retire(&frozen);
     drop(carrying);
     drop(frozen);
     drop(held);
     Ok(())
+}
+
+/// The rows of a FIFO buffer's storage not taken yet (`None` for another sampler).
+fn queue_waiting(state: &State) -> Option<u64> {
+    matches!(state.core.sampler, SamplerEngine::Fifo)
+        .then(|| crate::sampler::fifo::waiting(&state.core.storage))
 }
 
 /// The configuration the buffer will have, checked, and how it gets there.
