@@ -26,6 +26,7 @@ use crate::sampler::{Sampler, SamplerEngine};
 use crate::settings::Settings;
 #[cfg(not(replaybuf_loom))]
 use crate::shared::procs::PROCS;
+use crate::shared::procs::{Holder, ProcTable};
 use crate::spec::Spec;
 use crate::state::State;
 use crate::storage::frames::FrameLayout;
@@ -181,7 +182,10 @@ impl ReplayBufferBuilder {
             // A shared region: its processes keep one limit together. Every handle
             // gets the region's limiter, which lets every call through while the
             // region has no limit; a builder with a limit (its creator's) puts it in.
-            Some(block) => shared_limiter(block, limit)?.map(Arc::new),
+            Some(block) => {
+                let member = rb.state().core.storage.member_entry();
+                shared_limiter(block, member, limit)?.map(Arc::new)
+            }
             None => limit.map(|l| {
                 // A reopened file's rows count as inserted, as a checkpoint's do.
                 let limiter = RateLimiter::new(l);
@@ -756,8 +760,12 @@ mod config_tests {
 
 /// A shared region's limiter, with `limit` put in (by the region's creator).
 #[cfg(target_os = "linux")]
-fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Option<Limiter>, BuildError> {
-    let shared = crate::rate_limit::shared::SharedLimiter::new(block);
+fn shared_limiter(
+    block: Block,
+    member: Option<(ProcTable, Holder)>,
+    limit: Option<RateLimit>,
+) -> Result<Option<Limiter>, BuildError> {
+    let shared = crate::rate_limit::shared::SharedLimiter::new(block, member);
     if let Some(limit) = limit {
         shared.install(limit).map_err(|_| {
             BuildError::new(BuildErrorKind::RateLimit {
@@ -771,7 +779,11 @@ fn shared_limiter(block: Block, limit: Option<RateLimit>) -> Result<Option<Limit
 /// Shared regions keep their rate limit with futexes, which only Linux has: elsewhere
 /// a shared buffer has no limiter, and one built with a limit is refused.
 #[cfg(not(target_os = "linux"))]
-fn shared_limiter(_: Block, limit: Option<RateLimit>) -> Result<Option<Limiter>, BuildError> {
+fn shared_limiter(
+    _: Block,
+    _: Option<(ProcTable, Holder)>,
+    limit: Option<RateLimit>,
+) -> Result<Option<Limiter>, BuildError> {
     match limit {
         None => Ok(None),
         Some(_) => Err(BuildError::new(BuildErrorKind::RateLimit {

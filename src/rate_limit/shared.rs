@@ -28,8 +28,11 @@
 //!   that moves the counts with nobody asleep makes no system call.
 //! - The limit (line 3 from `MIN_SIZE` on; `f64` bits, timeouts in nanoseconds with
 //!   `u64::MAX` for none) is a seqlock under `VERSION` (odd while it is written).
-//!   Setters take turns through `SETTER` (the pid of the one writing, 0: none); a
-//!   setter that finds it held by a process that died takes it over. A reader never
+//!   Setters take turns through `SETTER` (the process-table holder word of the one
+//!   writing, 0: none); a setter that finds it held by a process that died (its entry's
+//!   lock gone, as a lease's holder is judged) takes it over. A pid named another
+//!   process, or none, across PID namespaces: a live setter was taken for dead and two
+//!   wrote the limit at once. A reader never
 //!   waits on a setter: each handle keeps the last limit it read whole and uses it
 //!   while a new one is being written.
 //! - `FLAGS`: [`ON`] once the region's creator has put its limit in (a buffer built
@@ -64,7 +67,7 @@ use std::time::{Duration, Instant};
 use super::{may_go, timeout_error, Interrupt, RateLimit, RateLimitStats, Side};
 use crate::error::RateLimitError;
 use crate::region::Block;
-use crate::shared::procs::runs;
+use crate::shared::procs::{runs, Holder, ProcTable};
 use crate::sync::{fence, handshake_load, yield_now, AtomicU64, Futex, Mutex, Ordering, Parking};
 
 /// Words of a line.
@@ -105,6 +108,9 @@ const SETTER_PATIENCE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(crate) struct SharedLimiter {
     block: Block,
+    /// The region's process table and this process's entry in it, which name and
+    /// judge setters (`None`: a limiter of no process table, judged by pid).
+    member: Option<(ProcTable, Holder)>,
     /// The limit as last read whole, and the `VERSION` it was read at (`None`: never).
     read: Mutex<Option<(u64, RateLimit)>>,
     /// Where `WAKE`'s sleepers sleep (the kernel's queue; under loom, its twin).
@@ -112,10 +118,12 @@ pub(crate) struct SharedLimiter {
 }
 
 impl SharedLimiter {
-    /// The limiter over a region's rate-limit block.
-    pub(crate) fn new(block: Block) -> SharedLimiter {
+    /// The limiter over a region's rate-limit block, of the process whose entry of
+    /// the region's process table `member` names.
+    pub(crate) fn new(block: Block, member: Option<(ProcTable, Holder)>) -> SharedLimiter {
         SharedLimiter {
             block,
+            member,
             read: Mutex::new(None),
             parking: Parking::default(),
         }
@@ -150,13 +158,20 @@ impl SharedLimiter {
 
     /// Writes `limit` under the seqlock, `FLAGS |= flags`, and wakes everyone.
     fn write(&self, limit: RateLimit, flags: u64) -> Result<(), RateLimitError> {
-        let me = u64::from(std::process::id());
+        let me = self
+            .member
+            .as_ref()
+            .map_or(u64::from(std::process::id()), |(_, me)| me.0);
+        let alive = |holder: u64| match &self.member {
+            Some((table, _)) => table.alive(holder),
+            None => runs(holder as u32),
+        };
         let setter = self.word(SETTER);
         let start = Instant::now();
         loop {
             match setter.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => break,
-                Err(holder) if !runs(holder as u32) => {
+                Err(holder) if !alive(holder) => {
                     // Its holder died: take its turn over (and rewrite every field).
                     if setter
                         .compare_exchange(holder, me, Ordering::SeqCst, Ordering::SeqCst)
@@ -167,7 +182,8 @@ impl SharedLimiter {
                 }
                 Err(holder) => {
                     if start.elapsed() > SETTER_PATIENCE {
-                        return Err(RateLimitError::SetterBusy { pid: holder as u32 });
+                        let pid = Holder(holder).pid();
+                        return Err(RateLimitError::SetterBusy { pid });
                     }
                     yield_now();
                 }
@@ -420,11 +436,10 @@ impl RegionRateLimiter {
             crate::region::Region::heap(crate::storage::layout::LIMITER_WORDS)
                 .expect("a region of a few words"),
         );
-        let l = SharedLimiter::new(Block::new(
-            &region,
-            0,
-            crate::storage::layout::LIMITER_WORDS,
-        ));
+        let l = SharedLimiter::new(
+            Block::new(&region, 0, crate::storage::layout::LIMITER_WORDS),
+            None,
+        );
         l.install(limit).expect("nobody else sets it");
         RegionRateLimiter(l)
     }
@@ -452,5 +467,48 @@ impl RegionRateLimiter {
     /// The counts now.
     pub fn stats(&self) -> RateLimitStats {
         self.0.stats().expect("installed")
+    }
+}
+
+#[cfg(all(test, not(replaybuf_loom), target_os = "linux"))]
+mod tests {
+    use super::SETTER;
+    use crate::rate_limit::Limiter;
+    use crate::sync::Ordering;
+    use crate::{DType, RateLimit, ReplayBuffer, Spec};
+
+    /// A setter is judged by its entry of the process table, as a lease's holder is:
+    /// one whose entry nobody holds is dead, whatever process its pid names now (a
+    /// dead setter's pid, run again by another process, made every later set wait
+    /// and fail as busy), and a live member is waited for.
+    #[test]
+    fn a_setter_is_judged_by_its_table_entry_not_its_pid() {
+        let name = format!("test-limit-setter-{}", std::process::id());
+        let spec = Spec::builder().field("id", DType::U64, []).build().unwrap();
+        let rb = ReplayBuffer::builder(spec)
+            .capacity(64)
+            .shared(&name)
+            .rate_limit(RateLimit::min_size(1))
+            .build()
+            .unwrap();
+        let Some(Limiter::Shared(limiter)) = rb.limiter.as_deref() else {
+            panic!("a shared buffer's limiter");
+        };
+        let setter = limiter.word(SETTER);
+        // Entry 63, never claimed, with this (running) process's pid.
+        let dead = (64 << 56) | (1 << 32) | u64::from(std::process::id());
+        setter.store(dead, Ordering::SeqCst);
+        rb.set_rate_limit(RateLimit::min_size(2)).unwrap();
+        assert_eq!(rb.rate_limit_stats().unwrap().limit.min_size_to_sample, 2);
+        let other = ReplayBuffer::attach(&name).unwrap();
+        let (_, live) = other.state().core.storage.member_entry().unwrap();
+        setter.store(live.0, Ordering::SeqCst);
+        let e = rb.set_rate_limit(RateLimit::min_size(3)).unwrap_err();
+        assert!(
+            matches!(e, crate::RateLimitError::SetterBusy { .. }),
+            "{e:?}"
+        );
+        setter.store(0, Ordering::SeqCst);
+        drop(other);
     }
 }

@@ -678,6 +678,17 @@ impl Storage {
         }
     }
 
+    /// The region's process table and this storage's entry in it, if it joined one.
+    pub(crate) fn member_entry(&self) -> Option<(ProcTable, crate::shared::procs::Holder)> {
+        #[cfg(not(replaybuf_loom))]
+        return self
+            .procs
+            .clone()
+            .zip(self.member.as_ref().map(|m| m.holder()));
+        #[cfg(replaybuf_loom)]
+        None
+    }
+
     /// Pids of the live members of a shared region other than this storage's own
     /// membership (none elsewhere): other processes, and other attachments of this
     /// one, whose handles a restore would replace the rows under just the same.
