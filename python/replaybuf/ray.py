@@ -56,6 +56,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -121,15 +122,17 @@ class _BufferActor:
     def _shared(self, capacity: int, kwargs: dict, region: str):
         """The buffer in a shared region named for this actor's incarnation, which
         writers on this node attach to; None if it has a single shard (the actor's)
-        or cannot be shared (its options need the heap). Regions of earlier
-        incarnations that died are removed."""
-        for path in glob.glob(f"/dev/shm/replaybuf.{region}-*"):
-            pid = path.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+        or cannot be shared (its options need the heap). The regions of Ray buffers'
+        actors that died on this node are removed: this actor's earlier incarnations',
+        and those of buffers whose actors were killed with their cluster (their names
+        end in their actor's pid; left, each stayed in /dev/shm for good)."""
+        for path in glob.glob("/dev/shm/replaybuf.ray-*-*-*"):
+            named = _ACTOR_REGION.fullmatch(os.path.basename(path))
+            if named and not _alive(int(named.group(1))):
                 try:
                     os.unlink(path)
-                except FileNotFoundError:
-                    pass
+                except (FileNotFoundError, PermissionError):
+                    pass  # gone meanwhile, or another user's
         if (kwargs.get("shards") or 1) < 2:
             return None  # the actor's own shard is all there is: nothing to share
         name = f"{region}-{os.getpid()}"
@@ -261,6 +264,12 @@ class RayReplayBuffer:
         groups = {"insert": 16, "sample": 16}
         groups.update(concurrency_groups or {})
         actor_class = ray.remote(concurrency_groups=groups)(_BufferActor)
+        # Settings the buffer refuses raise here, as one buffer's constructor raises
+        # them (an actor's failed start came back as "unavailable"); its storage is
+        # reserved, never touched.
+        replaybuf.ReplayBuffer(
+            capacity // num_actors + (1 if capacity % num_actors else 0), **kwargs
+        )
         self.num_actors = num_actors
         self._actors = []
         # Shared memory for same-node writers: Linux only (futexes, /dev/shm).
@@ -300,6 +309,13 @@ class RayReplayBuffer:
         try:
             return ray.get(refs, timeout=timeout)
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+            if getattr(e, "actor_init_failed", False):
+                # Its buffer could not be built or loaded (a checkpoint its restart
+                # cannot load): no retry brings it back. As unavailable, a caller's
+                # documented retry loop never ended.
+                raise replaybuf.ReplayBufferError(
+                    f"a buffer actor could not start, and will not: {e}"
+                ) from e
             raise ReplayBufferUnavailable(f"a buffer actor is unavailable: {e}") from e
         except GetTimeoutError as e:
             raise _NoAnswer(f"no answer from the buffer actor within {timeout} s") from e
@@ -591,7 +607,10 @@ class _InPlace:
     their actors died. Each process has its own (it is never pickled)."""
 
     def __init__(self, rb: RayReplayBuffer):
-        self._rb = rb
+        # The actors, not the buffer: the buffer holds this, and a cycle between the
+        # two kept a finished task's buffer (and its shard's lease) until a garbage
+        # collection, so the next collector found no free shard and shipped its rows.
+        self._actors = rb._actors
         # (actor, buffer, actor's pid); None until looked for; empty: ship everything.
         self._attached: Optional[List[tuple]] = None
         self._turn = 0
@@ -601,7 +620,7 @@ class _InPlace:
         """Whether there are actors on this node to extend in place."""
         if self._attached is None:
             here = ray.get_runtime_context().get_node_id()
-            regions = self._rb._get([a.local_region.remote() for a in self._rb._actors], timeout)
+            regions = RayReplayBuffer._get([a.local_region.remote() for a in self._actors], timeout)
             self._attached = []
             for k, region in enumerate(regions):
                 if region is not None and region[0] == here:
@@ -870,6 +889,11 @@ class RayWriter:
 # in place after an actor died are lost with it, as are rows it acknowledged after
 # its last checkpoint: checking more often would not keep them.
 _ALIVE_EVERY_S = 0.05
+
+
+# The name of an actor's shared region (`_BufferActor._shared`): the buffer's
+# `ray-<12 hex digits>`, the actor's number, and the actor process's pid.
+_ACTOR_REGION = re.compile(r"replaybuf\.ray-[0-9a-f]{12}-[0-9]+-([0-9]+)")
 
 
 def _alive(pid: int) -> bool:

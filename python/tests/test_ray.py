@@ -3,9 +3,13 @@ priorities routed across shards, an actor killed and back with its checkpoint,
 rate-limit timeouts raised through the actor, FIFO queues across actors, and
 same-node writers writing the actors' shared buffers in place."""
 
+import gc
 import glob
 import os
+import pickle
+import subprocess
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -654,3 +658,47 @@ def test_a_writer_whose_first_chunk_is_empty_ships_8_mib():
     assert w._max_rows == (8 << 20) // (8 + 12)
     w.flush()
     assert sorted(rb.read_all()["id"].tolist()) == list(range(5))
+
+
+def test_settings_the_buffer_refuses_raise_as_a_single_buffer_raises_them():
+    # An actor's failed start came back as ReplayBufferUnavailable, "retryable".
+    with pytest.raises(replaybuf.ReplayBufferError) as e:
+        RayReplayBuffer(100, spec={"x": ("float33", ())})
+    assert not isinstance(e.value, ReplayBufferUnavailable)
+    with pytest.raises(replaybuf.ReplayBufferError) as e:
+        RayReplayBuffer(100, spec=SPEC, shards=3)
+    assert not isinstance(e.value, ReplayBufferUnavailable)
+
+
+def test_a_buffer_handle_dropped_lets_go_of_its_shard_without_a_collection():
+    rb = RayReplayBuffer(1_000, spec=SPEC, shards=2)
+    copy = pickle.loads(pickle.dumps(rb))  # as a task gets it
+    copy.extend(rows(range(5)))  # in place: the copy attaches to the actor's region
+    assert copy._here._attached, "written in place"
+    gone = weakref.ref(copy)
+    gc.disable()
+    try:
+        del copy
+        assert gone() is None, "a cycle kept the handle (and its shard's lease)"
+    finally:
+        gc.enable()
+    assert len(rb) == 5
+
+
+def test_the_regions_of_dead_actors_are_removed_when_a_buffer_starts():
+    child = subprocess.Popen(["true"])
+    child.wait()  # a pid no process runs now
+    stale = f"/dev/shm/replaybuf.ray-0123456789ab-0-{child.pid}"
+    kept = "/dev/shm/replaybuf.ray-run-0"  # not an actor's region: left alone
+    for path in (stale, kept):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 8)
+    try:
+        rb = RayReplayBuffer(1_000, spec=SPEC, shards=2)
+        rb.extend(rows(range(3)))
+        assert not os.path.exists(stale)
+        assert os.path.exists(kept)
+    finally:
+        for path in (stale, kept):
+            if os.path.exists(path):
+                os.unlink(path)
