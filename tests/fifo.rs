@@ -281,3 +281,20 @@ fn a_max_value_writer_is_refused_beside_a_queue() {
         .unwrap_err();
     assert!(e.to_string().contains("FIFO"), "{e}");
 }
+
+#[test]
+fn queued_counts_the_rows_not_taken_yet() {
+    let rb = builder(8).shards(2).build().unwrap();
+    assert_eq!(rb.queued(), Some(0));
+    rb.extend(&rows(&rb, 0..3)).unwrap();
+    rb.extend(&rows(&rb, 3..6)).unwrap(); // the other shard
+    assert_eq!(rb.queued(), Some(6));
+    let taken = rb.sample(4).unwrap().len();
+    assert_eq!((rb.queued(), rb.len()), (Some(6 - taken), 6));
+    while rb.queued() != Some(0) {
+        rb.sample(4).unwrap();
+    }
+    assert_eq!(rb.len(), 6, "taken rows stay until overwritten");
+    let uniform = ReplayBuffer::builder(spec()).capacity(8).build().unwrap();
+    assert_eq!(uniform.queued(), None);
+}

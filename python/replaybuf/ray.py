@@ -179,6 +179,11 @@ class _BufferActor:
     def update_priority(self, index, priority, generation) -> tuple:
         return self.rb.update_priority(index, priority, generation)
 
+    def queued(self) -> int:
+        """Rows its FIFO sampler has not taken yet (its size for another sampler)."""
+        queued = self.rb.queued()
+        return len(self.rb) if queued is None else queued
+
     def size(self) -> int:
         return len(self.rb)
 
@@ -458,11 +463,13 @@ class RayReplayBuffer:
         at random) for the rows still missing, as one buffer's batch takes from its
         shards; short when fewer rows wait, and "empty" only when no actor has any."""
         parts, left = [], batch_size
-        # The actors that hold rows, from one picked at random: an empty one's sample
-        # would wait on its own queue's limit while others hold rows. All of them
-        # when none does (the batch then waits as one buffer's would).
-        sizes = self._get([a.size.remote() for a in self._actors])
-        holding = [k for k in range(self.num_actors) if sizes[k] > 0] or list(
+        # The actors with rows not taken yet, from one picked at random: a drained
+        # one's sample would wait on its own queue's limit while others hold rows
+        # (picked by size, which counts taken rows, a batch waited on drained actors
+        # for good). All of them when none has any (the batch then waits as one
+        # buffer's would).
+        queued = self._get([a.queued.remote() for a in self._actors])
+        holding = [k for k in range(self.num_actors) if queued[k] > 0] or list(
             range(self.num_actors)
         )
         start = int(self._rng.integers(len(holding)))
@@ -470,10 +477,14 @@ class RayReplayBuffer:
             k = holding[(start + i) % len(holding)]
             try:
                 part = self._get(self._actors[k].sample.remote(left))
-            except replaybuf.ReplayBufferValueError as e:
-                if "empty" not in str(e):
-                    raise
-                continue
+            except replaybuf.ReplayBufferError as e:
+                if isinstance(e, replaybuf.ReplayBufferValueError) and "empty" in str(e):
+                    continue
+                if parts:
+                    # The rows taken from the actors before are theirs no more: the
+                    # batch goes out short rather than losing them.
+                    break
+                raise
             parts.append((k, part))
             left -= len(part[_INDEX])
             if left == 0:

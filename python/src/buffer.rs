@@ -653,6 +653,11 @@ impl Buffer {
         Ok(self.handle(py)?.epoch_left())
     }
 
+    /// Rows a FIFO sampler has not taken yet (None for other samplers).
+    fn queued(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self.handle(py)?.queued())
+    }
+
     /// 1, or 2 for a storage of `[steps, envs]`.
     #[getter]
     fn ndim(&self, py: Python<'_>) -> PyResult<usize> {

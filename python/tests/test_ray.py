@@ -702,3 +702,25 @@ def test_the_regions_of_dead_actors_are_removed_when_a_buffer_starts():
         for path in (stale, kept):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_fifo_batch_over_actors_asks_those_with_rows_waiting_and_keeps_what_it_took():
+    # Actors were picked by size, which counts taken rows: a drained actor was asked,
+    # waited on its queue's limit and timed out, and the rows taken from the actor
+    # asked before it were dropped with the error.
+    rb = RayReplayBuffer(
+        64,
+        spec=SPEC,
+        num_actors=2,
+        sampler=replaybuf.Fifo(),
+        local_writes=False,
+        rate_limit=replaybuf.RateLimit.queue(16, sample_timeout=0.3),
+    )
+    rb.extend(rows(range(4)))
+    rb.extend(rows(range(4, 8)))
+    assert len(rb.sample(8)["id"]) == 8
+    rb.extend(rows([8, 9]))  # to actor 0
+    for _ in range(4):
+        got = rb.sample(4)
+        assert sorted(got["id"].tolist()) == [8, 9]
+        rb.extend(rows([8, 9]))

@@ -174,6 +174,15 @@ impl ReplayBuffer {
             .map(|left| left as usize)
     }
 
+    /// Rows a [`Fifo`](crate::sampler::Fifo) sampler has not taken yet (`None` for
+    /// other samplers): what the next samples can take without waiting for a
+    /// collector. `len` counts the rows taken too, until they are overwritten.
+    pub fn queued(&self) -> Option<usize> {
+        let inner = self.state();
+        matches!(inner.core.sampler, crate::sampler::SamplerEngine::Fifo)
+            .then(|| crate::sampler::fifo::waiting(&inner.core.storage) as usize)
+    }
+
     /// Whether the buffer is a read-only dataset ([`WritePolicy::Immutable`]: what
     /// [`open_dataset`](Self::open_dataset) gives), whose rows no call changes.
     ///
