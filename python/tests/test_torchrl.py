@@ -1165,6 +1165,17 @@ def test_an_ndim2_storage_reports_its_rounded_size(rl):
     assert (rb.storage.max_size, len(rb)) == (12, 12)
 
 
+def test_the_sampler_updates_priorities_and_ellipsis_reads_every_row(rl):
+    rb = rl.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=rl.LazyTensorStorage(10), batch_size=64
+    )
+    rb.extend(transitions(4))
+    rb.sampler.update_priority(torch.tensor([0, 1, 2, 3]), torch.tensor([0.0, 0.0, 9.0, 0.0]))
+    assert set(rb.sample()["step"].tolist()) == {2}
+    assert rb[...]["step"].tolist() == [0, 1, 2, 3]
+    assert rb[None].batch_size == torch.Size([1, 4])
+
+
 def test_state_dict_round_trip(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(14))

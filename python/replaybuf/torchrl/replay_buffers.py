@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -255,6 +256,9 @@ class ReplayBuffer(LazyEngine):
         self._counts_writes = isinstance(self._writer, TensorDictMaxValueWriter)
         self._count_lock = threading.Lock()
         self._storage._rb = self
+        # TorchRL's `rb.sampler.update_priority(index, priority)` goes through the
+        # buffer, which knows its indices.
+        self._sampler._rb = weakref.ref(self)
         if isinstance(self._storage, TensorStorage):
             self._fill(self._storage._initial)
             # TorchRL's TensorStorage holds its data from the start, written by no
@@ -632,6 +636,11 @@ class ReplayBuffer(LazyEngine):
             isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
         ):
             return self[:][index]
+        if index is Ellipsis:
+            return self[:]
+        if index is None:
+            # A new leading dimension over every row, as indexing `rb[:]` with None.
+            return self[:][None]
         if isinstance(index, tuple) and len(index) == 1:
             return self[index[0]]
         if isinstance(index, tuple):

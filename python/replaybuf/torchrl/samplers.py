@@ -46,6 +46,8 @@ class Sampler:
         self.ran_out = False
         # The engine buffer, once made.
         self._native: Any = None
+        # The buffer the sampler is in (a weak reference), once it is.
+        self._rb: Any = None
 
     def _describe_for(self, keys: Collection[NestedKey]) -> Any:
         """The engine's sampler for a buffer whose data has these keys."""
@@ -150,6 +152,14 @@ class PrioritizedSampler(Sampler):
         if self._native is not None:
             self._native.beta = value
         self._beta = value
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
+        """Sets the priorities of the rows at ``index`` (TorchRL's
+        ``sampler.update_priority``): the same as the buffer's ``update_priority``."""
+        rb = self._rb() if self._rb is not None else None
+        if rb is None:
+            raise RuntimeError("this sampler belongs to no replay buffer")
+        rb.update_priority(index, priority)
 
     def _prioritized(self) -> Prioritized:
         return Prioritized(
