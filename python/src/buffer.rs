@@ -102,8 +102,10 @@ pub(crate) struct Buffer {
     /// `sample`'s arrays, written again once the caller has dropped them.
     recycler: Recycler,
     fields: Vec<FieldOut>,
-    prioritized: bool,
-    slices: bool,
+    /// Whether the sampler is prioritized (samples carry `weight`), and whether it
+    /// samples slices (`marks`): as the buffer was built, or `reconfigure` made it.
+    prioritized: AtomicBool,
+    slices: AtomicBool,
     /// Whether samples give `index` as int64 (what torch indexes with) rather than
     /// uint64.
     signed_index: AtomicBool,
@@ -183,8 +185,8 @@ impl Buffer {
             })
             .collect::<PyResult<Vec<_>>>()?;
         Ok(Buffer {
-            prioritized: rb.alpha().is_some(),
-            slices: rb.slice_sampler().is_some(),
+            prioritized: AtomicBool::new(rb.alpha().is_some()),
+            slices: AtomicBool::new(rb.slice_sampler().is_some()),
             signed_index: AtomicBool::new(false),
             recycler: Recycler::new(py),
             here: AtomicPtr::new(Here::new(rb)),
@@ -373,10 +375,10 @@ impl Buffer {
             ("index", self.index_descr(py)),
             ("generation", PyArrayDescr::of::<u64>(py)),
         ];
-        if self.prioritized {
+        if self.prioritized.load(Ordering::Relaxed) {
             out.push(("weight", PyArrayDescr::of::<f32>(py)));
         }
-        if self.slices {
+        if self.slices.load(Ordering::Relaxed) {
             out.push(("marks", PyArrayDescr::of::<u8>(py)));
         }
         out
@@ -398,7 +400,8 @@ impl Buffer {
         let rb = here.read(py);
         let spec: &Spec = rb.spec();
         let fields = self.fields.len();
-        let (prioritized, slices) = (self.prioritized, self.slices);
+        let prioritized = self.prioritized.load(Ordering::Relaxed);
+        let slices = self.slices.load(Ordering::Relaxed);
         gil::detach(py, || {
             let spans = spans;
             // SAFETY: every span is the data of an array of that many bytes that the
@@ -716,13 +719,13 @@ impl Buffer {
     /// Whether the sampler is prioritized (samples carry `weight`).
     #[getter]
     fn prioritized(&self) -> bool {
-        self.prioritized
+        self.prioritized.load(Ordering::Relaxed)
     }
 
     /// Whether the sampler draws slices of trajectories (samples carry `marks`).
     #[getter]
     fn samples_slices(&self) -> bool {
-        self.slices
+        self.slices.load(Ordering::Relaxed)
     }
 
     /// The shared region's name, for a shared buffer.
@@ -1177,6 +1180,47 @@ impl Buffer {
         let indices = positions(&rb, index)?;
         self.with_batch(py, &rb, data, true, |b| rb.write_at(&indices, b))?
             .map_err(py_err)
+    }
+
+    /// Swaps the sampler, the write policy or the capacity of a built buffer, its rows
+    /// and priorities kept (TorchRL's `set_sampler`, `set_writer`, `set_storage`): a
+    /// cold path, which holds collectors and learners back while the rows are
+    /// carried. `sampler` and `write_policy` as the constructor takes them; with
+    /// `capacity`, the rows move to a heap storage of that many (the newest kept).
+    /// A shared buffer refuses every swap; on any error nothing changes.
+    #[pyo3(signature = (*, sampler = None, write_policy = None, capacity = None))]
+    fn reconfigure(
+        &self,
+        py: Python<'_>,
+        sampler: Option<&Bound<'_, PyAny>>,
+        write_policy: Option<&Bound<'_, PyAny>>,
+        capacity: Option<usize>,
+    ) -> PyResult<()> {
+        let sampler = sampler.map(|s| config::sampler(Some(s))).transpose()?;
+        let write_policy = write_policy
+            .map(|w| config::write_policy(Some(w)))
+            .transpose()?;
+        let rb = self.handle(py)?;
+        gil::detach(py, || {
+            let mut change = rb.reconfigure();
+            if let Some(s) = sampler {
+                change = change.sampler(s);
+            }
+            if let Some(w) = write_policy {
+                change = change.write_policy(w);
+            }
+            if let Some(c) = capacity {
+                change = change.storage(replaybuf::swap::StorageConfig::heap().capacity(c));
+            }
+            change.apply()
+        })
+        .map_err(py_err)?;
+        // What samples carry follows the sampler now in force.
+        self.prioritized
+            .store(rb.alpha().is_some(), Ordering::Relaxed);
+        self.slices
+            .store(rb.slice_sampler().is_some(), Ordering::Relaxed);
+        Ok(())
     }
 
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.

@@ -4,6 +4,7 @@ input that changes nothing. Every error is a ReplayBufferError and its builtin."
 
 import gc
 import json
+import os
 import shutil
 import tracemalloc
 
@@ -963,3 +964,28 @@ def test_a_spec_dict_changed_while_it_is_read_is_an_error_not_a_panic():
         ReplayBuffer(4, spec=spec)
     except ReplayBufferError:
         pass
+
+
+def test_reconfigure_swaps_the_sampler_writer_and_capacity_keeping_the_rows():
+    rb = buffer(capacity=16, n=10)
+    rb.reconfigure(sampler=replaybuf.Prioritized(alpha=1.0, beta=1.0))
+    assert rb.prioritized and len(rb) == 10
+    batch = rb.sample(8)
+    assert "weight" in batch and set(check(batch)) <= set(range(10))
+    rb.update_priority(batch["index"], np.zeros(8))
+    rb.reconfigure(capacity=4)  # the newest rows, priorities kept
+    assert len(rb) == 4 and sorted(check(rb.read_all_in_order()).tolist()) == [6, 7, 8, 9]
+    rb.reconfigure(sampler=replaybuf.Uniform())
+    assert not rb.prioritized and "weight" not in rb.sample(4)
+    with raises(ValueError):
+        rb.reconfigure(sampler={"kind": "no such sampler"})
+    assert len(rb) == 4 and rb.capacity == 4  # nothing changed
+
+
+def test_a_shared_buffer_refuses_a_reconfigure(tmp_path):
+    name = f"test-reconfigure-{os.getpid()}"
+    rb = ReplayBuffer(16, spec=SPEC, shared=name)
+    rb.extend(data(np.arange(4)))
+    with pytest.raises(ReplayBufferError):
+        rb.reconfigure(capacity=8)
+    assert len(rb) == 4

@@ -1176,6 +1176,30 @@ def test_the_sampler_updates_priorities_and_ellipsis_reads_every_row(rl):
     assert rb[None].batch_size == torch.Size([1, 4])
 
 
+def test_set_sampler_writer_and_storage():
+    # TorchRL's new sampler starts without the rows (a prioritized one then fails to
+    # sample: "non-positive p_sum"); here the rows go on, drawn by the new sampler.
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10), batch_size=4)
+    rb.extend(transitions(6))
+    prev = rb.set_sampler(rl.PrioritizedSampler(10, alpha=1.0, beta=1.0))
+    assert isinstance(prev, rl.RandomSampler) and len(rb) == 6 and rb.write_count == 6
+    batch = rb.sample()
+    assert "priority_weight" in batch.keys()
+    rb.update_priority(torch.arange(6), torch.tensor([0.0, 0.0, 0.0, 9.0, 0.0, 0.0]))
+    assert set(rb.sample()["step"].tolist()) == {3}
+    prev = rb.set_writer(rl.RoundRobinWriter())
+    rb.extend(transitions(2, start=100))
+    assert len(rb) == 8 and rb.write_count == 8
+    prev = rb.set_storage(rl.LazyTensorStorage(20))
+    assert isinstance(prev, rl.LazyTensorStorage) and len(rb) == 0 and rb.write_count == 8
+    rb.extend(TensorDict({"y": torch.arange(3.0)}, [3]))  # a new storage: new fields
+    assert rb[:]["y"].tolist() == [0.0, 1.0, 2.0] and rb.write_count == 11
+    unsized = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(4))
+    with pytest.raises(ValueError):  # drop_last needs a batch size
+        unsized.set_sampler(rl.SamplerWithoutReplacement(drop_last=True))
+
+
 def test_state_dict_round_trip(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10))
     rb.extend(transitions(14))

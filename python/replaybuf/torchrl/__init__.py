@@ -51,7 +51,14 @@ Differences from TorchRL, on purpose
   directory is not TorchRL's layout. Save hooks get the stored rows in storage order
   and what they return is memory-mapped under ``<dir>/storage``; load hooks get the
   loaded rows and what they return is written back. ``state_dict`` holds the same
-  files as bytes.
+  files as ``uint8`` tensors (``torch.load``'s default ``weights_only=True`` loads
+  them; an older state dict of bytes still loads). Buffers are not pickled or
+  deep-copied: ``state_dict`` or ``dumps`` one, and load it into another.
+- **Swaps.** ``set_sampler`` and ``set_writer`` keep the stored rows, drawn by the new
+  sampler (a prioritized one keeps a prioritized one's priorities; TorchRL's new
+  sampler starts without the rows, and a prioritized one cannot sample them).
+  ``set_storage`` starts over on the new storage as TorchRL's does, with new fields
+  fixed by its first write; ``write_count`` goes on across all three.
 - **Errors** are replaybuf's (``ReplayBufferError`` subclasses of ``ValueError``,
   ``TypeError``, ``KeyError``, ``IndexError``) where the engine refuses data, e.g. a
   dtype that differs from the stored field's (TorchRL raises ``RuntimeError``). A

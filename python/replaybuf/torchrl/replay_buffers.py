@@ -11,6 +11,7 @@ copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import weakref
@@ -809,6 +810,89 @@ class ReplayBuffer(LazyEngine):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         _checkpoint.load_state_dict(self, state_dict)
+
+    # ----------------------------------------------------------------- swaps
+
+    def set_sampler(self, sampler: Sampler) -> Sampler:
+        """Puts ``sampler`` in and returns the previous one (TorchRL's). The stored
+        rows stay, drawn by the new sampler: a prioritized one keeps the priorities of
+        a prioritized one before it, and gives the rows of another the largest
+        priority seen (TorchRL's new sampler starts without them)."""
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"expected a replaybuf.torchrl sampler, got {type(sampler).__name__}")
+        if self._batch_size is None and getattr(sampler, "drop_last", False):
+            raise ValueError(
+                "Samplers with drop_last=True must work with a predictable batch-size. "
+                "Please pass the batch-size to the ReplayBuffer constructor."
+            )
+        with self._build_lock:
+            native = self._native
+            if native is not None:
+                keys = [f.key for f in self._layout.fields]
+                with self._count_kept():
+                    native.reconfigure(sampler=sampler._describe_for(keys))
+                sampler._native = native
+                envs = self._envs if self._storage.ndim == 2 else 0
+                self._plan = SamplePlan(sampler, self._layout, envs)
+            prev, self._sampler = self._sampler, sampler
+            prev._native, prev._rb = None, None
+            sampler._rb = weakref.ref(self)
+            self._last = None
+        return prev
+
+    def set_writer(self, writer: Writer) -> Writer:
+        """Puts ``writer`` in and returns the previous one (TorchRL's); the stored rows
+        stay."""
+        if not isinstance(writer, Writer):
+            raise TypeError(f"expected a replaybuf.torchrl writer, got {type(writer).__name__}")
+        with self._build_lock:
+            native = self._native
+            if native is not None:
+                with self._count_kept(isinstance(writer, TensorDictMaxValueWriter)):
+                    native.reconfigure(write_policy=writer._describe())
+            else:
+                self._counts_writes = isinstance(writer, TensorDictMaxValueWriter)
+            prev, self._writer = self._writer, writer
+        return prev
+
+    def set_storage(self, storage: Storage, collate_fn: Optional[Callable] = None) -> Storage:
+        """Puts ``storage`` in and returns the previous one (TorchRL's): the buffer
+        then holds what the new storage holds (nothing, for a new lazy storage; a
+        :class:`TensorStorage`'s rows), with fields fixed by its first write as a new
+        buffer's are. ``write_count`` goes on, and ``collate_fn`` is set (``None``:
+        the default)."""
+        if not isinstance(storage, Storage):
+            raise TypeError(f"expected a replaybuf.torchrl storage, got {type(storage).__name__}")
+        if getattr(storage, "_rb", None) not in (None, self):
+            raise ValueError("this storage belongs to another replay buffer")
+        count = self.write_count
+        self._unmake_native()
+        prev, self._storage = self._storage, storage
+        prev._rb = None
+        storage._rb = self
+        self._collate_fn = collate_fn
+        self._dim_extend = storage.ndim - 1
+        self._write_count_base = count
+        self._last = None
+        if isinstance(storage, TensorStorage):
+            self._fill(storage._initial)
+            # Its rows were there from the start, written by no writer.
+            self._write_count_base -= self.write_count - count
+        return prev
+
+    @contextlib.contextmanager
+    def _count_kept(self, counts_writes: Optional[bool] = None) -> Iterator[None]:
+        """Keeps ``write_count`` across a swap of the engine buffer (whose own count
+        starts again from the rows a copy carries), with a max-value writer's way of
+        counting if ``counts_writes`` says so (None: as now)."""
+        count = self.write_count
+        yield
+        if counts_writes is not None:
+            self._counts_writes = counts_writes
+        if self._counts_writes:
+            self._write_count_base = count
+        else:
+            self._write_count_base = count - self._native.write_count // self._envs
 
     # ----------------------------------------------------------------- attributes
 
