@@ -322,6 +322,12 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
             index: Vec::new(),
             generation: Vec::new(),
         };
+        // Room for the items before anything is drawn (an epoch moves with a draw):
+        // `vec!` aborted the process on a sample of large items past memory.
+        let mut items: Vec<Option<T>> = Vec::new();
+        if items.try_reserve_exact(n).is_err() {
+            return (Err(SampleError::TooLarge { rows: n }), batch);
+        }
         if let Err(e) = inner
             .sampler
             .draw(&inner.shards, &windows, rng, n, draws, None)
@@ -330,7 +336,7 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
         }
         let want = inner.sampler.want();
         let mut redraw = uniform_redraw(&inner.shards, &mut windows, rng);
-        let mut items: Vec<Option<T>> = vec![None; draws.len()];
+        items.resize(draws.len(), None);
         batch.index = vec![0; draws.len()];
         batch.generation = vec![0; draws.len()];
         let read = read_draws(

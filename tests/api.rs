@@ -786,3 +786,20 @@ fn a_typed_buffer_of_rows_too_large_is_refused_not_a_panic() {
     small.save(dir.path()).unwrap();
     assert!(TypedBuffer::<Huge>::from_checkpoint(dir.path()).is_err());
 }
+
+#[test]
+fn a_list_sample_of_large_items_past_memory_is_refused_before_drawing() {
+    // Room for the draws was there (32 bytes a row), and the items' `vec!` (64 KiB
+    // a row) aborted the process.
+    let rb = ListBuffer::<[u8; 1 << 16]>::builder()
+        .capacity(4)
+        .sampler(WithoutReplacement::new().shuffle(false))
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        rb.push([7; 1 << 16]).unwrap();
+    }
+    let n = 1 << 26;
+    assert_eq!(rb.sample(n).unwrap_err(), SampleError::TooLarge { rows: n });
+    assert_eq!(rb.sample(4).unwrap().items().len(), 4, "the epoch is whole");
+}
