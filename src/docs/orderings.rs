@@ -517,6 +517,28 @@
 //! again from the new mark). Skipping rows that left the window is a `fetch_max`,
 //! which never moves the mark back past rows another learner took.
 //!
+//! ## 14. A frames buffer's side slots (`storage/frames.rs`)
+//!
+//! A side slot (the next value of an episode's last step) is a small seqlock of its
+//! own: its tag is the row's slot sequence plus one when whole, and `SIDE_TAKEN` while
+//! an appender writes it. An appender takes the slot with a compare-and-swap from a
+//! whole slot's tag (`Acquire`: the last holder's bytes, published by its `Release`
+//! store of the tag, come before this one's), then a `Release` fence, the bytes
+//! (atomic word stores, as any row copy, so §6 holds for them), and a `Release` store
+//! of its tag. A reader loads the tag (`Acquire`), copies, fences (`Acquire`) and loads
+//! the tag again: a copy that saw any byte of a later writer sees its `SIDE_TAKEN` or
+//! its tag at the second load, and misses. Two appenders that come to one slot (their
+//! side counts `slots` apart) write it in turn; before, both zeroed the tag and wrote
+//! at once, and a reader took the mix under whichever tag was stored last (loom:
+//! `two_appenders_ending_episodes_into_one_side_slot_write_it_in_turn`). An appender
+//! that died holding a slot leaves it taken: the next one gives up after a wait (its
+//! row misses) and the shard's recovery frees it.
+//!
+//! A shared restore and an attach meet the same way (§10): the restorer marks the
+//! region and then reads the process table, the attacher joins the table and then
+//! reads the mark, each with a `SeqCst` fence between its store and its load, so at
+//! least one sees the other (`Storage::begin_restore`, `Storage::restoring`).
+//!
 //! ## What checks this
 //!
 //! - **loom** (`loom-tests/`, run by `.ci/run` with `LOOM_MAX_PREEMPTIONS=2`): the slot
