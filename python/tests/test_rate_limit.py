@@ -174,7 +174,11 @@ def test_collector_and_learner_threads_share_a_bounded_fifo_queue():
 
 
 WAIT_FOREVER = """
+import signal
 import numpy as np, replaybuf
+# Ctrl-C raises KeyboardInterrupt, whoever started the tests: a shell's background job
+# (`cmd &` without job control) starts with SIGINT ignored, and passes that on.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 limit = replaybuf.RateLimit.{limit}
 rb = replaybuf.ReplayBuffer(64, spec={{"id": ("int64", ())}}, rate_limit=limit)
 {before}
