@@ -70,7 +70,9 @@ fn a_rebuild_racing_the_collector_that_laps_its_frames_is_whole() {
 fn episode_end(rb: &ReplayBuffer, i: u64) -> Batch {
     let mut batch = rb.batch([1]);
     batch.set("obs", &[i, i]).expect("obs");
-    batch.set("next_obs", &[i + 100, i + 100]).expect("next_obs");
+    batch
+        .set("next_obs", &[i + 100, i + 100])
+        .expect("next_obs");
     batch.set("done", &[1u8]).expect("done");
     batch
 }
@@ -100,13 +102,15 @@ fn two_appenders_ending_episodes_into_one_side_slot_write_it_in_turn() {
                 })
             })
             .collect();
-        if let Ok(batch) = rb.sample(1) {
-            let obs = batch.column::<u64>("obs").unwrap();
-            let next = batch.column::<u64>("next_obs").unwrap();
+        // Every row stored now, each whole or left out.
+        let batch = rb.read_all_in_order(None);
+        let obs = batch.column::<u64>("obs").unwrap();
+        let next = batch.column::<u64>("next_obs").unwrap();
+        for (o, n) in obs.chunks(2).zip(next.chunks(2)) {
             assert_eq!(
-                next,
-                [obs[0] + 100, obs[0] + 100],
-                "row {obs:?} has another row's next value"
+                n,
+                [o[0] + 100, o[0] + 100],
+                "row {o:?} has another row's next value"
             );
         }
         for a in appenders {
