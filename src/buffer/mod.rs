@@ -178,9 +178,7 @@ impl ReplayBuffer {
     /// other samplers): what the next samples can take without waiting for a
     /// collector. `len` counts the rows taken too, until they are overwritten.
     pub fn queued(&self) -> Option<usize> {
-        let inner = self.state();
-        matches!(inner.core.sampler, crate::sampler::SamplerEngine::Fifo)
-            .then(|| crate::sampler::fifo::waiting(&inner.core.storage) as usize)
+        self.state().core.queued().map(|n| n as usize)
     }
 
     /// Whether the buffer is a read-only dataset ([`WritePolicy::Immutable`]: what

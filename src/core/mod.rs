@@ -50,6 +50,12 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// The rows a FIFO sampler has not taken yet (`None` for another sampler).
+    pub(crate) fn queued(&self) -> Option<u64> {
+        matches!(self.sampler, SamplerEngine::Fifo)
+            .then(|| crate::sampler::fifo::waiting(&self.storage))
+    }
+
     /// The shard of the next buffer-level extend: round robin across calls.
     pub(crate) fn pick_shard(&self) -> Result<usize, DataError> {
         if let Some(leased) = self.storage.process_lease() {

@@ -680,11 +680,13 @@ impl Storage {
 
     /// The region's process table and this storage's entry in it, if it joined one.
     pub(crate) fn member_entry(&self) -> Option<(ProcTable, crate::shared::procs::Holder)> {
+        self.procs.clone().zip(self.holder())
+    }
+
+    /// This storage's entry of its shared region's process table, if it joined one.
+    fn holder(&self) -> Option<crate::shared::procs::Holder> {
         #[cfg(not(replaybuf_loom))]
-        return self
-            .procs
-            .clone()
-            .zip(self.member.as_ref().map(|m| m.holder()));
+        return self.member.as_ref().map(|m| m.holder());
         #[cfg(replaybuf_loom)]
         None
     }
@@ -693,13 +695,9 @@ impl Storage {
     /// membership (none elsewhere): other processes, and other attachments of this
     /// one, whose handles a restore would replace the rows under just the same.
     pub(crate) fn other_members(&self) -> Vec<u32> {
-        #[cfg(not(replaybuf_loom))]
-        let me = self.member.as_ref().map(|m| m.holder());
-        #[cfg(replaybuf_loom)]
-        let me = None;
         self.procs
             .as_ref()
-            .map(|t| t.live_except(me))
+            .map(|t| t.live_except(self.holder()))
             .unwrap_or_default()
     }
 

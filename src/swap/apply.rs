@@ -63,7 +63,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     let carrying = fresh
         .is_some()
         .then(|| old.core.storage.begin_carry(&frozen));
-    let queued = queue_waiting(&old);
+    let queued = old.core.queued();
     let mut new = match fresh {
         Some(mut new) => {
             carry::carry(&old, &mut new);
@@ -78,7 +78,7 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     // collector back again, and each sample waited out the queue's grace for rows that
     // would never come, and failed.
     let dropped = queued
-        .zip(queue_waiting(&new))
+        .zip(new.core.queued())
         .map(|(q, n)| q.saturating_sub(n));
     if let (Some(limiter), Some(dropped)) = (&buffer.limiter, dropped.filter(|&d| d > 0)) {
         limiter.refund_inserts(dropped);
@@ -89,12 +89,6 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
     drop(frozen);
     drop(held);
     Ok(())
-}
-
-/// The rows of a FIFO buffer's storage not taken yet (`None` for another sampler).
-fn queue_waiting(state: &State) -> Option<u64> {
-    matches!(state.core.sampler, SamplerEngine::Fifo)
-        .then(|| crate::sampler::fifo::waiting(&state.core.storage))
 }
 
 /// The configuration the buffer will have, checked, and how it gets there.
