@@ -474,3 +474,52 @@ fn an_insert_whose_inverse_transform_panics_gives_its_rows_back() {
     assert!(caught.is_err());
     assert_eq!(rb.rate_limit_stats().unwrap(), before);
 }
+
+#[test]
+fn an_emptied_fifo_buffer_says_so_at_once() {
+    // Its rows all taken, nothing counted in and not drawn: the sample looked for
+    // rows on their way for a second before it said the buffer was empty.
+    let rb = builder(64)
+        .sampler(replaybuf::sampler::Fifo)
+        .rate_limit(RateLimit::min_size(1))
+        .build()
+        .unwrap();
+    rb.extend(&rows(&rb, 0, 4)).unwrap();
+    assert_eq!(rb.sample(4).unwrap().len(), 4);
+    let started = std::time::Instant::now();
+    assert!(matches!(rb.sample(1), Err(SampleError::Empty)));
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+#[allow(clippy::disallowed_methods)]
+fn a_sample_looks_for_rows_on_their_way_no_longer_than_its_timeout() {
+    // An insert counted by the limit and held in its inverse transform: the empty
+    // buffer's sample waited out the whole second's grace, past its 100 ms timeout.
+    let limit = RateLimit::min_size(1).sample_timeout(Some(Duration::from_millis(100)));
+    let rb = builder(64).rate_limit(limit).build().unwrap();
+    rb.append_transform(replaybuf::Transform::inverse(|_: &mut replaybuf::Batch| {
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(())
+    }));
+    let batch = rows(&rb, 0, 4);
+    std::thread::scope(|s| {
+        let collector = s.spawn(|| rb.extend(&batch).map(|_| ()));
+        while rb.rate_limit_stats().unwrap().inserts == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = std::time::Instant::now();
+        assert!(matches!(rb.sample(1), Err(SampleError::Empty)));
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        collector.join().unwrap().unwrap();
+    });
+    assert_eq!(rb.sample(1).unwrap().len(), 1);
+}

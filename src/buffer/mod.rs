@@ -19,9 +19,10 @@ use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError, SampleFailed};
 use crate::learner::Learner;
 use crate::policy::Admit;
-use crate::rate_limit::Limiter;
+use crate::rate_limit::{Limiter, RateLimitStats};
 use crate::rng::{self, Rng};
 use crate::sampler::slice::Slice;
+use crate::sampler::SamplerEngine;
 use crate::spec::Spec;
 use crate::state::{State, StateCell};
 use crate::storage::geometry::Geometry;
@@ -33,7 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a rate-limited sample looks for the rows of an insert the limit counted
-/// before it reports the buffer empty (see `limited_sample`).
+/// before it reports the buffer empty, at most (see `limited_sample`; a shorter
+/// sample timeout is the limit).
 const QUEUE_GRACE: Duration = Duration::from_secs(1);
 
 #[cfg(not(replaybuf_loom))]
@@ -595,13 +597,31 @@ impl ReplayBuffer {
                 return out;
             }
             limiter.refund_samples(rows.saturating_sub(drawn) as u64);
-            // Empty, with inserts counted: their rows are on their way.
-            let in_flight = || limiter.stats().is_some_and(|s| s.inserts > 0);
-            if !matches!(out, Err(SampleError::Empty)) || !in_flight() {
+            if !matches!(out, Err(SampleError::Empty)) {
                 return out;
             }
+            // Empty, with inserts counted: their rows are on their way. A FIFO
+            // buffer's rows are taken as they are drawn, so it waits only for rows
+            // counted in and not drawn yet (one its learners emptied says so at
+            // once). Looked for no longer than the sample's own timeout.
+            let fifo = matches!(self.state().core.sampler, SamplerEngine::Fifo);
+            let in_flight = |s: &RateLimitStats| {
+                if fifo {
+                    s.inserts > s.samples
+                } else {
+                    s.inserts > 0
+                }
+            };
+            let Some(stats) = limiter.stats().filter(in_flight) else {
+                return out;
+            };
+            let wait = stats
+                .limit
+                .timeouts()
+                .1
+                .map_or(QUEUE_GRACE, |t| t.min(QUEUE_GRACE));
             let (since, backoff) = grace.get_or_insert_with(|| (Instant::now(), Backoff::new()));
-            if since.elapsed() >= QUEUE_GRACE {
+            if since.elapsed() >= wait {
                 return out;
             }
             backoff.snooze();
