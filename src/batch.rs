@@ -86,6 +86,31 @@ impl Column {
         }
     }
 
+    /// [`Column::zeros`], or `None` where the allocator cannot give the bytes.
+    fn try_zeros(bytes: usize) -> Option<Column> {
+        let len = bytes.div_ceil(8);
+        let words = match std::alloc::Layout::array::<u64>(len).ok()? {
+            layout if layout.size() == 0 => Vec::new(),
+            layout => {
+                // Zeroed by the allocator, as `vec![0; len]` is (pages the kernel
+                // backs as they are first touched), but failing with null.
+                // SAFETY: the layout's size is not zero.
+                let words = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+                if words.is_null() {
+                    return None;
+                }
+                // SAFETY: `words` comes from the global allocator with the layout of
+                // `len` u64s, every one of them zero, a valid u64.
+                unsafe { Vec::from_raw_parts(words, len, len) }
+            }
+        };
+        Some(Column {
+            words,
+            bytes,
+            borrowed: None,
+        })
+    }
+
     /// Resizes to `bytes`, reusing the allocation when it is large enough.
     fn resize(&mut self, bytes: usize) {
         self.own();
@@ -172,6 +197,15 @@ pub(crate) fn room<T>(items: &mut Vec<T>, len: usize, rows: usize) -> Result<(),
         .map_err(|_| SampleError::TooLarge { rows })
 }
 
+/// Each column's bytes in a batch of `shape` of `spec`, or `None` where they (or
+/// all of them together) overflow the address space.
+fn column_sizes(spec: &Spec, shape: &[usize]) -> Option<Vec<usize>> {
+    let rows = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+    rows.checked_mul(spec.row_bytes())
+        .filter(|&total| total <= isize::MAX as usize)?;
+    Some(spec.fields().iter().map(|f| rows * f.bytes()).collect())
+}
+
 /// The parts of a batch the sampling path fills, borrowed apart.
 pub(crate) struct BatchParts<'a> {
     pub(crate) columns: &'a mut [Column],
@@ -227,15 +261,36 @@ pub struct Batch {
 
 impl Batch {
     /// A batch of zeroes with the given batch shape (`[n]`, or `[t, E]`).
+    ///
+    /// # Panics
+    ///
+    /// If the batch's bytes overflow the address space (as `vec!` does); where
+    /// memory cannot hold them, the allocator aborts.
     pub fn zeros(spec: impl Into<Arc<Spec>>, shape: impl AsRef<[usize]>) -> Batch {
         let spec = spec.into();
         let shape = shape.as_ref().to_vec();
-        let rows: usize = shape.iter().product();
-        let columns = spec
-            .fields()
-            .iter()
-            .map(|f| Column::zeros(rows * f.bytes()))
-            .collect();
+        let Some(bytes) = column_sizes(&spec, &shape) else {
+            panic!(
+                "a batch of shape {shape:?} of {}-byte rows overflows the address space",
+                spec.row_bytes()
+            )
+        };
+        let columns = bytes.into_iter().map(Column::zeros).collect();
+        Batch::with_columns(spec, shape, columns)
+    }
+
+    /// [`Batch::zeros`], or `None` where the bytes overflow the address space or the
+    /// allocator cannot give them: for a batch whose size comes from the data, which
+    /// is refused rather than aborting the process.
+    pub(crate) fn try_zeros(spec: Arc<Spec>, shape: &[usize]) -> Option<Batch> {
+        let columns = column_sizes(&spec, shape)?
+            .into_iter()
+            .map(Column::try_zeros)
+            .collect::<Option<_>>()?;
+        Some(Batch::with_columns(spec, shape.to_vec(), columns))
+    }
+
+    fn with_columns(spec: Arc<Spec>, shape: Vec<usize>, columns: Vec<Column>) -> Batch {
         let mut batch = Batch {
             full_shapes: Vec::new(),
             spec,
@@ -279,16 +334,19 @@ impl Batch {
     ) -> Result<R, DataError> {
         let spec = spec.into();
         let shape = shape.as_ref().to_vec();
-        let rows: usize = shape.iter().product();
         if columns.len() != spec.fields().len() {
             return Err(DataError::ColumnCount {
                 expected: spec.fields().len(),
                 found: columns.len(),
             });
         }
+        // Bytes past the address space: no slice holds them.
+        let sizes = column_sizes(&spec, &shape).ok_or_else(|| DataError::BatchShape {
+            expected: "a shape whose rows fit in memory",
+            found: shape.clone(),
+        })?;
         let mut owned = Vec::with_capacity(columns.len());
-        for (f, data) in spec.fields().iter().zip(columns) {
-            let bytes = rows * f.bytes();
+        for ((f, data), bytes) in spec.fields().iter().zip(columns).zip(sizes) {
             if data.len() != bytes {
                 return Err(DataError::ColumnBytes {
                     key: f.key().clone(),

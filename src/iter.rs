@@ -20,8 +20,8 @@ pub struct Batches {
 impl ReplayBuffer {
     /// Iterates over batches of `rows` rows (transforms included). With a
     /// without-replacement sampler the iteration ends when the epoch runs out, and the
-    /// next one starts the next epoch; with replacement it never ends. Other errors
-    /// (an empty buffer, say) are yielded as items.
+    /// next one starts the next epoch; with replacement it never ends. Any other
+    /// error (an empty buffer, say) is its last item.
     ///
     /// ```
     /// use replaybuf::{DType, ReplayBuffer, Spec};
@@ -65,7 +65,13 @@ impl Iterator for Batches {
         match self.learner.sample_n_into(rows, &mut batch) {
             Ok(()) => Some(Ok(batch)),
             Err(SampleError::EpochEnd) => None,
-            Err(e) => Some(Err(e)),
+            // Said, then the iteration ends: a loop that skips errors (or `count`)
+            // would otherwise spin on one that stays (fewer rows than a batch under
+            // `drop_last`, an empty buffer), as TorchRL's loop raises and stops.
+            Err(e) => {
+                self.rows = Err(SampleError::EpochEnd);
+                Some(Err(e))
+            }
         }
     }
 }

@@ -58,10 +58,11 @@ impl Learner {
     ///
     /// Refused before anything is drawn: a destination of another spec
     /// ([`SampleError::SpecMismatch`]), a prioritized sample into one without room for
-    /// weights ([`SampleError::NoWeightRoom`]), and a buffer with transforms, which
-    /// run on a [`Batch`] ([`SampleError::TransformsNeedBatch`]).
+    /// weights ([`SampleError::NoWeightRoom`]), and a buffer with forward transforms,
+    /// which run on a [`Batch`] ([`SampleError::TransformsNeedBatch`]).
     pub fn sample_to(&mut self, dest: &mut Destination<'_>) -> Result<usize, SampleError> {
-        if self.buffer.state().transforms.len() != 0 {
+        // Inverse transforms run on writes only: no batch needed for them.
+        if self.buffer.state().transforms.transforms_samples() {
             return Err(SampleError::TransformsNeedBatch);
         }
         let rows = dest.rows();

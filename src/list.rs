@@ -386,12 +386,17 @@ impl<T: Clone + Send + Sync> ListBuffer<T> {
     }
 
     /// Drops every stored value from view (their memory is freed as slots are reused),
-    /// and ends the sampler's epoch.
-    pub fn clear(&self) {
+    /// and ends the sampler's epoch. Refused with [`DataError::Immutable`] by an
+    /// immutable buffer.
+    pub fn clear(&self) -> Result<(), DataError> {
+        if self.inner.immutable {
+            return Err(DataError::Immutable);
+        }
         for s in self.inner.shards.iter() {
             s.empty();
         }
         self.inner.sampler.reset();
+        Ok(())
     }
 }
 

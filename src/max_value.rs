@@ -42,9 +42,36 @@ use crate::storage::plan::RowOrder;
 use crate::storage::stamp::Stamp;
 use crate::sync::{Mutex, MutexGuard};
 
-/// A rank, ordered totally (`-0.0` is stored as `0.0`; NaN never gets in).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Rank(f64);
+/// A row's rank: its rank field's values reduced, ordered totally. An integer
+/// field's are exact: as `f64`s, ranks past 2^53 (a timestamp in nanoseconds, say)
+/// rounded together, and a strictly higher one was rejected as a tie.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rank {
+    /// A stored row whose field gives no rank (a NaN, written under another policy):
+    /// below every other.
+    Unranked,
+    /// A float field's (`-0.0` stored as `0.0`; NaN never gets in). Infinities
+    /// order above and below every finite rank, as TorchRL's do.
+    Float(f64),
+    /// An integer field's.
+    Int(i128),
+}
+
+impl Rank {
+    fn kind(&self) -> u8 {
+        match self {
+            Rank::Unranked => 0,
+            Rank::Float(_) => 1,
+            Rank::Int(_) => 2,
+        }
+    }
+}
+
+impl PartialEq for Rank {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
 
 impl Eq for Rank {}
 
@@ -56,7 +83,12 @@ impl PartialOrd for Rank {
 
 impl Ord for Rank {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
+        match (self, other) {
+            (Rank::Float(a), Rank::Float(b)) => a.total_cmp(b),
+            (Rank::Int(a), Rank::Int(b)) => a.cmp(b),
+            // One buffer's rank field has one dtype: only `Unranked` meets the others.
+            _ => self.kind().cmp(&other.kind()),
+        }
     }
 }
 
@@ -65,17 +97,15 @@ impl Ord for Rank {
 pub(crate) struct Ranks {
     /// `(rank, index)` of every stored row, lowest first.
     order: BTreeSet<(Rank, u64)>,
-    /// The rank of the row at each storage index (`NaN`: none stored).
-    by_index: Vec<f64>,
+    /// The rank of the row at each storage index (`None`: none stored).
+    by_index: Vec<Option<Rank>>,
 }
 
 impl Ranks {
     fn set(&mut self, index: u64, rank: Rank) {
-        let old = self.by_index[index as usize];
-        if !old.is_nan() {
-            self.order.remove(&(Rank(old), index));
+        if let Some(old) = self.by_index[index as usize].replace(rank) {
+            self.order.remove(&(old, index));
         }
-        self.by_index[index as usize] = rank.0;
         self.order.insert((rank, index));
     }
 
@@ -85,7 +115,7 @@ impl Ranks {
 
     fn clear(&mut self) {
         self.order.clear();
-        self.by_index.fill(f64::NAN);
+        self.by_index.fill(None);
     }
 }
 
@@ -160,7 +190,7 @@ impl MaxValue {
             reduction,
             ranks: Mutex::new(Ranks {
                 order: BTreeSet::new(),
-                by_index: vec![f64::NAN; capacity],
+                by_index: vec![None; capacity],
             }),
         })
     }
@@ -168,29 +198,38 @@ impl MaxValue {
     /// Each row's rank ([`MaxValue::rank`]). Refuses a row that ranks nowhere.
     fn ranks_of(&self, core: &Core, batch: &Batch, rows: usize) -> Result<Vec<Rank>, DataError> {
         let key = core.storage.spec().fields()[self.field].key();
-        let values = numeric_column(batch, key)?;
-        let per_row = values.len() / batch.len().max(1);
+        let values = RankValues::of(batch, key)?;
         (0..rows.min(batch.len()))
             .map(|r| {
-                let rank = self.rank(&values[r * per_row..(r + 1) * per_row]);
-                rank.map(Rank).ok_or_else(|| DataError::InvalidRank {
-                    key: key.clone(),
-                    row: r,
-                    value: f64::NAN,
-                })
+                self.rank(&values, r, batch.len())
+                    .ok_or_else(|| DataError::InvalidRank {
+                        key: key.clone(),
+                        row: r,
+                        value: f64::NAN,
+                    })
             })
             .collect()
     }
 
-    /// The rank of a row whose rank field holds `values`: their reduction, or `None`
-    /// for a NaN (infinities of both signs summed, say), which ranks nowhere. An
-    /// infinite rank (TorchRL takes them) clamps to the largest finite one, as does a
-    /// sum of finite values that overflows: the order is kept. Rows coming in and rows
-    /// re-ranked after a swap or a load rank alike: a re-rank that took an infinite
-    /// rank for the lowest dropped the best row first.
-    fn rank(&self, values: &[f64]) -> Option<f64> {
-        let rank = self.reduction.reduce(values);
-        (!rank.is_nan()).then(|| rank.clamp(f64::MIN, f64::MAX) + 0.0)
+    /// The rank of row `r` of `rows` rows whose rank field holds `values`: their
+    /// reduction, or `None` for a NaN (a NaN among them, infinities of both signs
+    /// summed), which ranks nowhere. Rows coming in and rows re-ranked after a swap or
+    /// a load rank alike: a re-rank that took an infinite rank for the lowest dropped
+    /// the best row first.
+    fn rank(&self, values: &RankValues, r: usize, rows: usize) -> Option<Rank> {
+        let row = |len: usize| {
+            let per_row = len / rows.max(1);
+            (per_row > 0).then(|| r * per_row..(r + 1) * per_row)
+        };
+        match values {
+            RankValues::Float(v) => {
+                let rank = self.reduction.reduce(v.get(row(v.len())?)?);
+                (!rank.is_nan()).then_some(Rank::Float(rank + 0.0))
+            }
+            RankValues::Int(v) => Some(Rank::Int(
+                self.reduction.reduce_exact(v.get(row(v.len())?)?),
+            )),
+        }
     }
 
     /// Places the rows of `batch`: appends while the storage has room (shard `first`
@@ -315,25 +354,18 @@ impl MaxValue {
         held.clear();
         let rows = core.read_positions(&core.live_draws());
         for (&index, rank) in rows.index().iter().zip(self.stored_ranks(&rows)) {
-            held.set(index, Rank(rank));
+            held.set(index, rank);
         }
     }
 
     /// The rank of each row of `rows` (rows already stored somewhere), as
     /// [`MaxValue::rank`] ranks rows coming in; rows written under another policy may
     /// hold anything, and a row without a rank (a NaN) ranks lowest.
-    pub(crate) fn stored_ranks(&self, rows: &Batch) -> Vec<f64> {
-        let values =
-            numeric_column(rows, rows.spec().fields()[self.field].key()).unwrap_or_default();
-        let per_row = values.len() / rows.len().max(1);
+    pub(crate) fn stored_ranks(&self, rows: &Batch) -> Vec<Rank> {
+        let values = RankValues::of(rows, rows.spec().fields()[self.field].key())
+            .unwrap_or(RankValues::Float(Vec::new()));
         (0..rows.len())
-            .map(|r| {
-                values
-                    .get(r * per_row..(r + 1) * per_row)
-                    .filter(|v| !v.is_empty())
-                    .and_then(|v| self.rank(v))
-                    .unwrap_or(f64::MIN)
-            })
+            .map(|r| self.rank(&values, r, rows.len()).unwrap_or(Rank::Unranked))
             .collect()
     }
 
@@ -400,28 +432,37 @@ fn rewrite(
     ))
 }
 
-/// A numeric column of `batch` as `f64`s.
-fn numeric_column(batch: &Batch, key: &Key) -> Result<Vec<f64>, DataError> {
-    fn all<T: crate::dtype::Element + Copy>(
-        batch: &Batch,
-        key: &Key,
-        f: impl Fn(T) -> f64,
-    ) -> Result<Vec<f64>, DataError> {
-        Ok(batch.column::<T>(key)?.iter().map(|&v| f(v)).collect())
-    }
-    match batch.dtype(key)? {
-        DType::F64 => all(batch, key, |v: f64| v),
-        DType::F32 => all(batch, key, |v: f32| f64::from(v)),
-        DType::F16 => all(batch, key, |v: half::f16| v.to_f64()),
-        DType::BF16 => all(batch, key, |v: half::bf16| v.to_f64()),
-        DType::I64 => all(batch, key, |v: i64| v as f64),
-        DType::I32 => all(batch, key, |v: i32| f64::from(v)),
-        DType::I16 => all(batch, key, |v: i16| f64::from(v)),
-        DType::I8 => all(batch, key, |v: i8| f64::from(v)),
-        DType::U64 => all(batch, key, |v: u64| v as f64),
-        DType::U32 => all(batch, key, |v: u32| f64::from(v)),
-        DType::U16 => all(batch, key, |v: u16| f64::from(v)),
-        DType::U8 => all(batch, key, |v: u8| f64::from(v)),
-        DType::Bool => all(batch, key, |v: bool| f64::from(u8::from(v))),
+/// A rank field's values, row after row: a float field's as `f64`s, an integer
+/// field's exactly.
+enum RankValues {
+    Float(Vec<f64>),
+    Int(Vec<i128>),
+}
+
+impl RankValues {
+    fn of(batch: &Batch, key: &Key) -> Result<RankValues, DataError> {
+        fn all<T: crate::dtype::Element + Copy, U>(
+            batch: &Batch,
+            key: &Key,
+            f: impl Fn(T) -> U,
+        ) -> Result<Vec<U>, DataError> {
+            Ok(batch.column::<T>(key)?.iter().map(|&v| f(v)).collect())
+        }
+        use RankValues::{Float, Int};
+        Ok(match batch.dtype(key)? {
+            DType::F64 => Float(all(batch, key, |v: f64| v)?),
+            DType::F32 => Float(all(batch, key, |v: f32| f64::from(v))?),
+            DType::F16 => Float(all(batch, key, |v: half::f16| v.to_f64())?),
+            DType::BF16 => Float(all(batch, key, |v: half::bf16| v.to_f64())?),
+            DType::I64 => Int(all(batch, key, |v: i64| i128::from(v))?),
+            DType::I32 => Int(all(batch, key, |v: i32| i128::from(v))?),
+            DType::I16 => Int(all(batch, key, |v: i16| i128::from(v))?),
+            DType::I8 => Int(all(batch, key, |v: i8| i128::from(v))?),
+            DType::U64 => Int(all(batch, key, |v: u64| i128::from(v))?),
+            DType::U32 => Int(all(batch, key, |v: u32| i128::from(v))?),
+            DType::U16 => Int(all(batch, key, |v: u16| i128::from(v))?),
+            DType::U8 => Int(all(batch, key, |v: u8| i128::from(v))?),
+            DType::Bool => Int(all(batch, key, |v: bool| i128::from(u8::from(v)))?),
+        })
     }
 }

@@ -39,7 +39,7 @@ use std::path::Path;
 use bytemuck::Pod;
 
 use crate::buffer::ReplayBuffer;
-use crate::error::{PersistError, SwapError};
+use crate::error::{DataError, PersistError, SwapError};
 use crate::policy::WritePolicy;
 use crate::typed::TypedBuffer;
 
@@ -47,8 +47,9 @@ pub use crate::trainer::{ReplayBufferTrainer, TrainerBuilder, PAD_MASK};
 
 /// TorchRL's names for a buffer's operations (see the module's table).
 pub trait TorchRl {
-    /// Drops every stored row: [`ReplayBuffer::clear`].
-    fn empty(&self);
+    /// Drops every stored row: [`ReplayBuffer::clear`] (refused by an immutable
+    /// buffer, as TorchRL's `empty` is).
+    fn empty(&self) -> Result<(), DataError>;
 
     /// Saves the buffer's whole state under `dir`: [`ReplayBuffer::save`].
     fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError>;
@@ -61,8 +62,8 @@ pub trait TorchRl {
 }
 
 impl TorchRl for ReplayBuffer {
-    fn empty(&self) {
-        self.clear();
+    fn empty(&self) -> Result<(), DataError> {
+        self.clear()
     }
 
     fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {
@@ -79,8 +80,8 @@ impl TorchRl for ReplayBuffer {
 }
 
 impl<T: Pod + Send + Sync> TorchRl for TypedBuffer<T> {
-    fn empty(&self) {
-        self.clear();
+    fn empty(&self) -> Result<(), DataError> {
+        self.clear()
     }
 
     fn dumps(&self, dir: impl AsRef<Path>) -> Result<(), PersistError> {

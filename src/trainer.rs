@@ -218,14 +218,22 @@ impl ReplayBufferTrainer {
         self.buffer.extend(&rows)
     }
 
-    /// The `process_optim_batch` hook: the next optimisation batch.
+    /// The `process_optim_batch` hook: the next optimisation batch. A
+    /// without-replacement epoch's end is not an error here: the batch comes from the
+    /// next epoch, as TorchRL's hook's does (its sampler starts the next one).
     pub fn sample(&mut self) -> Result<Batch, SampleError> {
-        self.loader.sample()
+        match self.loader.sample() {
+            Err(SampleError::EpochEnd) => self.loader.sample(),
+            out => out,
+        }
     }
 
     /// Like [`ReplayBufferTrainer::sample`], reusing `batch`'s buffers.
     pub fn sample_into(&mut self, batch: &mut Batch) -> Result<(), SampleError> {
-        self.loader.sample_into(batch)
+        match self.loader.sample_into(batch) {
+            Err(SampleError::EpochEnd) => self.loader.sample_into(batch),
+            out => out,
+        }
     }
 
     /// The `post_loss` hook: writes the priorities the loss put in the batch's

@@ -504,15 +504,14 @@ fn pad(batch: &Batch, layout: Axes, pieces: Vec<Piece>) -> Result<Trajectories, 
     let count = pieces.len();
     let max_len = pieces.iter().map(|p| p.len).max().unwrap_or(0);
     let spec = batch.spec();
-    let rows = count
-        .checked_mul(max_len)
-        .filter(|rows| {
-            rows.checked_mul(spec.row_bytes())
-                .is_some_and(|bytes| bytes <= isize::MAX as usize)
-        })
-        .ok_or(TrajectoryError::TooLarge { count, max_len })?;
-
-    let mut out = Batch::zeros(spec.clone(), [count, max_len]);
+    // `count * max_len` rows grow with the square of the input's length: past
+    // memory, refused rather than aborting the process.
+    let too_large = TrajectoryError::TooLarge { count, max_len };
+    let mut out = Batch::try_zeros(spec.clone(), &[count, max_len]).ok_or(too_large.clone())?;
+    let rows = out.len();
+    let mut mask = Vec::new();
+    mask.try_reserve_exact(rows).map_err(|_| too_large)?;
+    mask.resize(rows, false);
     let columns = out.parts_mut().columns;
     for (field, column) in spec.fields().iter().zip(columns.iter_mut()) {
         let bytes = field.bytes();
@@ -535,7 +534,6 @@ fn pad(batch: &Batch, layout: Axes, pieces: Vec<Piece>) -> Result<Trajectories, 
         }
     }
 
-    let mut mask = vec![false; rows];
     for (i, piece) in pieces.iter().enumerate() {
         mask[i * max_len..i * max_len + piece.len].fill(true);
     }

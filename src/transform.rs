@@ -169,6 +169,12 @@ impl Transforms {
         Ok(())
     }
 
+    /// Whether a forward transform may change the rows sampled.
+    pub(crate) fn transforms_samples(&self) -> bool {
+        // SYNC POINT: pairs with the Release store in `change`.
+        self.forward.load(Ordering::Acquire)
+    }
+
     /// Whether an inverse transform may change the rows written.
     pub(crate) fn inverts(&self) -> bool {
         // SYNC POINT: pairs with the Release store in `change`.

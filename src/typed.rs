@@ -545,9 +545,10 @@ impl<T: Pod + Send + Sync> TypedBuffer<T> {
         (rows, batch.index().to_vec())
     }
 
-    /// Drops every stored value.
-    pub fn clear(&self) {
-        self.buffer.clear();
+    /// Drops every stored value; refused by an immutable buffer
+    /// ([`ReplayBuffer::clear`]).
+    pub fn clear(&self) -> Result<(), DataError> {
+        self.buffer.clear()
     }
 
     /// Sets the priorities of sampled values; see [`ReplayBuffer::update_priority`].

@@ -215,6 +215,24 @@ fn sample_errors() {
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].as_ref().unwrap_err(), &SampleError::NoBatchSize);
     }
+    // Any other error is the iteration's last item: an empty buffer's, and fewer
+    // rows than a batch under drop_last, were yielded forever (a loop skipping
+    // errors, or `count`, never ended).
+    let items: Vec<_> = rb.batches(4).take(3).collect();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].as_ref().unwrap_err(), &SampleError::Empty);
+    let short = ReplayBuffer::builder(spec())
+        .capacity(16)
+        .sampler(replaybuf::sampler::WithoutReplacement::new().drop_last(true))
+        .build()
+        .unwrap();
+    short.extend(&short.batch([10])).unwrap();
+    let items: Vec<_> = short.batches(32).take(5).collect();
+    assert_eq!(items.len(), 1);
+    assert!(
+        matches!(items[0], Err(SampleError::NotEnough { .. })),
+        "{items:?}"
+    );
     let mut empty = rb.batch([0]);
     assert_eq!(
         rb.sample_into(&mut empty).unwrap_err(),
@@ -367,7 +385,7 @@ fn fifo_eviction_and_emptying() {
         "the oldest row goes first"
     );
 
-    rb.clear();
+    rb.clear().unwrap();
     assert!(rb.is_empty());
     assert_eq!(rb.write_count(), 0);
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
@@ -391,7 +409,7 @@ fn emptying_ends_an_epoch() {
         .unwrap();
     rb.extend(&rows(&rb, &[4], 0)).unwrap();
     rb.sample(1).unwrap();
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(
         rb.sample(2).unwrap_err(),
         SampleError::Empty,
@@ -702,7 +720,7 @@ fn list_buffer_holds_any_clone_type() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("memory"), "{e}");
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }
 
@@ -802,4 +820,24 @@ fn a_list_sample_of_large_items_past_memory_is_refused_before_drawing() {
     let n = 1 << 26;
     assert_eq!(rb.sample(n).unwrap_err(), SampleError::TooLarge { rows: n });
     assert_eq!(rb.sample(4).unwrap().items().len(), 4, "the epoch is whole");
+}
+
+#[test]
+fn a_borrowed_batch_of_more_bytes_than_memory_is_refused() {
+    // Its column sizes wrapped: 2^62 rows of 8-byte obs needed 0 bytes, the empty
+    // columns passed, and the extend that followed claimed the rows and panicked,
+    // leaving them claimed and never written (the next extend hung).
+    let rb = buffer(8);
+    let refused = Batch::borrowing(rb.spec().clone(), [1 << 62], &[&[], &[], &[]], |b| {
+        rb.extend(b).map(|w| w.len())
+    });
+    assert!(
+        matches!(refused, Err(DataError::BatchShape { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(rb.len(), 0);
+    rb.extend(&rows(&rb, &[3], 0)).unwrap();
+    assert_eq!(rb.len(), 3);
+    let caught = std::panic::catch_unwind(|| Batch::zeros(spec(), [1 << 62]));
+    assert!(caught.is_err(), "a batch past the address space panics");
 }

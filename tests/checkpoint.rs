@@ -353,7 +353,7 @@ fn save_and_load_hooks_see_the_rows() {
         }
         Ok(())
     });
-    rb.clear();
+    rb.clear().unwrap();
     rb.restore(dir.path()).unwrap();
     assert_eq!(
         rb.read_all_in_order(None).column::<f32>("obs").unwrap(),
@@ -963,7 +963,7 @@ fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
         ("extend", |rb, _| {
             rb.extend(&rows(rb, 900, 1, 1)).map(drop).unwrap()
         }),
-        ("clear", |rb, _| rb.clear()),
+        ("clear", |rb, _| rb.clear().unwrap()),
         ("save", |rb, dest| {
             rb.save(dest.with_extension("again")).unwrap()
         }),

@@ -84,7 +84,7 @@ fn rows_overwritten_before_they_were_taken_are_skipped() {
     rb.extend(&rows(&rb, 0..10)).unwrap();
     assert_eq!(ids(&rb.sample(8).unwrap()), [6, 7, 8, 9]);
     rb.extend(&rows(&rb, 10..11)).unwrap();
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
     rb.extend(&rows(&rb, 11..13)).unwrap();
     assert_eq!(

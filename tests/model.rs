@@ -184,7 +184,7 @@ fn run(rb: &ReplayBuffer, model: &mut ReferenceBuffer, ops: &[Op], env_major: bo
                 assert_eq!(ok, model.write_at(indices, &b), "write_at({indices:?})");
             }
             Op::Empty => {
-                rb.clear();
+                rb.clear().unwrap();
                 model.clear();
             }
             Op::Sample(n) => match rb.sample(n) {

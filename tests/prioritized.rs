@@ -139,7 +139,7 @@ fn zero_priority_rows_are_never_drawn() {
     // One row back at a positive priority, and it is the only one drawn.
     set(&rb, 4, 2.0);
     assert!(rb.sample(32).unwrap().index().iter().all(|&i| i == 4));
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
 }
 
@@ -188,7 +188,7 @@ fn new_rows_after_a_clear_enter_with_the_initial_priority() {
     let rb = buffer(8, Prioritized::new(1.0, 0.5));
     rb.extend(&rows(&rb, 4, 0)).unwrap();
     set(&rb, 3, 100.0);
-    rb.clear();
+    rb.clear().unwrap();
     let written = rb.extend(&rows(&rb, 3, 4)).unwrap();
     for i in written.iter() {
         assert_eq!(rb.priority(i), Some(1.0), "row at {i}");
@@ -241,7 +241,7 @@ fn updates_for_replaced_rows_are_dropped() {
 
     // An emptied row takes no update either, and is never drawn again.
     let g = rb.get(2).unwrap().generations()[0];
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.update_priority(&[2], &[g], &[1.0]).unwrap().stale, 1);
     assert_eq!(rb.sample(1).unwrap_err(), SampleError::Empty);
     rb.extend(&rows(&rb, 2, 10)).unwrap();

@@ -456,6 +456,10 @@ fn unsupported_samples_are_refused_before_drawing() {
     assert!(e.to_string().contains("transforms"), "{e}");
     rb.clear_transforms();
     assert_eq!(room.sample(&mut learner, false, false), Ok(8));
+    // An inverse transform runs on writes only: it was refused as well.
+    rb.append_transform(replaybuf::Transform::inverse(|_: &mut Batch| Ok(())));
+    assert_eq!(room.sample(&mut learner, false, false), Ok(8));
+    rb.clear_transforms();
 
     // Room made for other fields.
     let other = Spec::builder()

@@ -477,7 +477,7 @@ fn without_replacement_drop_last_and_storage_order() {
     let ordered: Vec<_> = want.iter().copied().collect();
     assert_eq!(got, ordered[..6]);
     // Emptying ends the epoch; an empty buffer has none to start.
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.sample(8).unwrap_err(), SampleError::Empty);
 }
 

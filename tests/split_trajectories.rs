@@ -800,3 +800,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn padding_past_memory_is_refused_not_aborted() {
+    // A 128 MB batch of 4M one-step trajectories and one of 4M steps pads to 4M x 4M
+    // rows: 256 TB, past the address space. The allocation failed and aborted the
+    // process.
+    let spec = Spec::builder()
+        .field("obs", DType::F64, [])
+        .field("done", DType::Bool, [])
+        .build()
+        .unwrap();
+    let n = 1 << 23;
+    let mut batch = Batch::zeros(spec, [n]);
+    batch.column_mut::<bool>("done").unwrap()[..n / 2].fill(true);
+    assert_eq!(
+        split_trajectories(&batch, &Split::by_end_key("done")).unwrap_err(),
+        TrajectoryError::TooLarge {
+            count: n / 2 + 1,
+            max_len: n / 2
+        }
+    );
+}

@@ -233,6 +233,33 @@ fn sample_then_write_the_losses_priorities_back() {
 }
 
 #[test]
+fn sampling_goes_on_into_the_next_epoch() {
+    // TorchRL's hook never sees an epoch end: its sampler starts the next one. Ours
+    // failed with EpochEnd once an epoch, and a training loop's `sample()?` stopped.
+    let rb = ReplayBuffer::builder(step_spec())
+        .capacity(16)
+        .sampler(replaybuf::sampler::WithoutReplacement::new())
+        .build()
+        .unwrap();
+    for prefetch in [0, 2] {
+        let mut trainer = ReplayBufferTrainer::builder(rb.clone())
+            .batch_size(8)
+            .prefetch(prefetch)
+            .build()
+            .unwrap();
+        trainer
+            .extend(&collected(&step_spec(), 2, 8, None))
+            .unwrap();
+        let mut into = rb.batch([8]);
+        for _ in 0..5 {
+            assert_eq!(trainer.sample().unwrap().len(), 8);
+            trainer.sample_into(&mut into).unwrap();
+            assert_eq!(into.len(), 8);
+        }
+    }
+}
+
+#[test]
 fn trainer_build_errors() {
     let msg = |b: replaybuf::torchrl::TrainerBuilder| b.build().unwrap_err().to_string();
     let flat = ReplayBuffer::builder(step_spec())

@@ -68,6 +68,13 @@ fn an_immutable_buffer_refuses_every_write_and_changes_nothing() {
         rb.write_all(&rows(&spec, 16, 100), None).unwrap_err(),
         AccessError::Data(DataError::Immutable)
     );
+    // Emptying is a write too (TorchRL's immutable writer refuses `_empty`): the
+    // Rust API dropped every row.
+    assert_eq!(rb.clear().unwrap_err(), DataError::Immutable);
+    assert_eq!(
+        replaybuf::torchrl::TorchRl::empty(&rb).unwrap_err(),
+        DataError::Immutable
+    );
     // A batch that would not fit anyway is refused as immutable all the same: the
     // policy speaks first.
     assert_eq!(
@@ -225,6 +232,7 @@ fn the_typed_and_list_faces_refuse_writes_when_immutable() {
         typed.extend(&[step(9); 3]).unwrap_err(),
         DataError::Immutable
     );
+    assert_eq!(typed.clear().unwrap_err(), DataError::Immutable);
     assert_eq!(typed.len(), 8);
     assert!(typed.sample(16).unwrap().rows().iter().all(|s| s.id < 8));
 
@@ -238,6 +246,7 @@ fn the_typed_and_list_faces_refuse_writes_when_immutable() {
         list.extend(["e".to_string()]).unwrap_err(),
         DataError::Immutable
     );
+    assert_eq!(list.clear().unwrap_err(), DataError::Immutable);
     assert_eq!(list.len(), 3);
     assert_eq!(list.get(0).unwrap(), "a");
 
@@ -458,7 +467,7 @@ fn max_value_refuses_bad_ranks_and_combinations_it_cannot_serve() {
         [13, 11, 10, 20],
         "the row ranked -inf gave way; +inf and 1e30 stay"
     );
-    rb.clear();
+    rb.clear().unwrap();
     assert!(matches!(
         rb.extend(&Batch::zeros(spec(), [2, 2])).unwrap_err(),
         DataError::BatchShape { .. }
@@ -609,7 +618,7 @@ fn write_all_reranks_and_empty_forgets() {
     assert_eq!(w.rejected().collect::<Vec<_>>(), [1]);
     assert_eq!(stored(&rb), [(2, 51), (2, 100), (3, 52)]);
 
-    rb.clear();
+    rb.clear().unwrap();
     assert_eq!(rb.len(), 0);
     let w = rb.extend(&scored(rb.spec(), 200, &[-5.0])).unwrap();
     assert_eq!(w.accepted(), 1, "after empty every row has room again");
@@ -710,4 +719,110 @@ fn max_value_writers_racing_samplers_keep_the_top_rows_whole() {
         .collect();
     all.sort_unstable();
     assert_eq!(stored(&rb), all[all.len() - CAPACITY..]);
+}
+
+/// A one-row max-value buffer ranking by a `[values]` field of `dtype`.
+fn one_row_ranked_by(dtype: DType, values: usize, reduction: Reduction) -> ReplayBuffer {
+    let spec = Spec::builder()
+        .field("id", DType::I64, [])
+        .field("rank", dtype, [values])
+        .build()
+        .unwrap();
+    ReplayBuffer::builder(spec)
+        .capacity(1)
+        .write_policy(WritePolicy::MaxValue {
+            rank_key: "rank".into(),
+            reduction,
+        })
+        .build()
+        .unwrap()
+}
+
+/// The id kept after extending, one batch after another, with rows of these ranks.
+fn kept_of<T: replaybuf::Element + Copy>(rb: &ReplayBuffer, batches: &[&[T]]) -> i64 {
+    let mut id = 0i64;
+    for ranks in batches {
+        let per_row = rb.spec().field("rank").unwrap().1.elements();
+        let n = ranks.len() / per_row;
+        let mut b = rb.batch([n]);
+        b.set("id", &(id..id + n as i64).collect::<Vec<_>>())
+            .unwrap();
+        b.set("rank", ranks).unwrap();
+        rb.extend(&b).unwrap();
+        id += n as i64;
+    }
+    rb.get(0).unwrap().column::<i64>("id").unwrap()[0]
+}
+
+#[test]
+fn integer_ranks_past_two_to_the_53_order_exactly() {
+    // As f64s they rounded together: a strictly higher rank (a nanosecond timestamp
+    // one tick later) was rejected as a tie.
+    let rb = one_row_ranked_by(DType::I64, 1, Reduction::Sum);
+    assert_eq!(kept_of::<i64>(&rb, &[&[1 << 53], &[(1 << 53) + 1]]), 1);
+    let rb = one_row_ranked_by(DType::U64, 1, Reduction::Max);
+    assert_eq!(kept_of::<u64>(&rb, &[&[u64::MAX - 1000, u64::MAX]]), 1);
+    // A sum of several: 2^53 + 3 above 2^53 + 2, which an f64 sum had below it.
+    let rb = one_row_ranked_by(DType::I64, 4, Reduction::Sum);
+    assert_eq!(
+        kept_of::<i64>(&rb, &[&[(1 << 53) + 2, 0, 0, 0], &[1 << 53, 1, 1, 1]]),
+        1
+    );
+    let rb = one_row_ranked_by(DType::I64, 2, Reduction::Mean);
+    assert_eq!(
+        kept_of::<i64>(&rb, &[&[i64::MAX, i64::MAX - 1], &[i64::MAX, i64::MAX]]),
+        1,
+        "a mean of large values, without overflow"
+    );
+}
+
+#[test]
+fn infinite_and_overflowing_ranks_keep_their_order() {
+    // +inf was clamped to f64::MAX, and a sum that overflowed to one MAX: each then
+    // tied with MAX and was rejected.
+    let rb = one_row_ranked_by(DType::F64, 1, Reduction::Sum);
+    assert_eq!(kept_of::<f64>(&rb, &[&[f64::MAX, f64::INFINITY]]), 1);
+    let rb = one_row_ranked_by(DType::F64, 2, Reduction::Sum);
+    assert_eq!(
+        kept_of::<f64>(&rb, &[&[f64::MAX, 0.0], &[f64::MAX, f64::MAX]]),
+        1
+    );
+    let rb = one_row_ranked_by(DType::F64, 1, Reduction::Sum);
+    assert_eq!(kept_of::<f64>(&rb, &[&[f64::NEG_INFINITY], &[f64::MIN]]), 1);
+}
+
+#[test]
+fn a_nan_among_a_rows_rank_values_is_refused_by_every_reduction() {
+    // Max, Min and Median skipped it (f64::max, a sort) and ranked the row by the rest.
+    for reduction in [
+        Reduction::Max,
+        Reduction::Min,
+        Reduction::Median,
+        Reduction::Mean,
+        Reduction::Sum,
+    ] {
+        let rb = one_row_ranked_by(DType::F32, 2, reduction);
+        let mut b = rb.batch([1]);
+        b.set("rank", &[f32::NAN, 5.0]).unwrap();
+        assert!(
+            matches!(rb.extend(&b), Err(DataError::InvalidRank { row: 0, .. })),
+            "{reduction:?}"
+        );
+        assert_eq!(rb.len(), 0);
+    }
+    // A prioritized buffer's priority field reduces the same way: refused too.
+    let spec = Spec::builder()
+        .field("td", DType::F32, [2])
+        .build()
+        .unwrap();
+    let rb = ReplayBuffer::builder(spec)
+        .capacity(4)
+        .sampler(Prioritized::new(0.6, 0.4).reduction(Reduction::Max))
+        .priority_key("td")
+        .build()
+        .unwrap();
+    let mut b = rb.batch([1]);
+    b.set("td", &[f32::NAN, 5.0]).unwrap();
+    assert!(rb.extend(&b).is_err());
+    assert_eq!(rb.len(), 0);
 }

@@ -1226,12 +1226,8 @@ impl Buffer {
     /// Drops every row (TorchRL's `empty`), ending the sampler's epoch.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let rb = self.handle(py)?;
-        if rb.is_read_only() {
-            // As every other write of a dataset is refused (it emptied the rows).
-            return Err(value_error(READ_ONLY_CLEAR));
-        }
-        gil::detach(py, || rb.clear());
-        Ok(())
+        // As every other write of a dataset is refused (it emptied the rows).
+        gil::detach(py, || rb.clear()).map_err(|_| value_error(READ_ONLY_CLEAR))
     }
 
     /// Saves the whole state (rows, priorities, sampler state, random streams) under

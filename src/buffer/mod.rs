@@ -18,7 +18,7 @@ use crate::core::Written;
 use crate::error::persist::PersistError;
 use crate::error::{AccessError, DataError, SampleError, SampleFailed};
 use crate::learner::Learner;
-use crate::policy::Admit;
+use crate::policy::{Admit, PolicyEngine};
 use crate::rate_limit::{Limiter, RateLimitStats};
 use crate::rng::{self, Rng};
 use crate::sampler::slice::Slice;
@@ -188,7 +188,7 @@ impl ReplayBuffer {
     ///
     /// [`WritePolicy::Immutable`]: crate::WritePolicy::Immutable
     pub fn is_read_only(&self) -> bool {
-        matches!(self.state().policy, crate::policy::PolicyEngine::Immutable)
+        matches!(self.state().policy, PolicyEngine::Immutable)
     }
 
     /// Shards of the storage.
@@ -502,8 +502,16 @@ impl ReplayBuffer {
     /// counts start over: samples wait for its `min_size_to_sample` rows again
     /// (Reverb's table reset resets its limiter; the sample after a clear found the
     /// buffer empty instead).
-    pub fn clear(&self) {
-        self.retrying::<_, std::convert::Infallible>(|inner| {
+    ///
+    /// A read-only buffer (an [`Immutable`](crate::WritePolicy::Immutable) writer)
+    /// refuses, with [`DataError::Immutable`], as TorchRL's immutable writer does.
+    pub fn clear(&self) -> Result<(), DataError> {
+        self.retrying(|inner| {
+            // Judged on the state the rows are dropped from: a swap to another
+            // policy meanwhile retires it, and the clear is judged again.
+            if matches!(inner.policy, PolicyEngine::Immutable) {
+                return Err(Attempt::Failed(DataError::Immutable));
+            }
             // The policy's lock first, then the updaters' gate: a swap takes them in
             // that order too.
             inner.policy.emptying(|| {
@@ -513,11 +521,11 @@ impl ReplayBuffer {
                 inner.core.clear_emptied();
                 Ok(())
             })
-        })
-        .unwrap_or_else(|never| match never {});
+        })?;
         if let Some(limiter) = &self.limiter {
             limiter.restart(0);
         }
+        Ok(())
     }
 }
 

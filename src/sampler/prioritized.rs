@@ -51,7 +51,7 @@ pub enum Reduction {
 }
 
 impl Reduction {
-    /// Reduces one row's values (at least one) to a priority.
+    /// Reduces one row's values (at least one) to a priority: NaN if any is.
     #[inline]
     pub fn reduce(self, values: &[f64]) -> f64 {
         match values {
@@ -73,6 +73,11 @@ impl Reduction {
     }
 
     fn reduce_many(self, values: &[f64]) -> f64 {
+        // A NaN among them makes the row's value NaN, as a sum's does (and TorchRL's
+        // `max`): `f64::max` skipped it, and a median sorted it to an end.
+        if values.iter().any(|v| v.is_nan()) {
+            return f64::NAN;
+        }
         match self {
             Reduction::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             Reduction::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
@@ -82,6 +87,21 @@ impl Reduction {
                 let mut v: smallvec::SmallVec<[f64; 16]> = values.iter().copied().collect();
                 let mid = (v.len() - 1) / 2;
                 *v.select_nth_unstable_by(mid, f64::total_cmp).1
+            }
+        }
+    }
+
+    /// Reduces one row's integer values (at least one) exactly, for an order: a
+    /// mean orders as the sum does (every row has as many values).
+    pub(crate) fn reduce_exact(self, values: &[i128]) -> i128 {
+        match self {
+            Reduction::Max => values.iter().copied().max().unwrap_or_default(),
+            Reduction::Min => values.iter().copied().min().unwrap_or_default(),
+            Reduction::Mean | Reduction::Sum => values.iter().sum(),
+            Reduction::Median => {
+                let mut v: smallvec::SmallVec<[i128; 16]> = values.iter().copied().collect();
+                let mid = (v.len() - 1) / 2;
+                *v.select_nth_unstable(mid).1
             }
         }
     }

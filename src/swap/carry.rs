@@ -89,7 +89,7 @@ pub(super) fn carry(old: &State, new: &mut State) {
             let capacity = new.core.storage.geometry().capacity() as usize;
             let mut by_rank: Vec<usize> = (0..all.len()).collect();
             // Highest first; of equal ranks, the newest.
-            by_rank.sort_by(|&a, &b| ranks[b].total_cmp(&ranks[a]).then(b.cmp(&a)));
+            by_rank.sort_by(|&a, &b| ranks[b].cmp(&ranks[a]).then(b.cmp(&a)));
             by_rank.truncate(capacity);
             by_rank.sort_unstable();
             let kept = by_rank.into_iter().map(|i| all[i]).collect();

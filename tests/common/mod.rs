@@ -313,7 +313,7 @@ pub fn check_clear_restarts_the_counts(
     };
     insert(rb, 0);
     other.sample(4).unwrap();
-    rb.clear();
+    rb.clear().unwrap();
     let s = other.rate_limit_stats().unwrap();
     assert_eq!((s.inserts, s.samples), (0, 0));
     assert!(matches!(
