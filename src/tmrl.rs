@@ -142,7 +142,17 @@ impl TmrlMemory {
     /// file-backed storage's directory (reopened in place, so what is appended is kept
     /// there). The memory goes on from the transitions it holds.
     pub fn from_dataset(dir: impl AsRef<std::path::Path>) -> Result<TmrlBuilder, PersistError> {
-        crate::checkpoint::dataset::open_writable(dir.as_ref()).map(TmrlMemory::builder)
+        crate::checkpoint::dataset::open_writable(dir.as_ref(), None).map(TmrlMemory::builder)
+    }
+
+    /// [`TmrlMemory::from_dataset`], drawing from `seed` instead of the seed the
+    /// directory records: runs resumed from one dataset under different seeds draw
+    /// different batches (under the recorded one, every such run draws the same).
+    pub fn from_dataset_seeded(
+        dir: impl AsRef<std::path::Path>,
+        seed: u64,
+    ) -> Result<TmrlBuilder, PersistError> {
+        crate::checkpoint::dataset::open_writable(dir.as_ref(), Some(seed)).map(TmrlMemory::builder)
     }
 
     /// A memory over `buffer`, whose spec holds the six fields named by

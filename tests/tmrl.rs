@@ -301,6 +301,29 @@ fn a_memory_starts_from_a_dataset_directory() {
     );
 }
 
+#[test]
+fn a_memory_from_a_dataset_draws_from_the_seed_it_is_given() {
+    // Without one it goes on from the seed the directory records: every run resumed
+    // from one dataset draws the same batches.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = memory(0);
+    let ids: Vec<i32> = (0..200).collect();
+    m.append_buffer(&samples(&m, &ids, &".".repeat(200))).unwrap();
+    m.buffer().save(dir.path()).unwrap();
+    let first = |seed: Option<u64>| {
+        let builder = match seed {
+            Some(seed) => TmrlMemory::from_dataset_seeded(dir.path(), seed),
+            None => TmrlMemory::from_dataset(dir.path()),
+        };
+        let mut m = builder.unwrap().batch_size(16).build().unwrap();
+        m.sample().unwrap().into_tuple().0.data
+    };
+    assert_eq!(first(None), first(None));
+    assert_eq!(first(Some(5)), first(Some(5)));
+    assert_ne!(first(Some(5)), first(Some(6)));
+    assert_ne!(first(Some(5)), first(None));
+}
+
 /// Items count from the oldest transition held, as tmrl's lists (trimmed from the
 /// front) do: once the memory is full, item 0 is not the row at storage index 0.
 #[test]

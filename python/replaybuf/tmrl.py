@@ -35,7 +35,11 @@ How it differs from tmrl's own memories:
 - ``dataset_path`` names a replaybuf dataset (a directory ``save`` or a
   ``ReplayBuffer``'s ``dumps`` wrote, or a file-backed memory's ``memmap`` directory,
   reopened in place); a missing or empty directory starts an empty memory, as tmrl
-  does without ``data.pkl``.
+  does without ``data.pkl``. Its draws start from ``seed`` (random without one), and
+  the next buffer appended starts a new episode (a dataset keeps no link).
+- The flags may come as bools or as 0/1 numbers. A memory pickles (tmrl's trainer
+  pickles it with each checkpoint) with every transition, and unpickles into memory
+  (a ``memmap`` memory too), linking the next buffer as the original would.
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import pathlib
 import random
+import secrets
+import tempfile
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -111,6 +118,21 @@ def _field(value: Any, what: str) -> Tuple[np.dtype, Tuple[int, ...]]:
     return array.dtype, array.shape
 
 
+Field = Tuple[np.dtype, Tuple[int, ...]]
+
+
+def _dtypes_of(obs: Field, act: Field) -> dict:
+    """Each sample column's stored dtype in a memory of this observation and action."""
+    flag = np.dtype(np.bool_)
+    return {
+        "act": np.dtype(act[0]),
+        "obs": np.dtype(obs[0]),
+        "rew": np.dtype(np.float32),
+        "terminated": flag,
+        "truncated": flag,
+    }
+
+
 class Memory:
     """A tmrl memory: see the module docs.
 
@@ -168,13 +190,26 @@ class Memory:
         self._native: Optional[TmrlMemory] = None
         # Samples appended before any had an action (the memory's fields unknown).
         self._pending: List[Any] = []
+        # The last sample appended: its observation and whether its episode ended.
+        self._last: Optional[Tuple[np.ndarray, bool]] = None
         self.path = dataset_path
         if dataset_path and os.path.isdir(dataset_path) and os.listdir(dataset_path):
+            if memmap is not None:
+                _log.warning(
+                    "memmap=%s is not used: a memory from dataset_path keeps its "
+                    "transitions where the dataset does (in memory for a saved "
+                    "dataset, in place for a memmap directory)",
+                    memmap,
+                )
+                self._memmap = None
             self._native = TmrlMemory.from_dataset(
                 os.fspath(dataset_path),
                 batch_size=self.batch_size,
                 nb_steps=self.nb_steps,
                 prefetch=self._prefetch,
+                # Random when None, as a fresh memory's: under the seed the dataset
+                # records, every run resumed from it drew the same batches.
+                seed=secrets.randbits(64) if seed is None else seed,
             )
             if self._native.memory_size != self.memory_size:
                 _log.warning(
@@ -211,9 +246,11 @@ class Memory:
             prefetch=self._prefetch,
         )
 
-    def _dtypes(self) -> dict:
+    def _fields(self) -> Tuple[Field, Field]:
+        """The built memory's observation and action."""
         assert self._native is not None
-        return {key: dtype for key, dtype, _ in self._native.spec}
+        spec = {key: (np.dtype(dtype), tuple(shape)) for key, dtype, shape in self._native.spec}
+        return spec["obs"], spec["act"]
 
     # tmrl's interface ----------------------------------------------------------------
 
@@ -240,42 +277,62 @@ class Memory:
         columns ``act``, ``obs``, ``rew``, ``terminated``, ``truncated``, each ``(n,
         ...)``. Each sample after the first of its episode makes one transition with
         the sample before it. Returns the storage index of every transition made."""
-        columns = self._columns(buffer)
-        if columns is None:
+        found = self._columns(buffer)
+        if found is None:
             return np.empty(0, np.uint64)
-        dtypes = self._dtypes()
+        columns, fields = found
+        dtypes = _dtypes_of(*fields)
         arrays = {}
         for key in _SAMPLE_COLUMNS:
             array = np.asarray(columns[key])
             target = dtypes[key]
-            if array.dtype != target and not np.can_cast(array.dtype, target, "same_kind"):
+            # A flag may come as 0/1 integers or floats (`_exactly` checks the values).
+            flag = target == np.bool_ and array.dtype.kind in "iuf"
+            if not flag and not np.can_cast(array.dtype, target, "same_kind"):
                 raise TypeError(
                     f"append_buffer: `{key}` is {array.dtype}, the memory stores {target}"
                 )
             arrays[key] = _exactly(key, array, target)
+        if self._native is None:
+            # Built once the first samples are known good: a refused first append
+            # fixed the memory's fields (and made a memmap's files) all the same.
+            self._build(*fields)
         written = self._native.append_buffer(arrays)
         # Taken: the reset sample held back for the next call goes with it.
         self._pending = []
+        if len(arrays["obs"]) > 0:
+            # The engine's link to the next buffer, for a pickled copy to go on from.
+            ended = bool(arrays["terminated"][-1] or arrays["truncated"][-1])
+            self._last = (arrays["obs"][-1].copy(), ended)
         return written
 
-    def _columns(self, buffer: Any) -> Optional[dict]:
-        """The samples as columns, building the memory from the first sample when its
-        fields are not known yet; None when there are no samples."""
+    def _columns(self, buffer: Any) -> Optional[Tuple[dict, Tuple[Field, Field]]]:
+        """The samples as columns, with the memory's observation and action (from the
+        first sample when the memory is not built yet); None when there are no
+        samples."""
         if isinstance(buffer, dict):
             missing = [k for k in _SAMPLE_COLUMNS if k not in buffer]
             if missing:
                 raise KeyError(f"append_buffer: no column {missing[0]!r}")
+            cols = {k: np.asarray(buffer[k]) for k in _SAMPLE_COLUMNS}
+            lengths = {k: (c.shape[0] if c.ndim else None) for k, c in cols.items()}
+            if len(set(lengths.values())) != 1 or None in lengths.values():
+                # One scalar sample was dropped silently, columns of other lengths
+                # cut to the shortest.
+                raise ReplayBufferValueError(
+                    "append_buffer: a dict holds columns of (n, ...) arrays, one row a "
+                    f"sample, got lengths {lengths}"
+                )
             if self._pending:
                 # A reset sample held back goes first: as samples, the path that has it.
-                cols = [buffer[k] for k in _SAMPLE_COLUMNS]
-                buffer = [(*row, {}) for row in zip(*cols)]
-                return self._columns(buffer)
-            if self._native is None:
-                obs, act = np.asarray(buffer["obs"]), np.asarray(buffer["act"])
-                if obs.ndim == 0 or obs.shape[0] == 0:
-                    return None
-                self._build((obs.dtype, obs.shape[1:]), (act.dtype, act.shape[1:]))
-            return buffer
+                rows = zip(*(cols[k] for k in _SAMPLE_COLUMNS))
+                return self._columns([(*row, {}) for row in rows])
+            if self._native is not None:
+                return buffer, self._fields()
+            obs, act = cols["obs"], cols["act"]
+            if obs.shape[0] == 0:
+                return None
+            return buffer, ((obs.dtype, obs.shape[1:]), (act.dtype, act.shape[1:]))
         samples: Sequence[Any] = getattr(buffer, "memory", buffer)
         for sample in samples:
             # tmrl's sample: (act, new_obs, rew, terminated, truncated, info). A
@@ -290,15 +347,17 @@ class Memory:
             samples = self._pending + list(samples)
         if len(samples) == 0:
             return None
-        if self._native is None:
+        if self._native is not None:
+            fields = self._fields()
+        else:
             # A reset sample's action is None in tmrl's non-real-time environments: the
             # action's fields come from the first real one.
             act = next((s[0] for s in samples if s[0] is not None), None)
             if act is None:
                 self._pending = list(samples)
                 return None
-            self._build(_field(samples[0][1], "observation"), _field(act, "action"))
-        dtypes = self._dtypes()
+            fields = (_field(samples[0][1], "observation"), _field(act, "action"))
+        dtypes = _dtypes_of(*fields)
         no_action = None
 
         def column(i: int, key: str) -> np.ndarray:
@@ -308,15 +367,14 @@ class Memory:
                 # Only an episode's first sample has no action, and a first sample's
                 # action is never part of a transition.
                 if no_action is None:
-                    shape = next(shape for k, _, shape in self._native.spec if k == "act")
-                    no_action = np.zeros(shape, dtypes["act"])
+                    no_action = np.zeros(fields[1][1], dtypes["act"])
                 values = [no_action if v is None else v for v in values]
             if key in ("obs", "act"):
                 return np.stack([np.asarray(v) for v in values])
             # As given: `append_buffer` converts, checking the values survive.
             return np.asarray(values)
 
-        return {key: column(i, key) for i, key in enumerate(_SAMPLE_COLUMNS)}
+        return {key: column(i, key) for i, key in enumerate(_SAMPLE_COLUMNS)}, fields
 
     def get_transition(self, item: int) -> Tuple[Any, ...]:
         """Transition ``item``, oldest first as in tmrl's lists: ``(prev_obs, act, rew,
@@ -414,6 +472,57 @@ class Memory:
         """Writes a ``memmap`` memory through to its files and the disk."""
         if self._native is not None:
             self._native.flush()
+
+    def __getstate__(self) -> dict:
+        """Pickles (tmrl's trainer pickles its memory with each checkpoint, and
+        ``copy.deepcopy`` does) with every transition: the engine's memory saved to a
+        temporary directory, its files' bytes kept in the state."""
+        state = self.__dict__.copy()
+        native = state.pop("_native")
+        state["_native"] = None
+        if native is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "memory")
+                native.save(path)
+                state["_saved"] = {
+                    name: pathlib.Path(path, name).read_bytes() for name in sorted(os.listdir(path))
+                }
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickles into memory (a ``memmap`` memory too: its files stay with the
+        original), drawing on and linking the next buffer as the pickled memory would
+        have."""
+        saved = state.pop("_saved", None)
+        self.__dict__.update(state)
+        if saved is None:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "memory")
+            os.mkdir(path)
+            for name, data in saved.items():
+                pathlib.Path(path, os.path.basename(name)).write_bytes(data)
+            self._native = TmrlMemory.from_dataset(
+                path,
+                batch_size=self.batch_size,
+                nb_steps=self.nb_steps,
+                prefetch=self._prefetch,
+            )
+        self._memmap = None
+        if self._last is not None:
+            # One sample, the last one appended, links the next buffer to it as the
+            # pickled memory would have (alone, it makes no transition).
+            obs, ended = self._last
+            act_dtype, act_shape = self._fields()[1]
+            self._native.append_buffer(
+                {
+                    "act": np.zeros((1, *act_shape), act_dtype),
+                    "obs": obs[None],
+                    "rew": np.zeros(1, np.float32),
+                    "terminated": np.array([ended]),
+                    "truncated": np.zeros(1, np.bool_),
+                }
+            )
 
     def __repr__(self) -> str:
         return (

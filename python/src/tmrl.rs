@@ -180,17 +180,23 @@ impl Memory {
     }
 
     /// A memory over a dataset directory: a checkpoint (`save`, or a `ReplayBuffer`'s
-    /// `dumps`) loaded into memory, or a file-backed storage reopened in place.
+    /// `dumps`) loaded into memory, or a file-backed storage reopened in place. It
+    /// draws from `seed`, or without one from the seed the directory records.
     #[staticmethod]
-    #[pyo3(signature = (path, *, batch_size = 256, nb_steps = 1, prefetch = 0))]
+    #[pyo3(signature = (path, *, batch_size = 256, nb_steps = 1, prefetch = 0, seed = None))]
     fn from_dataset(
         py: Python<'_>,
         path: PathBuf,
         batch_size: usize,
         nb_steps: usize,
         prefetch: usize,
+        seed: Option<u64>,
     ) -> PyResult<Memory> {
-        let builder = gil::detach(py, || TmrlMemory::from_dataset(&path)).map_err(py_err)?;
+        let builder = gil::detach(py, || match seed {
+            Some(seed) => TmrlMemory::from_dataset_seeded(&path, seed),
+            None => TmrlMemory::from_dataset(&path),
+        })
+        .map_err(py_err)?;
         let memory = gil::detach(py, || {
             builder
                 .batch_size(batch_size)

@@ -386,3 +386,86 @@ def reference_transitions(all_samples):
     reference = TmrlReference()
     reference.append_buffer(all_samples)
     return reference.transitions()
+
+
+def test_a_memory_with_transitions_pickles_and_copies():
+    # tmrl's trainer pickles its memory at each checkpoint: once it held data, the
+    # engine's memory could not be pickled and the checkpoint failed.
+    import copy
+    import pickle
+
+    memory = Memory(memory_size=50, batch_size=4, seed=3)
+    memory.append_buffer(samples([0, 1, 2, 3, 4], "..t.."))
+    memory.append_buffer([sample(9, act=False)])  # held: no transition yet
+    for again in (pickle.loads(pickle.dumps(memory)), copy.deepcopy(memory)):
+        assert stored(again) == stored(memory) and again.memory_size == 50
+        assert again.batch_size == 4 and again.nb_steps == memory.nb_steps
+        # the copy draws on as the pickled memory would have
+        assert np.array_equal(again.sample()[0], copy.deepcopy(memory).sample()[0])
+        again.append_buffer(samples([10, 11], ".."))
+        assert len(again) == len(memory) + 2
+    assert pickle.loads(pickle.dumps(Memory())).sample_preprocessor is None
+
+
+def test_a_memory_from_a_dataset_draws_from_its_own_seed(tmp_path):
+    # The seed was ignored: every run resumed from one dataset drew the same batches.
+    memory = Memory(batch_size=8, seed=1)
+    memory.append_buffer(samples(range(200), "." * 200))
+    memory.save(tmp_path / "ckpt")
+
+    def first(**kw):
+        return Memory(batch_size=8, dataset_path=tmp_path / "ckpt", **kw).sample()[0][:, 0]
+
+    assert np.array_equal(first(seed=5), first(seed=5))
+    assert not np.array_equal(first(seed=5), first(seed=6))
+    assert not np.array_equal(first(), first())
+
+
+def test_flags_as_zero_or_one_integers_are_taken():
+    # An environment's 0/1 flags were refused as ints (bool is what gymnasium gives).
+    memory = Memory(batch_size=2)
+    memory.append_buffer(
+        [(np.zeros(2, np.float32), np.full(3, i, np.float32), 0.0, 0, i == 2, {}) for i in range(3)]
+    )
+    assert [t[5] for t in (memory.get_transition(i) for i in range(2))] == [False, True]
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="cannot hold"):
+        memory.append_buffer([(np.zeros(2, np.float32), np.zeros(3, np.float32), 0.0, 2, 0, {})])
+    assert len(memory) == 2
+
+
+def test_a_dict_of_scalars_or_of_uneven_columns_is_refused():
+    # One scalar sample was dropped without a word; uneven columns were cut.
+    row = {
+        "act": np.float32(1),
+        "obs": np.float32(1),
+        "rew": 0.0,
+        "terminated": False,
+        "truncated": False,
+    }
+    for memory in (Memory(), Memory(obs=("float32", ()), act=("float32", ()))):
+        with pytest.raises(replaybuf.ReplayBufferValueError, match="columns"):
+            memory.append_buffer(row)
+    uneven = {
+        "act": np.zeros((3, 2), np.float32),
+        "obs": np.zeros((2, 3), np.float32),
+        "rew": np.zeros(3),
+        "terminated": np.zeros(3, bool),
+        "truncated": np.zeros(3, bool),
+    }
+    with pytest.raises(replaybuf.ReplayBufferValueError, match="lengths"):
+        Memory().append_buffer(uneven)
+
+
+def test_a_refused_first_append_does_not_fix_the_fields(tmp_path):
+    # The memory (and a memmap's files) was built from the refused samples: later
+    # good ones were refused for good.
+    for memmap in (None, tmp_path / "disk"):
+        memory = Memory(memmap=memmap)
+        with pytest.raises(replaybuf.ReplayBufferValueError):
+            memory.append_buffer(
+                [(np.zeros(2, np.float32), np.full(3, 1e6), 0.0, False, False, {})] * 2
+                + [(np.zeros(2, np.float32), np.zeros(3, np.float16), 0.0, 5, False, {})]
+            )
+        assert memory._native is None
+        memory.append_buffer(samples([0, 1], ".."))
+        assert stored(memory) == [(0, 1, 0.5, 1, False, False)]

@@ -1363,6 +1363,20 @@ def test_replay_buffer_trainer_hooks(rl):
 # ----------------------------------------------------------------- replaybuf on purpose
 
 
+def test_replaybuf_trainer_marks_each_envs_last_step_truncated():
+    # TorchRL's hook sets ``truncated[..., -1]``, the flag's own trailing dimension:
+    # every step of a [E, T, 1] flag came out truncated, each a one-step trajectory
+    # to a slice sampler; and it wrote into the collector's batch.
+    rl = replaybuf.torchrl
+    rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(20), batch_size=4)
+    batch = transitions(6).reshape(2, 3)
+    batch.set(("next", "truncated"), torch.zeros(2, 3, 1, dtype=torch.bool))
+    rl.ReplayBufferTrainer(rb, flatten_tensordicts=True).extend(batch)
+    stored = rb[:]
+    assert stored["next", "truncated"].squeeze(-1).tolist() == [False, False, True] * 2
+    assert not batch["next", "truncated"].any()
+
+
 def test_replaybuf_update_priority_skips_rows_overwritten_since_the_sample():
     rl = replaybuf.torchrl
     rb = rl.TensorDictPrioritizedReplayBuffer(

@@ -31,11 +31,22 @@ impl ReplayBuffer {
 }
 
 /// The buffer a directory holds, to go on writing: a checkpoint loaded into memory, or
-/// a file-backed storage reopened in place.
-pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
+/// a file-backed storage reopened in place. Its draws go on from the directory's
+/// seed, or from `seed`'s.
+pub(crate) fn open_writable(dir: &Path, seed: Option<u64>) -> Result<ReplayBuffer, PersistError> {
     let meta = DirMeta::read(dir)?;
+    let seeded = |b: ReplayBufferBuilder| match seed {
+        Some(seed) => b.seed(seed),
+        None => b,
+    };
     match meta.kind {
-        DirKind::Checkpoint => ReplayBuffer::from_checkpoint(dir),
+        DirKind::Checkpoint => super::load::load_built(dir, |b, limit| {
+            let b = seeded(b);
+            match limit {
+                Some(limit) => b.rate_limit(limit),
+                None => b,
+            }
+        }),
         DirKind::Memmap => {
             let refused = |why: String| {
                 PersistError::new(
@@ -43,15 +54,17 @@ pub(crate) fn open_writable(dir: &Path) -> Result<ReplayBuffer, PersistError> {
                     PersistKind::Corrupt(format!("its configuration: {why}")),
                 )
             };
-            ReplayBufferBuilder::from_config(&meta.config)
-                .map_err(|e| refused(format!("{e:?}")))?
-                .memmap(dir)
-                .existsok(true)
-                .build()
-                .map_err(|e| match e.into_persist() {
-                    Ok(p) => p,
-                    Err(e) => refused(e.to_string()),
-                })
+            seeded(
+                ReplayBufferBuilder::from_config(&meta.config)
+                    .map_err(|e| refused(format!("{e:?}")))?,
+            )
+            .memmap(dir)
+            .existsok(true)
+            .build()
+            .map_err(|e| match e.into_persist() {
+                Ok(p) => p,
+                Err(e) => refused(e.to_string()),
+            })
         }
     }
 }

@@ -69,7 +69,7 @@ class ReplayBufferTrainer(TrainerHookBase):
                 batch = batch[batch.get(("collector", "mask"))]
             else:
                 if "truncated" in batch["next"]:
-                    batch["next", "truncated"][..., -1] = True
+                    batch = _truncate_last_steps(batch)
                 batch = batch.reshape(-1)
         elif self.max_dims is not None:
             pads = []
@@ -111,3 +111,16 @@ class ReplayBufferTrainer(TrainerHookBase):
         trainer.register_op("process_optim_batch", self.sample)
         trainer.register_op("post_loss", self.update_priority)
         trainer.register_module(name, self)
+
+
+def _truncate_last_steps(batch: TensorDictBase) -> TensorDictBase:
+    """``batch`` with each env's last step (the last batch dimension's) marked
+    truncated, the caller's batch left as it was. TorchRL's hook writes
+    ``batch["next", "truncated"][..., -1] = True`` into the collector's batch,
+    which indexes the flag's own trailing dimension: every step of a ``[E, T, 1]``
+    flag came out truncated, each a trajectory of one step to a slice sampler."""
+    truncated = batch.get(("next", "truncated")).clone()
+    truncated[(slice(None),) * (batch.batch_dims - 1) + (-1,)] = True
+    batch = batch.clone(False)
+    batch.set(("next", "truncated"), truncated)
+    return batch
