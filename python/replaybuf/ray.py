@@ -276,6 +276,7 @@ class RayReplayBuffer:
             capacity // num_actors + (1 if capacity % num_actors else 0), **kwargs
         )
         self.num_actors = num_actors
+        self.capacity = capacity
         self._actors = []
         # Shared memory for same-node writers: Linux only (futexes, /dev/shm).
         regions = (
@@ -525,6 +526,15 @@ class RayReplayBuffer:
             )
         if n == 0:
             return 0, 0
+        # Checked here too: the actor holding an index past the capacity refused its
+        # part, after the others applied theirs. Actor k holds the global indices
+        # k, k + num_actors, ... below the capacity.
+        past = (local != _PADDING) & (local * np.uint64(self.num_actors) + shard >= self.capacity)
+        if past.any():
+            bad = int(local[past][0] * self.num_actors + shard[past][0])
+            raise replaybuf.ReplayBufferIndexError(
+                f"index {bad} is out of range for capacity {self.capacity}"
+            )
         priority = priority.reshape(len(local), -1)
         refs = []
         for k in range(self.num_actors):

@@ -373,6 +373,9 @@ def test_a_bad_priority_update_over_several_actors_changes_nothing():
         rb.update_priority([i0[0], i1[0]], [1.0, 2.0], generation=[0])
     with pytest.raises(replaybuf.ReplayBufferTypeError):
         rb.update_priority([i0[0]], ["high"])
+    # An index past the capacity: the other actor applied its part.
+    with pytest.raises(replaybuf.ReplayBufferIndexError, match="out of range"):
+        rb.update_priority([int(i0[0]), 101], [5.0, 1.0])
     assert rb.priority(int(i0[0])) == before
 
 
