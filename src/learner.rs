@@ -16,17 +16,35 @@ use crate::rng::Rng;
 #[derive(Clone, Debug)]
 pub struct Learner {
     buffer: ReplayBuffer,
-    rng: Rng,
+    /// Its own stream, or `None` for the buffer's per-call ones
+    /// ([`ReplayBuffer::learner_on_calls`]).
+    rng: Option<Rng>,
     /// The working room of [`sample_to`](Self::sample_to) (a batch keeps its own).
     scratch: Scratch,
 }
 
 impl Learner {
-    pub(crate) fn new(buffer: ReplayBuffer, rng: Rng) -> Learner {
+    pub(crate) fn new(buffer: ReplayBuffer, rng: Option<Rng>) -> Learner {
         Learner {
             buffer,
             rng,
             scratch: Scratch::default(),
+        }
+    }
+
+    /// Runs one sampling attempt on the buffer's state now, with the handle's stream
+    /// or, for a handle on calls, the stream of a call numbered in that state.
+    fn attempt<R>(
+        buffer: &ReplayBuffer,
+        rng: &mut Option<Rng>,
+        f: impl FnOnce(&crate::state::State, &mut Rng) -> R,
+    ) -> R {
+        match rng {
+            Some(rng) => f(&buffer.state(), rng),
+            None => {
+                let (inner, mut call) = buffer.call_stream();
+                f(&inner, &mut call)
+            }
         }
     }
 
@@ -66,27 +84,26 @@ impl Learner {
             return Err(SampleError::TransformsNeedBatch);
         }
         let rows = dest.rows();
-        let (rng, scratch) = (&mut self.rng, &mut self.scratch);
+        let (buffer, rng, scratch) = (&self.buffer, &mut self.rng, &mut self.scratch);
         // The state is loaded after the rate limit's wait, as every sample path does:
         // one loaded before a long wait may have been swapped out meanwhile.
-        self.buffer.limited_sample(rows, || {
-            Ok(self
-                .buffer
-                .state()
-                .core
-                .sample_to(rng, rows, dest, scratch)?)
+        buffer.limited_sample(rows, || {
+            Learner::attempt(buffer, rng, |inner, rng| {
+                Ok(inner.core.sample_to(rng, rows, dest, scratch)?)
+            })
         })
     }
 
     /// Samples `n` rows into `batch`, reusing its buffers, transforms included.
     pub(crate) fn sample_n_into(&mut self, n: usize, batch: &mut Batch) -> Result<(), SampleError> {
         self.buffer.state().core.room_for_sample(n, batch)?;
-        let rng = &mut self.rng;
-        self.buffer
+        let (buffer, rng) = (&self.buffer, &mut self.rng);
+        buffer
             .limited_sample(n, || {
-                let inner = self.buffer.state();
-                inner.core.sample_into(rng, n, batch)?;
-                inner.transforms.apply_drawn(batch)
+                Learner::attempt(buffer, rng, |inner, rng| {
+                    inner.core.sample_into(rng, n, batch)?;
+                    inner.transforms.apply_drawn(batch)
+                })
             })
             .map(drop)
     }

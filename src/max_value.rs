@@ -249,6 +249,9 @@ impl MaxValue {
         let ranks = self.ranks_of(core, batch, batch.len())?;
         let storage = &core.storage;
         let shards = storage.shards();
+        // Before the lock: a save of this buffer holds it, and a save hook's write
+        // would wait for it forever instead of being refused.
+        storage.refuse_reentry();
         let mut held = self.ranks.lock();
 
         // Plan: which row goes where, rows competing in order.
@@ -341,6 +344,7 @@ impl MaxValue {
         rows: usize,
     ) -> Result<Rerank<'_>, DataError> {
         let ranks = self.ranks_of(core, data, rows)?;
+        core.storage.refuse_reentry();
         Ok(Rerank {
             held: self.ranks.lock(),
             ranks,

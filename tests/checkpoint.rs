@@ -970,15 +970,24 @@ fn a_hook_that_writes_to_the_buffer_it_saves_panics_rather_than_hangs() {
         // The directory's lock, which the outer save holds, waited for good.
         ("save here", |rb, dest| rb.save(dest).unwrap()),
     ];
+    // A save of a max-value buffer holds its writer's lock too (whole batches in
+    // the checkpoint): a hook's write must be refused before it waits for that.
     for (what, reentry) in reentries {
-        for through_progress in [false, true] {
+        for (through_progress, max_value) in [(false, false), (true, false), (false, true)] {
+            let policy = match max_value {
+                true => replaybuf::WritePolicy::max_value("id"),
+                false => replaybuf::WritePolicy::RoundRobin,
+            };
             let rb = ReplayBuffer::builder(spec())
                 .capacity(64)
                 .seed(2)
+                .write_policy(policy)
                 .build()
                 .unwrap();
             fill(&rb, 20);
-            let dest = dir.path().join(format!("{what}-{through_progress}"));
+            let dest = dir
+                .path()
+                .join(format!("{what}-{through_progress}-{max_value}"));
             let (inner, path) = (rb.clone(), dest.clone());
             let (tx, rx) = std::sync::mpsc::channel();
             let saving = rb.clone();
@@ -1146,4 +1155,76 @@ fn a_hook_that_reorders_the_fields_fails_the_save() {
     });
     let e = rb.save(dir.path()).unwrap_err();
     assert!(e.to_string().contains("values only"), "{e}");
+}
+
+/// A save while a max-value writer places its batches holds whole batches: the
+/// writer places a batch row by row under its lock, and a save that froze the
+/// storage between two rows held part of one (148,039 rows of 64-row batches).
+#[test]
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)] // the loom facade rule is for the library
+fn a_save_beside_a_max_value_writer_holds_whole_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(40_000)
+        .write_policy(replaybuf::WritePolicy::max_value("id"))
+        .build()
+        .unwrap();
+    let batches = 600;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for b in 0..batches {
+                rb.extend(&rows(&rb, b * 64, 64, 1)).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let mut saves = 0;
+        while !done.load(std::sync::atomic::Ordering::Acquire) || saves == 0 {
+            let dest = dir.path().join(format!("c{}", saves % 2));
+            rb.save(&dest).unwrap();
+            let held = ReplayBuffer::from_checkpoint(&dest).unwrap().len();
+            assert_eq!(held % 64, 0, "save {saves} holds {held} rows");
+            saves += 1;
+        }
+    });
+}
+
+/// A list buffer's save into a directory holding a file-backed storage or a row
+/// buffer's checkpoint is refused: it replaced their meta.json, and they could be
+/// opened no more.
+#[test]
+fn a_list_save_over_another_kind_of_directory_is_refused() {
+    use replaybuf::list::ListBuffer;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let rb = ReplayBuffer::builder(spec())
+        .capacity(16)
+        .memmap(&store)
+        .build()
+        .unwrap();
+    fill(&rb, 5);
+    rb.flush().unwrap();
+    drop(rb);
+    let checkpoint = dir.path().join("checkpoint");
+    let saved = ReplayBuffer::builder(spec()).capacity(16).build().unwrap();
+    fill(&saved, 7);
+    saved.save(&checkpoint).unwrap();
+    let list = ListBuffer::<u32>::builder().capacity(4).build().unwrap();
+    list.extend(0..3).unwrap();
+    for other in [&store, &checkpoint] {
+        let e = list.save(other).unwrap_err();
+        assert!(e.to_string().contains("not a list buffer's"), "{e}");
+    }
+    let reopened = ReplayBuffer::builder(spec())
+        .capacity(16)
+        .memmap(&store)
+        .existsok(true)
+        .build()
+        .unwrap();
+    assert_eq!(reopened.len(), 5);
+    assert_eq!(ReplayBuffer::from_checkpoint(&checkpoint).unwrap().len(), 7);
+    // Its own checkpoints it saves over, as before.
+    let own = dir.path().join("list");
+    list.save(&own).unwrap();
+    list.save(&own).unwrap();
 }

@@ -597,10 +597,15 @@ fn typed_and_multi_env_buffers_sample_by_priority() {
         .unwrap();
     let other = (0..3u64).find(|i| !sampled.index().contains(i));
     let b = rb.sample(64);
-    match other {
-        Some(i) => assert!(b.unwrap().index().iter().all(|&j| j == i)),
-        None => assert_eq!(b.unwrap_err(), SampleError::Empty),
+    if let Some(i) = other {
+        let b = b.unwrap();
+        assert!(b.index().iter().all(|&j| j == i));
+        rb.update_priority(&b.index()[..1], &b.generations()[..1], &[0.0])
+            .unwrap();
     }
+    // Every row at 0: rows with no mass, not an empty buffer (a branch expected
+    // `Empty` here, and the seed never ran it).
+    assert_eq!(rb.sample(4).unwrap_err(), SampleError::NoMass { rows: 3 });
 
     let grid = ReplayBuffer::builder(spec())
         .capacity(12)

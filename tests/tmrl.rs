@@ -308,7 +308,8 @@ fn a_memory_from_a_dataset_draws_from_the_seed_it_is_given() {
     let dir = tempfile::tempdir().unwrap();
     let mut m = memory(0);
     let ids: Vec<i32> = (0..200).collect();
-    m.append_buffer(&samples(&m, &ids, &".".repeat(200))).unwrap();
+    m.append_buffer(&samples(&m, &ids, &".".repeat(200)))
+        .unwrap();
     m.buffer().save(dir.path()).unwrap();
     let first = |seed: Option<u64>| {
         let builder = match seed {

@@ -930,7 +930,7 @@ impl Harness {
                 spec,
             } => self.write_at(indices, rows.map(usize::from), *spec),
             Op::Empty => {
-                self.rb.clear();
+                self.rb.clear().expect("a round-robin buffer clears");
                 self.model.clear();
                 self.sampling.emptied();
             }

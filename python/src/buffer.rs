@@ -121,8 +121,11 @@ struct Here {
     /// Write-locked only by `loads`, which needs the buffer's only handle. Never
     /// waited for with the GIL held: its holders may need the GIL to let go.
     rb: RwLock<ReplayBuffer>,
-    /// Idle learner handles: a sampling thread takes one (or makes one) and gives it
-    /// back, so threads never share a random stream or wait on each other.
+    /// Idle learner handles, for their working room: a sampling thread takes one (or
+    /// makes one) and gives it back, so threads never wait on each other. They draw
+    /// from the buffer's per-call streams (`learner_on_calls`), so that a checkpoint
+    /// holds every draw's randomness: a loaded copy samples what the saved buffer
+    /// would have, and a handle dropped (by a refused `loads`) changes nothing.
     learners: Mutex<Vec<Learner>>,
 }
 
@@ -144,7 +147,11 @@ impl Here {
 
     /// Runs `f` with an idle learner handle of `rb`'s, or a new one.
     fn with_learner<R>(&self, rb: &ReplayBuffer, f: impl FnOnce(&mut Learner) -> R) -> R {
-        let mut learner = self.learners.lock().pop().unwrap_or_else(|| rb.learner());
+        let mut learner = self
+            .learners
+            .lock()
+            .pop()
+            .unwrap_or_else(|| rb.learner_on_calls());
         let out = f(&mut learner);
         self.learners.lock().push(learner);
         out
@@ -1261,6 +1268,8 @@ impl Buffer {
             return Err(value_error(READ_ONLY_LOADS));
         }
         gil::detach(py, || {
+            // They hold the buffer, whose only handle `restore` needs; they keep no
+            // random state (`Here::learners`), so a refused load changes no draw.
             here.learners.lock().clear();
             rb.restore(&path)
         })

@@ -310,6 +310,25 @@ def test_file_backed_storage_is_reopened_with_its_rows(tmp_path):
     assert len(ds) == 12
 
 
+def test_a_buffer_that_sampled_before_its_checkpoint_and_the_loaded_copy_draw_alike(tmp_path):
+    # Each sample drew from a pooled learner's own stream, which no checkpoint holds:
+    # the copy went on from a fresh one, and a refused loads dropped the pool and
+    # changed the draws too.
+    for sampler in (None, replaybuf.Prioritized(alpha=0.6, beta=0.4)):
+        rb = buffer(capacity=100, n=100, sampler=sampler, seed=5)
+        twin = buffer(capacity=100, n=100, sampler=sampler, seed=5)
+        for b in (rb, twin):
+            for _ in range(3):
+                b.sample(8)
+        rb.dumps(tmp_path / "c")
+        copy = ReplayBuffer.from_checkpoint(tmp_path / "c")
+        with raises(OSError):
+            twin.loads(tmp_path / "missing")
+        ahead = [rb.sample(8)["id"].tolist() for _ in range(3)]
+        assert [copy.sample(8)["id"].tolist() for _ in range(3)] == ahead
+        assert [twin.sample(8)["id"].tolist() for _ in range(3)] == ahead
+
+
 def test_checkpoints_round_trip(tmp_path):
     sampler = replaybuf.Prioritized(alpha=0.6, beta=0.4)
     rb = buffer(capacity=32, n=20, sampler=sampler, seed=3)

@@ -1158,6 +1158,27 @@ def test_dumps_loads_round_trip(rl, tmp_path):
     assert loaded.extend(transitions(1, start=99)).tolist() == [3]  # and the write cursor
 
 
+def test_loads_brings_the_samplers_alpha_and_beta_back(rl, tmp_path):
+    # The engine took the checkpoint's beta, the face's sampler kept its own: an
+    # annealing `sampler.beta += step` went on from the built value.
+    def buffer(beta):
+        sampler = rl.PrioritizedSampler(10, alpha=0.7, beta=beta)
+        return rl.TensorDictReplayBuffer(
+            storage=rl.LazyTensorStorage(10), sampler=sampler, batch_size=4
+        )
+
+    rb = buffer(0.4)
+    rb.extend(transitions(6))
+    rb.sampler.beta = 0.9
+    rb.dumps(tmp_path / "ckpt")
+    loaded = buffer(0.5)
+    loaded.extend(transitions(2))
+    loaded.loads(tmp_path / "ckpt")
+    assert (loaded.sampler.alpha, loaded.sampler.beta) == (0.7, 0.9)
+    loaded.sampler.beta += 0.05
+    assert loaded.sampler.beta == pytest.approx(0.95)
+
+
 def test_an_ndim2_storage_reports_its_rounded_size(rl):
     rb = rl.TensorDictReplayBuffer(storage=rl.LazyTensorStorage(10, ndim=2))
     for _ in range(5):

@@ -291,9 +291,18 @@ impl ReplayBuffer {
         let Ok(learner) = self.retrying(|inner| {
             let k = inner.core.storage.take_count(Global::Learners)?;
             let rng = rng::stream(inner.core.seed, rng::Stream::Learner(k));
-            Ok::<_, Attempt<std::convert::Infallible>>(Learner::new(self.clone(), rng))
+            Ok::<_, Attempt<std::convert::Infallible>>(Learner::new(self.clone(), Some(rng)))
         });
         learner
+    }
+
+    /// A learner's handle that draws as [`ReplayBuffer::sample`] does, from a stream
+    /// of the buffer's own for each call, and keeps only its working room: for a
+    /// binding that pools handles, so that every draw's randomness lives in the
+    /// buffer, which a checkpoint saves (a loaded copy draws what the saved buffer
+    /// would have) and which no handle dropped or made changes.
+    pub fn learner_on_calls(&self) -> Learner {
+        Learner::new(self.clone(), None)
     }
 
     /// Adds one transition (a batch of shape `[1]`) and returns its index.
@@ -513,7 +522,9 @@ impl ReplayBuffer {
                 return Err(Attempt::Failed(DataError::Immutable));
             }
             // The policy's lock first, then the updaters' gate: a swap takes them in
-            // that order too.
+            // that order too (and a save: a save hook's clear is refused before the
+            // lock it holds).
+            inner.core.storage.refuse_reentry();
             inner.policy.emptying(|| {
                 let _inside = inner.core.storage.enter_update()?;
                 inner.core.storage.empty();

@@ -404,6 +404,9 @@ fn dump(
     .sum();
     let mut meter = Meter::new(options.progress.clone(), total);
     let mut written = WrittenFiles { sinks: Vec::new() };
+    // A max-value writer places a batch row by row, under its lock: held first (as a
+    // swap holds it), so that a checkpoint holds whole batches, never part of one.
+    let placing = inner.policy.hold();
     let frozen = storage.freeze();
     if storage.is_retired() {
         return Ok(false);
@@ -419,6 +422,7 @@ fn dump(
     );
     let (rows, write_count) = (storage.len(), storage.write_count());
     drop(frozen);
+    drop(placing);
     if let Err(e) = result {
         written.discard();
         return Err(e);

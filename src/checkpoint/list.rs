@@ -92,9 +92,23 @@ impl<T: Clone + Send + Sync + Serialize + DeserializeOwned> ListBuffer<T> {
         // One save at a time, as `ReplayBuffer::save`'s: two wrote one generation's
         // files over each other and deleted the one before.
         let _saving = dir::lock(dir)?;
-        let previous = fs::read(dir.join(dir::META))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<ListMeta>(&b).ok());
+        let meta = fs::read(dir.join(dir::META)).ok();
+        let value = meta
+            .as_deref()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok());
+        if let Some(kind) = value.as_ref().and_then(|v| v.get("kind")?.as_str()) {
+            if kind != KIND {
+                // A row buffer's checkpoint or a file-backed storage: its meta.json
+                // replaced, it could be opened no more.
+                return Err(PersistError::new(
+                    dir,
+                    PersistKind::Unsupported(
+                        "this directory holds a row buffer's checkpoint or a file-backed                          storage, not a list buffer's checkpoint",
+                    ),
+                ));
+            }
+        }
+        let previous = meta.and_then(|b| serde_json::from_slice::<ListMeta>(&b).ok());
         let g = previous.as_ref().map_or(1, |m| m.generation + 1);
         let inner = &self.inner;
         let frozen: Vec<_> = inner.shards.iter().map(|s| s.begin_freeze(1)).collect();

@@ -45,8 +45,16 @@
 //! is about `2^(top - 3)` units and the same holds relative to it: a row whose `x` is
 //! at least `2^-(top - 9)` of that priority's is within 1%. Any two priorities alone,
 //! anywhere in the finite range (`1e-8` and `2e-8`, or `1e7` and `1e8`), are exact to
-//! that. What no 64-bit integer sum can hold is a buffer whose masses span more than
-//! that: `1e-8` beside `1e8` at `alpha = 1` is a ratio of 1e16. The light row keeps
+//! that, as long as the new rows' priority is not far above them: by default it is the
+//! largest ever seen, which never falls, so after one outlier (`1e16` beside rows of 1
+//! and 2 at `alpha = 1`) every row of an ordinary priority keeps about one unit and is
+//! drawn almost uniformly, its weight 1, until the buffer is emptied. With
+//! `max_priority_within_buffer` (new rows at the largest stored) the raise comes back
+//! once the outlier row is overwritten or updated. A fix would let new rows' masses
+//! saturate at `value_max` instead of capping the raise.
+//!
+//! What no 64-bit integer sum can hold is a buffer whose masses span more than that:
+//! `1e-8` beside `1e8` at `alpha = 1` is a ratio of 1e16. The light row keeps
 //! one unit, so it is drawn with a probability of `1 / total` instead (at most
 //! `2^-(top - 9)`, about 5.8e-11 with a million leaves per shard): never lost, as a
 //! float sum loses it (cpprb's `f64` trees drop rows below 2^-53 of the total), but not

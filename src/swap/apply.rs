@@ -56,6 +56,8 @@ pub(super) fn apply(buffer: &ReplayBuffer, change: Change) -> Result<(), SwapErr
             .map_err(SwapError::build)?;
         Some(new)
     };
+    // A save holds the policy's lock: one of its hooks swapping is refused first.
+    old.core.storage.refuse_reentry();
     let held = old.policy.hold();
     let frozen = old.core.storage.freeze();
     // A copy carries the counters (of sample calls, handles) until the old storage is

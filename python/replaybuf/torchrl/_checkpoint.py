@@ -111,6 +111,11 @@ def load(rb: Any, path: Any) -> None:
     rb._batch_size = face["batch_size"]
     rb._write_count_base = face.get("write_count_base", 0)
     rb._last = None
+    if hasattr(rb._sampler, "_alpha") and rb._native.alpha is not None:
+        # The engine took the checkpoint's alpha and beta: the sampler says so too (a
+        # beta annealed from its own went on from the value it was built with, and
+        # wrote that over the loaded one).
+        rb._sampler._alpha, rb._sampler._beta = rb._native.alpha, rb._native.beta
     if rb._load_hooks:
         data = rb._read(slice(None))
         for hook in rb._load_hooks:
