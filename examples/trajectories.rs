@@ -139,8 +139,12 @@ fn run_learner(
     while !stop.load(Ordering::Relaxed) {
         match learner.sample_into(&mut batch) {
             Ok(()) => {}
-            // Early on, before any episode is 8 steps long.
-            Err(replaybuf::error::SampleError::TrajectoriesTooShort { .. }) => continue,
+            // Early on, before any row is written (the learner may start first) or
+            // any episode is 8 steps long.
+            Err(
+                replaybuf::error::SampleError::Empty
+                | replaybuf::error::SampleError::TrajectoriesTooShort { .. },
+            ) => continue,
             Err(e) => return Err(e),
         }
         let (env, episode, t) = (

@@ -68,6 +68,10 @@ _log = logging.getLogger(__name__)
 
 Transition = Tuple[Any, Any, Any, Any, Any, Any]
 
+# What a subclass overrides to change the items ``sample`` draws (tmrl's ``sample``
+# draws ``self[i]`` for ``i`` in ``sample_indices()``).
+_ITEM_METHODS = ("get_transition", "__getitem__", "sample_indices")
+
 # The columns a collector's buffer holds, in tmrl's sample order (info aside).
 _SAMPLE_COLUMNS = ("act", "obs", "rew", "terminated", "truncated")
 
@@ -413,8 +417,9 @@ class Memory:
         return prev_obs, act, rew, new_obs, np.float32(terminated), np.float32(truncated)
 
     def sample_indices(self) -> Iterator[int]:
-        """``batch_size`` storage indices drawn uniformly (tmrl's ``sample_indices``;
-        ``sample`` draws in the engine instead)."""
+        """``batch_size`` items drawn uniformly (tmrl's ``sample_indices``; ``sample``
+        draws in the engine instead, unless a subclass overrides this, ``__getitem__``
+        or ``get_transition``)."""
         return (random.randint(0, len(self) - 1) for _ in range(self.batch_size))
 
     def sample(self) -> Tuple[Any, ...]:
@@ -424,6 +429,10 @@ class Memory:
         (no Python per transition); with one, it runs on every transition first."""
         if self._native is None:
             raise ValueError("sample: the memory is empty")
+        if any(getattr(type(self), m) is not getattr(Memory, m) for m in _ITEM_METHODS):
+            # A subclass's own items (tmrl's memories are subclassed for them): drawn
+            # and collated as tmrl's `sample` does, item by item.
+            return self.collate([self[i] for i in self.sample_indices()], self.device)
         if self.sample_preprocessor is None:
             return tuple(self._to_device(a, self.device) for a in self._native.sample())
         rows = self._native.sample_rows()

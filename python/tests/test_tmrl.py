@@ -469,3 +469,21 @@ def test_a_refused_first_append_does_not_fix_the_fields(tmp_path):
         assert memory._native is None
         memory.append_buffer(samples([0, 1], ".."))
         assert stored(memory) == [(0, 1, 0.5, 1, False, False)]
+
+
+def test_a_subclass_whose_items_differ_samples_them():
+    # tmrl's memories are subclassed for their items (`get_transition`); `sample`
+    # drew in the engine and skipped the override.
+    class Shifted(Memory):
+        def get_transition(self, item):
+            prev_obs, *rest = super().get_transition(item)
+            return (prev_obs + 1000, *rest)
+
+    memory = Shifted(batch_size=8, seed=1)
+    memory.append_buffer(samples([0, 1, 2, 3], "...."))
+    prev_obs = np.asarray(memory.sample()[0])
+    assert prev_obs.shape == (8, 3) and (prev_obs >= 1000).all()
+    # Without an override the engine draws, as before.
+    plain = Memory(batch_size=8, seed=1)
+    plain.append_buffer(samples([0, 1, 2, 3], "...."))
+    assert (np.asarray(plain.sample()[0]) < 1000).all()

@@ -39,8 +39,10 @@ Differences from TorchRL, on purpose
 - **Epochs.** A sampler without replacement covers the rows stored when its epoch
   began; writes during an epoch do not restart it (TorchRL reshuffles when the length
   changes). ``SliceSamplerWithoutReplacement`` cuts every trajectory into consecutive
-  windows of the slice length and draws each window once per epoch, so every row is
-  seen once per epoch (TorchRL draws one slice per trajectory per epoch).
+  windows of the slice length and draws each window once per epoch, so every row of a
+  whole window is seen once per epoch (every row, with ``strict_length=False``, whose
+  shorter last windows are drawn too; TorchRL draws one slice per trajectory per
+  epoch).
 - **Random streams.** Draws come from the engine's generators, seeded from
   ``generator=``'s seed or, without one, from torch's global generator when the
   buffer is made: ``torch.manual_seed`` makes runs repeatable, but the rows drawn are
