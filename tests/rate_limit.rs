@@ -293,8 +293,8 @@ fn rows_a_checkpoint_or_a_reopened_file_brings_count_as_inserted() {
     assert_eq!(reopened.rate_limit_stats().unwrap().inserts, 5);
 }
 
-/// A checkpoint records its buffer's limit, and a buffer built from it keeps it (its
-/// counts start at the rows loaded); a dataset opened from it, read-only, takes none.
+/// A checkpoint records its buffer's limit, and a buffer built from it keeps it (and
+/// its counts); a dataset opened from it, read-only, takes none.
 /// The typed face of such a buffer goes through the limit too.
 #[test]
 fn a_buffer_from_a_checkpoint_keeps_the_saved_limit() {
@@ -522,4 +522,43 @@ fn a_sample_looks_for_rows_on_their_way_no_longer_than_its_timeout() {
         collector.join().unwrap().unwrap();
     });
     assert_eq!(rb.sample(1).unwrap().len(), 1);
+}
+
+/// A loaded buffer's limit goes on from the saved one's counts, as Reverb's
+/// checkpoints keep their limiter's: counted afresh, with the rows loaded as inserts
+/// and none sampled, a learner held to 1 sample per insert was let through 100 more
+/// samples of the old rows at once.
+#[test]
+fn a_loaded_limit_goes_on_from_the_saved_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let limit = RateLimit::new(1, 1.0, -8.0, 8.0)
+        .unwrap()
+        .insert_timeout(SHORT)
+        .sample_timeout(SHORT);
+    let saved = builder(256).rate_limit(limit).build().unwrap();
+    saved.extend(&rows(&saved, 0, 100)).unwrap();
+    let mut drawn = 0;
+    while saved.sample(1).is_ok() {
+        drawn += 1;
+    }
+    assert_eq!(drawn, 108, "held at inserts + 8");
+    saved.save(&ck).unwrap();
+    let counts = |rb: &ReplayBuffer| {
+        let s = rb.rate_limit_stats().unwrap();
+        (s.inserts, s.samples)
+    };
+    let loaded = ReplayBuffer::from_checkpoint(&ck).unwrap();
+    assert_eq!(counts(&loaded), (100, 108));
+    assert!(matches!(
+        loaded.sample(1),
+        Err(SampleError::RateLimited(RateLimitError::Timeout { .. }))
+    ));
+    // Into a buffer of its own, the same.
+    let mut other = builder(256).rate_limit(limit).build().unwrap();
+    other.restore(&ck).unwrap();
+    assert_eq!(counts(&other), (100, 108));
+    assert!(other.sample(1).is_err());
+    other.extend(&rows(&other, 100, 1)).unwrap();
+    assert_eq!(other.sample(1).unwrap().len(), 1);
 }

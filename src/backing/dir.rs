@@ -388,6 +388,12 @@ pub(crate) struct CheckpointMeta {
     /// [`ReplayBuffer::from_checkpoint`]: crate::ReplayBuffer::from_checkpoint
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) rate_limit: Option<LimitMeta>,
+    /// The limit's counts when the rows were copied: `(inserts, samples)`, which a
+    /// loaded buffer's limit goes on from, as Reverb's checkpoints keep their
+    /// limiter's (absent: no limit, or a checkpoint written before counts were
+    /// recorded; the rows loaded then count as inserted, none sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rate_counts: Option<(u64, u64)>,
 }
 
 /// A limit as a checkpoint's `meta.json` records it. JSON has no infinities: an

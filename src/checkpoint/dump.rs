@@ -45,7 +45,7 @@ use crate::buffer::ReplayBuffer;
 use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
-use crate::rate_limit::RateLimit;
+use crate::rate_limit::Limiter;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
 use crate::storage::layout::Section;
@@ -261,12 +261,12 @@ impl ReplayBuffer {
         options: &SaveOptions,
     ) -> Result<(), PersistError> {
         // A dump that froze a storage a swap has just replaced dumps the new one.
-        let limit = self
-            .limiter
-            .as_ref()
-            .and_then(|l| l.stats())
-            .map(|s| s.limit);
-        while !dump(&self.state(), dir.as_ref(), options, limit)? {}
+        while !dump(
+            &self.state(),
+            dir.as_ref(),
+            options,
+            self.limiter.as_deref(),
+        )? {}
         Ok(())
     }
 
@@ -338,7 +338,7 @@ fn dump(
     inner: &State,
     dir: &Path,
     options: &SaveOptions,
-    limit: Option<RateLimit>,
+    limiter: Option<&Limiter>,
 ) -> Result<bool, PersistError> {
     // A save from this save's hooks or progress reports panics, saying why, before it
     // takes the directory's lock, which this save holds if it names the same one
@@ -421,6 +421,10 @@ fn dump(
         &mut written,
     );
     let (rows, write_count) = (storage.len(), storage.write_count());
+    // The limit's counts beside the rows, read while they are frozen: an insert the
+    // limit counted and the freeze holds back counts without its rows (a batch a
+    // writer at most), and samples, which no freeze holds, may be a few more.
+    let limit = limiter.and_then(Limiter::stats);
     drop(frozen);
     drop(placing);
     if let Err(e) = result {
@@ -451,7 +455,8 @@ fn dump(
         save_hooks: save_hooks.len(),
         rows,
         write_count,
-        rate_limit: limit.map(Into::into),
+        rate_limit: limit.map(|s| s.limit.into()),
+        rate_counts: limit.map(|s| (s.inserts, s.samples)),
     });
     dir::sync_dir(dir)?;
     if let Err(e) = meta.write(dir) {

@@ -26,7 +26,7 @@ use crate::builder::{Origin, ReplayBufferBuilder};
 use crate::error::persist::{IoAt, PersistError, PersistKind};
 use crate::hooks;
 use crate::key::Key;
-use crate::rate_limit::RateLimit;
+use crate::rate_limit::{Limiter, RateLimit};
 use crate::sampler::slice::SliceWindow;
 use crate::sampler::SamplerEngine;
 use crate::state::State;
@@ -39,8 +39,9 @@ impl ReplayBuffer {
     /// `restore` on a fresh buffer): same configuration and rate limit, on the heap,
     /// with every row, priority, trajectory table, open epoch and random-stream
     /// position of the buffer that was saved. Its `sample` calls then draw what the
-    /// saved buffer's would have drawn next; its limit counts the rows loaded as
-    /// inserted, none sampled.
+    /// saved buffer's would have drawn next; its limit goes on from the saved one's
+    /// counts of rows inserted and sampled (from a checkpoint that kept none, it
+    /// counts the rows loaded as inserted, none sampled).
     ///
     /// A damaged, truncated or unreadable checkpoint is refused with an error naming
     /// the file and the problem.
@@ -129,10 +130,11 @@ impl ReplayBuffer {
         #[cfg(not(replaybuf_loom))]
         let record = new.memmap.clone().map(|dir| (dir, new.config.clone()));
         self.cell.publish(new);
-        // The rows loaded count as inserted: a limit's samples wait for rows the
+        // The limit goes on from the checkpoint's counts; from one that kept none,
+        // the rows loaded count as inserted: a limit's samples wait for rows the
         // buffer holds, not for ones it already has (they waited for good).
         if let Some(limiter) = &self.limiter {
-            limiter.restart(rows);
+            restart_limit(limiter, &checkpoint, rows);
         }
         // A file-backed buffer's directory records the checkpoint's seed, which its
         // region's stream counters go on from: reopened, it took the old one and
@@ -171,9 +173,20 @@ pub(crate) fn load_built(
     let rows = inner.core.storage.len();
     drop(inner);
     if let Some(limiter) = &rb.limiter {
-        limiter.restart(rows);
+        restart_limit(limiter, &checkpoint, rows);
     }
     Ok(rb)
+}
+
+/// Puts a loaded buffer's limit at the checkpoint's counts (its learners held to the
+/// ratio they were at: counted afresh, the rows loaded allowed a burst of
+/// `samples_per_insert` samples each), or, from a checkpoint without them, at `rows`
+/// inserted and none sampled.
+fn restart_limit(limiter: &Limiter, checkpoint: &CheckpointMeta, rows: u64) {
+    match checkpoint.rate_counts {
+        Some((inserts, samples)) => limiter.restart_at(inserts, samples),
+        None => limiter.restart(rows),
+    }
 }
 
 /// A checkpoint directory's meta.

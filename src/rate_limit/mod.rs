@@ -383,10 +383,16 @@ impl Limiter {
     /// (samples wait for `min_size_to_sample` rows anew; Reverb's table reset resets
     /// its limiter), at the rows stored for one that a checkpoint filled.
     pub(crate) fn restart(&self, inserts: u64) {
+        self.restart_at(inserts, 0);
+    }
+
+    /// Starts the counts over at `inserts` rows inserted and `samples` sampled (a
+    /// checkpoint's), waking every waiter to judge itself again.
+    pub(crate) fn restart_at(&self, inserts: u64, samples: u64) {
         match self {
-            Limiter::Local(l) => l.restart(inserts),
+            Limiter::Local(l) => l.restart_at(inserts, samples),
             #[cfg(target_os = "linux")]
-            Limiter::Shared(l) => l.restart(inserts),
+            Limiter::Shared(l) => l.restart_at(inserts, samples),
         }
     }
 
@@ -530,9 +536,15 @@ impl RateLimiter {
     /// before the limiter: a reopened file's, a checkpoint's) and none sampled, waking
     /// every waiter.
     pub fn restart(&self, inserts: u64) {
+        self.restart_at(inserts, 0);
+    }
+
+    /// Starts the counts over at `inserts` rows inserted and `samples` sampled (a
+    /// checkpoint's), waking every waiter.
+    pub(crate) fn restart_at(&self, inserts: u64, samples: u64) {
         let mut c = self.counts.lock();
         c.inserts = inserts;
-        c.samples = 0;
+        c.samples = samples;
         drop(c);
         self.wake_all();
     }

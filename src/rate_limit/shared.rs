@@ -351,11 +351,11 @@ impl SharedLimiter {
         self.wake_sleepers();
     }
 
-    /// Starts the counts over at `inserts` rows inserted and none sampled, and wakes
-    /// the sleepers.
-    pub(super) fn restart(&self, inserts: u64) {
+    /// Starts the counts over at `inserts` rows inserted and `samples` sampled, and
+    /// wakes the sleepers.
+    pub(super) fn restart_at(&self, inserts: u64, samples: u64) {
         self.word(INSERTS).store(inserts, Ordering::SeqCst);
-        self.word(SAMPLES).store(0, Ordering::SeqCst);
+        self.word(SAMPLES).store(samples, Ordering::SeqCst);
         self.wake_sleepers();
     }
 
