@@ -223,13 +223,19 @@ impl<T: Clone> Epochs<T> {
 
     /// The epochs' state, for a checkpoint: how many began, and the open one.
     pub(crate) fn state(&self) -> EpochState<T> {
-        let started = *self.turnover.lock();
+        // Held while the open epoch is read: an epoch started in between was saved
+        // with the count before it, and the loaded buffer's next epoch shuffled as
+        // that one had (its order again).
+        let started = self.turnover.lock();
         let open = self.current.load().map(|e| OpenEpoch {
             items: e.items.clone(),
             next: e.next.load(Ordering::Acquire).min(e.items.len() as u64),
             closed: e.closed.load(Ordering::Acquire),
         });
-        EpochState { started, open }
+        EpochState {
+            started: *started,
+            open,
+        }
     }
 
     /// Puts back a state [`Epochs::state`] gave.
